@@ -1,0 +1,36 @@
+# The two commands a fresh clone needs: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(CURDIR)/$(VENV)/bin
+
+# With a provider key the demo agent talks to a real model in plain words; without one it runs
+# offline on the passthrough model, which calls tools spelled out as `***CALL_TOOL` lines.
+ifeq ($(ANTHROPIC_API_KEY)$(OPENAI_API_KEY),)
+DEMO_PROMPT := examples/prompt-offline.txt
+else
+DEMO_PROMPT := examples/prompt.txt
+endif
+
+.PHONY: demo test lint env clean
+
+env: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+demo: env
+	PATH="$(BIN):$$PATH" turnkeep run --config examples/turnkeep.yaml --agent demo - < $(DEMO_PROMPT)
+
+lint: env
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,407 @@
+"""MCP connections pooled per worker process.
+
+One long-lived ``fastmcp.Client`` per configured server, opened on first use and shared by every
+concurrent call (MCP multiplexes requests over one session). A connection that fails is thrown
+away so the next call opens a fresh one; a tool that merely reports an error is not a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import importlib
+import inspect
+import logging
+import shlex
+import tempfile
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import mcp.types
+from fastmcp import Client, FastMCP
+from fastmcp.client.transports import (
+    ClientTransport,
+    FastMCPTransport,
+    SSETransport,
+    StdioTransport,
+    StreamableHttpTransport,
+)
+from fastmcp.exceptions import ToolError
+from mcp.shared.exceptions import MCPError
+
+from activities.settings import McpServerSettings, Settings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# How much of a stdio server's stderr to quote when it fails to start.
+_STDERR_TAIL_CHARS = 2000
+# Function-tool servers live in this process; they start at once.
+_FUNCTION_SERVER_INIT_TIMEOUT = 30.0
+
+
+class ServerUnavailable(Exception):
+    """An MCP server could not be started or did not complete initialization."""
+
+    def __init__(self, server: str, reason: str, *, detail: str | None = None) -> None:
+        self.server = server
+        self.reason = reason
+        where = f" ({detail})" if detail else ""
+        super().__init__(f"MCP server {server!r}{where} could not be started: {reason}")
+
+
+class ServerConnectionError(Exception):
+    """An open MCP connection failed mid-request (process died, HTTP dropped, session closed).
+
+    The pooled connection has been discarded; retrying opens a new one. Whether the tool ran is
+    unknown."""
+
+    def __init__(self, server: str, reason: str) -> None:
+        self.server = server
+        self.reason = reason
+        super().__init__(f"connection to MCP server {server!r} failed: {reason}")
+
+
+class UnknownServer(KeyError):
+    def __init__(self, server: str, known: Sequence[str]) -> None:
+        self.server = server
+        super().__init__(
+            f"no MCP server named {server!r} in this worker's configuration "
+            f"(known: {', '.join(sorted(known)) or 'none'})"
+        )
+
+    def __str__(self) -> str:
+        # KeyError would repr() the message, quotes and all.
+        return str(self.args[0])
+
+
+def _is_connection_failure(err: BaseException) -> bool:
+    # A JSON-RPC error is the server answering; anything else (transport errors, closed
+    # streams, a dead session task) means the connection can no longer be trusted.
+    if isinstance(err, MCPError):
+        return _is_connection_closed(err)
+    return isinstance(err, Exception)
+
+
+def _causes(err: BaseException) -> list[BaseException]:
+    """``err`` and what caused it, outermost first, stopping short of a cancellation (which
+    is how asyncio's timeouts are implemented, not a reason anyone needs to read)."""
+    chain = [err]
+    while (cause := chain[-1].__cause__) is not None and isinstance(cause, Exception):
+        chain.append(cause)
+    return chain
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    # fastmcp wraps transport errors ("Client failed to connect: ..."); the root reads better.
+    return _causes(err)[-1]
+
+
+def _is_connection_closed(err: BaseException) -> bool:
+    return isinstance(err, MCPError) and err.code == mcp.types.CONNECTION_CLOSED
+
+
+def _reason(err: BaseException) -> str:
+    root = _root_cause(err)
+    if _is_connection_closed(root):
+        return "the connection was closed"
+    return str(root).strip() or type(root).__name__
+
+
+def _tool_raising_error_text(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a function tool so any exception becomes the result text ``Error: <message>``.
+
+    FastMCP's own text is ``Error calling tool '<name>': <message>``; turnkeep promises the
+    fast-agent spelling. ``functools.wraps`` keeps the signature, annotations and docstring
+    FastMCP builds the input schema and description from."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as err:
+                raise ToolError(f"Error: {err}") from err
+
+        return run_async
+
+    # Stays synchronous so FastMCP still runs it on a worker thread.
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:
+            raise ToolError(f"Error: {err}") from err
+
+    return run
+
+
+def import_callable(path: str) -> Callable[..., Any]:
+    """Resolve ``"package.module:function"`` (the attribute may be dotted)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{path!r} is not of the form 'package.module:function'")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{path!r} is not callable")
+    return obj
+
+
+def build_function_server(name: str, functions: Sequence[Callable[..., Any]]) -> FastMCP:
+    server: FastMCP = FastMCP(name)
+    seen: set[str] = set()
+    for fn in functions:
+        if not callable(fn):
+            raise TypeError(f"function tool {fn!r} is not callable")
+        tool_name = getattr(fn, "__name__", None)
+        if not tool_name:
+            raise ValueError(f"function tool {fn!r} has no __name__")
+        if tool_name in seen:
+            raise ValueError(f"two function tools are named {tool_name!r}")
+        seen.add(tool_name)
+        server.tool(_tool_raising_error_text(fn), name=tool_name)
+    return server
+
+
+class McpPool:
+    """Lazily opened, shared MCP clients, one per server, for the life of a worker process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        function_tools: Mapping[str, Sequence[Callable[..., Any]]] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._mcp_servers: dict[str, McpServerSettings] = dict(settings.mcp.servers)
+        self._function_paths: dict[str, list[str]] = {
+            name: list(paths) for name, paths in settings.function_tools.items()
+        }
+        self._function_callables: dict[str, list[Callable[..., Any]]] = {
+            name: list(fns) for name, fns in (function_tools or {}).items()
+        }
+        names = self.servers
+        clashing = [n for n in self._mcp_servers if n in self._function_server_names()]
+        if clashing:
+            raise ValueError(f"server name(s) {clashing} are both MCP servers and function tools")
+        # Tool names are namespaced `server__tool` and split on the first `__`.
+        bad = [n for n in names if "__" in n or not n]
+        if bad:
+            raise ValueError(f"server name(s) {bad} must be non-empty and must not contain '__'")
+
+        self._clients: dict[str, Client[Any]] = {}
+        self._locks: dict[str, asyncio.Lock] = {name: asyncio.Lock() for name in names}
+        self._function_servers: dict[str, FastMCP] = {}
+        self._stderr_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def _function_server_names(self) -> set[str]:
+        return set(self._function_paths) | set(self._function_callables)
+
+    @property
+    def servers(self) -> list[str]:
+        return sorted(set(self._mcp_servers) | self._function_server_names())
+
+    def describe(self, server: str) -> str:
+        """How a server is reached, for error messages: ``stdio: python weather.py``."""
+        if server in self._mcp_servers:
+            cfg = self._mcp_servers[server]
+            if cfg.transport == "stdio":
+                return f"stdio: {shlex.join([cfg.command or '', *cfg.args])}"
+            return f"{cfg.transport}: {cfg.url}"
+        if server in self._function_server_names():
+            return "function tools"
+        raise UnknownServer(server, self.servers)
+
+    # --- public API -----------------------------------------------------------------------
+
+    async def list_tools(self, server: str) -> list[mcp.types.Tool]:
+        try:
+            return await self._request(server, "tools/list", lambda c: c.list_tools())
+        except ServerConnectionError:
+            # Listing is idempotent, so one immediate retry on a fresh connection is safe; it
+            # spares a stale pooled connection (server restarted since) from failing a turn.
+            return await self._request(server, "tools/list", lambda c: c.list_tools())
+
+    async def call_tool(
+        self,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        meta: dict[str, Any] | None = None,
+    ) -> mcp.types.CallToolResult:
+        """Call a tool. An ``isError`` result is returned, not raised.
+
+        Raises ``ServerUnavailable`` (cannot open), ``ServerConnectionError`` (connection lost;
+        not retried here because the tool may already have run), ``MCPError`` (the server
+        answered with a JSON-RPC error) or ``CancelledError`` (the MCP client has sent the
+        server a cancel notification; the connection stays usable)."""
+        return await self._request(
+            server,
+            f"tools/call {tool}",
+            lambda c: c.call_tool_mcp(tool, arguments, meta=meta),
+        )
+
+    async def aclose(self) -> None:
+        """Close every open connection (ending stdio server processes). The pool stays usable:
+        a later call opens its server again."""
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            self._close_soon(client)
+        await asyncio.gather(*self._closing)
+        if self._stderr_dir is not None:
+            self._stderr_dir.cleanup()
+            self._stderr_dir = None
+
+    async def __aenter__(self) -> McpPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # --- connections ----------------------------------------------------------------------
+
+    async def _request(
+        self, server: str, what: str, send: Callable[[Client[Any]], Awaitable[T]]
+    ) -> T:
+        client = await self._client(server)
+        try:
+            return await send(client)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            if not _is_connection_failure(err):
+                raise
+            log.warning("MCP server %r: %s failed, reconnecting next time: %r", server, what, err)
+            await self._discard(server, client)
+            raise ServerConnectionError(server, _reason(err)) from err
+
+    async def _client(self, server: str) -> Client[Any]:
+        lock = self._locks.get(server)
+        if lock is None:
+            raise UnknownServer(server, self.servers)
+        client = self._clients.get(server)
+        if client is not None and client.is_connected():
+            return client
+        async with lock:
+            client = self._clients.get(server)
+            if client is not None and client.is_connected():
+                return client
+            if client is not None:
+                await self._discard(server, client)
+            client = await self._open(server)
+            self._clients[server] = client
+            return client
+
+    async def _discard(self, server: str, client: Client[Any]) -> None:
+        # Concurrent failures on one connection all land here; only the first closes it, and a
+        # connection that another call already replaced is left alone.
+        if self._clients.get(server) is client:
+            del self._clients[server]
+            await asyncio.shield(self._close_soon(client))
+
+    def _close_soon(self, client: Client[Any]) -> asyncio.Task[None]:
+        # A task of its own, so a caller cancelled while waiting for the close (a stdio
+        # server gets seconds to exit) cannot leave a server process half shut down.
+        task = asyncio.create_task(_close_client(client))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        return task
+
+    async def _open(self, server: str) -> Client[Any]:
+        stderr_log: Path | None = None
+        stderr_start = 0
+        if server in self._mcp_servers:
+            cfg = self._mcp_servers[server]
+            init_timeout = cfg.init_timeout
+            if cfg.transport == "stdio":
+                stderr_log = self._stderr_file(server)
+                stderr_start = stderr_log.stat().st_size
+            transport = self._transport(cfg, stderr_log)
+        else:
+            init_timeout = _FUNCTION_SERVER_INIT_TIMEOUT
+            try:
+                transport = FastMCPTransport(self._function_server(server))
+            except Exception as err:
+                raise ServerUnavailable(server, _reason(err), detail=self.describe(server)) from err
+
+        client: Client[Any] = Client(
+            transport, name=f"turnkeep:{server}", init_timeout=init_timeout
+        )
+        try:
+            async with asyncio.timeout(init_timeout):
+                await client.__aenter__()
+        except asyncio.CancelledError:
+            self._close_soon(client)
+            raise
+        except Exception as err:
+            await asyncio.shield(self._close_soon(client))
+            if any(isinstance(e, TimeoutError) for e in _causes(err)):
+                reason = f"no answer to initialize within {init_timeout:g} s"
+            elif _is_connection_closed(_root_cause(err)):
+                reason = "the server closed the connection before initialization completed"
+            else:
+                reason = _reason(err)
+            tail = _read_tail(stderr_log, stderr_start) if stderr_log else ""
+            if tail:
+                reason += f"\n--- server stderr (last lines) ---\n{tail}"
+            raise ServerUnavailable(server, reason, detail=self.describe(server)) from err
+        log.info("MCP server %r connected (%s)", server, self.describe(server))
+        return client
+
+    def _transport(self, cfg: McpServerSettings, stderr_log: Path | None) -> ClientTransport:
+        if cfg.transport == "stdio":
+            assert cfg.command is not None  # guaranteed by McpServerSettings
+            return StdioTransport(
+                cfg.command,
+                list(cfg.args),
+                env=dict(cfg.env) if cfg.env else None,
+                cwd=str(self._settings.path(cfg.cwd)) if cfg.cwd else None,
+                # The pool owns the lifetime: closing the client must end the process.
+                keep_alive=False,
+                log_file=stderr_log,
+            )
+        assert cfg.url is not None
+        if cfg.transport == "sse":
+            return SSETransport(cfg.url, headers=cfg.headers)
+        return StreamableHttpTransport(cfg.url, headers=cfg.headers)
+
+    def _function_server(self, server: str) -> FastMCP:
+        built = self._function_servers.get(server)
+        if built is None:
+            functions = [import_callable(p) for p in self._function_paths.get(server, [])]
+            functions += self._function_callables.get(server, [])
+            built = build_function_server(server, functions)
+            self._function_servers[server] = built
+        return built
+
+    def _stderr_file(self, server: str) -> Path:
+        # One append-only file per server for the pool's lifetime: its tail explains a server
+        # that dies while starting, and the history of earlier crashes stays readable.
+        if self._stderr_dir is None:
+            self._stderr_dir = tempfile.TemporaryDirectory(prefix="turnkeep-mcp-")
+        path = Path(self._stderr_dir.name) / f"{server}.stderr.log"
+        path.touch()
+        return path
+
+
+async def _close_client(client: Client[Any]) -> None:
+    # Closing re-raises whatever killed the session; the point here is only to release the
+    # process or sockets, so a failing or slow close must not mask the error that matters.
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(10):
+            await client.close()
+
+
+def _read_tail(path: Path, start: int) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(start)
+            data = f.read()
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="replace").strip()[-_STDERR_TAIL_CHARS:]

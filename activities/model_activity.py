@@ -1,0 +1,72 @@
+"""The ``llm_step`` activity: one model call, on whichever provider the model string names."""
+
+from __future__ import annotations
+
+import contextlib
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.errors import config_error
+from activities.heartbeat import heartbeating
+from activities.models import PROVIDERS, ModelRef, default_model, resolve_model
+from activities.providers import ModelProvider
+from activities.providers.passthrough import PassthroughProvider
+from activities.providers.playback import PlaybackProvider
+from activities.settings import Settings
+from workflows.activity_io import LLM_STEP, LlmRequest
+from workflows.messages import Message
+
+
+class ModelActivities:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        # SDK clients hold connection pools: one per provider per worker process.
+        self._providers: dict[str, ModelProvider] = {"passthrough": PassthroughProvider()}
+        # Build the SDK clients the agents will need now: importing an SDK takes seconds, and
+        # doing it inside the first model call would stall every activity on this worker.
+        for ref in self._configured_models():
+            if ref.provider in PROVIDERS:
+                self._providers.setdefault(ref.provider, self._make_sdk_provider(ref.provider))
+
+    @activity.defn(name=LLM_STEP)
+    async def llm_step(self, request: LlmRequest) -> Message:
+        ref = resolve_model(request.model)
+        provider = self._provider(ref, request.agent)
+        return await heartbeating(
+            provider.complete(request, ref.name), f"llm #{request.call_index}"
+        )
+
+    def _configured_models(self) -> list[ModelRef]:
+        names = {default_model(self._settings)}
+        for agent in self._settings.agents.values():
+            names.update(m for m in [agent.model, *agent.models] if m)
+        refs = []
+        for name in sorted(names):
+            with contextlib.suppress(ApplicationError):  # reported per turn, with context
+                refs.append(resolve_model(name))
+        return refs
+
+    def _provider(self, ref: ModelRef, agent: str) -> ModelProvider:
+        if ref.provider == "playback":
+            script = self._settings.agents[agent].playback
+            if script is None:
+                raise config_error(
+                    "UnknownModel", f"agent {agent!r} uses playback but names no playback script"
+                )
+            return PlaybackProvider(self._settings.path(script))
+        if ref.provider not in self._providers:
+            self._providers[ref.provider] = self._make_sdk_provider(ref.provider)
+        return self._providers[ref.provider]
+
+    def _make_sdk_provider(self, provider: str) -> ModelProvider:
+        # Imported here so a worker that only runs offline models never loads the SDKs.
+        if provider == "anthropic":
+            from activities.providers.anthropic import AnthropicProvider
+
+            return AnthropicProvider(self._settings.anthropic)
+        from activities.providers.openai import OpenAIProvider
+
+        if provider == "generic":
+            return OpenAIProvider(self._settings.generic, generic=True)
+        return OpenAIProvider(self._settings.openai, generic=False)

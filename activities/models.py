@@ -1,0 +1,60 @@
+"""Model strings → providers (SPEC §5), the way fast-agent spells them.
+
+``passthrough`` and ``playback`` are offline; ``anthropic.<model>``, ``openai.<model>`` and
+``generic.<model>`` name a provider and the provider's own model id; ``sonnet``, ``haiku``,
+``opus`` and a few OpenAI names are aliases.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from activities.errors import config_error
+from activities.settings import Settings
+
+OFFLINE = ("passthrough", "playback")
+PROVIDERS = ("anthropic", "openai", "generic")
+
+ALIASES = {
+    "sonnet": "anthropic.claude-sonnet-4-5",
+    "haiku": "anthropic.claude-haiku-4-5",
+    "opus": "anthropic.claude-opus-4-1",
+    "gpt-4.1": "openai.gpt-4.1",
+    "gpt-4.1-mini": "openai.gpt-4.1-mini",
+    "gpt-4o": "openai.gpt-4o",
+    "gpt-5": "openai.gpt-5",
+    "gpt-5-mini": "openai.gpt-5-mini",
+    "o3": "openai.o3",
+}
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    provider: str  # passthrough | playback | anthropic | openai | generic
+    name: str  # the provider's model id ("" for offline models)
+
+
+def resolve_model(model: str) -> ModelRef:
+    spelled = ALIASES.get(model, model)
+    if spelled in OFFLINE:
+        return ModelRef(provider=spelled, name="")
+    provider, _, name = spelled.partition(".")
+    if provider in PROVIDERS and name:
+        return ModelRef(provider=provider, name=name)
+    raise config_error(
+        "UnknownModel",
+        f"Unknown model {model!r}. Use passthrough, playback, anthropic.<model>, "
+        f"openai.<model>, generic.<model> or an alias ({', '.join(sorted(ALIASES))}).",
+    )
+
+
+def default_model(settings: Settings) -> str:
+    """fast-agent's precedence: config, then whichever provider has a key, then offline."""
+    if settings.default_model:
+        return settings.default_model
+    if os.environ.get("ANTHROPIC_API_KEY") or (settings.anthropic and settings.anthropic.api_key):
+        return "sonnet"
+    if os.environ.get("OPENAI_API_KEY") or (settings.openai and settings.openai.api_key):
+        return "openai.gpt-4.1-mini"
+    return "passthrough"

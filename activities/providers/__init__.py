@@ -1,0 +1,26 @@
+"""Model providers: one module each, all answering an ``LlmRequest`` with an assistant
+``Message`` (stop reason, tool calls, and a ``usage`` channel)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from workflows.activity_io import LlmRequest
+from workflows.messages import Message, json_channel
+from workflows.turn_io import Usage
+
+
+class ModelProvider(Protocol):
+    async def complete(self, request: LlmRequest, model_name: str) -> Message: ...
+
+
+def with_usage(message: Message, usage: Usage) -> Message:
+    """Attach usage the way every provider reports it: as the ``usage`` channel."""
+    channels = dict(message.channels or {})
+    channels["usage"] = json_channel(usage.model_dump(exclude={"calls"}))
+    return message.model_copy(update={"channels": channels})
+
+
+def estimate_tokens(messages: list[Message]) -> int:
+    """A rough count (4 characters a token) for models that don't report one."""
+    return sum(len(m.model_dump_json(exclude_none=True)) for m in messages) // 4

@@ -1,0 +1,57 @@
+"""The ``playback`` model: replays a scripted list of assistant messages from a JSON file that
+the agent's configuration names (``agents.<name>.playback``).
+
+Model call *n* of a turn answers with entry *n*, so a retried or replayed call gets the same
+answer on any worker. An entry is a ``Message`` (role may be left out) or a bare string; a
+message with ``tool_calls`` and no stop reason stops for ``toolUse``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from activities.errors import config_error
+from activities.providers import estimate_tokens, with_usage
+from workflows.activity_io import LlmRequest
+from workflows.messages import Message, StopReason
+from workflows.turn_io import Usage
+
+
+def load_script(path: Path) -> list[Message]:
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise config_error("PlaybackScript", f"cannot read playback script {path}: {err}") from err
+    if not isinstance(entries, list):
+        raise config_error("PlaybackScript", f"playback script {path} must be a JSON list")
+    return [_entry(item) for item in entries]
+
+
+def _entry(item: Any) -> Message:
+    if isinstance(item, str):
+        return Message.assistant(item)
+    message = Message.model_validate({"role": "assistant", **item})
+    if message.stop_reason is None:
+        stop = StopReason.TOOL_USE if message.tool_calls else StopReason.END_TURN
+        message = message.model_copy(update={"stop_reason": stop})
+    return message
+
+
+class PlaybackProvider:
+    def __init__(self, script: Path) -> None:
+        self._script = script
+
+    async def complete(self, request: LlmRequest, model_name: str) -> Message:
+        script = load_script(self._script)
+        index = request.call_index - 1
+        reply = (
+            script[index]
+            if index < len(script)
+            else Message.assistant(f"MESSAGES EXHAUSTED (list size {len(script)})")
+        )
+        usage = Usage(
+            input_tokens=estimate_tokens(request.messages), output_tokens=estimate_tokens([reply])
+        )
+        return with_usage(reply, usage)

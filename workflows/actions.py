@@ -1,0 +1,131 @@
+"""The loop's *actions* as seen from workflow code: each one schedules activities by name and
+turns their failures into what the loop expects (SPEC §3): a failed model call becomes an
+assistant ``error`` message, a failed tool call an isError result. Nothing here decides
+when to call what; that is ``workflows/loop.py``."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import TypeVar
+
+from pydantic import BaseModel
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
+
+from workflows.activity_io import (
+    CALL_TOOL,
+    LIST_TOOLS,
+    LLM_STEP,
+    PREPARE_TURN,
+    LlmRequest,
+    PrepareTurnRequest,
+    Timeouts,
+    ToolCallOutcome,
+    ToolCallRequest,
+    ToolCatalog,
+    ToolSpec,
+    ToolsRequest,
+    TurnPlan,
+)
+from workflows.loop import ToolBatch
+from workflows.messages import CallToolResult, Message, StopReason, TextContent
+from workflows.turn_io import TurnInput
+
+# Preparing a turn and listing tools only read configuration and start MCP servers; a few
+# attempts cover a worker dying mid-way, while configuration errors are non-retryable anyway.
+T = TypeVar("T")
+
+_SETUP = Timeouts(start_to_close=120.0, heartbeat=15.0, max_attempts=3)
+
+
+async def _execute(name: str, arg: BaseModel, result_type: type[T], summary: str, t: Timeouts) -> T:
+    result: T = await workflow.execute_activity(
+        name,
+        arg,
+        result_type=result_type,
+        summary=summary,
+        start_to_close_timeout=timedelta(seconds=t.start_to_close),
+        heartbeat_timeout=timedelta(seconds=t.heartbeat) if t.heartbeat else None,
+        retry_policy=RetryPolicy(
+            initial_interval=timedelta(seconds=t.initial_interval),
+            backoff_coefficient=t.backoff,
+            maximum_interval=timedelta(seconds=t.max_interval),
+            maximum_attempts=t.max_attempts,
+        ),
+    )
+    return result
+
+
+def _failure_text(err: ActivityError) -> str:
+    """What went wrong, in the activity's own words: the failure under the activity wrapper
+    (its own causes are detail a user doesn't need, and may be host-specific)."""
+    cause = err.cause or err
+    kind = cause.type if isinstance(cause, ApplicationError) and cause.type else None
+    message = cause.message if isinstance(cause, FailureError) else str(cause)
+    return f"{kind}: {message}" if kind else message
+
+
+def _reraise_cancellation(err: ActivityError) -> None:
+    # A cancelled activity surfaces as an ActivityError; the loop must see a cancellation.
+    if isinstance(err.cause, CancelledError):
+        raise asyncio.CancelledError() from err
+
+
+async def prepare_turn(turn: TurnInput) -> TurnPlan:
+    request = PrepareTurnRequest(agent=turn.agent, overrides=turn.overrides())
+    return await _execute(PREPARE_TURN, request, TurnPlan, f"prepare agent {turn.agent}", _SETUP)
+
+
+async def list_tools(plan: TurnPlan) -> list[ToolSpec]:
+    if not plan.has_tools:
+        return []
+    catalog = await _execute(
+        LIST_TOOLS, ToolsRequest(agent=plan.agent), ToolCatalog, "list tools", _SETUP
+    )
+    return catalog.tools
+
+
+async def call_model(request: LlmRequest, plan: TurnPlan) -> Message:
+    try:
+        summary = f"llm #{request.call_index} · {request.model}"
+        return await _execute(LLM_STEP, request, Message, summary, plan.llm)
+    except ActivityError as err:
+        _reraise_cancellation(err)
+        text = _failure_text(err)
+        return Message(
+            role="assistant",
+            content=[TextContent(text=f"The model call failed: {text}")],
+            channels={"error": [TextContent(text=text)]},
+            stop_reason=StopReason.ERROR,
+        )
+
+
+async def run_tools(
+    batch: ToolBatch, plan: TurnPlan, completed: dict[str, CallToolResult]
+) -> tuple[dict[str, CallToolResult], dict[str, float]]:
+    """Run a batch; ``completed`` fills in as calls finish, so a cancellation keeps them."""
+    timing: dict[str, float] = {}
+    completed.update(batch.answered)
+    for call_id in batch.answered:
+        timing[call_id] = 0.0
+
+    async def run_one(call: ToolCallRequest) -> None:
+        started = workflow.time()
+        try:
+            summary = f"tool {call.name} · {call.call_id}"
+            outcome = await _execute(CALL_TOOL, call, ToolCallOutcome, summary, plan.tools)
+            completed[call.call_id] = outcome.result
+            timing[call.call_id] = outcome.duration_ms
+        except ActivityError as err:
+            _reraise_cancellation(err)
+            completed[call.call_id] = CallToolResult.error(f"Error: {_failure_text(err)}")
+            timing[call.call_id] = (workflow.time() - started) * 1000
+
+    if plan.parallel_tool_calls and len(batch.to_run) > 1:
+        await asyncio.gather(*(run_one(call) for call in batch.to_run))
+    else:
+        for call in batch.to_run:
+            await run_one(call)
+    return dict(completed), timing

@@ -1,0 +1,204 @@
+"""Loop *control* for one turn: when to call the model, which tool calls to run, when to stop.
+
+Pure and synchronous — no Temporal, no I/O — so every rule of SPEC §3 is testable without a
+server. ``TurnWorkflow`` owns the *actions* (model and tool activities) and feeds their results
+back here; this is fast-agent's ``ToolRunner`` with the agent callbacks taken out.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from workflows.activity_io import LlmRequest, ToolCallRequest, ToolSpec, TurnPlan
+from workflows.messages import CallToolResult, Message, StopReason, json_channel
+from workflows.repair import repair_dangling_tool_calls
+from workflows.turn_io import RollbackState, TurnInput, TurnResult, Usage
+
+STRUCTURED_FINALIZATION_PROMPT = (
+    "Now produce the final answer as structured JSON matching the requested schema. "
+    "Do not call any tools."
+)
+
+
+class ToolBatch(BaseModel):
+    """The tool calls of one assistant message, split into what runs and what is answered now."""
+
+    to_run: list[ToolCallRequest]
+    answered: dict[str, CallToolResult]  # unknown tool, invalid arguments
+
+
+class TurnState(BaseModel):
+    """Everything the loop knows; a pydantic model so it can be queried and carried over."""
+
+    plan: TurnPlan
+    tools: list[ToolSpec] = Field(default_factory=list)
+    history: list[Message]
+    messages: list[Message] = Field(default_factory=list)  # appended this turn
+    iteration: int = 0
+    model_calls: int = 0
+    finalizing: bool = False  # the deferred structured-output call has been asked for
+    done: bool = False
+    stop_reason: StopReason | None = None
+    usage: dict[str, Usage] = Field(default_factory=dict)
+    rollback: RollbackState | None = None
+
+    # -- starting -------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, turn: TurnInput, plan: TurnPlan) -> TurnState:
+        """Auto-heal a history left dangling by an interrupted turn, then add the new input."""
+        state = cls(plan=plan, history=list(turn.history))
+        if plan.use_history:
+            heal, rollback = repair_dangling_tool_calls(turn.history, completed={})
+            if heal is not None:
+                state.messages.append(heal)
+                state.rollback = rollback
+        state.messages.extend(turn.messages)
+        return state
+
+    # -- asking the model -----------------------------------------------------------------
+
+    def model_request(self) -> LlmRequest:
+        """The one place the model's input is assembled."""
+        # use_history=false: the model sees only the instruction plus this turn's delta.
+        conversation = self.history + self.messages if self.plan.use_history else self.messages
+        return LlmRequest(
+            agent=self.plan.agent,
+            model=self.plan.model,
+            call_index=self.model_calls + 1,
+            instruction=self.plan.instruction,
+            messages=conversation,
+            tools=[] if self.finalizing else self.tools,
+            # With tools on offer the schema waits for the deferred final call, as in fast-agent.
+            structured_output=self.plan.structured_output
+            if self.finalizing or not self.tools
+            else None,
+            temperature=self.plan.temperature,
+            max_tokens=self.plan.max_tokens,
+        )
+
+    def on_assistant(self, assistant: Message) -> None:
+        """Record a model answer and decide: run tools, ask for the final JSON, or stop."""
+        self.model_calls += 1
+        self.messages.append(assistant)
+        self._add_usage(assistant)
+        if self.awaiting_tools:
+            return
+        if self.plan.structured_output and self.tools and not self.finalizing:
+            self.finalizing = True
+            self.messages.append(Message.user(STRUCTURED_FINALIZATION_PROMPT))
+            return
+        self._finish(assistant.stop_reason or StopReason.END_TURN)
+
+    @property
+    def awaiting_tools(self) -> bool:
+        """The only signal that continues the loop: the last answer stopped for tool use."""
+        last = self.messages[-1] if self.messages else None
+        return (
+            not self.done
+            and last is not None
+            and last.role == "assistant"
+            and last.stop_reason == StopReason.TOOL_USE
+            and bool(last.tool_calls)
+        )
+
+    # -- running tools --------------------------------------------------------------------
+
+    def tool_batch(self) -> ToolBatch:
+        """Plan the pending calls; unknown tools are answered here while the others still run."""
+        calls = self.messages[-1].tool_calls or {}
+        available = {tool.name for tool in self.tools}
+        to_run: list[ToolCallRequest] = []
+        answered: dict[str, CallToolResult] = {}
+        for call_id, call in calls.items():
+            if call.name not in available:
+                names = ", ".join(sorted(available)) or "none"
+                answered[call_id] = CallToolResult.error(
+                    f"Tool '{call.name}' is not available. Available tools: {names}."
+                )
+            elif call.invalid_arguments is not None:
+                answered[call_id] = CallToolResult.error(
+                    f"Tool '{call.name}' was called with arguments that are not a JSON object: "
+                    f"{call.invalid_arguments[:500]}"
+                )
+            else:
+                to_run.append(
+                    ToolCallRequest(
+                        agent=self.plan.agent,
+                        call_id=call_id,
+                        name=call.name,
+                        arguments=call.arguments,
+                    )
+                )
+        return ToolBatch(to_run=to_run, answered=answered)
+
+    def on_tool_results(
+        self, results: dict[str, CallToolResult], timing_ms: dict[str, float]
+    ) -> None:
+        """Append the results as one user message (in call order); then count and cap."""
+        calls = self.messages[-1].tool_calls or {}
+        ordered = {call_id: results[call_id] for call_id in calls}
+        timing = {call_id: {"timing_ms": round(ms, 3)} for call_id, ms in timing_ms.items()}
+        self.messages.append(
+            Message(
+                role="user", tool_results=ordered, channels={"tool_timing": json_channel(timing)}
+            )
+        )
+        self.iteration += 1
+        # Checked after the batch ran, so a cap of N allows N+1 model calls and the history
+        # never ends on a call without its result.
+        if self.iteration > self.plan.max_iterations:
+            last_assistant = self.messages[-2]
+            last_assistant.stop_reason = StopReason.MAX_ITERATIONS
+            self._finish(StopReason.MAX_ITERATIONS)
+
+    # -- ending ---------------------------------------------------------------------------
+
+    def cancel(self, completed: dict[str, CallToolResult]) -> None:
+        """Repair the conversation the way fast-agent does when a turn is interrupted."""
+        if not self.plan.use_history:
+            self.rollback = RollbackState.HISTORY_DISABLED
+        else:
+            repair, rollback = repair_dangling_tool_calls(
+                self.history + self.messages, completed=completed
+            )
+            if repair is not None:
+                self.messages.append(repair)
+            self.rollback = rollback
+        self._finish(StopReason.CANCELLED)
+
+    def result(self) -> TurnResult:
+        assistants = [m for m in self.messages if m.role == "assistant"]
+        final = assistants[-1] if assistants else None
+        return TurnResult(
+            final=final,
+            messages=self.messages,
+            history=self.history + self.messages if self.plan.use_history else self.history,
+            stop_reason=self.stop_reason or StopReason.END_TURN,
+            iterations=self.iteration,
+            usage=self.usage,
+            rollback=self.rollback,
+            structured=_parse_json(final.text) if final and self.plan.structured_output else None,
+        )
+
+    def _finish(self, stop_reason: StopReason) -> None:
+        self.done = True
+        self.stop_reason = stop_reason
+
+    def _add_usage(self, assistant: Message) -> None:
+        reported = assistant.channel_json("usage")
+        if reported is None:
+            return
+        usage = Usage.model_validate(reported) + Usage(calls=1)
+        model = self.plan.model
+        self.usage[model] = self.usage.get(model, Usage()) + usage
+
+
+def _parse_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
