@@ -24,10 +24,12 @@ class ModelActivities:
         # SDK clients hold connection pools: one per provider per worker process.
         self._providers: dict[str, ModelProvider] = {"passthrough": PassthroughProvider()}
         # Build the SDK clients the agents will need now: importing an SDK takes seconds, and
-        # doing it inside the first model call would stall every activity on this worker.
+        # doing it inside the first model call would stall every activity on this worker. A
+        # provider that can't be built yet (no key) is reported by the turns that use it.
         for ref in self._configured_models():
-            if ref.provider in PROVIDERS:
-                self._providers.setdefault(ref.provider, self._make_sdk_provider(ref.provider))
+            if ref.provider in PROVIDERS and ref.provider not in self._providers:
+                with contextlib.suppress(ApplicationError):
+                    self._providers[ref.provider] = self._make_sdk_provider(ref.provider)
 
     @activity.defn(name=LLM_STEP)
     async def llm_step(self, request: LlmRequest) -> Message:

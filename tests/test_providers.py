@@ -10,7 +10,6 @@ from email.utils import format_datetime
 from typing import Any
 
 import pytest
-from tests.fake_provider import Api, FakeProvider, Reply, Step, Tokens
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -19,6 +18,7 @@ from activities.providers.anthropic import AnthropicProvider
 from activities.providers.errors import request_timeout
 from activities.providers.openai import OpenAIProvider
 from activities.settings import ProviderSettings
+from tests.fake_provider import Api, FakeProvider, Reply, Step, Tokens
 from workflows.activity_io import LlmRequest, ToolSpec
 from workflows.messages import (
     CallToolResult,

@@ -59,7 +59,9 @@ async def test_scenario_replays_fresh_and_recorded(
 ) -> None:
     script, overrides = SCENARIOS[name]
     path = write_script(tmp_path / "script.json", *script)
-    config = {"agents": {"test": {"model": "playback", "playback": str(path), "servers": ["local"]}}}
+    config = {
+        "agents": {"test": {"model": "playback", "playback": str(path), "servers": ["local"]}}
+    }
     async with harness({"local": [add]}, **config) as h:
         handle = await h.start("go", **overrides)
         await handle.result()
@@ -70,6 +72,8 @@ async def test_scenario_replays_fresh_and_recorded(
     if RECORD:
         HISTORIES.mkdir(exist_ok=True)
         recorded.write_text(fresh.to_json(), encoding="utf-8")
-    assert recorded.exists(), f"no recorded history for {name}; record with TURNKEEP_RECORD_HISTORIES=1"
+    assert recorded.exists(), (
+        f"no recorded history for {name}; record with TURNKEEP_RECORD_HISTORIES=1"
+    )
     old = WorkflowHistory.from_json(f"recorded-{name}", recorded.read_text(encoding="utf-8"))
     await replayer().replay_workflow(old)

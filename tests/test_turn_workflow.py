@@ -4,12 +4,14 @@ offline models (passthrough, playback) and real MCP tool servers."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import HarnessFactory, write_script
+from tests.mcp_servers.launch import STDIO_SCRIPT, http_server
 from workflows.messages import StopReason
 from workflows.turn_io import TurnResult
 
@@ -246,3 +248,59 @@ async def test_use_history_false_ignores_prior_conversation(harness: HarnessFact
         result = await h.run("fresh", history=history, use_history=False)
     assert result.final is not None and result.final.text == "fresh"
     assert [m.text for m in result.history] == ["old"]
+
+
+# -- real MCP servers: stdio subprocess and streamable HTTP ------------------------------------
+
+
+async def test_tools_from_a_stdio_mcp_server(harness: HarnessFactory, tmp_path: Path) -> None:
+    record = tmp_path / "record.txt"
+    config = {
+        "mcp": {
+            "servers": {
+                "srv": {
+                    "command": sys.executable,
+                    "args": [str(STDIO_SCRIPT)],
+                    "env": {"TURNKEEP_TEST_RECORD": str(record)},
+                }
+            }
+        },
+        "agents": {"test": {"model": "passthrough", "servers": ["srv"]}},
+    }
+    prompt = '***CALL_TOOL srv__record {"tag": "one"}\n***CALL_TOOL srv__add {"a": 1, "b": 2}'
+    async with harness(**config) as h:
+        result = await h.run(prompt)
+    assert tool_texts(result) == {"call_1_1": (False, "one"), "call_1_2": (False, "3")}
+    assert record.read_text() == "one\n"  # ran exactly once, in the server process
+
+
+async def test_tools_from_an_http_mcp_server_with_a_tool_filter(harness: HarnessFactory) -> None:
+    async with http_server() as url:
+        config = {
+            "mcp": {"servers": {"web": {"url": url}}},
+            "agents": {
+                "test": {
+                    "model": "passthrough",
+                    "servers": ["web"],
+                    "tools": {"web": ["echo", "big"]},
+                }
+            },
+            "max_tool_result_bytes": 20_000,
+        }
+        prompt = (
+            '***CALL_TOOL web__echo {"text": "over http"}\n'
+            '***CALL_TOOL web__add {"a": 1, "b": 2}\n'
+            '***CALL_TOOL web__big {"n_bytes": 1000000}'
+        )
+        async with harness(**config) as h:
+            result = await h.run(prompt)
+    texts = tool_texts(result)
+    assert texts["call_1_1"] == (False, "over http")
+    # `add` exists on the server but the agent's filter hides it.
+    assert texts["call_1_2"] == (
+        True,
+        "Tool 'web__add' is not available. Available tools: web__big, web__echo.",
+    )
+    is_error, big = texts["call_1_3"]
+    assert not is_error and len(big.encode()) <= 20_000
+    assert "[turnkeep: tool result truncated from" in big

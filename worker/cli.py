@@ -95,7 +95,7 @@ def run(
         prompt = sys.stdin.read().strip()
     turn = TurnInput(
         agent=agent or _default_agent(settings),
-        messages=[prompt],  # type: ignore[list-item]  # a bare string is a user message
+        messages=[prompt],  # a bare string is a user message
         model=model,
         max_iterations=max_iterations,
     )
@@ -262,3 +262,7 @@ async def _until_signalled() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopped.set)
     await stopped.wait()
+
+
+if __name__ == "__main__":
+    main()

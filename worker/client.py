@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from temporalio.client import (
     Client,
@@ -66,7 +67,7 @@ def get_turn(client: Client, workflow_id: str, run_id: str | None = None) -> Tur
 
 
 class TurnHandle:
-    def __init__(self, handle: WorkflowHandle[object, TurnResult]) -> None:
+    def __init__(self, handle: WorkflowHandle[Any, TurnResult]) -> None:
         self.handle = handle
 
     @property
@@ -109,7 +110,13 @@ class TurnHandle:
             raise
 
     async def current(self) -> TurnResult | None:
-        """The turn as it stands, on a running or a closed (including cancelled) workflow."""
+        """The turn as it stands, on a running or a closed (including cancelled) workflow.
+
+        A completed turn is read from its result; otherwise this is a query, which a worker
+        for the turn's task queue answers (by replaying history if the run has closed)."""
+        status = (await self.handle.describe()).status
+        if status == WorkflowExecutionStatus.COMPLETED:
+            return await self.handle.result()
         return await self.handle.query(TurnWorkflow.turn)
 
     async def cancel(self) -> None:

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from activities.tool_activities import ToolActivities
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.plugin import SimplePlugin
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
@@ -19,6 +18,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from activities.mcp_pool import McpPool
 from activities.model_activity import ModelActivities
 from activities.settings import Settings
+from activities.tool_activities import ToolActivities
 from activities.turn_setup import TurnSetupActivities
 from workflows.turn_workflow import TurnWorkflow
 
@@ -60,7 +60,7 @@ class TurnkeepPlugin(SimplePlugin):
                 f"in function_tools (known: {', '.join(pool.servers) or 'none'})"
             )
         tools = ToolActivities(settings, pool)
-        activities = [
+        activities: list[Callable[..., Any]] = [
             TurnSetupActivities(settings).prepare_turn,
             ModelActivities(settings).llm_step,
             tools.list_tools,

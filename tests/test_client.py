@@ -1,0 +1,191 @@
+"""The client side: streaming a running turn, resuming from an index, cancelling with repair,
+and the `turnkeep` CLI end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowExecutionStatus
+
+from tests.conftest import HarnessFactory, write_script
+from worker.client import TurnCancelledError
+from worker.embedded import ServerInfo
+from workflows.messages import Message, StopReason
+from workflows.repair import INTERRUPTED_TEXT
+from workflows.turn_io import RollbackState
+
+pytestmark = pytest.mark.asyncio
+
+gate = asyncio.Event()
+
+
+async def wait_for_gate(name: str) -> str:
+    """Blocks until the test opens the gate."""
+    await gate.wait()
+    return f"{name} passed"
+
+
+def quick(name: str) -> str:
+    """Returns at once."""
+    return f"{name} done"
+
+
+TOOLS = {"local": [wait_for_gate, quick]}
+DEMO_TOOLS = Path(__file__).resolve().parents[1] / "examples" / "demo_tools.py"
+
+
+def scripted(tmp_path: Path, *entries: Any) -> dict[str, Any]:
+    script = write_script(tmp_path / "script.json", *entries)
+    agent = {"model": "playback", "playback": str(script), "servers": ["local"]}
+    return {"agents": {"test": agent}}
+
+
+def call(cid: str, tool: str, name: str) -> tuple[str, dict[str, Any]]:
+    return cid, {"name": f"local__{tool}", "arguments": {"name": name}}
+
+
+async def test_messages_stream_while_the_turn_runs_and_resume_from_an_index(
+    harness: HarnessFactory, tmp_path: Path
+) -> None:
+    gate.clear()
+    config = scripted(
+        tmp_path, {"tool_calls": dict([call("c1", "wait_for_gate", "g")])}, "all done"
+    )
+    async with harness(TOOLS, **config) as h:
+        turn = await h.start("go")
+        stream = turn.messages(include_tool_results=True)
+        first = await anext(stream)
+        # The tool call arrives while the tool is still blocked: the turn is mid-flight.
+        assert first.stop_reason == StopReason.TOOL_USE
+        assert (await turn.handle.describe()).status == WorkflowExecutionStatus.RUNNING
+
+        # A second watcher resuming from index 1 (the assistant's call) sees the same message.
+        resumed = turn.messages(1)
+        assert (await anext(resumed)).tool_calls == first.tool_calls
+
+        gate.set()
+        rest = [m async for m in stream]
+        assert [m.role for m in rest] == ["user", "assistant"]
+        assert rest[0].tool_results and rest[0].tool_results["c1"].text == "g passed"
+        assert rest[1].text == "all done"
+        assert [m.text async for m in resumed] == ["all done"]
+
+        # After the turn has ended the iterator still works, from any index.
+        result = await turn.result()
+        after = [m async for m in turn.messages(2, include_tool_results=True)]
+        assert after == result.messages[2:]
+
+
+async def test_cancel_during_tools_keeps_finished_results_and_ends_canceled(
+    harness: HarnessFactory, tmp_path: Path
+) -> None:
+    gate.clear()
+    config = scripted(
+        tmp_path,
+        {"tool_calls": dict([call("c1", "quick", "q"), call("c2", "wait_for_gate", "g")])},
+        "never reached",
+    )
+    async with harness(TOOLS, **config) as h:
+        turn = await h.start("go")
+        async for message in turn.messages(include_tool_results=True):
+            if message.tool_calls:
+                break
+        await asyncio.sleep(1.0)  # let the quick call finish; the gated one stays blocked
+        await turn.cancel()
+        with pytest.raises(TurnCancelledError) as cancelled:
+            await turn.result()
+        status = (await turn.handle.describe()).status
+        current = await turn.current()
+    gate.set()
+
+    assert status == WorkflowExecutionStatus.CANCELED
+    repaired = cancelled.value.result
+    assert repaired is not None and repaired == current
+    assert repaired.stop_reason == StopReason.CANCELLED
+    assert repaired.rollback == RollbackState.APPENDED_INTERRUPTED_TOOL_RESULT
+    last = repaired.history[-1]
+    assert last.role == "user" and last.tool_results is not None
+    assert last.tool_results["c1"].text == "q done" and not last.tool_results["c1"].is_error
+    assert last.tool_results["c2"].text == INTERRUPTED_TEXT and last.tool_results["c2"].is_error
+
+
+async def test_next_turn_continues_from_a_repaired_history(
+    harness: HarnessFactory, tmp_path: Path
+) -> None:
+    interrupted = [
+        Message.user("go"),
+        Message.model_validate(
+            {
+                "role": "assistant",
+                "tool_calls": dict([call("c9", "quick", "x")]),
+                "stop_reason": "toolUse",
+            }
+        ),
+    ]
+    async with harness(TOOLS, **scripted(tmp_path, "continuing")) as h:
+        result = await h.run("again", history=[m.model_dump() for m in interrupted])
+    heal = result.messages[0]
+    assert heal.tool_results and heal.tool_results["c9"].text == INTERRUPTED_TEXT
+    assert result.rollback == RollbackState.APPENDED_INTERRUPTED_TOOL_RESULT
+    assert result.final is not None and result.final.text == "continuing"
+
+
+def turnkeep(*args: str, temporal: ServerInfo, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+async def test_cli_runs_a_turn_with_an_in_process_worker_and_shows_it(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    (tmp_path / "turnkeep.yaml").write_text(
+        "task_queue: cli-test\n"
+        "mcp:\n  servers:\n    toolbox:\n"
+        f"      command: {sys.executable}\n"
+        f"      args: [{DEMO_TOOLS}]\n"
+        "agents:\n  demo:\n    model: passthrough\n    servers: [toolbox]\n",
+        encoding="utf-8",
+    )
+    prompt = '***CALL_TOOL toolbox__calculate {"expression": "6 * 7"}'
+    ran = await asyncio.to_thread(
+        turnkeep,
+        "run",
+        prompt,
+        "--worker",
+        "--id",
+        "cli-turn",
+        "--json",
+        temporal=temporal,
+        cwd=tmp_path,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "toolbox__calculate" in ran.stdout and "42" in ran.stdout
+    assert "stop reason: endTurn" in ran.stdout
+    result = json.loads(ran.stdout[ran.stdout.index("{\n") :])
+    assert result["final"]["content"][0]["text"] == "42"
+
+    shown = await asyncio.to_thread(turnkeep, "show", "cli-turn", temporal=temporal, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "6 * 7" in shown.stdout and "42" in shown.stdout
+
+
+async def test_cli_reports_a_bad_config_clearly(temporal: ServerInfo, tmp_path: Path) -> None:
+    (tmp_path / "turnkeep.yaml").write_text("agents:\n  a:\n    modle: x\n", encoding="utf-8")
+    ran = await asyncio.to_thread(turnkeep, "run", "hi", temporal=temporal, cwd=tmp_path)
+    assert ran.returncode == 2
+    assert "turnkeep.yaml is invalid" in ran.stdout and "modle" in ran.stdout
