@@ -14,6 +14,7 @@ import importlib
 import inspect
 import logging
 import shlex
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -138,11 +139,14 @@ def _tool_raising_error_text(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def import_callable(path: str) -> Callable[..., Any]:
-    """Resolve ``"package.module:function"`` (the attribute may be dotted)."""
+def import_callable(path: str, base_dir: Path | None = None) -> Callable[..., Any]:
+    """Resolve ``"package.module:function"`` (the attribute may be dotted). Modules are found on
+    ``sys.path`` and, as with fast-agent's config, beside the config file (``base_dir``)."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{path!r} is not of the form 'package.module:function'")
+    if base_dir is not None and str(base_dir) not in sys.path:
+        sys.path.append(str(base_dir))
     obj: Any = importlib.import_module(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
@@ -373,7 +377,10 @@ class McpPool:
     def _function_server(self, server: str) -> FastMCP:
         built = self._function_servers.get(server)
         if built is None:
-            functions = [import_callable(p) for p in self._function_paths.get(server, [])]
+            functions = [
+                import_callable(p, self._settings.base_dir)
+                for p in self._function_paths.get(server, [])
+            ]
             functions += self._function_callables.get(server, [])
             built = build_function_server(server, functions)
             self._function_servers[server] = built

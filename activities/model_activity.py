@@ -7,6 +7,7 @@ import contextlib
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.compaction import summary_request
 from activities.errors import config_error
 from activities.heartbeat import heartbeating
 from activities.models import PROVIDERS, ModelRef, default_model, resolve_model
@@ -14,7 +15,7 @@ from activities.providers import ModelProvider
 from activities.providers.passthrough import PassthroughProvider
 from activities.providers.playback import PlaybackProvider
 from activities.settings import Settings
-from workflows.activity_io import LLM_STEP, LlmRequest
+from workflows.activity_io import COMPACT_HISTORY, LLM_STEP, CompactRequest, LlmRequest
 from workflows.messages import Message
 
 
@@ -38,6 +39,13 @@ class ModelActivities:
         return await heartbeating(
             provider.complete(request, ref.name), f"llm #{request.call_index}"
         )
+
+    @activity.defn(name=COMPACT_HISTORY)
+    async def compact_history(self, request: CompactRequest) -> Message:
+        ref = resolve_model(request.model)
+        provider = self._provider(ref, request.agent)
+        summary_call = summary_request(request)
+        return await heartbeating(provider.complete(summary_call, ref.name), "compacting")
 
     def _configured_models(self) -> list[ModelRef]:
         names = {default_model(self._settings)}

@@ -29,6 +29,21 @@ ALIASES = {
 }
 
 
+# Context windows in tokens, for deciding when to compact; a config value wins.
+CONTEXT_WINDOWS = {
+    "anthropic": 200_000,
+    "openai": 128_000,
+    "openai.gpt-4.1": 1_047_576,
+    "openai.gpt-4.1-mini": 1_047_576,
+    "openai.gpt-5": 400_000,
+    "openai.gpt-5-mini": 400_000,
+    "openai.o3": 200_000,
+    "generic": 32_768,
+    "passthrough": 200_000,
+    "playback": 200_000,
+}
+
+
 @dataclass(frozen=True)
 class ModelRef:
     provider: str  # passthrough | playback | anthropic | openai | generic
@@ -58,3 +73,9 @@ def default_model(settings: Settings) -> str:
     if os.environ.get("OPENAI_API_KEY") or (settings.openai and settings.openai.api_key):
         return "openai.gpt-4.1-mini"
     return "passthrough"
+
+
+def context_window(model: str) -> int:
+    ref = resolve_model(model)
+    spelled = f"{ref.provider}.{ref.name}" if ref.name else ref.provider
+    return CONTEXT_WINDOWS.get(spelled, CONTEXT_WINDOWS[ref.provider])

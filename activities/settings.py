@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from workflows.activity_io import HookPoint
 from workflows.turn_io import DEFAULT_MAX_ITERATIONS, TurnOverrides
 
 
@@ -59,8 +60,21 @@ class ProviderSettings(_Settings):
 
 class TimeoutSettings(_Settings):
     start_to_close: float = 600.0
-    heartbeat: float | None = 30.0
+    # Activities beat every third of this, so a dead worker's call is retried, and a
+    # cancelled one stops, within about this many seconds rather than after start_to_close.
+    heartbeat: float | None = 10.0
     max_attempts: int = 5
+
+
+class CompactionSettings(_Settings):
+    """Mid-turn compaction (SPEC §6): summarise older exchanges before a follow-up model call
+    once the estimated context reaches ``threshold`` of the model's window."""
+
+    enabled: bool = True
+    threshold: float = Field(default=0.85, gt=0, le=1)
+    keep_exchanges: int = Field(default=2, ge=0)
+    # The model's context window in tokens; known models have a default (activities/models.py).
+    context_window: int | None = Field(default=None, gt=0)
 
 
 ALL_OVERRIDES = frozenset(TurnOverrides.model_fields) - {"model"}
@@ -83,6 +97,9 @@ class AgentSettings(_Settings):
     models: list[str] = Field(default_factory=list)
     # Scripted assistant messages for the `playback` model (a JSON file).
     playback: Path | None = None
+    # Hook names (from the top-level `hooks`) to run at each of fast-agent's hook points.
+    hooks: dict[HookPoint, list[str]] = Field(default_factory=dict)
+    compaction: CompactionSettings = Field(default_factory=CompactionSettings)
     llm_timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
     tool_timeouts: TimeoutSettings = Field(
         default_factory=lambda: TimeoutSettings(start_to_close=300.0, max_attempts=3)
@@ -105,6 +122,8 @@ class Settings(_Settings):
     # server name -> "package.module:function" import paths, served by an in-process FastMCP
     # server under that name.
     function_tools: dict[str, list[str]] = Field(default_factory=dict)
+    # hook name -> "package.module:function"; agents enable hooks by name per hook point.
+    hooks: dict[str, str] = Field(default_factory=dict)
     agents: dict[str, AgentSettings] = Field(default_factory=dict)
     # Tool results above this many bytes are truncated with a visible note, so one huge result
     # cannot push a workflow payload past Temporal's 2 MB limit.
@@ -121,6 +140,14 @@ class Settings(_Settings):
             name: missing
             for name, agent in self.agents.items()
             if (missing := [s for s in agent.servers if s not in known])
+        }
+
+    def unknown_hooks(self, known: set[str]) -> dict[str, list[str]]:
+        """Per agent, the hooks it enables that are not among ``known``."""
+        return {
+            name: missing
+            for name, agent in self.agents.items()
+            if (missing := sorted({h for hs in agent.hooks.values() for h in hs} - known))
         }
 
     def path(self, p: Path) -> Path:

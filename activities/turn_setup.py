@@ -6,9 +6,15 @@ from __future__ import annotations
 from temporalio import activity
 
 from activities.errors import config_error, known
-from activities.models import default_model, resolve_model
+from activities.models import context_window, default_model, resolve_model
 from activities.settings import AgentSettings, Settings, TimeoutSettings
-from workflows.activity_io import PREPARE_TURN, PrepareTurnRequest, Timeouts, TurnPlan
+from workflows.activity_io import (
+    PREPARE_TURN,
+    CompactionPlan,
+    PrepareTurnRequest,
+    Timeouts,
+    TurnPlan,
+)
 from workflows.turn_io import TurnOverrides
 
 
@@ -44,6 +50,8 @@ def plan_turn(settings: Settings, request: PrepareTurnRequest) -> TurnPlan:
             "instruction": agent.instruction,
             **{name: pick(name) for name in TurnOverrides.model_fields if name != "model"},
             "has_tools": bool(agent.servers),
+            "hooks": {point: names for point, names in agent.hooks.items() if names},
+            "compaction": _compaction(agent, model),
             "llm": _timeouts(agent.llm_timeouts),
             "tools": _timeouts(agent.tool_timeouts),
         }
@@ -69,4 +77,14 @@ def _check_overrides(name: str, agent: AgentSettings, overrides: TurnOverrides) 
 def _timeouts(t: TimeoutSettings) -> Timeouts:
     return Timeouts(
         start_to_close=t.start_to_close, heartbeat=t.heartbeat, max_attempts=t.max_attempts
+    )
+
+
+def _compaction(agent: AgentSettings, model: str) -> CompactionPlan | None:
+    settings = agent.compaction
+    if not settings.enabled:
+        return None
+    window = settings.context_window or context_window(model)
+    return CompactionPlan(
+        threshold_tokens=int(window * settings.threshold), keep_exchanges=settings.keep_exchanges
     )

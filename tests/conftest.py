@@ -4,9 +4,10 @@ other's turns."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
+from activities.hook_activity import Hook
 from activities.settings import Settings
 from worker.build import build_worker
 from worker.client import TurnHandle, start_turn
@@ -72,14 +74,30 @@ HarnessFactory = Callable[..., Any]
 def harness(client: Client, tmp_path: Path) -> HarnessFactory:
     @asynccontextmanager
     async def make(
-        function_tools: FunctionTools | None = None, **config: Any
+        function_tools: FunctionTools | None = None,
+        hook_functions: Mapping[str, Hook] | None = None,
+        **config: Any,
     ) -> AsyncIterator[Harness]:
         settings = make_settings(tmp_path, **config)
         task_queue = f"test-{uuid.uuid4().hex[:10]}"
         worker = build_worker(
-            client, settings, function_tools=function_tools, task_queue=task_queue
+            client,
+            settings,
+            function_tools=function_tools,
+            hooks=hook_functions,
+            task_queue=task_queue,
         )
         async with worker:
             yield Harness(client, settings, task_queue)
 
     return make
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
+    """Poll server-side state a test cannot await directly (e.g. a pending activity)."""
+    step = 0.2
+    for _ in range(int(within / step)):
+        if await check():
+            return
+        await asyncio.sleep(step)
+    raise AssertionError(f"condition not met within {within} s")

@@ -202,3 +202,38 @@ def test_usage_is_summed_per_model() -> None:
         with_usage(Message.assistant("end"), Usage(input_tokens=30, output_tokens=5))
     )
     assert state.result().usage["passthrough"] == Usage(input_tokens=40, output_tokens=7, calls=2)
+
+
+def test_repeated_compaction_keeps_the_tail_and_maps_back_onto_the_full_record() -> None:
+    from workflows.activity_io import CompactionPlan
+    from workflows.loop import SUMMARY_PREFIX
+
+    state = start(compaction=CompactionPlan(threshold_tokens=1, keep_exchanges=0))
+    assert state.compaction_cut() is None  # before any model call: never
+    for n in range(1, 4):
+        state.on_assistant(tool_use((f"c{n}", "srv__a")))
+        state.on_tool_results({f"c{n}": ok(f"r{n}")}, {f"c{n}": 0})
+        cut = state.compaction_cut()
+        if n == 1:
+            assert cut is None  # only the pending exchange: nothing to summarise
+            continue
+        assert cut is not None
+        state.on_compacted(cut, f"summary {n}")
+        conversation = state.conversation()
+        assert conversation[0].text == SUMMARY_PREFIX + f"summary {n}"
+        # The pending exchange (the last assistant call and its results) is kept verbatim.
+        assert conversation[1:] == state.messages[-2:]
+    assert len(state.messages) == 7  # the turn's record is never shortened
+    assert state.result().history == state.conversation()
+
+
+def test_compaction_is_not_tried_again_after_a_failure() -> None:
+    from workflows.activity_io import CompactionPlan
+
+    state = start(compaction=CompactionPlan(threshold_tokens=1, keep_exchanges=0))
+    for n in range(1, 3):
+        state.on_assistant(tool_use((f"c{n}", "srv__a")))
+        state.on_tool_results({f"c{n}": ok("r")}, {f"c{n}": 0})
+    assert state.compaction_cut() is not None
+    state.compaction_failed = True
+    assert state.compaction_cut() is None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.hook_activity import Hook
 from activities.settings import Settings
 from worker.plugin import FunctionTools, TurnkeepPlugin
 
@@ -16,12 +18,13 @@ def build_worker(
     settings: Settings,
     *,
     function_tools: FunctionTools | None = None,
+    hooks: Mapping[str, Hook] | None = None,
     task_queue: str | None = None,
     **worker_options: Any,
 ) -> Worker:
     return Worker(
         client,
         task_queue=task_queue or settings.task_queue,
-        plugins=[TurnkeepPlugin(settings, function_tools=function_tools)],
+        plugins=[TurnkeepPlugin(settings, function_tools=function_tools, hooks=hooks)],
         **worker_options,
     )

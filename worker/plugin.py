@@ -15,7 +15,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.plugin import SimplePlugin
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from activities.mcp_pool import McpPool
+from activities.hook_activity import Hook, HookActivities
+from activities.mcp_pool import McpPool, import_callable
 from activities.model_activity import ModelActivities
 from activities.settings import Settings
 from activities.tool_activities import ToolActivities
@@ -52,19 +53,28 @@ class TurnkeepClientPlugin(SimplePlugin):
 class TurnkeepPlugin(SimplePlugin):
     """For workers (or a client that workers are built from): everything a turn needs."""
 
-    def __init__(self, settings: Settings, *, function_tools: FunctionTools | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        function_tools: FunctionTools | None = None,
+        hooks: Mapping[str, Hook] | None = None,
+    ) -> None:
         pool = McpPool(settings, function_tools)
-        for agent, missing in settings.unknown_servers(set(pool.servers)).items():
-            raise ValueError(
-                f"agent {agent!r} names server(s) {missing} that are neither in mcp.servers nor "
-                f"in function_tools (known: {', '.join(pool.servers) or 'none'})"
-            )
+        all_hooks: dict[str, Hook] = {
+            name: import_callable(path, settings.base_dir) for name, path in settings.hooks.items()
+        }
+        all_hooks.update(hooks or {})
+        _check_names(settings, set(pool.servers), set(all_hooks))
         tools = ToolActivities(settings, pool)
+        models = ModelActivities(settings)
         activities: list[Callable[..., Any]] = [
             TurnSetupActivities(settings).prepare_turn,
-            ModelActivities(settings).llm_step,
+            models.llm_step,
+            models.compact_history,
             tools.list_tools,
             tools.call_tool,
+            HookActivities(all_hooks).run_hook,
         ]
 
         @asynccontextmanager
@@ -81,6 +91,20 @@ class TurnkeepPlugin(SimplePlugin):
             activities=activities,
             workflow_runner=WORKFLOW_RUNNER,
             run_context=close_pool,
+        )
+
+
+def _check_names(settings: Settings, servers: set[str], hooks: set[str]) -> None:
+    """A worker whose agents name servers or hooks it doesn't have must not start."""
+    for agent, missing in settings.unknown_servers(servers).items():
+        raise ValueError(
+            f"agent {agent!r} names server(s) {missing} that are neither in mcp.servers nor "
+            f"in function_tools (known: {', '.join(sorted(servers)) or 'none'})"
+        )
+    for agent, missing in settings.unknown_hooks(hooks).items():
+        raise ValueError(
+            f"agent {agent!r} enables hook(s) {missing} that are not registered "
+            f"(known: {', '.join(sorted(hooks)) or 'none'})"
         )
 
 

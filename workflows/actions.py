@@ -16,9 +16,15 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 
 from workflows.activity_io import (
     CALL_TOOL,
+    COMPACT_HISTORY,
     LIST_TOOLS,
     LLM_STEP,
     PREPARE_TURN,
+    RUN_HOOK,
+    CompactRequest,
+    HookChange,
+    HookContext,
+    HookRequest,
     LlmRequest,
     PrepareTurnRequest,
     Timeouts,
@@ -38,39 +44,41 @@ from workflows.turn_io import TurnInput
 T = TypeVar("T")
 
 _SETUP = Timeouts(start_to_close=120.0, heartbeat=15.0, max_attempts=3)
+_HOOK = Timeouts(start_to_close=60.0, heartbeat=None, max_attempts=3)
 
 
 async def _execute(name: str, arg: BaseModel, result_type: type[T], summary: str, t: Timeouts) -> T:
-    result: T = await workflow.execute_activity(
-        name,
-        arg,
-        result_type=result_type,
-        summary=summary,
-        start_to_close_timeout=timedelta(seconds=t.start_to_close),
-        heartbeat_timeout=timedelta(seconds=t.heartbeat) if t.heartbeat else None,
-        retry_policy=RetryPolicy(
-            initial_interval=timedelta(seconds=t.initial_interval),
-            backoff_coefficient=t.backoff,
-            maximum_interval=timedelta(seconds=t.max_interval),
-            maximum_attempts=t.max_attempts,
-        ),
-    )
+    try:
+        result: T = await workflow.execute_activity(
+            name,
+            arg,
+            result_type=result_type,
+            summary=summary,
+            start_to_close_timeout=timedelta(seconds=t.start_to_close),
+            heartbeat_timeout=timedelta(seconds=t.heartbeat) if t.heartbeat else None,
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=t.initial_interval),
+                backoff_coefficient=t.backoff,
+                maximum_interval=timedelta(seconds=t.max_interval),
+                maximum_attempts=t.max_attempts,
+            ),
+        )
+    except ActivityError as err:
+        # A cancelled activity surfaces as an ActivityError; the loop must see a cancellation
+        # (and repair the conversation), not a failure to report to the model.
+        if isinstance(err.cause, CancelledError):
+            raise asyncio.CancelledError() from err
+        raise
     return result
 
 
-def _failure_text(err: ActivityError) -> str:
+def failure_text(err: ActivityError) -> str:
     """What went wrong, in the activity's own words: the failure under the activity wrapper
     (its own causes are detail a user doesn't need, and may be host-specific)."""
     cause = err.cause or err
     kind = cause.type if isinstance(cause, ApplicationError) and cause.type else None
     message = cause.message if isinstance(cause, FailureError) else str(cause)
     return f"{kind}: {message}" if kind else message
-
-
-def _reraise_cancellation(err: ActivityError) -> None:
-    # A cancelled activity surfaces as an ActivityError; the loop must see a cancellation.
-    if isinstance(err.cause, CancelledError):
-        raise asyncio.CancelledError() from err
 
 
 async def prepare_turn(turn: TurnInput) -> TurnPlan:
@@ -92,8 +100,7 @@ async def call_model(request: LlmRequest, plan: TurnPlan) -> Message:
         summary = f"llm #{request.call_index} · {request.model}"
         return await _execute(LLM_STEP, request, Message, summary, plan.llm)
     except ActivityError as err:
-        _reraise_cancellation(err)
-        text = _failure_text(err)
+        text = failure_text(err)
         return Message(
             role="assistant",
             content=[TextContent(text=f"The model call failed: {text}")],
@@ -119,8 +126,7 @@ async def run_tools(
             completed[call.call_id] = outcome.result
             timing[call.call_id] = outcome.duration_ms
         except ActivityError as err:
-            _reraise_cancellation(err)
-            completed[call.call_id] = CallToolResult.error(f"Error: {_failure_text(err)}")
+            completed[call.call_id] = CallToolResult.error(f"Error: {failure_text(err)}")
             timing[call.call_id] = (workflow.time() - started) * 1000
 
     if plan.parallel_tool_calls and len(batch.to_run) > 1:
@@ -129,3 +135,17 @@ async def run_tools(
         for call in batch.to_run:
             await run_one(call)
     return dict(completed), timing
+
+
+async def run_hook(hook: str, context: HookContext) -> HookChange:
+    """Raises ``ActivityError`` if the hook fails; what that means depends on the hook point."""
+    request = HookRequest(hook=hook, context=context)
+    summary = f"hook {context.hook_point} · {hook}"
+    return await _execute(RUN_HOOK, request, HookChange, summary, _HOOK)
+
+
+async def compact_history(messages: list[Message], plan: TurnPlan) -> str:
+    """A summary of ``messages`` by the agent's model; raises ``ActivityError`` on failure."""
+    request = CompactRequest(agent=plan.agent, model=plan.model, messages=messages)
+    summary = await _execute(COMPACT_HISTORY, request, Message, "compact history", plan.llm)
+    return summary.text

@@ -3,17 +3,20 @@ code can call them without importing the (I/O-heavy) modules that implement them
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from workflows.messages import CallToolResult, Message
-from workflows.turn_io import TurnOverrides
+from workflows.messages import CallToolResult, Message, StopReason
+from workflows.turn_io import TurnOverrides, Usage
 
 PREPARE_TURN = "prepare_turn"
 LIST_TOOLS = "list_tools"
 LLM_STEP = "llm_step"
 CALL_TOOL = "call_tool"
+RUN_HOOK = "run_hook"
+COMPACT_HISTORY = "compact_history"
 
 # Error types raised by activities that retrying cannot fix. The workflow fails the turn with
 # them (configuration errors) or hands them to the model (tool errors), never retries them.
@@ -36,6 +39,21 @@ class PrepareTurnRequest(BaseModel):
     overrides: TurnOverrides
 
 
+class HookPoint(StrEnum):
+    """fast-agent's ToolRunner hook points."""
+
+    BEFORE_LLM_CALL = "before_llm_call"
+    AFTER_LLM_CALL = "after_llm_call"
+    BEFORE_TOOL_CALL = "before_tool_call"
+    AFTER_TOOL_CALL = "after_tool_call"
+    AFTER_TURN_COMPLETE = "after_turn_complete"
+
+
+class CompactionPlan(BaseModel):
+    threshold_tokens: int  # compact when the estimated context reaches this
+    keep_exchanges: int  # assistant exchanges kept verbatim besides the pending one
+
+
 class TurnPlan(BaseModel):
     """The agent's settings with the turn's allowed overrides applied, resolved once on a worker
     and recorded in history, so the workflow itself never reads configuration."""
@@ -52,6 +70,9 @@ class TurnPlan(BaseModel):
     has_tools: bool
     llm: Timeouts
     tools: Timeouts
+    # Hook names per point, in the order they run; empty means no hook activity at all.
+    hooks: dict[HookPoint, list[str]] = Field(default_factory=dict)
+    compaction: CompactionPlan | None = None
 
 
 class ToolSpec(BaseModel):
@@ -90,3 +111,34 @@ class ToolCallRequest(BaseModel):
 class ToolCallOutcome(BaseModel):
     result: CallToolResult
     duration_ms: float
+
+
+class HookContext(BaseModel):
+    """What a hook sees: fast-agent's runner state, as data."""
+
+    hook_point: HookPoint
+    agent: str
+    model: str
+    iteration: int
+    messages: list[Message]  # this turn's messages so far (the delta)
+    last_message: Message | None
+    usage: dict[str, Usage]
+
+
+class HookRequest(BaseModel):
+    hook: str
+    context: HookContext
+
+
+class HookChange(BaseModel):
+    """What a hook wants changed; the default changes nothing."""
+
+    append: list[Message] = Field(default_factory=list)  # added to the turn's messages
+    replace: list[Message] | None = None  # replaces the turn's messages (e.g. redaction)
+    stop_reason: StopReason | None = None  # ends the turn with this stop reason
+
+
+class CompactRequest(BaseModel):
+    agent: str
+    model: str
+    messages: list[Message]  # the older part of the conversation, to summarise

@@ -12,11 +12,27 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from workflows.activity_io import LlmRequest, ToolCallRequest, ToolSpec, TurnPlan
-from workflows.messages import CallToolResult, Message, StopReason, json_channel
+from workflows.activity_io import (
+    HookChange,
+    HookContext,
+    HookPoint,
+    LlmRequest,
+    ToolCallRequest,
+    ToolSpec,
+    TurnPlan,
+)
+from workflows.messages import (
+    CallToolResult,
+    Message,
+    StopReason,
+    TextContent,
+    estimate_tokens,
+    json_channel,
+)
 from workflows.repair import repair_dangling_tool_calls
 from workflows.turn_io import RollbackState, TurnInput, TurnResult, Usage
 
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n\n"
 STRUCTURED_FINALIZATION_PROMPT = (
     "Now produce the final answer as structured JSON matching the requested schema. "
     "Do not call any tools."
@@ -44,6 +60,11 @@ class TurnState(BaseModel):
     stop_reason: StopReason | None = None
     usage: dict[str, Usage] = Field(default_factory=dict)
     rollback: RollbackState | None = None
+    # Compaction replaces `(history + messages)[:compacted_upto]` with one summary message in
+    # what the model sees; `messages` itself keeps everything the turn appended.
+    summary: Message | None = None
+    compacted_upto: int = 0
+    compaction_failed: bool = False
 
     # -- starting -------------------------------------------------------------------------
 
@@ -61,10 +82,17 @@ class TurnState(BaseModel):
 
     # -- asking the model -----------------------------------------------------------------
 
+    def conversation(self) -> list[Message]:
+        """The conversation as the model sees it (and as the next turn's history)."""
+        # use_history=false: the model sees only the instruction plus this turn's delta.
+        if not self.plan.use_history:
+            return self.messages
+        full = self.history + self.messages
+        return [self.summary, *full[self.compacted_upto :]] if self.summary else full
+
     def model_request(self) -> LlmRequest:
         """The one place the model's input is assembled."""
-        # use_history=false: the model sees only the instruction plus this turn's delta.
-        conversation = self.history + self.messages if self.plan.use_history else self.messages
+        conversation = self.conversation()
         return LlmRequest(
             agent=self.plan.agent,
             model=self.plan.model,
@@ -155,6 +183,84 @@ class TurnState(BaseModel):
             last_assistant.stop_reason = StopReason.MAX_ITERATIONS
             self._finish(StopReason.MAX_ITERATIONS)
 
+    # -- compaction -----------------------------------------------------------------------
+
+    def compaction_cut(self) -> int | None:
+        """Where to split the conversation for a summary before the next model call, or None.
+
+        Only before a follow-up call (the last message holds tool results), once the estimated
+        context reaches the agent's threshold; the pending tool exchange and the last few
+        exchanges are kept, so the cut falls just before an assistant message."""
+        compaction = self.plan.compaction
+        last = self.messages[-1] if self.messages else None
+        if (
+            compaction is None
+            or self.compaction_failed
+            or not self.plan.use_history
+            or last is None
+            or not last.tool_results
+        ):
+            return None
+        request = self.model_request()
+        if estimate_tokens(request.messages) < compaction.threshold_tokens:
+            return None
+        conversation = request.messages
+        starts = [i for i, m in enumerate(conversation) if m.role == "assistant"]
+        keep = compaction.keep_exchanges + 1  # + the pending tool exchange
+        if len(starts) < keep:
+            return None
+        cut = starts[-keep]
+        # Nothing worth summarising: at most an earlier summary and one message.
+        return cut if cut >= 2 else None
+
+    def on_compacted(self, cut: int, summary: str) -> None:
+        """Replace the conversation before ``cut`` (an index into ``conversation()``)."""
+        # With a summary in place, conversation()[i] is (history + messages)[compacted_upto+i-1].
+        self.compacted_upto = self.compacted_upto + cut - 1 if self.summary else cut
+        self.summary = Message.user(SUMMARY_PREFIX + summary)
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def hook_context(self, point: HookPoint) -> HookContext:
+        return HookContext(
+            hook_point=point,
+            agent=self.plan.agent,
+            model=self.plan.model,
+            iteration=self.iteration,
+            messages=self.messages,
+            last_message=self.messages[-1] if self.messages else None,
+            usage=self.usage,
+        )
+
+    def on_hook(self, hook: str, change: HookChange) -> None:
+        if change.replace is not None:
+            self.messages = list(change.replace)
+        if change.stop_reason is not None:
+            self._close_pending(f"Not run: hook '{hook}' ended the turn.")
+        self.messages.extend(change.append)
+        if change.stop_reason is not None:
+            self._finish(change.stop_reason)
+
+    def fail(self, text: str) -> None:
+        """End the turn with an ``error`` assistant message (e.g. a hook that must not fail)."""
+        self._close_pending("Not run: the turn ended with an error.")
+        self.messages.append(
+            Message(
+                role="assistant",
+                content=[TextContent(text=text)],
+                channels={"error": [TextContent(text=text)]},
+                stop_reason=StopReason.ERROR,
+            )
+        )
+        self._finish(StopReason.ERROR)
+
+    def _close_pending(self, text: str) -> None:
+        # A turn that stops while tool calls wait must not leave them unanswered.
+        if self.awaiting_tools:
+            calls = self.messages[-1].tool_calls or {}
+            results = {call_id: CallToolResult.error(text) for call_id in calls}
+            self.messages.append(Message(role="user", tool_results=results))
+
     # -- ending ---------------------------------------------------------------------------
 
     def cancel(self, completed: dict[str, CallToolResult]) -> None:
@@ -176,7 +282,7 @@ class TurnState(BaseModel):
         return TurnResult(
             final=final,
             messages=self.messages,
-            history=self.history + self.messages if self.plan.use_history else self.history,
+            history=self.conversation() if self.plan.use_history else self.history,
             stop_reason=self.stop_reason or StopReason.END_TURN,
             iterations=self.iteration,
             usage=self.usage,

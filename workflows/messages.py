@@ -133,3 +133,9 @@ def joined_text(blocks: list[ContentBlock]) -> str:
 def json_channel(value: Any) -> list[ContentBlock]:
     """A channel whose content is one JSON text block (how fast-agent carries tool_timing)."""
     return [TextContent(text=json.dumps(value, sort_keys=True))]
+
+
+def estimate_tokens(messages: list[Message]) -> int:
+    """A rough token count (4 characters a token), for models that don't report one and for
+    deciding when to compact."""
+    return sum(len(m.model_dump_json(exclude_none=True)) for m in messages) // 4

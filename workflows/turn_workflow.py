@@ -11,13 +11,19 @@ import asyncio
 
 from pydantic import ValidationError
 from temporalio import workflow
+from temporalio.exceptions import ActivityError
 
 from workflows import actions
+from workflows.activity_io import HookPoint
 from workflows.loop import TurnState
 from workflows.messages import CallToolResult, Message
 from workflows.turn_io import TurnInput, TurnProgress, TurnResult
 
 WORKFLOW_NAME = "TurnWorkflow"
+
+# As in fast-agent: a failing after_tool_call (or after_turn_complete, once the answer stands)
+# is logged and ignored; any other hook failing ends the turn with an `error` message.
+_HOOKS_THAT_MAY_FAIL = (HookPoint.AFTER_TOOL_CALL, HookPoint.AFTER_TURN_COMPLETE)
 
 
 # A malformed TurnInput fails the workflow with pydantic's explanation instead of failing its
@@ -36,22 +42,73 @@ class TurnWorkflow:
         try:
             state.tools = await actions.list_tools(plan)
             while not state.done:
-                self._show(f"waiting on model `{plan.model}`")
-                state.on_assistant(await actions.call_model(state.model_request(), plan))
+                await self._maybe_compact()
+                await self._hooks(HookPoint.BEFORE_LLM_CALL)
+                if not state.done:
+                    await self._ask_model()
                 if state.awaiting_tools:
-                    batch = state.tool_batch()
-                    self._show("running " + ", ".join(f"`{c.name}`" for c in batch.to_run))
-                    self._completed = {}
-                    results, timing = await actions.run_tools(batch, plan, self._completed)
-                    state.on_tool_results(results, timing)
+                    await self._hooks(HookPoint.BEFORE_TOOL_CALL)
+                if state.awaiting_tools:
+                    await self._run_tools()
         except asyncio.CancelledError:
+            # fast-agent's interrupted-tool repair; after_turn_complete never runs here.
             state.cancel(completed=self._completed)
             self._show("cancelled")
             raise
+        await self._hooks(HookPoint.AFTER_TURN_COMPLETE)
         self._show("done")
         # Let long-polling watchers see the end before the run closes.
         await workflow.wait_condition(workflow.all_handlers_finished)
         return state.result()
+
+    async def _ask_model(self) -> None:
+        state = self._require_state()
+        self._show(f"waiting on model `{state.plan.model}`")
+        state.on_assistant(await actions.call_model(state.model_request(), state.plan))
+        await self._hooks(HookPoint.AFTER_LLM_CALL)
+
+    async def _run_tools(self) -> None:
+        state = self._require_state()
+        batch = state.tool_batch()
+        self._show("running " + ", ".join(f"`{c.name}`" for c in batch.to_run))
+        self._completed = {}
+        results, timing = await actions.run_tools(batch, state.plan, self._completed)
+        state.on_tool_results(results, timing)
+        await self._hooks(HookPoint.AFTER_TOOL_CALL)
+
+    async def _maybe_compact(self) -> None:
+        """Summarise older exchanges when the context is near full; never breaks the loop."""
+        state = self._require_state()
+        cut = state.compaction_cut()
+        if cut is None:
+            return
+        self._show("compacting history")
+        try:
+            summary = await actions.compact_history(state.conversation()[:cut], state.plan)
+        except ActivityError as err:
+            workflow.logger.warning("compaction failed, history unchanged: %s", err)
+            state.compaction_failed = True
+            return
+        state.on_compacted(cut, summary)
+
+    async def _hooks(self, point: HookPoint) -> None:
+        """Run the agent's hooks for ``point`` as activities; none configured, none run."""
+        state = self._require_state()
+        for hook in state.plan.hooks.get(point, []):
+            try:
+                change = await actions.run_hook(hook, state.hook_context(point))
+            except ActivityError as err:
+                text = f"Hook '{hook}' ({point}) failed: {actions.failure_text(err)}"
+                if point in _HOOKS_THAT_MAY_FAIL:
+                    workflow.logger.warning("%s (ignored)", text)
+                    continue
+                state.fail(text)
+                return
+            state.on_hook(hook, change)
+
+    def _require_state(self) -> TurnState:
+        assert self._state is not None, "the loop runs only after prepare_turn"
+        return self._state
 
     @workflow.update
     async def wait_for_messages(self, after: int) -> TurnProgress:

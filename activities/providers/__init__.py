@@ -19,8 +19,3 @@ def with_usage(message: Message, usage: Usage) -> Message:
     channels = dict(message.channels or {})
     channels["usage"] = json_channel(usage.model_dump(exclude={"calls"}))
     return message.model_copy(update={"channels": channels})
-
-
-def estimate_tokens(messages: list[Message]) -> int:
-    """A rough count (4 characters a token) for models that don't report one."""
-    return sum(len(m.model_dump_json(exclude_none=True)) for m in messages) // 4

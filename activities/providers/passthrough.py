@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
-from activities.providers import estimate_tokens, with_usage
+from activities.providers import with_usage
 from workflows.activity_io import LlmRequest
-from workflows.messages import Message, StopReason, TextContent, ToolCall
+from workflows.messages import Message, StopReason, TextContent, ToolCall, estimate_tokens
 from workflows.turn_io import Usage
 
 CALL_TOOL = "***CALL_TOOL"

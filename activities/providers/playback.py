@@ -3,7 +3,8 @@ the agent's configuration names (``agents.<name>.playback``).
 
 Model call *n* of a turn answers with entry *n*, so a retried or replayed call gets the same
 answer on any worker. An entry is a ``Message`` (role may be left out) or a bare string; a
-message with ``tool_calls`` and no stop reason stops for ``toolUse``.
+message with ``tool_calls`` and no stop reason stops for ``toolUse``. A compaction summary is
+not a turn call: it is echoed, as passthrough does.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from activities.errors import config_error
-from activities.providers import estimate_tokens, with_usage
+from activities.providers import with_usage
+from activities.providers.passthrough import PassthroughProvider
 from workflows.activity_io import LlmRequest
-from workflows.messages import Message, StopReason
+from workflows.messages import Message, StopReason, estimate_tokens
 from workflows.turn_io import Usage
 
 
@@ -44,6 +46,10 @@ class PlaybackProvider:
         self._script = script
 
     async def complete(self, request: LlmRequest, model_name: str) -> Message:
+        if request.call_index < 1:
+            # Not one of the turn's calls (a compaction summary): the script is for the turn,
+            # so answer as passthrough does, which echoes the request.
+            return await PassthroughProvider().complete(request, model_name)
         script = load_script(self._script)
         index = request.call_index - 1
         reply = (
