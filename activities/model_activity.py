@@ -15,7 +15,15 @@ from activities.providers import ModelProvider
 from activities.providers.passthrough import PassthroughProvider
 from activities.providers.playback import PlaybackProvider
 from activities.settings import Settings
-from workflows.activity_io import COMPACT_HISTORY, LLM_STEP, CompactRequest, LlmRequest
+from workflows.activity_io import (
+    COMPACT_HISTORY,
+    LLM_STEP,
+    MODEL_INPUT_QUERY,
+    CompactRequest,
+    LlmRequest,
+    LlmStepRequest,
+    digest,
+)
 from workflows.messages import Message
 
 
@@ -33,12 +41,11 @@ class ModelActivities:
                     self._providers[ref.provider] = self._make_sdk_provider(ref.provider)
 
     @activity.defn(name=LLM_STEP)
-    async def llm_step(self, request: LlmRequest) -> Message:
-        ref = resolve_model(request.model)
-        provider = self._provider(ref, request.agent)
-        return await heartbeating(
-            provider.complete(request, ref.name), f"llm #{request.call_index}"
-        )
+    async def llm_step(self, step: LlmStepRequest) -> Message:
+        ref = resolve_model(step.model)
+        provider = self._provider(ref, step.agent)
+        request = await model_input(step)
+        return await heartbeating(provider.complete(request, ref.name), f"llm #{step.call_index}")
 
     @activity.defn(name=COMPACT_HISTORY)
     async def compact_history(self, request: CompactRequest) -> Message:
@@ -80,3 +87,17 @@ class ModelActivities:
         if provider == "generic":
             return OpenAIProvider(self._settings.generic, generic=True)
         return OpenAIProvider(self._settings.openai, generic=False)
+
+
+async def model_input(step: LlmStepRequest) -> LlmRequest:
+    """The request the workflow means, read from it by query and checked against the digest."""
+    handle = activity.client().get_workflow_handle(step.workflow_id, run_id=step.run_id)
+    request = await handle.query(MODEL_INPUT_QUERY, step.call_index, result_type=LlmRequest)
+    # A mismatch can only be a bug (or a changed workflow): never send the model something else.
+    if request is None or digest(request) != step.digest:
+        raise ApplicationError(
+            f"The workflow no longer holds the input of model call #{step.call_index}.",
+            type="ModelInputMismatch",
+            non_retryable=True,
+        )
+    return request

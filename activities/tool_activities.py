@@ -34,6 +34,9 @@ SEPARATOR = "__"
 # Retryable: the pool has dropped the broken connection and the next attempt opens a new one.
 # Deliberately not "ServerUnavailable", which the workflow treats as a configuration error.
 CONNECTION_ERROR_TYPE = "McpConnectionError"
+# Sent with every tools/call in the request's `_meta`: the same for every attempt of one model
+# tool call (workflow id / call id), so a tool with side effects can de-duplicate a retried call.
+IDEMPOTENCY_KEY_META = "turnkeep/idempotency_key"
 
 
 class ToolActivities:
@@ -78,10 +81,14 @@ class ToolActivities:
                 type="ToolNotAllowed",
                 non_retryable=True,
             )
+        info = activity.info()
+        # A standalone activity (no workflow) is keyed by its own id, also stable across retries.
+        key = idempotency_key(info.workflow_id or info.activity_id, req.call_id)
+        meta = {IDEMPOTENCY_KEY_META: key}
         started = time.perf_counter()
         try:
             raw = await heartbeating(
-                self._pool.call_tool(server, tool, req.arguments), f"tool {req.name}"
+                self._pool.call_tool(server, tool, req.arguments, meta=meta), f"tool {req.name}"
             )
             result = to_wire_result(raw)
         except (ServerUnavailable, ServerConnectionError) as err:
@@ -102,6 +109,11 @@ class ToolActivities:
                 f"Unknown agent {name!r}. This worker's agents: {known(self._settings.agents)}.",
             )
         return agent
+
+
+def idempotency_key(workflow_id: str, call_id: str) -> str:
+    """What a tool is told identifies this call: stable across retries and worker restarts."""
+    return f"{workflow_id}/{call_id}"
 
 
 def tool_allowed(agent: AgentSettings, server: str, tool: str) -> bool:

@@ -5,6 +5,7 @@ other's turns."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
 
 from activities.hook_activity import Hook
 from activities.settings import Settings
@@ -101,3 +102,25 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float = 30.0)
             return
         await asyncio.sleep(step)
     raise AssertionError(f"condition not met within {within} s")
+
+
+def history_text(history: WorkflowHistory) -> str:
+    """A workflow history as text with every payload decoded: what someone reading the
+    history (or the server's database) could see. The JSON form base64-encodes payloads, so
+    searching it directly would miss them."""
+    parts: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "metadata" in node and isinstance(node.get("data"), str):
+                parts.append(base64.b64decode(node["data"]).decode("utf-8", errors="replace"))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+        elif isinstance(node, str):
+            parts.append(node)
+
+    walk(history.to_json_dict())
+    return "\n".join(parts)

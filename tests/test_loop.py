@@ -237,3 +237,12 @@ def test_compaction_is_not_tried_again_after_a_failure() -> None:
     assert state.compaction_cut() is not None
     state.compaction_failed = True
     assert state.compaction_cut() is None
+
+
+def test_tool_calls_in_the_final_structured_answer_are_answered_not_run() -> None:
+    state = start(structured_output={"type": "object"})
+    state.on_assistant(Message.assistant("thinking done"))
+    state.on_assistant(tool_use(("c1", "srv__a")))
+    assert state.done and not state.awaiting_tools
+    closing = state.messages[-1]
+    assert closing.tool_results is not None and closing.tool_results["c1"].is_error

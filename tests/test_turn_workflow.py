@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import HarnessFactory, write_script
+from tests.conftest import HarnessFactory, history_text, write_script
 from tests.mcp_servers.launch import STDIO_SCRIPT, http_server
 from workflows.messages import StopReason
 from workflows.turn_io import TurnResult
@@ -304,3 +304,28 @@ async def test_tools_from_an_http_mcp_server_with_a_tool_filter(harness: Harness
     is_error, big = texts["call_1_3"]
     assert not is_error and len(big.encode()) <= 20_000
     assert "[turnkeep: tool result truncated from" in big
+
+
+async def test_every_message_is_recorded_in_history_once(
+    harness: HarnessFactory, tmp_path: Path
+) -> None:
+    """Model calls read their input by reference: history grows with the conversation, not
+    with its square."""
+    script = write_script(
+        tmp_path / "s.json",
+        *[calls((f"c{i}", "local__step", {"name": f"marker-{i}-" + "x" * 2000})) for i in range(5)],
+        "finished",
+    )
+    async with harness(LOCAL, **agent(model="playback", playback=str(script))) as h:
+        handle = await h.start("prompt-marker-0f9e")
+        result = await handle.result()
+        text = history_text(await handle.handle.fetch_history())
+    assert result.iterations == 5
+    # The first tool exchange was in the conversation for five more model calls than the last
+    # one, yet both are recorded equally often: once where they were produced, once where they
+    # were used, and in the TurnResult. Copying the conversation into each call would add one
+    # copy per later call.
+    counts = [text.count(f"marker-{i}-") for i in range(5)]
+    assert counts == [counts[-1]] * 5 and counts[-1] > 0
+    # The prompt: the input, the Web UI's summary, and the result's messages and history.
+    assert text.count("prompt-marker-0f9e") == 4

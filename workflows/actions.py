@@ -26,6 +26,7 @@ from workflows.activity_io import (
     HookContext,
     HookRequest,
     LlmRequest,
+    LlmStepRequest,
     PrepareTurnRequest,
     Timeouts,
     ToolCallOutcome,
@@ -34,16 +35,18 @@ from workflows.activity_io import (
     ToolSpec,
     ToolsRequest,
     TurnPlan,
+    digest,
 )
 from workflows.loop import ToolBatch
 from workflows.messages import CallToolResult, Message, StopReason, TextContent
 from workflows.turn_io import TurnInput
 
-# Preparing a turn and listing tools only read configuration and start MCP servers; a few
-# attempts cover a worker dying mid-way, while configuration errors are non-retryable anyway.
 T = TypeVar("T")
 
+# Preparing a turn and listing tools only read configuration and start MCP servers; a few
+# attempts cover a worker dying mid-way, while configuration errors are non-retryable anyway.
 _SETUP = Timeouts(start_to_close=120.0, heartbeat=15.0, max_attempts=3)
+# Hooks are the worker owner's own code: quick, and retried a little in case of I/O hiccups.
 _HOOK = Timeouts(start_to_close=60.0, heartbeat=None, max_attempts=3)
 
 
@@ -96,9 +99,20 @@ async def list_tools(plan: TurnPlan) -> list[ToolSpec]:
 
 
 async def call_model(request: LlmRequest, plan: TurnPlan) -> Message:
+    """One model call. The workflow must answer ``MODEL_INPUT_QUERY`` with ``request`` while
+    this runs: the activity reads the request from there (see ``LlmStepRequest``)."""
+    info = workflow.info()
+    step = LlmStepRequest(
+        agent=request.agent,
+        model=request.model,
+        call_index=request.call_index,
+        workflow_id=info.workflow_id,
+        run_id=info.run_id,
+        digest=digest(request),
+    )
     try:
         summary = f"llm #{request.call_index} · {request.model}"
-        return await _execute(LLM_STEP, request, Message, summary, plan.llm)
+        return await _execute(LLM_STEP, step, Message, summary, plan.llm)
     except ActivityError as err:
         text = failure_text(err)
         return Message(

@@ -3,6 +3,7 @@ code can call them without importing the (I/O-heavy) modules that implement them
 
 from __future__ import annotations
 
+import hashlib
 from enum import StrEnum
 from typing import Any
 
@@ -17,6 +18,8 @@ LLM_STEP = "llm_step"
 CALL_TOOL = "call_tool"
 RUN_HOOK = "run_hook"
 COMPACT_HISTORY = "compact_history"
+# The query `llm_step` reads its input through (see LlmStepRequest).
+MODEL_INPUT_QUERY = "model_input"
 
 # Error types raised by activities that retrying cannot fix. The workflow fails the turn with
 # them (configuration errors) or hands them to the model (tool errors), never retries them.
@@ -90,6 +93,9 @@ class ToolCatalog(BaseModel):
 
 
 class LlmRequest(BaseModel):
+    """Everything a provider needs for one model call: the conversation as the model sees it,
+    the tools on offer and the request parameters."""
+
     agent: str
     model: str
     call_index: int  # 1-based number of this model call within the turn
@@ -99,6 +105,27 @@ class LlmRequest(BaseModel):
     structured_output: dict[str, Any] | None = None
     temperature: float | None = None
     max_tokens: int | None = None
+
+
+class LlmStepRequest(BaseModel):
+    """The input of ``llm_step``: a reference to the ``LlmRequest``, not a copy.
+
+    Copying the conversation into every model call's input would record it again on each
+    iteration, so workflow history would grow with the square of the turn's length. The
+    conversation is recorded once (turn input, activity results); ``llm_step`` reads the
+    request it should make through a query of the running workflow, and checks the digest so
+    it can only ever send exactly what the workflow meant."""
+
+    agent: str
+    model: str
+    call_index: int
+    workflow_id: str
+    run_id: str
+    digest: str  # sha256 of the LlmRequest's JSON
+
+
+def digest(request: LlmRequest) -> str:
+    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()
 
 
 class ToolCallRequest(BaseModel):

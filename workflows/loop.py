@@ -113,6 +113,12 @@ class TurnState(BaseModel):
         self.model_calls += 1
         self.messages.append(assistant)
         self._add_usage(assistant)
+        if self.finalizing:
+            # The deferred structured-output call offered no tools: it ends the turn whatever
+            # it says, and calls it makes anyway are answered rather than run.
+            self._close_pending("Not run: no tools are available for the final answer.")
+            self._finish(assistant.stop_reason or StopReason.END_TURN)
+            return
         if self.awaiting_tools:
             return
         if self.plan.structured_output and self.tools and not self.finalizing:

@@ -14,7 +14,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from workflows import actions
-from workflows.activity_io import HookPoint
+from workflows.activity_io import MODEL_INPUT_QUERY, HookPoint, LlmRequest
 from workflows.loop import TurnState
 from workflows.messages import CallToolResult, Message
 from workflows.turn_io import TurnInput, TurnProgress, TurnResult
@@ -34,6 +34,8 @@ class TurnWorkflow:
         self._state: TurnState | None = None
         # Results of the current tool batch as they arrive, so a cancellation keeps them.
         self._completed: dict[str, CallToolResult] = {}
+        # The request of the model call in flight, which `llm_step` reads by query.
+        self._model_input: LlmRequest | None = None
 
     @workflow.run
     async def run(self, turn: TurnInput) -> TurnResult:
@@ -54,17 +56,22 @@ class TurnWorkflow:
             # fast-agent's interrupted-tool repair; after_turn_complete never runs here.
             state.cancel(completed=self._completed)
             self._show("cancelled")
+            await self._release_watchers()
             raise
         await self._hooks(HookPoint.AFTER_TURN_COMPLETE)
         self._show("done")
-        # Let long-polling watchers see the end before the run closes.
-        await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._release_watchers()
         return state.result()
+
+    async def _release_watchers(self) -> None:
+        # Long-polling watchers see the end (state.done) before the run closes.
+        await workflow.wait_condition(workflow.all_handlers_finished)
 
     async def _ask_model(self) -> None:
         state = self._require_state()
         self._show(f"waiting on model `{state.plan.model}`")
-        state.on_assistant(await actions.call_model(state.model_request(), state.plan))
+        self._model_input = state.model_request()
+        state.on_assistant(await actions.call_model(self._model_input, state.plan))
         await self._hooks(HookPoint.AFTER_LLM_CALL)
 
     async def _run_tools(self) -> None:
@@ -117,6 +124,12 @@ class TurnWorkflow:
             lambda: self._progress().count > after or self._progress().done
         )
         return self._progress()
+
+    @workflow.query(name=MODEL_INPUT_QUERY)
+    def model_input(self, call_index: int) -> LlmRequest | None:
+        """The request of model call ``call_index``, while it is the one in flight."""
+        request = self._model_input
+        return request if request and request.call_index == call_index else None
 
     @workflow.query
     def transcript(self, start: int = 0) -> list[Message]:

@@ -1,0 +1,145 @@
+"""Run ``turnkeep worker`` as a separate OS process, so tests can SIGKILL it like a crash would.
+
+Each worker runs ``python -m worker.cli worker --config FILE --address ADDR`` in a session of
+its own, so the stdio MCP servers it starts share its process group. ``kill()`` SIGKILLs only
+the worker process itself, as an OOM kill or a crash would (its MCP servers see their stdin
+close and exit on their own); ``close()`` SIGKILLs every process group ever started here,
+so nothing a test started outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client
+
+REPO = Path(__file__).resolve().parents[1]
+IDEMPOTENT_SERVER = Path(__file__).with_name("mcp_servers_idempotent.py")
+
+
+def write_config(path: Path, config: dict[str, Any]) -> Path:
+    """A turnkeep.yaml for a worker process (JSON is YAML)."""
+    path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return path
+
+
+def effects_server(record: Path) -> dict[str, Any]:
+    """``mcp.servers`` entry for the stdio server whose ``effect`` tool logs to ``record``."""
+    return {
+        "command": sys.executable,
+        "args": [str(IDEMPOTENT_SERVER)],
+        "env": {"TURNKEEP_TEST_RECORD": str(record)},
+    }
+
+
+class WorkerProcesses:
+    """Worker processes for one task queue; a context manager that cleans up all of them."""
+
+    def __init__(self, config: Path, address: str, logs: Path, namespace: str = "default") -> None:
+        self.config = config
+        self.address = address
+        self.namespace = namespace
+        self.logs = logs
+        self.running: dict[int, subprocess.Popen[bytes]] = {}
+        self.killed: dict[int, float] = {}  # pid -> time.time() of the SIGKILL
+        self._groups: list[int] = []
+
+    def start(self) -> int:
+        """Start one more worker process; returns its pid (not yet polling: see wait_polling)."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"worker-{len(self._groups)}.log"
+        argv = [sys.executable, "-m", "worker.cli", "worker", "--config", str(self.config)]
+        argv += ["--address", self.address, "--namespace", self.namespace]
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._groups.append(proc.pid)
+        self.running[proc.pid] = proc
+        return proc.pid
+
+    async def wait_polling(self, client: Client, task_queue: str, pid: int, within: float = 60):
+        """Return once worker ``pid`` polls ``task_queue`` for workflow and activity tasks."""
+        deadline = time.monotonic() + within
+        while True:
+            proc = self.running.get(pid)
+            if proc is None or proc.poll() is not None:
+                raise AssertionError(f"worker {pid} exited; log:\n{self.log_tail()}")
+            if await _polls(client, task_queue, pid):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"worker {pid} did not poll within {within} s")
+            await asyncio.sleep(0.1)
+
+    async def start_polling(self, client: Client, task_queue: str) -> int:
+        pid = self.start()
+        await self.wait_polling(client, task_queue, pid)
+        return pid
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL one worker process (only it: its MCP servers are orphaned, as in a crash)."""
+        proc = self.running.pop(pid)
+        proc.kill()
+        self.killed[pid] = time.time()
+        proc.wait()
+
+    def close(self) -> None:
+        for proc in self.running.values():
+            proc.kill()
+            proc.wait()
+        self.running.clear()
+        for group in self._groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        text = "".join(
+            f"--- {log.name}\n{log.read_text(errors='replace')}"
+            for log in sorted(self.logs.glob("worker-*.log"))
+        )
+        return text[-chars:]
+
+    def __enter__(self) -> WorkerProcesses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def worker_processes(config: Path, address: str, logs: Path) -> Iterator[WorkerProcesses]:
+    with WorkerProcesses(config, address, logs) as workers:
+        yield workers
+
+
+async def _polls(client: Client, task_queue: str, pid: int) -> bool:
+    identity = f"{pid}@"
+    for kind in (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY):
+        described = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=client.namespace,
+                task_queue=TaskQueue(name=task_queue),
+                task_queue_type=kind,
+            )
+        )
+        if not any(p.identity.startswith(identity) for p in described.pollers):
+            return False
+    return True
