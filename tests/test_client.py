@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from tests.conftest import HarnessFactory, write_script
+from tests.mcp_servers.launch import STDIO_SCRIPT
 from worker.client import TurnCancelledError
 from worker.embedded import ServerInfo
 from workflows.messages import Message, StopReason
@@ -189,3 +191,45 @@ async def test_cli_reports_a_bad_config_clearly(temporal: ServerInfo, tmp_path: 
     ran = await asyncio.to_thread(turnkeep, "run", "hi", temporal=temporal, cwd=tmp_path)
     assert ran.returncode == 2
     assert "turnkeep.yaml is invalid" in ran.stdout and "modle" in ran.stdout
+
+
+async def test_ctrl_c_in_cli_run_cancels_the_turn_and_shows_the_repair(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    (tmp_path / "turnkeep.yaml").write_text(
+        "task_queue: cli-interrupt\n"
+        "mcp:\n  servers:\n    srv:\n"
+        f"      command: {sys.executable}\n"
+        f"      args: [{STDIO_SCRIPT}]\n"
+        "agents:\n  test:\n    model: passthrough\n    servers: [srv]\n",
+        encoding="utf-8",
+    )
+    env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address, "COLUMNS": "200"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker.cli",
+        "run",
+        '***CALL_TOOL srv__slow {"seconds": 120}',
+        "--worker",
+        "--id",
+        "cli-interrupted",
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    output = ""
+    async with asyncio.timeout(120):
+        while "srv__slow" not in output:  # the tool call has been streamed: the tool is running
+            line = await proc.stdout.readline()
+            assert line, f"run ended early: {output}"
+            output += line.decode()
+        proc.send_signal(signal.SIGINT)
+        rest, errors = await proc.communicate()
+    output += rest.decode()
+    assert proc.returncode == 0, output + errors.decode()
+    assert "interrupted: cancelling the turn" in output
+    assert "history repair: appended_interrupted_tool_result" in output
+    assert "stop reason: cancelled" in output

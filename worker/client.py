@@ -7,6 +7,7 @@ cheap, and reading the repaired conversation of a cancelled turn.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +18,7 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.exceptions import CancelledError
 from temporalio.service import RPCError
@@ -83,6 +85,12 @@ class TurnHandle:
         while True:
             try:
                 progress = await self.handle.execute_update(TurnWorkflow.wait_for_messages, index)
+            except WorkflowUpdateRPCTimeoutOrCancelledError as err:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # The SDK turns our cancellation into this error; give it back as one.
+                    raise asyncio.CancelledError() from err
+                continue  # only the long-poll timed out: poll again
             except (RPCError, WorkflowUpdateFailedError):
                 if await self._running():
                     raise
