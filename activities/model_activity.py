@@ -54,6 +54,11 @@ class ModelActivities:
         summary_call = summary_request(request)
         return await heartbeating(provider.complete(summary_call, ref.name), "compacting")
 
+    async def aclose(self) -> None:
+        """Close the SDK clients' connection pools (at worker shutdown)."""
+        for provider in self._providers.values():
+            await provider.aclose()
+
     def _configured_models(self) -> list[ModelRef]:
         names = {default_model(self._settings)}
         for agent in self._settings.agents.values():

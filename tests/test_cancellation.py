@@ -14,10 +14,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
@@ -40,7 +39,6 @@ from workflows.turn_io import RollbackState, TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 
-T = TypeVar("T")
 
 # --- tools -----------------------------------------------------------------------------------
 # Function tools run in this process (an in-process FastMCP server), so they can report what
@@ -73,7 +71,7 @@ async def nap(name: str, ms: int) -> str:
     return f"{name} slept {ms}"
 
 
-TOOLS = {"local": [blocked, quick, nap]}
+TOOLS: dict[str, list[Callable[..., Any]]] = {"local": [blocked, quick, nap]}
 TOOL_NAMES = "local__blocked, local__nap, local__quick"
 
 
@@ -97,10 +95,9 @@ def calls(*specs: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
 # --- waiting on observable state (never on the clock alone) ----------------------------------
 
 
-async def eventually(
-    probe: Callable[[], Awaitable[T | None] | T | None], what: str, within: float = 20.0
-) -> T:
-    """Poll ``probe`` until it returns something truthy; fail saying ``what`` never happened."""
+async def eventually(probe: Callable[[], Any], what: str, within: float = 20.0) -> Any:
+    """Poll ``probe`` (plain or async) until it returns something truthy, and return that; fail
+    saying ``what`` never happened."""
     deadline = time.monotonic() + within
     while True:
         value = probe()
@@ -239,8 +236,9 @@ class WatchedProvider(FakeProvider):
 
 @pytest.fixture(scope="module")
 def provider() -> Iterator[WatchedProvider]:
-    with WatchedProvider() as fake:
-        yield fake
+    watched = WatchedProvider()
+    with watched:
+        yield watched
 
 
 @pytest.fixture
@@ -274,14 +272,13 @@ async def test_cancel_during_a_model_call_leaves_history_unchanged_and_abandons_
         turn = await h.start("What is 2+2?")
         await eventually(lambda: fake.requests_for(api), "the model request arrived")
         await turn.cancel()
-        cancelled_at = time.monotonic()
         repaired = await cancelled_turn(turn)
 
         # The SDK request was abandoned: the client hung up on the fake API long before its
         # 60 s answer (the activity heard of the cancel through its heartbeat).
         hangup = await eventually(lambda: fake.hangups, "the client hung up", within=30)
-        assert hangup[0] - cancelled_at < 30
-        assert len(fake.requests_for(api)) == 1  # and it was not retried
+        (request,) = fake.requests_for(api)  # and it was not retried
+        assert hangup[0] - request.at < 45
         assert cancel_requested_for(await events(turn)) == [(LLM_STEP, None)]
 
     assert repaired.rollback == RollbackState.HISTORY_UNCHANGED
@@ -415,12 +412,6 @@ async def test_cancel_during_the_follow_up_model_call_keeps_the_real_results(
     assert repaired.iterations == 1
 
 
-@asynccontextmanager
-async def running(worker: Worker) -> AsyncIterator[Worker]:
-    async with worker:
-        yield worker
-
-
 def activities_only(client: Client, settings: Any, task_queue: str) -> Worker:
     """A worker that runs turnkeep's activities but never a workflow task."""
     return Worker(
@@ -433,13 +424,6 @@ def activities_only(client: Client, settings: Any, task_queue: str) -> Worker:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a tool result recorded in history before the cancel request is dropped when "
-    "both reach the workflow in the same workflow task: temporalio raises CancelledError for "
-    "the completed activity (RAISE_ON_CANCELLING_COMPLETED_ACTIVITY), so run_tools never "
-    "stores it and repair marks the call interrupted (SPEC §4: completed results are kept)",
-)
 async def test_cancel_between_a_completed_batch_and_the_loop_appends_the_completed_results(
     client: Client, tmp_path: Path
 ) -> None:
@@ -455,8 +439,8 @@ async def test_cancel_between_a_completed_batch_and_the_loop_appends_the_complet
             client, settings, function_tools=TOOLS, task_queue=task_queue, no_remote_activities=True
         )
 
-    async with running(activities_only(client, settings, task_queue)):
-        async with running(workflows_only()):
+    async with activities_only(client, settings, task_queue):
+        async with workflows_only():
             turn = await start_turn(
                 client, TurnInput(agent="test", messages=["go"]), task_queue=task_queue
             )
@@ -465,7 +449,7 @@ async def test_cancel_between_a_completed_batch_and_the_loop_appends_the_complet
         gate.set()  # no workflow worker now: the completion waits in history
         await eventually(lambda: _completed(turn, "c1"), "the tool's completion was recorded")
         await turn.cancel()
-        async with running(workflows_only()):
+        async with workflows_only():
             repaired = await cancelled_turn(turn)
 
     assert repaired.rollback == RollbackState.APPENDED_COMPLETED_TOOL_RESULT

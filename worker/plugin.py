@@ -78,11 +78,12 @@ class TurnkeepPlugin(SimplePlugin):
         ]
 
         @asynccontextmanager
-        async def close_pool() -> AsyncIterator[None]:
+        async def close_connections() -> AsyncIterator[None]:
             try:
                 yield
             finally:
                 await pool.aclose()
+                await models.aclose()
 
         super().__init__(
             "turnkeep",
@@ -90,7 +91,7 @@ class TurnkeepPlugin(SimplePlugin):
             workflows=[TurnWorkflow],
             activities=activities,
             workflow_runner=WORKFLOW_RUNNER,
-            run_context=close_pool,
+            run_context=close_connections,
         )
 
 

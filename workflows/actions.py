@@ -143,11 +143,26 @@ async def run_tools(
             completed[call.call_id] = CallToolResult.error(f"Error: {failure_text(err)}")
             timing[call.call_id] = (workflow.time() - started) * 1000
 
-    if plan.parallel_tool_calls and len(batch.to_run) > 1:
-        await asyncio.gather(*(run_one(call) for call in batch.to_run))
-    else:
-        for call in batch.to_run:
-            await run_one(call)
+    async def run_all() -> None:
+        if plan.parallel_tool_calls and len(batch.to_run) > 1:
+            await asyncio.gather(*(run_one(call) for call in batch.to_run))
+        else:
+            for call in batch.to_run:
+                await run_one(call)
+
+    # Shielded so that cancelling the turn cannot reach an activity whose result arrived in
+    # the same workflow task as the cancel: the SDK would turn that result into a
+    # CancelledError, and a tool that really ran would be reported as interrupted.
+    work = asyncio.ensure_future(run_all())
+    try:
+        await asyncio.shield(work)
+    except asyncio.CancelledError:
+        # A condition is checked only once every ready task has run: by then results that
+        # came with the cancel are in `completed`, and only calls still running get cancelled.
+        await workflow.wait_condition(lambda: True)
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        raise
     return dict(completed), timing
 
 

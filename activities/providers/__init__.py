@@ -13,6 +13,9 @@ from workflows.turn_io import Usage
 class ModelProvider(Protocol):
     async def complete(self, request: LlmRequest, model_name: str) -> Message: ...
 
+    async def aclose(self) -> None:
+        """Release connections (at worker shutdown)."""
+
 
 def with_usage(message: Message, usage: Usage) -> Message:
     """Attach usage the way every provider reports it: as the ``usage`` channel."""

@@ -54,3 +54,6 @@ class PassthroughProvider:
             input_tokens=estimate_tokens(request.messages), output_tokens=estimate_tokens([reply])
         )
         return with_usage(reply, usage)
+
+    async def aclose(self) -> None:
+        pass  # no connections
