@@ -22,6 +22,7 @@ from workflows.activity_io import (
     CompactRequest,
     LlmRequest,
     LlmStepRequest,
+    ModelInputPage,
     digest,
 )
 from workflows.messages import Message
@@ -95,14 +96,33 @@ class ModelActivities:
 
 
 async def model_input(step: LlmStepRequest) -> LlmRequest:
-    """The request the workflow means, read from it by query and checked against the digest."""
+    """The request the workflow means, read from it by query (page by page) and checked
+    against the digest."""
     handle = activity.client().get_workflow_handle(step.workflow_id, run_id=step.run_id)
-    request = await handle.query(MODEL_INPUT_QUERY, step.call_index, result_type=LlmRequest)
-    # A mismatch can only be a bug (or a changed workflow): never send the model something else.
-    if request is None or digest(request) != step.digest:
-        raise ApplicationError(
-            f"The workflow no longer holds the input of model call #{step.call_index}.",
-            type="ModelInputMismatch",
-            non_retryable=True,
+
+    async def page(start: int) -> ModelInputPage:
+        answer = await handle.query(
+            MODEL_INPUT_QUERY, args=[step.call_index, start], result_type=ModelInputPage
         )
+        if answer is None:
+            raise _input_mismatch(step)
+        activity.heartbeat(f"reading model input from message {start}")
+        return answer
+
+    first = await page(0)
+    messages = list(first.request.messages)
+    while len(messages) < first.total_messages:
+        messages += (await page(len(messages))).request.messages
+    request = first.request.model_copy(update={"messages": messages})
+    # A mismatch can only be a bug (or a changed workflow): never send the model something else.
+    if digest(request) != step.digest:
+        raise _input_mismatch(step)
     return request
+
+
+def _input_mismatch(step: LlmStepRequest) -> ApplicationError:
+    return ApplicationError(
+        f"The workflow no longer holds the input of model call #{step.call_index}.",
+        type="ModelInputMismatch",
+        non_retryable=True,
+    )

@@ -77,6 +77,31 @@ class CompactionSettings(_Settings):
     context_window: int | None = Field(default=None, gt=0)
 
 
+class PayloadStorageSettings(_Settings):
+    """Where payloads above ``threshold_bytes`` go instead of the workflow history: Temporal's
+    external payload storage (``activities/payload_storage.py``). Every client and worker of a
+    task queue must use the same storage, or one cannot read what another wrote."""
+
+    # local: files in `path` (client and workers on one machine, or a shared filesystem);
+    # s3: `bucket` (needs `pip install "temporalio[aioboto3]"`); off: payloads stay inline and a
+    # turn whose result passes Temporal's 2 MB limit fails with an error saying so.
+    driver: Literal["local", "s3", "off"] = "local"
+    # Default: <state dir>/payloads, the state dir being $TURNKEEP_STATE_DIR, else
+    # $XDG_STATE_HOME/turnkeep, else ~/.local/state/turnkeep. Relative paths: from the file.
+    path: Path | None = None
+    # Payloads of at least this many bytes are stored externally. Below Temporal's 2 MB limit.
+    threshold_bytes: int = Field(default=256 * 1024, ge=0, lt=2 * 1024 * 1024)
+    bucket: str | None = None
+    # Prepended to every object key. Changing it makes earlier references unreadable.
+    prefix: str = ""
+
+    @model_validator(mode="after")
+    def _s3_needs_a_bucket(self) -> PayloadStorageSettings:
+        if self.driver == "s3" and not self.bucket:
+            raise ValueError("payload_storage.driver 's3' needs `bucket`")
+        return self
+
+
 ALL_OVERRIDES = frozenset(TurnOverrides.model_fields) - {"model"}
 
 
@@ -128,6 +153,8 @@ class Settings(_Settings):
     # Tool results above this many bytes are truncated with a visible note, so one huge result
     # cannot push a workflow payload past Temporal's 2 MB limit.
     max_tool_result_bytes: int = 256 * 1024
+    # Large payloads (tool results, the turn's result) in external storage, not in history.
+    payload_storage: PayloadStorageSettings = Field(default_factory=PayloadStorageSettings)
     anthropic: ProviderSettings | None = None
     openai: ProviderSettings | None = None
     generic: ProviderSettings | None = None

@@ -24,8 +24,8 @@ mcp = FastMCP("effects")
 
 
 def _log(event: str, tag: str, key: str | None, worker: int) -> None:
-    line = {"event": event, "tag": tag, "key": key, "pid": os.getpid(), "worker": worker}
-    line["at"] = time.time()
+    line: dict[str, Any] = {"event": event, "tag": tag, "key": key, "at": time.time()}
+    line.update(pid=os.getpid(), worker=worker)
     # One short O_APPEND write per line: lines from concurrent calls and processes never mix.
     with open(os.environ["TURNKEEP_TEST_RECORD"], "a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")

@@ -246,3 +246,22 @@ def test_tool_calls_in_the_final_structured_answer_are_answered_not_run() -> Non
     assert state.done and not state.awaiting_tools
     closing = state.messages[-1]
     assert closing.tool_results is not None and closing.tool_results["c1"].is_error
+
+
+def test_model_input_pages_reassemble_to_the_request_and_stay_small() -> None:
+    from workflows.activity_io import MODEL_INPUT_PAGE_BYTES, digest, model_input_page
+
+    state = start()
+    for n in range(60):  # ~600 KB of tool results
+        state.on_assistant(tool_use((f"c{n}", "srv__a")))
+        state.on_tool_results({f"c{n}": ok("r" * 10_000)}, {f"c{n}": 0})
+    request = state.model_request()
+    first = model_input_page(request, 0)
+    pages, messages = [first], list(first.request.messages)
+    while len(messages) < first.total_messages:
+        pages.append(model_input_page(request, len(messages)))
+        messages += pages[-1].request.messages
+    assert len(pages) > 2
+    assert all(len(p.model_dump_json()) < MODEL_INPUT_PAGE_BYTES + 20_000 for p in pages)
+    assert pages[1].request.tools == [] and first.request.tools == TOOLS
+    assert digest(first.request.model_copy(update={"messages": messages})) == digest(request)

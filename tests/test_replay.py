@@ -8,16 +8,23 @@ refresh them with ``TURNKEEP_RECORD_HISTORIES=1 pytest tests/test_replay.py``.
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from tests.conftest import HarnessFactory, write_script
+from tests.conftest import HarnessFactory, eventually, write_script
+from tests.fake_provider import FakeProvider, Reply
+from worker.client import TurnCancelledError, TurnHandle
 from worker.plugin import replay_plugin
+from workflows.messages import StopReason
+from workflows.turn_io import RollbackState
 
 pytestmark = pytest.mark.asyncio
 
@@ -66,6 +73,10 @@ async def test_scenario_replays_fresh_and_recorded(
         handle = await h.start("go", **overrides)
         await handle.result()
         fresh = await handle.handle.fetch_history()
+    await replays_fresh_and_recorded(name, fresh)
+
+
+async def replays_fresh_and_recorded(name: str, fresh: WorkflowHistory) -> None:
     await replayer().replay_workflow(fresh)
 
     recorded = HISTORIES / f"{name}.json"
@@ -77,3 +88,74 @@ async def test_scenario_replays_fresh_and_recorded(
     )
     old = WorkflowHistory.from_json(f"recorded-{name}", recorded.read_text(encoding="utf-8"))
     await replayer().replay_workflow(old)
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeProvider]:
+    with FakeProvider() as provider:
+        yield provider
+
+
+async def test_error_replays_fresh_and_recorded(
+    fake: FakeProvider, harness: HarnessFactory
+) -> None:
+    """A tool round, then a model call that fails for good: the turn ends with `error`."""
+    fake.reset()
+    fake.script(
+        Reply.tool_calls(("c1", "local__add", {"a": 1, "b": 2})),
+        Reply.error(400, "bad request"),
+        api="anthropic",
+    )
+    config = {
+        "anthropic": {"api_key": "sk-test", "base_url": fake.base_url_anthropic},
+        "agents": {"test": {"model": "anthropic.test-model", "servers": ["local"]}},
+    }
+    async with harness({"local": [add]}, **config) as h:
+        handle = await h.start("go")
+        result = await handle.result()
+        fresh = await handle.handle.fetch_history()
+    assert result.stop_reason == StopReason.ERROR  # the scenario is what its name says
+    await replays_fresh_and_recorded("error", fresh)
+
+
+gate = asyncio.Event()
+
+
+async def wait_for_gate(name: str) -> str:
+    """Blocks until the test opens the gate."""
+    await gate.wait()
+    return name
+
+
+async def test_cancelled_replays_fresh_and_recorded(
+    harness: HarnessFactory, tmp_path: Path
+) -> None:
+    """Cancelled while parallel tools run, one of them done: the repaired, Canceled turn."""
+    gate.clear()
+    calls = {
+        "c1": {"name": "local__add", "arguments": {"a": 1, "b": 2}},
+        "c2": {"name": "local__wait_for_gate", "arguments": {"name": "g"}},
+    }
+    path = write_script(tmp_path / "script.json", {"tool_calls": calls}, "never")
+    agent = {"model": "playback", "playback": str(path), "servers": ["local"]}
+    async with harness({"local": [add, wait_for_gate]}, agents={"test": agent}) as h:
+        handle = await h.start("go")
+        async for message in handle.messages(include_tool_results=True):
+            if message.tool_calls:
+                break
+        await eventually(lambda: _add_completed(handle))
+        await handle.cancel()
+        with pytest.raises(TurnCancelledError) as cancelled:
+            await handle.result()
+        fresh = await handle.handle.fetch_history()
+    gate.set()
+    repaired = cancelled.value.result
+    assert repaired is not None and repaired.stop_reason == StopReason.CANCELLED
+    assert repaired.rollback == RollbackState.APPENDED_INTERRUPTED_TOOL_RESULT
+    await replays_fresh_and_recorded("cancelled", fresh)
+
+
+async def _add_completed(handle: TurnHandle) -> bool:
+    completed = EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+    events = [e async for e in handle.handle.fetch_history_events()]
+    return sum(e.event_type == completed for e in events) >= 4  # prepare, list, llm, add

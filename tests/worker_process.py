@@ -76,7 +76,9 @@ class WorkerProcesses:
         self.running[proc.pid] = proc
         return proc.pid
 
-    async def wait_polling(self, client: Client, task_queue: str, pid: int, within: float = 60):
+    async def wait_polling(
+        self, client: Client, task_queue: str, pid: int, within: float = 60.0
+    ) -> None:
         """Return once worker ``pid`` polls ``task_queue`` for workflow and activity tasks."""
         deadline = time.monotonic() + within
         while True:
@@ -100,6 +102,16 @@ class WorkerProcesses:
         proc.kill()
         self.killed[pid] = time.time()
         proc.wait()
+
+    def stop(self, pid: int) -> None:
+        """Stop one worker the orderly way (SIGTERM: it finishes its tasks and exits)."""
+        proc = self.running.pop(pid)
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
     def close(self) -> None:
         for proc in self.running.values():

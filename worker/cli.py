@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from temporalio.client import Client
 
+from activities.payload_storage import PayloadStorageConfigError
 from activities.settings import Settings
 from worker.build import build_worker
 from worker.client import TurnCancelledError, TurnHandle, get_turn, start_turn
@@ -55,18 +56,21 @@ ConfigPath = Annotated[
 def main() -> None:
     try:
         app()
-    except (ConfigError, EmbeddedServerError) as err:
+    except (ConfigError, EmbeddedServerError, PayloadStorageConfigError) as err:
         console.print(f"[red]error:[/] {err}")
         raise SystemExit(2) from None
 
 
-async def _connect(address: str | None, namespace: str | None) -> tuple[Client, ServerInfo | None]:
-    """A client for the given server, or for the embedded one when none is configured."""
+async def _connect(
+    address: str | None, namespace: str | None, settings: Settings
+) -> tuple[Client, ServerInfo | None]:
+    """A client for the given server, or for the embedded one when none is configured. The
+    settings give it the workers' payload storage, so it can read what they offload."""
     if address is None and not address_configured():
         info = await ensure_background_server()
         console.print(f"[dim]embedded Temporal server at {info.address} · Web UI {info.ui_url}[/]")
-        return await connect(info.address, info.namespace), info
-    return await connect(address, namespace), None
+        return await connect(info.address, info.namespace, settings=settings), info
+    return await connect(address, namespace, settings=settings), None
 
 
 def _default_agent(settings: Settings) -> str:
@@ -101,7 +105,7 @@ def run(
     )
 
     async def go() -> None:
-        client, embedded = await _connect(address, namespace)
+        client, embedded = await _connect(address, namespace, settings)
         in_process = worker if worker is not None else embedded is not None
         runner = build_worker(client, settings) if in_process else contextlib.nullcontext()
         async with runner:
@@ -158,11 +162,13 @@ def watch(
     start: Annotated[int, typer.Option(help="Message index to start from.")] = 0,
     address: Address = None,
     namespace: Namespace = None,
+    config: ConfigPath = None,
 ) -> None:
     """Attach to a turn started elsewhere and stream it."""
+    settings = load_settings(config)
 
     async def go() -> None:
-        client, _ = await _connect(address, namespace)
+        client, _ = await _connect(address, namespace, settings)
         await _stream(get_turn(client, workflow_id), start)
 
     asyncio.run(go())
@@ -174,11 +180,13 @@ def show(
     address: Address = None,
     namespace: Namespace = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the TurnResult as JSON.")] = False,
+    config: ConfigPath = None,
 ) -> None:
     """Print a turn's conversation (running, completed or cancelled)."""
+    settings = load_settings(config)
 
     async def go() -> None:
-        client, _ = await _connect(address, namespace)
+        client, _ = await _connect(address, namespace, settings)
         result = await get_turn(client, workflow_id).current()
         if result is None:
             console.print("the turn has not started its loop yet")
@@ -195,11 +203,17 @@ def show(
 
 
 @app.command()
-def cancel(workflow_id: str, address: Address = None, namespace: Namespace = None) -> None:
+def cancel(
+    workflow_id: str,
+    address: Address = None,
+    namespace: Namespace = None,
+    config: ConfigPath = None,
+) -> None:
     """Cancel a running turn; its conversation is repaired and stays readable."""
+    settings = load_settings(config)
 
     async def go() -> None:
-        client, _ = await _connect(address, namespace)
+        client, _ = await _connect(address, namespace, settings)
         handle = get_turn(client, workflow_id)
         await handle.cancel()
         try:
@@ -221,7 +235,7 @@ def run_worker(
     settings = load_settings(config)
 
     async def go() -> None:
-        client = await connect(address, namespace)
+        client = await connect(address, namespace, settings=settings)
         console.print(
             f"worker on task queue [bold]{settings.task_queue}[/] · agents: "
             + ", ".join(settings.agents)

@@ -11,6 +11,7 @@ from temporalio.client import Client
 from temporalio.envconfig import ClientConfig
 from temporalio.plugin import SimplePlugin
 
+from activities.settings import Settings
 from worker.plugin import TurnkeepClientPlugin
 
 
@@ -25,11 +26,15 @@ async def connect(
     *,
     profile: str | None = None,
     plugin: SimplePlugin | None = None,
+    settings: Settings | None = None,
 ) -> Client:
+    """A client with turnkeep's data converter. ``settings`` (the workers' turnkeep.yaml) give
+    it their payload storage, so it reads the large payloads they store; without them it uses
+    the default storage. ``plugin`` replaces turnkeep's client plugin altogether."""
     config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
     if address:
         config["target_host"] = address
     if namespace:
         config["namespace"] = namespace
     config.setdefault("target_host", "localhost:7233")
-    return await Client.connect(**config, plugins=[plugin or TurnkeepClientPlugin()])
+    return await Client.connect(**config, plugins=[plugin or TurnkeepClientPlugin(settings)])

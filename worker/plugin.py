@@ -1,23 +1,42 @@
 """``TurnkeepPlugin``: turnkeep's client and worker set-up through Temporal's plugin API.
 
-Every payload is a pydantic model as JSON (the pydantic data converter). A worker's plugin also
-registers ``TurnWorkflow`` and the activities built from the worker's settings, and closes pooled
-MCP connections when the worker stops.
+Every payload is a pydantic model as JSON (the pydantic data converter), and payloads above
+``payload_storage.threshold_bytes`` go to external storage with only a reference in the history
+(``activities/payload_storage.py``). A worker's plugin also registers ``TurnWorkflow`` and the
+activities built from the worker's settings, and closes pooled MCP connections when the worker
+stops.
+
+A Temporal worker encodes payloads with its *client's* data converter, so a worker must be built
+from a client connected with the same payload storage as its settings
+(``worker.connection.connect(settings=...)``); ``TurnkeepPlugin`` checks this at start-up.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+from temporalio import workflow
+from temporalio.api.common.v1 import Payloads
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter, ExternalStorage
+from temporalio.exceptions import ApplicationError
 from temporalio.plugin import SimplePlugin
+from temporalio.worker import (
+    ExecuteWorkflowInput,
+    Interceptor,
+    WorkerConfig,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+)
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.hook_activity import Hook, HookActivities
 from activities.mcp_pool import McpPool, import_callable
 from activities.model_activity import ModelActivities
+from activities.payload_storage import describe_storage, external_storage, same_storage
 from activities.settings import Settings
 from activities.tool_activities import ToolActivities
 from activities.turn_setup import TurnSetupActivities
@@ -43,11 +62,36 @@ WORKFLOW_RUNNER = SandboxedWorkflowRunner(
 FunctionTools = Mapping[str, Sequence[Callable[..., Any]]]
 
 
-class TurnkeepClientPlugin(SimplePlugin):
-    """For clients that start and watch turns: the data converter, nothing else."""
+# Temporal's default limit on one payload (the server's blob size error limit). A workflow task
+# whose commands carry a bigger one is refused, and retried for ever.
+PAYLOAD_LIMIT_BYTES = 2 * 1024 * 1024
+# Room for what wraps a tool result in its activity's payload.
+_ENVELOPE_BYTES = 64 * 1024
+RESULT_TOO_LARGE = "TurnResultTooLarge"
 
-    def __init__(self) -> None:
-        super().__init__("turnkeep-client", data_converter=pydantic_data_converter)
+
+def data_converter(storage: ExternalStorage | None) -> DataConverter:
+    """turnkeep's data converter: pydantic JSON payloads, large ones in ``storage``.
+
+    The one place it is made; a payload codec (encryption) belongs here too."""
+    if storage is None:
+        return pydantic_data_converter
+    return dataclasses.replace(pydantic_data_converter, external_storage=storage)
+
+
+class TurnkeepClientPlugin(SimplePlugin):
+    """For clients that start and watch turns: the data converter, nothing else.
+
+    Payload storage comes from ``storage`` if given, else from ``settings.payload_storage``
+    (default settings when none are given: the ``local`` driver under the state directory).
+    A client needs the storage its workers use, to read large results and write large inputs.
+    """
+
+    def __init__(
+        self, settings: Settings | None = None, *, storage: ExternalStorage | None = None
+    ) -> None:
+        self.storage = storage if storage is not None else external_storage(settings or Settings())
+        super().__init__("turnkeep-client", data_converter=data_converter(self.storage))
 
 
 class TurnkeepPlugin(SimplePlugin):
@@ -59,7 +103,11 @@ class TurnkeepPlugin(SimplePlugin):
         *,
         function_tools: FunctionTools | None = None,
         hooks: Mapping[str, Hook] | None = None,
+        storage: ExternalStorage | None = None,
     ) -> None:
+        # `storage`, when given, replaces what `settings.payload_storage` describes.
+        self.storage = storage if storage is not None else external_storage(settings)
+        _check_tool_result_limit(settings, self.storage)
         pool = McpPool(settings, function_tools)
         all_hooks: dict[str, Hook] = {
             name: import_callable(path, settings.base_dir) for name, path in settings.hooks.items()
@@ -87,12 +135,77 @@ class TurnkeepPlugin(SimplePlugin):
 
         super().__init__(
             "turnkeep",
-            data_converter=pydantic_data_converter,
+            data_converter=data_converter(self.storage),
             workflows=[TurnWorkflow],
             activities=activities,
             workflow_runner=WORKFLOW_RUNNER,
+            interceptors=_interceptors(self.storage),
             run_context=close_connections,
         )
+
+    def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
+        # A worker takes its data converter from its client, never from a worker plugin.
+        client = config.get("client")
+        if client is not None:
+            _check_client_storage(client.data_converter.external_storage, self.storage)
+        return super().configure_worker(config)
+
+
+def _check_client_storage(client: ExternalStorage | None, worker: ExternalStorage | None) -> None:
+    if not same_storage(client, worker):
+        raise ValueError(
+            "the worker's client and its settings disagree on payload storage: the client has "
+            f"{describe_storage(client)}, payload_storage in the settings gives "
+            f"{describe_storage(worker)}. Connect the client with the same settings "
+            "(worker.connection.connect(..., settings=settings)) so it can read what the "
+            "worker stores; every other client of these turns needs the same storage too."
+        )
+
+
+def _check_tool_result_limit(settings: Settings, storage: ExternalStorage | None) -> None:
+    """Without external storage a tool result must fit in one payload with room to spare."""
+    ceiling = PAYLOAD_LIMIT_BYTES - _ENVELOPE_BYTES
+    if storage is None and settings.max_tool_result_bytes > ceiling:
+        raise ValueError(
+            f"max_tool_result_bytes is {settings.max_tool_result_bytes:,} but payload_storage is "
+            f"off, so a tool result may not pass {ceiling:,} bytes (Temporal's 2 MB payload "
+            "limit less room for its envelope): lower it, or turn payload_storage on"
+        )
+
+
+def _interceptors(storage: ExternalStorage | None) -> list[Interceptor]:
+    # With external storage a large result is stored, not refused: nothing to guard.
+    return [] if storage is not None else [_ResultSizeGuard()]
+
+
+class _ResultSizeGuard(Interceptor):
+    """Without external storage: a turn whose result is over Temporal's payload limit fails,
+    with an error saying so, instead of retrying its last workflow task for ever."""
+
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor]:
+        del input
+        return _ResultSizeInbound
+
+
+class _ResultSizeInbound(WorkflowInboundInterceptor):
+    async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+        result = await super().execute_workflow(input)
+        # The bytes the SDK is about to send; the conversion is deterministic, so replay agrees.
+        size = Payloads(payloads=workflow.payload_converter().to_payloads([result])).ByteSize()
+        if size > PAYLOAD_LIMIT_BYTES - 1024:
+            raise ApplicationError(
+                f"The turn finished, but its result is {size / 1_000_000:.2f} MB, over "
+                f"Temporal's {PAYLOAD_LIMIT_BYTES / 1_048_576:.0f} MB payload limit, so it cannot "
+                "be recorded. Turn on payload_storage in the worker's turnkeep.yaml (driver: "
+                "local or s3) to keep large payloads out of the history, or shorten turns "
+                "(max_iterations, max_tool_result_bytes).",
+                {"result_bytes": size, "limit_bytes": PAYLOAD_LIMIT_BYTES},
+                type=RESULT_TOO_LARGE,
+                non_retryable=True,
+            )
+        return result
 
 
 def _check_names(settings: Settings, servers: set[str], hooks: set[str]) -> None:
@@ -109,11 +222,17 @@ def _check_names(settings: Settings, servers: set[str], hooks: set[str]) -> None
         )
 
 
-def replay_plugin() -> SimplePlugin:
-    """What a ``Replayer`` needs to replay turn histories: the workflow, runner and converter."""
+def replay_plugin(
+    settings: Settings | None = None, *, storage: ExternalStorage | None = None
+) -> SimplePlugin:
+    """What a ``Replayer`` needs to replay turn histories: the workflow, runner, converter
+    (with the workers' payload storage, to read offloaded payloads) and interceptors."""
+    if storage is None:
+        storage = external_storage(settings or Settings())
     return SimplePlugin(
         "turnkeep-replay",
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(storage),
         workflows=[TurnWorkflow],
         workflow_runner=WORKFLOW_RUNNER,
+        interceptors=_interceptors(storage),
     )

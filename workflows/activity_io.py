@@ -128,6 +128,34 @@ def digest(request: LlmRequest) -> str:
     return hashlib.sha256(request.model_dump_json().encode()).hexdigest()
 
 
+# Query answers are payloads too: pages stay below the external-storage threshold, so reading
+# the conversation never writes a copy of it anywhere.
+MODEL_INPUT_PAGE_BYTES = 192 * 1024
+
+
+class ModelInputPage(BaseModel):
+    """Part of an ``LlmRequest``: the first page has everything but later messages; the
+    others only ``messages[start:...]``."""
+
+    request: LlmRequest
+    total_messages: int
+
+
+def model_input_page(request: LlmRequest, start: int) -> ModelInputPage:
+    """The page of ``request`` that begins at message ``start`` (always at least one)."""
+    end, size = start, 0
+    while end < len(request.messages) and (end == start or size < MODEL_INPUT_PAGE_BYTES):
+        size += len(request.messages[end].model_dump_json())
+        end += 1
+    update: dict[str, Any] = {"messages": request.messages[start:end]}
+    if start > 0:
+        update["tools"] = []
+        update["instruction"] = None
+    return ModelInputPage(
+        request=request.model_copy(update=update), total_messages=len(request.messages)
+    )
+
+
 class ToolCallRequest(BaseModel):
     agent: str
     call_id: str

@@ -14,7 +14,13 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from workflows import actions
-from workflows.activity_io import MODEL_INPUT_QUERY, HookPoint, LlmRequest
+from workflows.activity_io import (
+    MODEL_INPUT_QUERY,
+    HookPoint,
+    LlmRequest,
+    ModelInputPage,
+    model_input_page,
+)
 from workflows.loop import TurnState
 from workflows.messages import CallToolResult, Message
 from workflows.turn_io import TurnInput, TurnProgress, TurnResult
@@ -126,10 +132,12 @@ class TurnWorkflow:
         return self._progress()
 
     @workflow.query(name=MODEL_INPUT_QUERY)
-    def model_input(self, call_index: int) -> LlmRequest | None:
-        """The request of model call ``call_index``, while it is the one in flight."""
+    def model_input(self, call_index: int, start: int = 0) -> ModelInputPage | None:
+        """A page of the request of model call ``call_index``, while it is in flight."""
         request = self._model_input
-        return request if request and request.call_index == call_index else None
+        if request is None or request.call_index != call_index:
+            return None
+        return model_input_page(request, start)
 
     @workflow.query
     def transcript(self, start: int = 0) -> list[Message]:

@@ -1,0 +1,296 @@
+"""Large payloads on a real Temporal dev server: external payload storage keeps them out of the
+workflow history (and under Temporal's 2 MB payload limit), and without it a turn whose result
+is too large fails with an error that says what to do instead of retrying for ever."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.common.v1 import Payload
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.converter import StorageDriverRetrieveContext, StorageDriverStoreContext
+from temporalio.exceptions import ApplicationError
+
+from activities.payload_storage import (
+    LocalDirectoryDriver,
+    MissingPayloadError,
+    PayloadStorageConfigError,
+    PayloadStorageError,
+    external_storage,
+)
+from tests.conftest import Harness, history_text, make_settings, write_script
+from worker.build import build_worker
+from worker.client import TurnHandle, get_turn
+from worker.connection import connect
+from worker.embedded import ServerInfo
+from worker.plugin import PAYLOAD_LIMIT_BYTES, RESULT_TOO_LARGE, FunctionTools, TurnkeepPlugin
+from workflows.turn_io import TurnResult
+
+MB = 1_000_000
+PATTERN = "0123456789abcdef"
+
+
+def big(n_bytes: int) -> str:
+    """Return n_bytes of text."""
+    return (PATTERN * (n_bytes // len(PATTERN) + 1))[:n_bytes]
+
+
+def blob(i: int, kb: int = 5) -> str:
+    """Return ``kb`` KB of text."""
+    return f"result {i}: " + "x" * kb * 1024
+
+
+TOOLS: FunctionTools = {"local": [big, blob]}
+
+
+def agent(script: Path) -> dict[str, Any]:
+    return {
+        "test": {
+            "model": "playback",
+            "playback": str(script),
+            "servers": ["local"],
+            "compaction": {"enabled": False},
+        }
+    }
+
+
+def calls(*specs: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
+    return {"tool_calls": {cid: {"name": name, "arguments": args} for cid, name, args in specs}}
+
+
+# The benchmark's stuck turn is 100 iterations of 5 KB results (a 2.2 MB TurnResult); this one
+# piles up tool results past 2 MB too, in a quarter of the time.
+ITERATIONS, RESULT_KB = 25, 24
+
+
+def long_turn(tmp_path: Path) -> Path:
+    """A script of tool calls whose results add up to a TurnResult over 2 MB."""
+    steps = [calls((f"c{i}", "local__blob", {"i": i, "kb": RESULT_KB})) for i in range(ITERATIONS)]
+    return write_script(tmp_path / "long.json", *steps, "done")
+
+
+@asynccontextmanager
+async def turnkeep(temporal: ServerInfo, tmp_path: Path, **config: Any) -> AsyncIterator[Harness]:
+    """A client and a worker that share the payload storage the settings describe (the
+    session's `client` fixture has the default storage)."""
+    settings = make_settings(tmp_path, **config)
+    client = await connect(temporal.address, temporal.namespace, settings=settings)
+    task_queue = f"test-{uuid.uuid4().hex[:10]}"
+    async with build_worker(client, settings, function_tools=TOOLS, task_queue=task_queue):
+        yield Harness(client, settings, task_queue)
+
+
+def tool_texts(result: TurnResult) -> dict[str, str]:
+    return {
+        cid: res.text
+        for message in result.messages
+        for cid, res in (message.tool_results or {}).items()
+    }
+
+
+async def history_bytes(turn: TurnHandle) -> tuple[int, str]:
+    history = await turn.handle.fetch_history()
+    return sum(event.ByteSize() for event in history.events), history_text(history)
+
+
+def referenced_digests(text: str) -> set[str]:
+    """The SHA-256 claims of the external-storage references in a decoded history."""
+    return set(re.findall(r'"hash_value":\s*"([0-9a-f]{64})"', text))
+
+
+# -- storage on --------------------------------------------------------------------------------
+
+
+async def test_5_mb_tool_result_is_stored_outside_the_history(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    store = tmp_path / "payloads"
+    script = write_script(
+        tmp_path / "s.json", calls(("c1", "local__big", {"n_bytes": 5 * MB})), "done"
+    )
+    async with turnkeep(
+        temporal,
+        tmp_path,
+        agents=agent(script),
+        max_tool_result_bytes=20 * MB,  # no truncation: the whole result goes through
+        payload_storage={"path": str(store)},
+    ) as h:
+        turn = await h.start("go")
+        result = await turn.result()
+    assert tool_texts(result) == {"c1": big(5 * MB)}  # intact, all 5 MB of it
+    assert result.final is not None and result.final.text == "done"
+
+    size, text = await history_bytes(turn)
+    # The point of the feature: the history holds references, not the 5 MB (twice over).
+    assert size < 2 * MB
+    assert PATTERN * 64 not in text
+    digests = referenced_digests(text)
+    assert digests, "no external-storage reference in the history"
+    assert re.search(r'"driverName":\s*"turnkeep.local"', text)
+    files = {p.name: p.stat().st_size for p in store.iterdir()}
+    assert digests <= set(files)  # every reference has its file
+    assert max(files.values()) > 5 * MB
+    assert not [name for name in files if name.endswith(".tmp")]
+
+
+async def test_long_turn_with_a_result_over_2_mb_completes(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    async with turnkeep(
+        temporal,
+        tmp_path,
+        agents=agent(long_turn(tmp_path)),
+        payload_storage={"path": str(tmp_path / "payloads")},
+    ) as h:
+        turn = await h.start("go", max_iterations=ITERATIONS + 1)
+        result = await turn.result()
+    assert result.iterations == ITERATIONS
+    assert len(tool_texts(result)) == ITERATIONS
+    # This is the TurnResult that Temporal refuses inline (the benchmark's stuck turn).
+    assert len(result.model_dump_json().encode()) > PAYLOAD_LIMIT_BYTES
+    _, text = await history_bytes(turn)
+    assert referenced_digests(text)
+
+
+# -- storage off -------------------------------------------------------------------------------
+
+
+async def test_without_storage_a_result_over_the_limit_fails_the_turn_clearly(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    async with turnkeep(
+        temporal,
+        tmp_path,
+        agents=agent(long_turn(tmp_path)),
+        payload_storage={"driver": "off"},
+    ) as h:
+        turn = await h.start("go", max_iterations=ITERATIONS + 1)
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(turn.result(), 60)
+        # Not left running (or retrying its last workflow task): the run has closed.
+        status = (await turn.handle.describe()).status
+    assert status == WorkflowExecutionStatus.FAILED
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError)
+    assert cause.type == RESULT_TOO_LARGE and cause.non_retryable
+    assert "2 MB payload limit" in cause.message and "payload_storage" in cause.message
+    size, text = await history_bytes(turn)
+    assert size < 2 * MB and not referenced_digests(text)
+
+
+def test_without_storage_tool_results_must_stay_under_the_limit(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path, max_tool_result_bytes=5 * MB, payload_storage={"driver": "off"}
+    )
+    with pytest.raises(ValueError, match=r"max_tool_result_bytes .* payload_storage is off"):
+        TurnkeepPlugin(settings)
+
+
+# -- reading back ------------------------------------------------------------------------------
+
+
+async def test_a_missing_payload_file_is_named_in_the_error(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    store = tmp_path / "payloads"
+    script = write_script(
+        tmp_path / "s.json", calls(("c1", "local__big", {"n_bytes": 400_000})), "done"
+    )
+    config: dict[str, Any] = {
+        "agents": agent(script),
+        "max_tool_result_bytes": MB,
+        "payload_storage": {"path": str(store)},
+    }
+    async with turnkeep(temporal, tmp_path, **config) as h:
+        turn = await h.start("go")
+        await turn.result()
+    removed = sorted(store.iterdir())
+    assert removed
+    for path in removed:
+        path.unlink()
+
+    client = await connect(
+        temporal.address, temporal.namespace, settings=make_settings(tmp_path, **config)
+    )
+    with pytest.raises(MissingPayloadError) as missing:
+        await get_turn(client, turn.workflow_id).result()
+    message = str(missing.value)
+    assert str(store) in message and "payload_storage.path" in message
+    assert any(str(path) in message for path in removed)
+
+
+async def test_a_worker_refuses_a_client_with_other_storage(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, payload_storage={"path": str(tmp_path / "worker")})
+    other = make_settings(tmp_path, payload_storage={"path": str(tmp_path / "client")})
+    client = await connect(temporal.address, temporal.namespace, settings=other)
+    with pytest.raises(ValueError, match="disagree on payload storage") as err:
+        build_worker(client, settings, task_queue="unused")
+    assert str(tmp_path / "worker") in str(err.value) and str(tmp_path / "client") in str(err.value)
+    # Same settings, same storage: accepted.
+    same = await connect(temporal.address, temporal.namespace, settings=settings)
+    build_worker(same, settings, task_queue="unused")
+
+
+# -- the local driver on its own ---------------------------------------------------------------
+
+
+def payload(data: bytes) -> Payload:
+    return Payload(metadata={"encoding": b"binary/plain"}, data=data)
+
+
+async def test_local_driver_is_content_addressed_and_safe_for_concurrent_writers(
+    tmp_path: Path,
+) -> None:
+    driver = LocalDirectoryDriver(tmp_path / "p")
+    same = payload(b"x" * 300_000)
+    # Retries and concurrent workers storing the same payload: one file, same claim.
+    claims = await asyncio.gather(
+        *(driver.store(StorageDriverStoreContext(), [same]) for _ in range(8))
+    )
+    assert len({json.dumps(dict(c[0].claim_data), sort_keys=True) for c in claims}) == 1
+    assert [p.name for p in (tmp_path / "p").iterdir()] == [claims[0][0].claim_data["hash_value"]]
+    [back] = await driver.retrieve(StorageDriverRetrieveContext(), claims[0])
+    assert back == same
+
+    # A damaged file is reported, never decoded; a claim cannot name a path of its own.
+    path = driver.path_for(claims[0][0].claim_data["hash_value"])
+    path.write_bytes(b"not what was stored")
+    with pytest.raises(PayloadStorageError, match="damaged"):
+        await driver.retrieve(StorageDriverRetrieveContext(), claims[0])
+    crafted = type(claims[0][0])({"hash_algorithm": "sha256", "hash_value": "../../etc/passwd"})
+    with pytest.raises(PayloadStorageError, match="not a SHA-256"):
+        await driver.retrieve(StorageDriverRetrieveContext(), [crafted])
+
+
+def test_default_directory_follows_the_state_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TURNKEEP_STATE_DIR", str(tmp_path / "state"))
+    storage = external_storage(make_settings(tmp_path))
+    assert storage is not None and storage.payload_size_threshold == 256 * 1024
+    [driver] = storage.drivers
+    assert isinstance(driver, LocalDirectoryDriver)
+    assert driver.directory == tmp_path / "state" / "payloads"
+    relative = external_storage(make_settings(tmp_path, payload_storage={"path": "blobs"}))
+    assert relative is not None
+    [driver] = relative.drivers
+    assert isinstance(driver, LocalDirectoryDriver) and driver.directory == tmp_path / "blobs"
+    assert external_storage(make_settings(tmp_path, payload_storage={"driver": "off"})) is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("aioboto3") is not None, reason="aioboto3 installed")
+def test_s3_without_aioboto3_says_what_to_install(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, payload_storage={"driver": "s3", "bucket": "b"})
+    with pytest.raises(PayloadStorageConfigError, match=r'pip install "temporalio\[aioboto3\]"'):
+        external_storage(settings)
