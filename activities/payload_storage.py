@@ -62,9 +62,8 @@ class PayloadStorageConfigError(ValueError):
 
 def state_home() -> Path:
     """turnkeep's state directory, not created: $TURNKEEP_STATE_DIR, else
-    $XDG_STATE_HOME/turnkeep, else ~/.local/state/turnkeep. The same rule as
-    ``worker.embedded.state_dir()`` (which also creates it); settings code may not import
-    ``worker/``, hence the copy."""
+    $XDG_STATE_HOME/turnkeep, else ~/.local/state/turnkeep (``worker.embedded.state_dir()``
+    creates it)."""
     # Empty variables count as unset, as the XDG spec asks.
     if explicit := os.environ.get("TURNKEEP_STATE_DIR"):
         return Path(explicit)

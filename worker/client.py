@@ -21,13 +21,15 @@ from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.exceptions import CancelledError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.messages import Message
 from workflows.turn_io import TurnInput, TurnResult
 from workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
 DEFAULT_TASK_QUEUE = "turnkeep"
+_QUERY_ATTEMPTS = 3
+_RETRYABLE_QUERY = (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE)
 
 
 class TurnCancelledError(Exception):
@@ -125,7 +127,16 @@ class TurnHandle:
         status = (await self.handle.describe()).status
         if status == WorkflowExecutionStatus.COMPLETED:
             return await self.handle.result()
-        return await self.handle.query(TurnWorkflow.turn)
+        attempt = 1
+        while True:
+            try:
+                return await self.handle.query(TurnWorkflow.turn)
+            except RPCError as err:
+                # A closed run is answered by a worker replaying its history, which a busy
+                # worker may not finish before the server gives up on it: ask again.
+                if err.status not in _RETRYABLE_QUERY or attempt >= _QUERY_ATTEMPTS:
+                    raise
+                attempt += 1
 
     async def cancel(self) -> None:
         await self.handle.cancel()

@@ -32,6 +32,8 @@ from urllib.parse import quote
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 
+from activities.payload_storage import state_home
+
 HOST = "127.0.0.1"
 START_TIMEOUT = 60.0
 STOP_GRACE_SECONDS = 5.0
@@ -54,14 +56,8 @@ class EmbeddedServerError(RuntimeError):
 
 
 def state_dir() -> Path:
-    """Where turnkeep keeps its background server's database, log and record."""
-    # Empty variables count as unset, as the XDG spec asks.
-    if explicit := os.environ.get("TURNKEEP_STATE_DIR"):
-        path = Path(explicit)
-    elif xdg := os.environ.get("XDG_STATE_HOME"):
-        path = Path(xdg) / "turnkeep"
-    else:
-        path = Path.home() / ".local" / "state" / "turnkeep"
+    """Where turnkeep keeps its background server's database, log and record (created)."""
+    path = state_home()
     path.mkdir(parents=True, exist_ok=True)
     return path
 
