@@ -8,7 +8,7 @@ import asyncio
 import base64
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from temporalio.client import Client, WorkflowHistory
 
 from activities.hook_activity import Hook
 from activities.settings import Settings
+from tests.fake_provider import FakeProvider
 from worker.build import build_worker
 from worker.client import TurnHandle, start_turn
 from worker.connection import connect
@@ -35,6 +36,20 @@ async def temporal() -> AsyncIterator[ServerInfo]:
 @pytest.fixture(scope="session")
 async def client(temporal: ServerInfo) -> Client:
     return await connect(temporal.address, temporal.namespace)
+
+
+@pytest.fixture(scope="session")
+def fake_api() -> Iterator[FakeProvider]:
+    """The scriptable fake Anthropic/OpenAI server, shared by the session."""
+    with FakeProvider() as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake(fake_api: FakeProvider) -> FakeProvider:
+    """The fake provider API with an empty script and no recorded requests."""
+    fake_api.reset()
+    return fake_api
 
 
 def make_settings(base_dir: Path, **config: Any) -> Settings:

@@ -4,7 +4,6 @@ while it runs — with the summary written by a real SDK against the fake provid
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,18 +27,6 @@ def add(a: int, b: int) -> int:
 
 
 TOOLS = {"math": [add]}
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[FakeProvider]:
-    with FakeProvider() as fake:
-        yield fake
-
-
-@pytest.fixture
-def fake(server: FakeProvider) -> FakeProvider:
-    server.reset()
-    return server
 
 
 def config(fake: FakeProvider, **compaction: Any) -> dict[str, Any]:

@@ -3,7 +3,6 @@ official anthropic/openai clients, talking HTTP to the scriptable fake API on lo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,18 +26,6 @@ def add(a: int, b: int) -> int:
 def mul(a: int, b: int) -> int:
     """Multiply two integers."""
     return a * b
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[FakeProvider]:
-    with FakeProvider() as fake:
-        yield fake
-
-
-@pytest.fixture
-def fake(server: FakeProvider) -> FakeProvider:
-    server.reset()
-    return server
 
 
 def config(api: str, fake: FakeProvider, **llm_timeouts: Any) -> dict[str, Any]:

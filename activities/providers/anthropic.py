@@ -12,14 +12,12 @@ from anthropic.types import Message as AnthropicMessage
 from anthropic.types import TextBlock, ThinkingBlock, ToolUseBlock
 
 from activities.providers import with_usage
+from activities.providers.convert import plain_blocks, result_blocks, tool_call
 from activities.providers.errors import (
     guarded,
     missing_api_key,
-    plain_blocks,
     request_timeout,
     response_invalid,
-    result_blocks,
-    tool_call,
 )
 from activities.settings import ProviderSettings
 from workflows.activity_io import LlmRequest, ToolSpec

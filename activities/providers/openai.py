@@ -15,14 +15,12 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessageFunctionToolC
 from openai.types.completion_usage import CompletionUsage
 
 from activities.providers import with_usage
+from activities.providers.convert import plain_blocks, result_blocks, tool_call
 from activities.providers.errors import (
     guarded,
     missing_api_key,
-    plain_blocks,
     request_timeout,
     response_invalid,
-    result_blocks,
-    tool_call,
 )
 from activities.settings import ProviderSettings
 from workflows.activity_io import LlmRequest

@@ -7,9 +7,8 @@
 
 from __future__ import annotations
 
-import json
-
 from activities.providers import with_usage
+from activities.providers.convert import tool_call
 from workflows.activity_io import LlmRequest
 from workflows.messages import Message, StopReason, TextContent, ToolCall, estimate_tokens
 from workflows.turn_io import Usage
@@ -19,16 +18,7 @@ CALL_TOOL = "***CALL_TOOL"
 
 def parse_tool_call(line: str) -> ToolCall:
     name, _, raw = line.removeprefix(CALL_TOOL).strip().partition(" ")
-    raw = raw.strip()
-    if not raw:
-        return ToolCall(name=name)
-    try:
-        arguments = json.loads(raw)
-    except ValueError:
-        arguments = None
-    if not isinstance(arguments, dict):
-        return ToolCall(name=name, invalid_arguments=raw)
-    return ToolCall(name=name, arguments=arguments)
+    return tool_call(name, raw)
 
 
 def answer(request: LlmRequest) -> Message:
