@@ -100,7 +100,7 @@ async def test_stdio_server_killed_mid_call_is_restarted_and_the_call_retried(
     record = tmp_path / "record.jsonl"
     agent = playback(
         tmp_path,
-        {"tool_calls": {"c1": call("effects__effect", tag="crash", seconds=3)}},
+        {"tool_calls": {"c1": call("effects__effect", tag="crash", seconds=2)}},
         "done",
         servers=["effects"],
     )
@@ -215,7 +215,7 @@ async def test_a_hanging_tool_is_cut_off_by_its_timeout(
         {"tool_calls": {"c1": call("effects__effect", tag="hang", seconds=3600)}},
         "gave up",
         servers=["effects"],
-        tool_timeouts={"start_to_close": 3, "heartbeat": 1, "max_attempts": 1},
+        tool_timeouts={"start_to_close": 2, "heartbeat": 1, "max_attempts": 1},
     )
     config = {"mcp": {"servers": {"effects": effects_server(record)}}, "agents": {"test": agent}}
     async with harness(**config) as h:

@@ -1,9 +1,10 @@
 """Run ``turnkeep worker`` as a separate OS process, so tests can SIGKILL it like a crash would.
 
-Each worker runs ``python -m worker.cli worker --config FILE --address ADDR`` in a session of
-its own, so the stdio MCP servers it starts share its process group. ``kill()`` SIGKILLs only
-the worker process itself, as an OOM kill or a crash would (its MCP servers see their stdin
-close and exit on their own); ``close()`` SIGKILLs every process group ever started here,
+Each worker runs ``python -m worker.cli worker --config FILE --address ADDR``. ``kill()``
+SIGKILLs only the worker process itself, as an OOM kill or a crash would: its stdio MCP servers
+(in sessions of their own) see their stdin close and exit by themselves. ``close()`` SIGKILLs
+the workers still running and any MCP server they started that is still alive, found by a
+marker in its environment (``effects_server`` passes the worker's ``$TURNKEEP_TEST_FLEET`` on),
 so nothing a test started outlives it.
 """
 
@@ -17,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from temporalio.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
 IDEMPOTENT_SERVER = Path(__file__).with_name("mcp_servers_idempotent.py")
+FLEET_ENV = "TURNKEEP_TEST_FLEET"
 
 
 def write_config(path: Path, config: dict[str, Any]) -> Path:
@@ -41,7 +43,8 @@ def effects_server(record: Path) -> dict[str, Any]:
     return {
         "command": sys.executable,
         "args": [str(IDEMPOTENT_SERVER)],
-        "env": {"TURNKEEP_TEST_RECORD": str(record)},
+        # Expanded by the worker from its own environment: marks the server as the fleet's.
+        "env": {"TURNKEEP_TEST_RECORD": str(record), FLEET_ENV: f"${{{FLEET_ENV}:}}"},
     }
 
 
@@ -55,24 +58,25 @@ class WorkerProcesses:
         self.logs = logs
         self.running: dict[int, subprocess.Popen[bytes]] = {}
         self.killed: dict[int, float] = {}  # pid -> time.time() of the SIGKILL
-        self._groups: list[int] = []
+        self.started = 0
+        self._marker = f"{FLEET_ENV}={uuid.uuid4().hex}".encode()
 
     def start(self) -> int:
         """Start one more worker process; returns its pid (not yet polling: see wait_polling)."""
         self.logs.mkdir(parents=True, exist_ok=True)
-        log = self.logs / f"worker-{len(self._groups)}.log"
+        log = self.logs / f"worker-{self.started}.log"
+        self.started += 1
         argv = [sys.executable, "-m", "worker.cli", "worker", "--config", str(self.config)]
         argv += ["--address", self.address, "--namespace", self.namespace]
         with log.open("ab") as out:
             proc = subprocess.Popen(
                 argv,
                 cwd=REPO,
+                env={**os.environ, FLEET_ENV: self._marker.decode().partition("=")[2]},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
             )
-        self._groups.append(proc.pid)
         self.running[proc.pid] = proc
         return proc.pid
 
@@ -114,13 +118,15 @@ class WorkerProcesses:
             proc.wait()
 
     def close(self) -> None:
+        """SIGKILL every worker still running, and every process left that carries this
+        fleet's marker (MCP servers of killed workers that have not exited yet)."""
         for proc in self.running.values():
             proc.kill()
             proc.wait()
         self.running.clear()
-        for group in self._groups:
+        for pid in _marked(self._marker):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
 
     def log_tail(self, chars: int = 3000) -> str:
         text = "".join(
@@ -136,10 +142,17 @@ class WorkerProcesses:
         self.close()
 
 
-@contextlib.contextmanager
-def worker_processes(config: Path, address: str, logs: Path) -> Iterator[WorkerProcesses]:
-    with WorkerProcesses(config, address, logs) as workers:
-        yield workers
+def _marked(marker: bytes) -> list[int]:
+    """Pids of live processes with ``marker`` (``NAME=value``) in their environment (Linux)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            variables = environ.read_bytes().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        if marker in variables:
+            found.append(int(environ.parent.name))
+    return found
 
 
 async def _polls(client: Client, task_queue: str, pid: int) -> bool:
