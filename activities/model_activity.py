@@ -45,7 +45,9 @@ class ModelActivities:
     async def llm_step(self, step: LlmStepRequest) -> Message:
         ref = resolve_model(step.model)
         provider = self._provider(ref, step.agent)
-        request = await model_input(step)
+        # Heartbeat while reading too: after a worker crash the query can wait seconds for the
+        # server to give up on the dead worker, and that must not use up this attempt.
+        request = await heartbeating(model_input(step), "reading model input")
         return await heartbeating(provider.complete(request, ref.name), f"llm #{step.call_index}")
 
     @activity.defn(name=COMPACT_HISTORY)

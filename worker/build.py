@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
@@ -22,6 +23,10 @@ def build_worker(
     task_queue: str | None = None,
     **worker_options: Any,
 ) -> Worker:
+    # A turn's next step (and the query a model call reads its input by) waits on the worker
+    # that last ran it for this long before any worker may take it: after a crash, that is dead
+    # time. Temporal's default is 10 s.
+    worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))
     return Worker(
         client,
         task_queue=task_queue or settings.task_queue,
