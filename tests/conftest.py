@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
@@ -139,3 +142,17 @@ def history_text(history: WorkflowHistory) -> str:
 
     walk(history.to_json_dict())
     return "\n".join(parts)
+
+
+def turnkeep(*args: str, temporal: ServerInfo, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the `turnkeep` CLI against the test server, as a user would."""
+    env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )

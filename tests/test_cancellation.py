@@ -10,8 +10,6 @@ import contextlib
 import json
 import os
 import random
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -26,7 +24,7 @@ from temporalio.plugin import SimplePlugin
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from tests.conftest import HarnessFactory, make_settings, write_script
+from tests.conftest import HarnessFactory, make_settings, turnkeep, write_script
 from tests.fake_provider import Api, FakeProvider, Reply
 from worker.build import build_worker
 from worker.client import TurnCancelledError, TurnHandle, start_turn
@@ -656,19 +654,6 @@ async def _updates_accepted(turn: TurnHandle, count: int) -> bool:
 # --- 8. the CLI ----------------------------------------------------------------------------------
 
 
-def turnkeep_cli(*args: str, temporal: ServerInfo, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address, "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-
-
 async def test_cli_cancel_prints_the_repair_and_the_turn_ends_canceled(
     harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path
 ) -> None:
@@ -680,7 +665,7 @@ async def test_cli_cancel_prints_the_repair_and_the_turn_ends_canceled(
         await eventually(lambda: "cli" in started, "the tool started")
         # The in-process worker keeps running (this loop is free) to answer the CLI's query.
         ran = await asyncio.to_thread(
-            turnkeep_cli, "cancel", turn.workflow_id, temporal=temporal, cwd=tmp_path
+            turnkeep, "cancel", turn.workflow_id, temporal=temporal, cwd=tmp_path
         )
         repaired = await cancelled_turn(turn)
 

@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 
-from tests.conftest import HarnessFactory, write_script
+from tests.conftest import HarnessFactory, turnkeep, write_script
 from tests.mcp_servers.launch import STDIO_SCRIPT
 from worker.client import TurnCancelledError
 from worker.embedded import ServerInfo
@@ -137,19 +136,6 @@ async def test_next_turn_continues_from_a_repaired_history(
     assert heal.tool_results and heal.tool_results["c9"].text == INTERRUPTED_TEXT
     assert result.rollback == RollbackState.APPENDED_INTERRUPTED_TOOL_RESULT
     assert result.final is not None and result.final.text == "continuing"
-
-
-def turnkeep(*args: str, temporal: ServerInfo, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address, "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
 
 
 async def test_cli_runs_a_turn_with_an_in_process_worker_and_shows_it(
