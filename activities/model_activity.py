@@ -1,4 +1,5 @@
-"""The ``llm_step`` activity: one model call, on whichever provider the model string names."""
+"""The model activities: `llm_step` (one model call, on whichever provider the model string
+names) and `compact_history` (a summary of older exchanges, by the same model)."""
 
 from __future__ import annotations
 

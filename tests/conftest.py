@@ -112,14 +112,21 @@ def harness(client: Client, tmp_path: Path) -> HarnessFactory:
     return make
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
-    """Poll server-side state a test cannot await directly (e.g. a pending activity)."""
-    step = 0.2
+async def eventually(
+    probe: Callable[[], Any], what: str = "the condition held", within: float = 30.0
+) -> Any:
+    """Poll ``probe`` (plain or async) until it returns something truthy, and return that: for
+    state a test cannot await directly (a pending activity, a file a tool wrote). A bounded
+    wait, not a timing claim."""
+    step = 0.05
     for _ in range(int(within / step)):
-        if await check():
-            return
+        value = probe()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return value
         await asyncio.sleep(step)
-    raise AssertionError(f"condition not met within {within} s")
+    raise AssertionError(f"gave up after {within:.0f} s waiting until {what}")
 
 
 def history_text(history: WorkflowHistory) -> str:

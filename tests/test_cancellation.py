@@ -12,7 +12,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from temporalio.plugin import SimplePlugin
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from tests.conftest import HarnessFactory, make_settings, turnkeep, write_script
+from tests.conftest import HarnessFactory, eventually, make_settings, turnkeep, write_script
 from tests.fake_provider import Api, FakeProvider, Reply
 from worker.build import build_worker
 from worker.client import TurnCancelledError, TurnHandle, start_turn
@@ -91,21 +91,6 @@ def calls(*specs: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
 
 
 # --- waiting on observable state (never on the clock alone) ----------------------------------
-
-
-async def eventually(probe: Callable[[], Any], what: str, within: float = 20.0) -> Any:
-    """Poll ``probe`` (plain or async) until it returns something truthy, and return that; fail
-    saying ``what`` never happened."""
-    deadline = time.monotonic() + within
-    while True:
-        value = probe()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up after {within:.0f} s waiting until {what}")
-        await asyncio.sleep(0.05)
 
 
 async def events(turn: TurnHandle) -> list[HistoryEvent]:

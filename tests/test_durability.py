@@ -26,10 +26,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from activities.tool_activities import IDEMPOTENCY_KEY_META, idempotency_key
-from tests.conftest import HarnessFactory, write_script
+from tests.conftest import HarnessFactory, eventually, write_script
 from tests.fake_provider import FakeProvider, Reply
 from tests.worker_process import WorkerProcesses, effects_server, write_config
 from worker.client import TurnHandle, start_turn
@@ -130,20 +129,6 @@ async def completed_tool_calls(client: Client, workflow_id: str) -> dict[str, fl
                     event.event_time.ToDatetime().timestamp()
                 )
     return done
-
-
-async def until(check: Callable[[], Awaitable[Any] | Any], what: str, within: float = 60.0) -> None:
-    """Poll ``check`` until it returns something truthy (a bounded wait, not a timing claim)."""
-    deadline = time.monotonic() + within
-    while True:
-        outcome = check()
-        if isinstance(outcome, Awaitable):
-            outcome = await outcome
-        if outcome:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within} s: {what}")
-        await asyncio.sleep(0.02)
 
 
 def assert_ran(record: Path, workflow_id: str, expected: set[str], once: Iterable[str]) -> None:
@@ -302,7 +287,7 @@ async def test_worker_killed_during_a_model_call(fleet: Fleet, fake: FakeProvide
     # The second model call hangs until the worker that made it dies; its retry is answered.
     fake.script(answers[0], Reply.delay(300, then=answers[1]), *answers[1:], api="anthropic")
     turn = await fleet.start("fake")
-    await until(lambda: len(fake.requests) == 2, "the second model call is in flight")
+    await eventually(lambda: len(fake.requests) == 2, "the second model call is in flight")
     fleet.workers.kill(first)
     completed_before_kill = await completed_tool_calls(fleet.client, turn.workflow_id)
     await fleet.workers.start_polling(fleet.client, fleet.task_queue)
@@ -336,7 +321,7 @@ async def test_a_model_call_interrupted_once_is_not_lost_with_a_standby_worker(
     # The first request hangs until its worker dies; any later one is answered.
     fake.script(Reply.delay(300, then=Reply.text("hello")), Reply.text("hello"))
     turn = await fleet.start("fragile")
-    await until(lambda: len(fake.requests) == 1, "the model call is in flight")
+    await eventually(lambda: len(fake.requests) == 1, "the model call is in flight")
     victim = await running_on(fleet.client, turn.workflow_id, "llm_step")
     assert victim is not None
     fleet.workers.kill(victim)
@@ -352,7 +337,7 @@ async def test_worker_killed_during_a_tool_call(
 ) -> None:
     first = await fleet.single()
     turn = await fleet.start("scripted")
-    await until(lambda: starts(fleet.record, turn.workflow_id, "c3"), "c3 is running")
+    await eventually(lambda: starts(fleet.record, turn.workflow_id, "c3"), "c3 is running")
     fleet.workers.kill(first)
     completed_before_kill = await completed_tool_calls(fleet.client, turn.workflow_id)
     second = await fleet.workers.start_polling(fleet.client, fleet.task_queue)
@@ -374,7 +359,7 @@ async def test_worker_killed_between_iterations(
     turn = await fleet.start("scripted")
     # The first batch's results are in history: the worker is between iterations (or already
     # into the next one: wherever exactly the kill lands, the same must hold).
-    await until(
+    await eventually(
         lambda: _has_completed(fleet.client, turn.workflow_id, {"c1", "c2"}),
         "the first tool batch completed",
     )
@@ -411,7 +396,7 @@ async def test_server_killed_and_restarted_on_its_database_mid_turn(
             fleet = Fleet(client, workers, task_queue, record)
             worker = await fleet.single()
             turn = await fleet.start("scripted")
-            await until(lambda: starts(record, turn.workflow_id, "c3"), "c3 is running")
+            await eventually(lambda: starts(record, turn.workflow_id, "c3"), "c3 is running")
             completed_before_kill = await completed_tool_calls(client, turn.workflow_id)
             server.kill()
             await server.start()  # same port, same SQLite file
@@ -467,7 +452,7 @@ async def test_a_retried_call_gets_the_same_key_and_can_deduplicate(fleet: Fleet
             e["event"] == "applied" for e in executions(fleet.record, turn.workflow_id)["c1"]
         )
 
-    await until(applied, "the side effect was applied")
+    await eventually(applied, "the side effect was applied")
     fleet.workers.kill(first)  # after the side effect, before the tool returned
     second = await fleet.workers.start_polling(fleet.client, fleet.task_queue)
     result = await fleet.finish(turn)

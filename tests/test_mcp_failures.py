@@ -107,7 +107,7 @@ async def test_stdio_server_killed_mid_call_is_restarted_and_the_call_retried(
     config = {"mcp": {"servers": {"effects": effects_server(record)}}, "agents": {"test": agent}}
     async with harness(**config) as h:
         turn = await h.start("go")
-        await eventually(lambda: _async(any(e["event"] == "start" for e in log(record))))
+        await eventually(lambda: any(e["event"] == "start" for e in log(record)))
         first_server = log(record)[0]["pid"]
         os.kill(first_server, signal.SIGKILL)
         result = await finish(turn)
@@ -121,10 +121,6 @@ async def test_stdio_server_killed_mid_call_is_restarted_and_the_call_retried(
     assert len(runs) == 2 and runs[0]["pid"] == first_server != runs[1]["pid"]
     assert {e["key"] for e in runs} == {f"{turn.workflow_id}/c1"}
     assert await tool_attempts(turn) == [2]
-
-
-async def _async(value: bool) -> bool:
-    return value
 
 
 # --- an HTTP server that is down ------------------------------------------------------------

@@ -33,6 +33,7 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.errors import known
 from activities.hook_activity import Hook, HookActivities
 from activities.mcp_pool import McpPool, import_callable
 from activities.model_activity import ModelActivities
@@ -213,12 +214,12 @@ def _check_names(settings: Settings, servers: set[str], hooks: set[str]) -> None
     for agent, missing in settings.unknown_servers(servers).items():
         raise ValueError(
             f"agent {agent!r} names server(s) {missing} that are neither in mcp.servers nor "
-            f"in function_tools (known: {', '.join(sorted(servers)) or 'none'})"
+            f"in function_tools (known: {known(servers)})"
         )
     for agent, missing in settings.unknown_hooks(hooks).items():
         raise ValueError(
             f"agent {agent!r} enables hook(s) {missing} that are not registered "
-            f"(known: {', '.join(sorted(hooks)) or 'none'})"
+            f"(known: {known(hooks)})"
         )
 
 

@@ -21,10 +21,6 @@ COMPACT_HISTORY = "compact_history"
 # The query `llm_step` reads its input through (see LlmStepRequest).
 MODEL_INPUT_QUERY = "model_input"
 
-# Error types raised by activities that retrying cannot fix. The workflow fails the turn with
-# them (configuration errors) or hands them to the model (tool errors), never retries them.
-CONFIG_ERROR_TYPES = ("UnknownAgent", "UnknownModel", "OverrideNotAllowed", "ServerUnavailable")
-
 
 class Timeouts(BaseModel):
     """How long one kind of activity may take, and how it is retried."""
