@@ -29,7 +29,15 @@ lint: env
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# tests/test_browser.py opens the Web UI in Debian's Chromium; installed only when missing.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+$(CHROMIUM):
+	$(SUDO) apt-get update
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+
+test: lint $(CHROMIUM)
 	$(PY) -m pytest -q
 
 clean:

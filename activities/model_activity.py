@@ -4,9 +4,20 @@ names) and `compact_history` (a summary of older exchanges, by the same model)."
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import Any
 
-from temporalio import activity
+from temporalio import activity, workflow
 from temporalio.exceptions import ApplicationError
+from temporalio.worker import (
+    Interceptor,
+    StartActivityInput,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+    WorkflowOutboundInterceptor,
+)
 
 from activities.compaction import summary_request
 from activities.errors import config_error
@@ -46,9 +57,11 @@ class ModelActivities:
     async def llm_step(self, step: LlmStepRequest) -> Message:
         ref = resolve_model(step.model)
         provider = self._provider(ref, step.agent)
-        # Heartbeat while reading too: after a worker crash the query can wait seconds for the
-        # server to give up on the dead worker, and that must not use up this attempt.
-        request = await heartbeating(model_input(step), "reading model input")
+        request = MODEL_INPUTS.take(step)  # scheduled by a workflow on this worker?
+        if request is None:
+            # Heartbeat while reading too: after a worker crash the query can wait seconds for
+            # the server to give up on the dead worker, and that must not use up this attempt.
+            request = await heartbeating(model_input(step), "reading model input")
         return await heartbeating(provider.complete(request, ref.name), f"llm #{step.call_index}")
 
     @activity.defn(name=COMPACT_HISTORY)
@@ -129,3 +142,111 @@ def _input_mismatch(step: LlmStepRequest) -> ApplicationError:
         type="ModelInputMismatch",
         non_retryable=True,
     )
+
+
+# --- the in-process hand-off of a model call's input ---------------------------------------
+#
+# Reading the input by query costs a round trip through the server to the worker that has the
+# workflow cached, and one more per page for a long conversation: 10-15 ms per model call on a
+# dev server, the largest single item of the loop's overhead (`python -m bench`). Most of the
+# time that worker is this very process: the server hands a just-scheduled activity straight
+# back to the worker that scheduled it (eager activity execution). So when the workflow
+# schedules `llm_step`, an interceptor copies the request the workflow answers the query with
+# into this process's memory, and `llm_step` takes it from there when it runs here. Nothing
+# changes in the history; an attempt that runs on another worker, or a retry, reads the input
+# by query as before.
+
+HANDOFF_MAX_BYTES = 32 * 1024 * 1024
+
+
+class ModelInputHandoff:
+    """Requests of scheduled model calls, as the JSON their digest is taken over, until
+    `llm_step` takes them. Bounded: entries nobody takes here (the call ran on another worker,
+    or the turn was cancelled first) are dropped oldest first beyond ``max_bytes``."""
+
+    def __init__(self, max_bytes: int = HANDOFF_MAX_BYTES) -> None:
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._entries: OrderedDict[tuple[str, str, int], str] = OrderedDict()
+        # Workflow tasks run on the worker's thread pool, activities on its event loop.
+        self._lock = threading.Lock()
+
+    def offer(self, step: LlmStepRequest, request_json: str) -> None:
+        if len(request_json) > self._max_bytes:
+            return
+        with self._lock:
+            key = _key(step)
+            old = self._entries.pop(key, None)
+            self._bytes += len(request_json) - (len(old) if old is not None else 0)
+            self._entries[key] = request_json
+            while self._bytes > self._max_bytes:
+                _, dropped = self._entries.popitem(last=False)
+                self._bytes -= len(dropped)
+
+    def take(self, step: LlmStepRequest) -> LlmRequest | None:
+        """The request of ``step`` if it was offered here and matches the digest, else None."""
+        with self._lock:
+            request_json = self._entries.pop(_key(step), None)
+            if request_json is not None:
+                self._bytes -= len(request_json)
+        if request_json is None:
+            return None
+        # The digest is what the workflow recorded: a request taken from here is exactly the
+        # one the query would have returned, or it is not used.
+        if hashlib.sha256(request_json.encode()).hexdigest() != step.digest:
+            return None
+        return LlmRequest.model_validate_json(request_json)
+
+
+def _key(step: LlmStepRequest) -> tuple[str, str, int]:
+    return (step.workflow_id, step.run_id, step.call_index)
+
+
+# One per process: the workflow and the activity may belong to different Worker objects of one
+# process (the digest check makes sharing safe).
+MODEL_INPUTS = ModelInputHandoff()
+
+
+class ModelInputHandoffInterceptor(Interceptor):
+    """Offers each `llm_step`'s request to ``MODEL_INPUTS`` as the workflow schedules it."""
+
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor]:
+        del input
+        return _HandoffInbound
+
+
+class _HandoffInbound(WorkflowInboundInterceptor):
+    def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+        super().init(_HandoffOutbound(outbound))
+
+
+class _HandoffOutbound(WorkflowOutboundInterceptor):
+    def start_activity(self, input: StartActivityInput) -> Any:
+        # Not while replaying: those calls have run already, nobody would take their input.
+        if input.activity == LLM_STEP and not workflow.unsafe.is_replaying():
+            step = input.args[0] if input.args else None
+            if isinstance(step, LlmStepRequest):
+                _offer_from_workflow(step)
+        return super().start_activity(input)
+
+
+def _offer_from_workflow(step: LlmStepRequest) -> None:
+    """Runs in workflow code: reads the request through the workflow's own query handler (the
+    contract `llm_step` relies on anyway) and offers it. No commands, so replay is unaffected."""
+    handler = workflow.get_query_handler(MODEL_INPUT_QUERY)
+    if handler is None:
+        return
+    first = handler(step.call_index, 0)
+    if not isinstance(first, ModelInputPage):
+        return
+    messages = list(first.request.messages)
+    while len(messages) < first.total_messages:
+        page = handler(step.call_index, len(messages))
+        if not isinstance(page, ModelInputPage) or not page.request.messages:
+            return
+        messages += page.request.messages
+    request = first.request.model_copy(update={"messages": messages})
+    # The same JSON `digest()` hashes, so `take` checks it without re-serialising.
+    MODEL_INPUTS.offer(step, request.model_dump_json())

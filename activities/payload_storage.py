@@ -15,6 +15,25 @@ Drivers:
   and region from the usual AWS environment.
 - ``off``: payloads stay inline.
 
+Garbage collection (``local`` only): ``collect`` deletes the payload files that nobody has
+stored or read for ``payload_storage.retention`` and that no running turn references; every
+worker runs it at start and then periodically (``payload_sweeper``), and so does ``turnkeep
+gc``. Why that is safe:
+
+- every store refreshes the file's mtime (content addressing means an old file may be
+  referenced anew by a new turn), and so does every read;
+- a running turn's payloads are never deleted, however long it runs: the references in its
+  history are read first (a worker may replay it from them at any time). This costs one
+  history read per running turn per sweep; the histories hold references, not payloads;
+- a closed turn's history is kept for the namespace's retention and references payloads
+  stored no earlier than the turn started, so a retention longer than the longest turn plus
+  the namespace's keeps every payload a kept history may need (workers warn at start if it
+  is not even longer than the namespace's). Reading one that is gone anyway raises
+  ``PayloadExpiredError``, which says so.
+
+S3 objects are keyed per workflow run and are never swept here: a bucket lifecycle rule
+expires them.
+
 The SDK's API is experimental (temporalio 1.35); this module is the one place that touches it.
 """
 
@@ -23,15 +42,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+import time
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from temporalio.api.common.v1 import Payload
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
+from temporalio.client import Client
 from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
 from temporalio.converter import (
     ExternalStorage,
@@ -42,10 +67,13 @@ from temporalio.converter import (
 )
 
 from activities.settings import PayloadStorageSettings, Settings
+from workflows.turn_workflow import WORKFLOW_NAME
 
 LOCAL_DRIVER_NAME = "turnkeep.local"
 S3_DRIVER_NAME = "aws.s3driver"  # the SDK's default, so other SDKs' S3 drivers can read ours
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+
+log = logging.getLogger(__name__)
 
 
 class PayloadStorageError(RuntimeError):
@@ -54,6 +82,11 @@ class PayloadStorageError(RuntimeError):
 
 class MissingPayloadError(PayloadStorageError):
     """A history references a payload that is not in the storage directory."""
+
+
+class PayloadExpiredError(MissingPayloadError):
+    """A missing payload that was stored longer than ``payload_storage.retention`` ago, so the
+    sweep removed it (rather than a misconfigured ``payload_storage.path``)."""
 
 
 class PayloadStorageConfigError(ValueError):
@@ -92,7 +125,7 @@ def external_storage(settings: Settings | PayloadStorageSettings) -> ExternalSto
     if config.driver == "off":
         return None
     if config.driver == "local":
-        driver = LocalDirectoryDriver(payload_directory(settings))
+        driver = LocalDirectoryDriver(payload_directory(settings), retention=config.retention)
     else:
         assert config.bucket  # the settings validator requires it
         driver = s3_driver(config.bucket, config.prefix)
@@ -134,10 +167,21 @@ class LocalDirectoryDriver(StorageDriver):
     workers storing the same payload at once, write the same file. A file is written under a
     temporary name, flushed to disk and renamed into place, so a reader never sees half a file.
     Reading checks the digest, so a damaged file is reported rather than decoded.
+
+    Storing an existing file and reading one refresh its mtime, which is what ``sweep`` ages
+    files by. ``retention`` (the sweep's) tells a payload that was swept from one that was never
+    here: claims carry the time they were stored.
     """
 
-    def __init__(self, directory: Path | str, *, driver_name: str = LOCAL_DRIVER_NAME) -> None:
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        driver_name: str = LOCAL_DRIVER_NAME,
+        retention: timedelta | None = None,
+    ) -> None:
         self.directory = Path(os.path.abspath(Path(directory).expanduser()))
+        self.retention = retention
         self._name = driver_name
 
     @property
@@ -163,8 +207,15 @@ class LocalDirectoryDriver(StorageDriver):
         del context  # content addressing needs no workflow identity
         blobs = [payload.SerializeToString() for payload in payloads]
         digests = await asyncio.gather(*(asyncio.to_thread(self._write, b) for b in blobs))
+        stored_at = datetime.now(UTC).isoformat(timespec="seconds")
         return [
-            StorageDriverClaim(claim_data={"hash_algorithm": "sha256", "hash_value": digest})
+            StorageDriverClaim(
+                claim_data={
+                    "hash_algorithm": "sha256",
+                    "hash_value": digest,
+                    "stored_at": stored_at,
+                }
+            )
             for digest in digests
         ]
 
@@ -179,9 +230,12 @@ class LocalDirectoryDriver(StorageDriver):
     def _write(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
         path = self.path_for(digest)
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError):  # swept meanwhile: write it again
             if path.stat().st_size == len(data):
-                return digest  # already stored (same bytes: the name is their digest)
+                # Already stored (same bytes: the name is their digest), perhaps long ago by
+                # another turn: this new reference restarts its retention.
+                os.utime(path)
+                return digest
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{digest[:16]}.", suffix=".tmp")
@@ -210,21 +264,60 @@ class LocalDirectoryDriver(StorageDriver):
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            raise MissingPayloadError(
-                f"externally stored payload {path} is missing: the workflow history references "
-                f"it (sha256 {digest}) but it is not in {self.directory}, the directory "
-                "payload_storage.path names here. Point payload_storage.path at the directory "
-                "the worker that wrote it uses (clients and workers must share it), or restore "
-                "the file."
-            ) from None
+            raise self._missing(path, claim) from None
         if hashlib.sha256(data).hexdigest() != digest:
             raise PayloadStorageError(
                 f"externally stored payload {path} is damaged: its contents no longer match "
                 "their SHA-256"
             )
+        # Still in use: keep it from the sweep for another retention period. Best effort (a
+        # reader may only have read access); after the read, so a sweep that saw the file old
+        # and renamed it away meanwhile finds it fresh and puts it back.
+        with contextlib.suppress(OSError):
+            os.utime(path)
         payload = Payload()
         payload.ParseFromString(data)
         return payload
+
+    def _missing(self, path: Path, claim: Mapping[str, str]) -> MissingPayloadError:
+        stored_at = _claim_time(claim)
+        age = datetime.now(UTC) - stored_at if stored_at else None
+        if age is not None and self.retention is not None and age > self.retention:
+            return PayloadExpiredError(
+                f"externally stored payload {path} is gone: it was stored "
+                f"{describe_duration(age)} ago ({stored_at:%Y-%m-%d %H:%M} UTC), longer than "
+                f"payload_storage.retention ({describe_duration(self.retention)}), so the "
+                "payload sweep (or `turnkeep gc`) deleted it and what references it can no "
+                "longer be read. Keep retention longer than your longest turn plus the "
+                "namespace's retention."
+            )
+        return MissingPayloadError(
+            f"externally stored payload {path} is missing: the workflow history references "
+            f"it (sha256 {claim.get('hash_value')}) but it is not in {self.directory}, the "
+            "directory payload_storage.path names here. Point payload_storage.path at the "
+            "directory the worker that wrote it uses (clients and workers must share it), or "
+            "restore the file."
+        )
+
+
+def _claim_time(claim: Mapping[str, str]) -> datetime | None:
+    """When the claim's payload was stored (claims written before turnkeep recorded it, or
+    crafted ones, have no usable time)."""
+    try:
+        when = datetime.fromisoformat(claim["stored_at"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return when if when.tzinfo is not None else None
+
+
+def describe_duration(span: timedelta) -> str:
+    """A duration in words, to the unit that reads best."""
+    seconds = span.total_seconds()
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        if seconds >= size or unit == "second":
+            value = f"{seconds / size:.3g}"
+            return f"{value} {unit}{'' if value == '1' else 's'}"
+    raise AssertionError("unreachable")
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -235,6 +328,205 @@ def _fsync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+# --- garbage collection (local driver) -------------------------------------------------------
+
+# How often a worker sweeps (or every quarter of the retention, if sooner): a sweep is one
+# directory listing and a stat per file, and nothing is lost by removing a file an hour late.
+SWEEP_EVERY = timedelta(hours=1)
+# A writer's temporary file left for this long is a crashed write's (a write takes seconds).
+_ABANDONED_TEMP = timedelta(hours=1)
+_TEMP = re.compile(r"\.[0-9a-f]{16}\..+\.tmp")
+# A payload a sweep has renamed aside before deleting it (left behind if the sweep crashed).
+_ASIDE = re.compile(r"\.([0-9a-f]{64})\.[0-9a-f]+\.gc")
+# A claim's digest in a reference payload (JSON) as it sits, undecoded, in a history event.
+_CLAIMED_DIGEST = re.compile(rb'"hash_value"\s*:\s*"([0-9a-f]{64})"')
+
+
+@dataclass
+class SweepReport:
+    """What one sweep of a payload directory removed (or, in a dry run, would) and kept."""
+
+    directory: Path
+    removed: list[Path] = field(default_factory=list)
+    removed_bytes: int = 0
+    kept: int = 0
+    kept_bytes: int = 0
+    # Old enough to go, but a running turn references them.
+    in_use: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+async def collect(
+    directory: Path, retention: timedelta, client: Client, *, dry_run: bool = False
+) -> SweepReport:
+    """``sweep`` ``directory``, sparing every payload that a running turn references."""
+    in_use = await running_turn_payloads(client)
+    return await asyncio.to_thread(sweep, directory, retention, keep=in_use, dry_run=dry_run)
+
+
+async def running_turn_payloads(client: Client) -> set[str]:
+    """The digests of the stored payloads that running turns' histories reference: a worker
+    may replay any of them at any time. Read from the reference payloads as they are in the
+    history, without fetching what they point to."""
+    digests: set[str] = set()
+    query = f"WorkflowType = '{WORKFLOW_NAME}' AND ExecutionStatus = 'Running'"
+    async for execution in client.list_workflows(query):
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        async for event in handle.fetch_history_events():
+            found = _CLAIMED_DIGEST.findall(event.SerializeToString())
+            digests.update(digest.decode() for digest in found)
+    return digests
+
+
+def sweep(
+    directory: Path,
+    retention: timedelta,
+    *,
+    keep: Collection[str] = frozenset(),
+    dry_run: bool = False,
+) -> SweepReport:
+    """Delete the payload files in ``directory`` that nobody has stored or read for
+    ``retention``, except those named in ``keep`` (digests), and writers' temporary files
+    abandoned for an hour; leave anything else there alone.
+
+    Safe beside running workers and other sweeps: an old file is renamed aside first and
+    deleted only if it is still old then, so a store or read that refreshed it meanwhile wins
+    and the file is put back; a store that finds it gone writes it again."""
+    report = SweepReport(Path(directory))
+    now = time.time()
+    cutoff = now - retention.total_seconds()
+    temp_cutoff = now - min(retention, _ABANDONED_TEMP).total_seconds()
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return report  # nothing stored yet
+    for entry in entries:
+        path = Path(entry.path)
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            stat = entry.stat(follow_symlinks=False)
+            old = stat.st_mtime < cutoff
+            if _SHA256.fullmatch(entry.name):
+                if old and entry.name in keep:
+                    report.in_use += 1
+                gone = old and entry.name not in keep and (dry_run or _remove_if_old(path, cutoff))
+            elif aside := _ASIDE.fullmatch(entry.name):
+                back = path.with_name(aside[1])
+                gone = old if dry_run else _remove_if_old(path, cutoff, put_back=back)
+            elif _TEMP.fullmatch(entry.name) and stat.st_mtime < temp_cutoff:
+                if not dry_run:
+                    path.unlink()
+                gone = True
+            else:
+                continue
+        except FileNotFoundError:
+            continue  # another sweep took it first
+        except OSError as err:
+            report.errors.append(f"{path}: {err}")
+            continue
+        if gone:
+            report.removed.append(path)
+            report.removed_bytes += stat.st_size
+        else:
+            report.kept += 1
+            report.kept_bytes += stat.st_size
+    return report
+
+
+def _remove_if_old(path: Path, cutoff: float, *, put_back: Path | None = None) -> bool:
+    """Delete ``path`` if its mtime is before ``cutoff`` once nobody can refresh it any more;
+    otherwise leave it (or, set aside, put it back) under its payload name."""
+    if put_back is None:
+        put_back = path
+        aside = path.with_name(f".{path.name}.{os.urandom(4).hex()}.gc")
+        # Atomic: from here a store finds no file and writes a new one; a store or read that
+        # refreshed the file before this point shows in the mtime read next.
+        os.rename(path, aside)
+    else:
+        aside = path
+    if aside.stat().st_mtime < cutoff:
+        aside.unlink()
+        return True
+    os.replace(aside, put_back)  # in use after all (same bytes as any newer copy)
+    return False
+
+
+@asynccontextmanager
+async def payload_sweeper(
+    storage: ExternalStorage | None, retention: timedelta | None, client: Client
+) -> AsyncIterator[None]:
+    """While inside: ``collect`` in ``storage``'s local directories now and every
+    ``SWEEP_EVERY``, in a background task, asking ``client``'s namespace which turns are
+    running; first warn if ``retention`` is not longer than the namespace's. Nothing to do for
+    S3, for storage off, or with retention off."""
+    directories = [
+        d.directory
+        for d in (storage.drivers if storage else [])
+        if isinstance(d, LocalDirectoryDriver)
+    ]
+    if not directories or retention is None:
+        yield
+        return
+    task = asyncio.create_task(
+        _sweep_forever(directories, retention, client), name="turnkeep payload sweep"
+    )
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _sweep_forever(directories: Sequence[Path], retention: timedelta, client: Client) -> None:
+    await warn_if_shorter_than_namespace(client, retention)
+    interval = min(SWEEP_EVERY, retention / 4).total_seconds()
+    while True:
+        for directory in directories:
+            try:
+                report = await collect(directory, retention, client)
+            except Exception as err:
+                # Not knowing which turns run (server unreachable...), delete nothing; and a
+                # sweep must never take the worker down.
+                log.warning("payload sweep of %s skipped: %s", directory, err)
+                continue
+            if report.removed:
+                log.info(
+                    "payload sweep: removed %d file(s), %s bytes, unused for %s, from %s",
+                    len(report.removed),
+                    f"{report.removed_bytes:,}",
+                    describe_duration(retention),
+                    directory,
+                )
+            for error in report.errors:
+                log.warning("payload sweep: %s", error)
+        await asyncio.sleep(interval)
+
+
+async def warn_if_shorter_than_namespace(client: Client, retention: timedelta) -> None:
+    """Log a warning if payloads would be swept while closed turns' histories, which reference
+    them, are still kept. Best effort: a client that may not describe its namespace skips it."""
+    try:
+        described = await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=client.namespace), timeout=timedelta(seconds=10)
+        )
+    except Exception as err:
+        log.debug("cannot compare payload retention with the namespace's: %s", err)
+        return
+    kept = described.config.workflow_execution_retention_ttl.ToTimedelta()
+    if retention <= kept:
+        log.warning(
+            "payload_storage.retention (%s) is not longer than the retention of namespace %r "
+            "(%s): payloads of closed turns may be deleted while their histories are still "
+            "kept, and reading those turns will fail. Set it above your longest turn plus %s.",
+            describe_duration(retention),
+            client.namespace,
+            describe_duration(kept),
+            describe_duration(kept),
+        )
 
 
 # --- S3 --------------------------------------------------------------------------------------

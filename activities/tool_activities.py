@@ -37,12 +37,22 @@ CONNECTION_ERROR_TYPE = "McpConnectionError"
 # Sent with every tools/call in the request's `_meta`: the same for every attempt of one model
 # tool call (workflow id / call id), so a tool with side effects can de-duplicate a retried call.
 IDEMPOTENCY_KEY_META = "turnkeep/idempotency_key"
+# Where tool results are cut without payload storage, unless max_tool_result_bytes says
+# otherwise: well under Temporal's 2 MB payload limit, with room for the rest of a step.
+INLINE_TOOL_RESULT_BYTES = 256 * 1024
 
 
 class ToolActivities:
-    def __init__(self, settings: Settings, pool: McpPool) -> None:
+    def __init__(
+        self, settings: Settings, pool: McpPool, *, storage_on: bool | None = None
+    ) -> None:
+        """``storage_on``: whether this worker has external payload storage (default: what
+        ``settings.payload_storage`` says); it decides whether large results are cut."""
         self._settings = settings
         self._pool = pool
+        if storage_on is None:
+            storage_on = settings.payload_storage.driver != "off"
+        self._max_result_bytes = tool_result_limit(settings, storage_on=storage_on)
 
     @activity.defn(name=LIST_TOOLS)
     async def list_tools(self, req: ToolsRequest) -> ToolCatalog:
@@ -98,7 +108,8 @@ class ToolActivities:
             # retrying will not change, and one the model can act on.
             result = CallToolResult.error(f"Error: {err}")
         duration_ms = (time.perf_counter() - started) * 1000
-        result = truncate_result(result, self._settings.max_tool_result_bytes)
+        if self._max_result_bytes is not None:
+            result = truncate_result(result, self._max_result_bytes)
         return ToolCallOutcome(result=result, duration_ms=duration_ms)
 
     def _agent(self, name: str) -> AgentSettings:
@@ -173,7 +184,20 @@ def _valid_utf8(value: Any) -> Any:
 
 
 # --- truncation ------------------------------------------------------------------------------
-# Kept apart and pure: it is the stand-in for offloading large results to external storage.
+# What a large result gets without external payload storage (or under an explicit cap). Kept
+# apart and pure.
+
+
+def tool_result_limit(settings: Settings, *, storage_on: bool) -> int | None:
+    """How many bytes of a tool result the model is shown (``None``: all of them).
+
+    ``max_tool_result_bytes`` when set. Otherwise no limit with payload storage on: a result
+    over the threshold goes to the store whole and the history holds a reference, so its size
+    is no concern of Temporal's (the model's context window is the provider's to police, and
+    its error says so). Without storage, ``INLINE_TOOL_RESULT_BYTES``."""
+    if settings.max_tool_result_bytes is not None:
+        return settings.max_tool_result_bytes
+    return None if storage_on else INLINE_TOOL_RESULT_BYTES
 
 
 def json_size(value: BaseModel | Any) -> int:

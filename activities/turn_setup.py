@@ -10,10 +10,13 @@ from activities.models import context_window, default_model, resolve_model
 from activities.settings import AgentSettings, Settings, TimeoutSettings
 from workflows.activity_io import (
     PREPARE_TURN,
+    TEMPORAL_PAYLOAD_LIMIT_BYTES,
     CompactionPlan,
+    ContinueAsNewPlan,
     PrepareTurnRequest,
     Timeouts,
     TurnPlan,
+    VisibilityPlan,
 )
 from workflows.turn_io import TurnOverrides
 
@@ -21,13 +24,18 @@ from workflows.turn_io import TurnOverrides
 class TurnSetupActivities:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
+        # Which search attributes turns may upsert: none until the worker has checked the
+        # namespace at start (worker/search_attributes.py), which replaces this before it polls.
+        self.visibility = VisibilityPlan(outcome_notes=True)
 
     @activity.defn(name=PREPARE_TURN)
     async def prepare_turn(self, request: PrepareTurnRequest) -> TurnPlan:
-        return plan_turn(self._settings, request)
+        return plan_turn(self._settings, request, self.visibility)
 
 
-def plan_turn(settings: Settings, request: PrepareTurnRequest) -> TurnPlan:
+def plan_turn(
+    settings: Settings, request: PrepareTurnRequest, visibility: VisibilityPlan | None = None
+) -> TurnPlan:
     agent = settings.agents.get(request.agent)
     if agent is None:
         raise config_error(
@@ -52,6 +60,8 @@ def plan_turn(settings: Settings, request: PrepareTurnRequest) -> TurnPlan:
             "has_tools": bool(agent.servers),
             "hooks": {point: names for point, names in agent.hooks.items() if names},
             "compaction": _compaction(agent, model),
+            "continue_as_new": _continue_as_new(settings),
+            "visibility": visibility or VisibilityPlan(),
             "llm": _timeouts(agent.llm_timeouts),
             "tools": _timeouts(agent.tool_timeouts),
         }
@@ -77,6 +87,20 @@ def _check_overrides(name: str, agent: AgentSettings, overrides: TurnOverrides) 
 def _timeouts(t: TimeoutSettings) -> Timeouts:
     return Timeouts(
         start_to_close=t.start_to_close, heartbeat=t.heartbeat, max_attempts=t.max_attempts
+    )
+
+
+def _continue_as_new(settings: Settings) -> ContinueAsNewPlan:
+    config = settings.continue_as_new
+    return ContinueAsNewPlan(
+        history_bytes=config.history_bytes,
+        history_events=config.history_events,
+        when_suggested=config.when_suggested,
+        # Without external storage the new run's input (turn and carried state) is recorded
+        # inline and must fit under Temporal's payload limit, with room for its envelope.
+        max_carried_bytes=TEMPORAL_PAYLOAD_LIMIT_BYTES - 64 * 1024
+        if settings.payload_storage.driver == "off"
+        else None,
     )
 
 

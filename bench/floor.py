@@ -1,22 +1,105 @@
-"""The floor the loop is measured against: a bare workflow awaiting N no-op activities one
-after another. In its own module because the workflow sandbox re-imports the module that
-defines a workflow, and this one must import nothing but temporalio."""
+"""The floors turnkeep is measured against: bare workflows that do what a turn does, minus
+turnkeep. In their own module because the workflow sandbox re-imports the module that defines
+a workflow, and this one must import nothing but temporalio.
+
+- ``Floor``: awaits ``activities`` activities one after another. With the ``noop`` activity it
+  is the floor of the loop; the other activities add one thing a turn's activity does (a
+  heartbeat, a query of its workflow, a 5 KB result) to measure what that one thing costs, and
+  ``local_activity`` adds a no-op local activity after each step (as the turn's ``note``).
+- ``TimerFloor``: sleeps ``timers`` short timers one after another (dev-server flags).
+- ``Floor`` with the ``wait`` activity: a workflow waiting on a slow activity (worker memory).
+"""
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio import activity, workflow
 
+NOOP = "noop"
+HEARTBEAT = "noop_heartbeat"
+QUERY = "noop_query"
+BLOB = "blob_result"
+WAIT = "wait"
+STEP_QUERY = "step"
 
-@activity.defn(name="noop")
+# Activities started so far by this process's `wait` (the memory bench's floor worker reports
+# it, so the bench knows when every workflow is waiting).
+waiting = 0
+
+
+@activity.defn(name=NOOP)
 async def noop() -> None:
     return None
 
 
+@activity.defn(name=HEARTBEAT)
+async def noop_heartbeat() -> None:
+    activity.heartbeat("working")  # as every turnkeep activity does when it starts
+
+
+@activity.defn(name=QUERY)
+async def noop_query() -> None:
+    """Reads its workflow's state back by query, as ``llm_step`` reads its input."""
+    info = activity.info()
+    assert info.workflow_id is not None, "scheduled by a workflow"
+    handle = activity.client().get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
+    await handle.query(STEP_QUERY)
+
+
+@activity.defn(name=BLOB)
+async def blob_result() -> str:
+    return "x" * 5 * 1024
+
+
+@activity.defn(name=WAIT)
+async def wait() -> None:
+    global waiting
+    waiting += 1
+    await asyncio.sleep(24 * 3600)  # until cancelled or the workflow is terminated
+
+
+ACTIVITIES = [noop, noop_heartbeat, noop_query, blob_result, wait]
+
+
+@dataclass(frozen=True)
+class FloorInput:
+    activities: int
+    activity: str = NOOP
+    heartbeat_seconds: float | None = None
+    local_activity: bool = False
+
+
 @workflow.defn(name="Floor")
 class Floor:
+    def __init__(self) -> None:
+        self._step = 0
+
     @workflow.run
-    async def run(self, activities: int) -> None:
-        for _ in range(activities):
-            await workflow.execute_activity("noop", start_to_close_timeout=timedelta(seconds=30))
+    async def run(self, spec: FloorInput) -> None:
+        heartbeat = timedelta(seconds=spec.heartbeat_seconds) if spec.heartbeat_seconds else None
+        for step in range(spec.activities):
+            self._step = step
+            await workflow.execute_activity(
+                spec.activity,
+                start_to_close_timeout=timedelta(days=1),
+                heartbeat_timeout=heartbeat,
+            )
+            if spec.local_activity:
+                await workflow.execute_local_activity(
+                    NOOP, start_to_close_timeout=timedelta(seconds=10)
+                )
+
+    @workflow.query(name=STEP_QUERY)
+    def step(self) -> int:
+        return self._step
+
+
+@workflow.defn(name="TimerFloor")
+class TimerFloor:
+    @workflow.run
+    async def run(self, timers: int, seconds: float) -> None:
+        for _ in range(timers):
+            await workflow.sleep(seconds)

@@ -29,9 +29,7 @@ import asyncio
 import json
 import statistics
 import tempfile
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -39,11 +37,14 @@ from typing import Any, Literal, TypeVar
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client
 
+from activities.settings import Settings
+from bench import report
+from bench.turns import until, until_true
 from tests.fake_provider import FakeProvider, Reply
 from tests.worker_process import WorkerProcesses, effects_server, write_config
 from worker.client import TurnHandle, start_turn
 from worker.connection import connect
-from worker.embedded import EmbeddedServer
+from worker.embedded import EmbeddedServer, ServerInfo
 from workflows.turn_io import TurnInput
 
 T = TypeVar("T")
@@ -57,7 +58,9 @@ class Case:
     standby: bool
 
 
-def config(tmp: Path, queue: str, case: Case, tool_seconds: float, fake: FakeProvider) -> Path:
+def config(
+    tmp: Path, queue: str, case: Case, tool_seconds: float, fake: FakeProvider, payloads: Path
+) -> Path:
     script = tmp / f"script-{queue}.json"
     call = {"name": "effects__effect", "arguments": {"tag": "t", "seconds": tool_seconds}}
     script.write_text(json.dumps([{"tool_calls": {"c1": call}}, "done"]), encoding="utf-8")
@@ -71,6 +74,7 @@ def config(tmp: Path, queue: str, case: Case, tool_seconds: float, fake: FakePro
         tmp / f"turnkeep-{queue}.yaml",
         {
             "task_queue": queue,
+            "payload_storage": {"path": str(payloads)},  # the bench client's
             "mcp": {"servers": {"effects": effects_server(tmp / "record.jsonl")}},
             "anthropic": {"api_key": "sk-bench", "base_url": fake.base_url_anthropic},
             "agents": agents,
@@ -88,16 +92,6 @@ def tool_runs(record: Path, workflow_id: str | None = None) -> list[dict[str, An
         for e in lines
         if e["event"] == "start" and (workflow_id is None or e["key"] == f"{workflow_id}/c1")
     ]
-
-
-async def until(check: Callable[[], Awaitable[T | None]], within: float = 180.0) -> T:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        value = await check()
-        if value is not None:
-            return value
-        await asyncio.sleep(0.02)
-    raise TimeoutError("condition not met")
 
 
 async def running_on(turn: TurnHandle, activity_type: str) -> int | None:
@@ -181,21 +175,90 @@ class Bench:
                 runs = tool_runs(self.record, turn.workflow_id)
                 return int(runs[0]["worker"]) if runs else None
 
-            victim = await until(runner)
+            victim = await until(runner, "the tool to start")
         else:
-            await until(lambda: _true_if(self.fake.pending("anthropic") == 0))
-            victim = await until(lambda: running_on(turn, activity_type))
+            await until_true(lambda: self.fake.pending("anthropic") == 0, "the model call")
+            victim = await until(lambda: running_on(turn, activity_type), "the model call to start")
         workers.kill(victim)
         killed_at = workers.killed[victim]
         workers.start()  # the replacement (with a standby up, the retry need not wait for it)
-        retried = await until(lambda: retry_started(turn, activity_type))
-        done = await until(lambda: completed(self.client, turn.workflow_id, activity_type))
+        retried = await until(lambda: retry_started(turn, activity_type), "the retry")
+        done = await until(
+            lambda: completed(self.client, turn.workflow_id, activity_type), "the retry to complete"
+        )
         await turn.result()
         return retried - killed_at, done - killed_at
 
 
-async def _true_if(condition: bool) -> bool | None:
-    return True if condition else None
+@dataclass(frozen=True)
+class Recovery:
+    case: Case
+    retry_started: float  # median seconds from the SIGKILL
+    progress: float
+
+
+def cases(heartbeats: list[float], cold: bool = True) -> list[Case]:
+    chosen = [Case(during, h, True) for h in heartbeats for during in ("tool", "model")]
+    if cold:
+        chosen += [Case("tool", heartbeats[0], False), Case("model", heartbeats[0], False)]
+    return chosen
+
+
+async def measure(
+    client: Client,
+    info: ServerInfo,
+    fake: FakeProvider,
+    tmp: Path,
+    payloads: Path,
+    chosen: list[Case],
+    runs: int,
+    tool_seconds: float,
+) -> list[Recovery]:
+    """Each case, ``runs`` kills each, against the server at ``info``; ``client`` must store
+    payloads in ``payloads`` (the workers are configured with it)."""
+    bench = Bench(client, tmp, fake, tool_seconds)
+    results = []
+    for case in chosen:
+        report.progress(f"recovery: {case.during}, heartbeat {case.heartbeat:g} s, {_kind(case)}")
+        queue = f"bench-{uuid.uuid4().hex[:8]}"
+        cfg = config(bench.tmp, queue, case, tool_seconds, fake, payloads)
+        logs = bench.tmp / f"logs-{queue}"
+        with WorkerProcesses(cfg, info.address, logs, info.namespace) as workers:
+            samples = [await bench.kill_once(case, workers, queue) for _ in range(runs)]
+        results.append(
+            Recovery(
+                case,
+                statistics.median(s[0] for s in samples),
+                statistics.median(s[1] for s in samples),
+            )
+        )
+    return results
+
+
+def _kind(case: Case) -> str:
+    return "standby" if case.standby else "cold"
+
+
+def table(results: list[Recovery], runs: int, tool_seconds: float) -> report.Table:
+    out = report.Table(
+        "Recovery: seconds from a worker's SIGKILL",
+        ["during", "heartbeat", "other worker", "retry started", "progress"],
+    )
+    for r in results:
+        out.add(
+            r.case.during,
+            f"{r.case.heartbeat:g} s",
+            _kind(r.case),
+            f"{r.retry_started:.1f}",
+            f"{r.progress:.1f}",
+        )
+    out.notes.append(
+        f"Median of {runs} kill(s) per line. *retry started*: a live worker started the "
+        "interrupted call's next attempt; *progress*: that attempt completed, so the turn moves "
+        f"on (a tool's includes its own {tool_seconds:g} s). *standby*: a second worker was "
+        "already polling; *cold*: a new worker process is started after the kill."
+    )
+    return out
 
 
 async def main() -> None:
@@ -205,32 +268,27 @@ async def main() -> None:
     parser.add_argument("--tool-seconds", type=float, default=3.0)
     args = parser.parse_args()
     heartbeats = [float(h) for h in args.heartbeats.split(",")]
-    cases = [Case(during, h, True) for h in heartbeats for during in ("tool", "model")]
-    cases += [Case("tool", heartbeats[0], False), Case("model", heartbeats[0], False)]
 
     # Answers any request beyond the script (a retry of a retry) so no run ends in an error.
-    with FakeProvider(default=Reply.text("done")) as fake:
+    with (
+        FakeProvider(default=Reply.text("done")) as fake,
+        tempfile.TemporaryDirectory(prefix="turnkeep-bench-") as name,
+    ):
+        tmp = Path(name)
+        storage = Settings.model_validate({"payload_storage": {"path": str(tmp / "payloads")}})
         async with EmbeddedServer(ui=False) as info:
-            client = await connect(info.address, info.namespace)
-            with tempfile.TemporaryDirectory(prefix="turnkeep-bench-") as name:
-                bench = Bench(client, Path(name), fake, args.tool_seconds)
-                print(
-                    f"embedded server {info.address}; median of {args.runs} kills per line, "
-                    f"seconds from SIGKILL; the tool takes {args.tool_seconds:g} s"
-                )
-                print("during  heartbeat   worker  retry started  progress")
-                for case in cases:
-                    queue = f"bench-{uuid.uuid4().hex[:8]}"
-                    cfg = config(bench.tmp, queue, case, args.tool_seconds, fake)
-                    with WorkerProcesses(cfg, info.address, bench.tmp / f"logs-{queue}") as ws:
-                        samples = [await bench.kill_once(case, ws, queue) for _ in range(args.runs)]
-                    retry = statistics.median(s[0] for s in samples)
-                    progress = statistics.median(s[1] for s in samples)
-                    kind = "standby" if case.standby else "cold"
-                    print(
-                        f"{case.during:>6}  {case.heartbeat:>8g}s  {kind:>7}  "
-                        f"{retry:>13.1f}  {progress:>8.1f}"
-                    )
+            client = await connect(info.address, info.namespace, settings=storage)
+            results = await measure(
+                client,
+                info,
+                fake,
+                tmp,
+                tmp / "payloads",
+                cases(heartbeats),
+                args.runs,
+                args.tool_seconds,
+            )
+    print(table(results, args.runs, args.tool_seconds).render())
 
 
 if __name__ == "__main__":

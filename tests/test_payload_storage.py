@@ -27,7 +27,9 @@ from activities.payload_storage import (
     PayloadStorageError,
     external_storage,
 )
+from activities.tool_activities import INLINE_TOOL_RESULT_BYTES, tool_result_limit
 from tests.conftest import Harness, history_text, make_settings, write_script
+from tests.fake_provider import FakeProvider, Reply
 from worker.build import build_worker
 from worker.client import TurnHandle, get_turn
 from worker.connection import connect
@@ -102,6 +104,34 @@ async def history_bytes(turn: TurnHandle) -> tuple[int, str]:
     return sum(event.ByteSize() for event in history.events), history_text(history)
 
 
+def anthropic_agent(fake: FakeProvider) -> dict[str, Any]:
+    """An agent on the Anthropic SDK, talking to the fake API (which records each request)."""
+    return {
+        "anthropic": {"api_key": "k", "base_url": fake.base_url_anthropic},
+        "agents": {
+            "test": {
+                "model": "anthropic.test-model",
+                "servers": ["local"],
+                # A 5 MB result is far past any context window: nothing to summarise here.
+                "compaction": {"enabled": False},
+            }
+        },
+    }
+
+
+def tool_result_texts(body: Any) -> list[str]:
+    """The text of every tool_result block in an Anthropic Messages request body."""
+    return [
+        part["text"]
+        for message in body["messages"]
+        if isinstance(message["content"], list)
+        for block in message["content"]
+        if block["type"] == "tool_result"
+        for part in block["content"]
+        if part["type"] == "text"
+    ]
+
+
 def referenced_digests(text: str) -> set[str]:
     """The SHA-256 claims of the external-storage references in a decoded history."""
     return set(re.findall(r'"hash_value":\s*"([0-9a-f]{64})"', text))
@@ -117,12 +147,9 @@ async def test_5_mb_tool_result_is_stored_outside_the_history(
     script = write_script(
         tmp_path / "s.json", calls(("c1", "local__big", {"n_bytes": 5 * MB})), "done"
     )
+    # Default settings but the directory: with storage on, no result is cut.
     async with turnkeep(
-        temporal,
-        tmp_path,
-        agents=agent(script),
-        max_tool_result_bytes=20 * MB,  # no truncation: the whole result goes through
-        payload_storage={"path": str(store)},
+        temporal, tmp_path, agents=agent(script), payload_storage={"path": str(store)}
     ) as h:
         turn = await h.start("go")
         result = await turn.result()
@@ -140,6 +167,30 @@ async def test_5_mb_tool_result_is_stored_outside_the_history(
     assert digests <= set(files)  # every reference has its file
     assert max(files.values()) > 5 * MB
     assert not [name for name in files if name.endswith(".tmp")]
+
+
+async def test_5_mb_tool_result_reaches_the_model_whole(
+    temporal: ServerInfo, tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script(
+        Reply.tool_calls(("c1", "local__big", {"n_bytes": 5 * MB})),
+        Reply.text("read it all"),
+        api="anthropic",
+    )
+    async with turnkeep(
+        temporal,
+        tmp_path,
+        **anthropic_agent(fake),
+        payload_storage={"path": str(tmp_path / "payloads")},
+    ) as h:
+        result = await h.run("go")
+    assert result.final is not None and result.final.text == "read it all"
+    first, second = fake.requests_for("anthropic")
+    assert tool_result_texts(first.body) == []
+    # What the model was sent: the tool's 5 MB, byte for byte, and no truncation note.
+    [sent] = tool_result_texts(second.body)
+    assert len(sent) == 5 * MB and sent == big(5 * MB)
+    assert "truncated" not in json.dumps(second.body["messages"])
 
 
 async def test_long_turn_with_a_result_over_2_mb_completes(
@@ -187,6 +238,51 @@ async def test_without_storage_a_result_over_the_limit_fails_the_turn_clearly(
     assert size < 2 * MB and not referenced_digests(text)
 
 
+async def test_without_storage_a_large_tool_result_is_truncated_with_a_note(
+    temporal: ServerInfo, tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script(
+        Reply.tool_calls(("c1", "local__big", {"n_bytes": 5 * MB})),
+        Reply.text("saw the start"),
+        api="anthropic",
+    )
+    async with turnkeep(
+        temporal, tmp_path, **anthropic_agent(fake), payload_storage={"driver": "off"}
+    ) as h:
+        turn = await h.start("go")
+        result = await turn.result()
+    assert result.final is not None and result.final.text == "saw the start"
+    # The model got the start of the result and, last, a note saying how much it did not get.
+    [kept, note] = tool_result_texts(fake.requests_for("anthropic")[1].body)
+    assert big(5 * MB).startswith(kept) and len(kept) > INLINE_TOOL_RESULT_BYTES - 1024
+    # (A function tool's str comes back as text and as structuredContent: 10 MB in all.)
+    assert re.fullmatch(
+        rf"\[turnkeep: tool result truncated from 10,000,\d{{3}} to "
+        rf"{INLINE_TOOL_RESULT_BYTES:,} bytes; dropped structuredContent\]",
+        note,
+    ), note
+    [stored] = (m.tool_results["c1"] for m in result.messages if m.tool_results)
+    assert [block.text for block in stored.content] == [kept, note]
+    size, text = await history_bytes(turn)
+    assert size < 2 * MB and not referenced_digests(text)
+
+
+@pytest.mark.parametrize(
+    ("cap", "storage_on", "limit"),
+    [
+        (None, True, None),  # stored whole
+        (None, False, INLINE_TOOL_RESULT_BYTES),
+        (1000, True, 1000),  # asked for: cut even though it could be stored
+        (1000, False, 1000),
+    ],
+)
+def test_tool_results_are_cut_only_without_storage_or_when_asked(
+    tmp_path: Path, cap: int | None, storage_on: bool, limit: int | None
+) -> None:
+    settings = make_settings(tmp_path, max_tool_result_bytes=cap)
+    assert tool_result_limit(settings, storage_on=storage_on) == limit
+
+
 def test_without_storage_tool_results_must_stay_under_the_limit(tmp_path: Path) -> None:
     settings = make_settings(
         tmp_path, max_tool_result_bytes=5 * MB, payload_storage={"driver": "off"}
@@ -205,11 +301,7 @@ async def test_a_missing_payload_file_is_named_in_the_error(
     script = write_script(
         tmp_path / "s.json", calls(("c1", "local__big", {"n_bytes": 400_000})), "done"
     )
-    config: dict[str, Any] = {
-        "agents": agent(script),
-        "max_tool_result_bytes": MB,
-        "payload_storage": {"path": str(store)},
-    }
+    config: dict[str, Any] = {"agents": agent(script), "payload_storage": {"path": str(store)}}
     async with turnkeep(temporal, tmp_path, **config) as h:
         turn = await h.start("go")
         await turn.result()
@@ -258,7 +350,7 @@ async def test_local_driver_is_content_addressed_and_safe_for_concurrent_writers
     claims = await asyncio.gather(
         *(driver.store(StorageDriverStoreContext(), [same]) for _ in range(8))
     )
-    assert len({json.dumps(dict(c[0].claim_data), sort_keys=True) for c in claims}) == 1
+    assert len({c[0].claim_data["hash_value"] for c in claims}) == 1
     assert [p.name for p in (tmp_path / "p").iterdir()] == [claims[0][0].claim_data["hash_value"]]
     [back] = await driver.retrieve(StorageDriverRetrieveContext(), claims[0])
     assert back == same

@@ -10,6 +10,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.hook_activity import Hook
+from activities.model_activity import ModelInputHandoffInterceptor
 from activities.settings import Settings
 from worker.plugin import FunctionTools, TurnkeepPlugin
 
@@ -21,12 +22,22 @@ def build_worker(
     function_tools: FunctionTools | None = None,
     hooks: Mapping[str, Hook] | None = None,
     task_queue: str | None = None,
+    model_input_handoff: bool = True,
     **worker_options: Any,
 ) -> Worker:
+    """``model_input_handoff=False`` makes every model call read its input by query, as one
+    running on another worker does (benchmarks compare the two)."""
     # A turn's next step (and the query a model call reads its input by) waits on the worker
     # that last ran it for this long before any worker may take it: after a crash, that is dead
     # time. Temporal's default is 10 s.
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))
+    # A model call that runs on this worker takes its input from the workflow in memory
+    # instead of by query (activities/model_activity.py): a round trip less per iteration.
+    if model_input_handoff:
+        worker_options["interceptors"] = [
+            *worker_options.get("interceptors", ()),
+            ModelInputHandoffInterceptor(),
+        ]
     return Worker(
         client,
         task_queue=task_queue or settings.task_queue,

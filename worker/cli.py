@@ -13,19 +13,38 @@ import asyncio
 import contextlib
 import signal
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
+from rich.markup import escape
 from temporalio.client import Client
 
-from activities.payload_storage import PayloadStorageConfigError
-from activities.settings import Settings
+from activities.payload_storage import (
+    PayloadStorageConfigError,
+    PayloadStorageError,
+    SweepReport,
+    collect,
+    describe_duration,
+    payload_directory,
+)
+from activities.settings import Origin, Retention, Settings
 from worker.build import build_worker
 from worker.client import TurnCancelledError, TurnHandle, get_turn, start_turn
-from worker.config import ConfigError, load_settings
+from worker.codec import EncryptionError
+from worker.codec_server import (
+    CodecServer,
+    CodecServerError,
+    background_codec_server_url,
+    ensure_background_codec_server,
+    stop_background_codec_server,
+)
+from worker.config import ConfigError, find_config, load_settings
 from worker.connection import address_configured, connect
+from worker.embedded import HOST as EMBEDDED_HOST
 from worker.embedded import (
     EmbeddedServer,
     EmbeddedServerError,
@@ -35,6 +54,8 @@ from worker.embedded import (
     stop_background_server,
 )
 from worker.render import TurnRenderer
+from worker.search_attributes import WANTED, Registration, SetupError, register, type_name
+from worker.turn_history import TurnHistoryError, TurnView, read_turn
 from workflows.turn_io import TurnInput, TurnResult
 
 app = typer.Typer(
@@ -56,21 +77,60 @@ ConfigPath = Annotated[
 def main() -> None:
     try:
         app()
-    except (ConfigError, EmbeddedServerError, PayloadStorageConfigError) as err:
+    # PayloadStorageError: a turn's stored payload is missing (swept, or another directory).
+    except (
+        ConfigError,
+        EmbeddedServerError,
+        PayloadStorageConfigError,
+        PayloadStorageError,
+        # A payload this config has no key for, or one that fails authentication.
+        EncryptionError,
+        CodecServerError,
+    ) as err:
         console.print(f"[red]error:[/] {err}")
         raise SystemExit(2) from None
 
 
 async def _connect(
-    address: str | None, namespace: str | None, settings: Settings
+    address: str | None,
+    namespace: str | None,
+    settings: Settings,
+    *,
+    config_file: Path | None = None,
 ) -> tuple[Client, ServerInfo | None]:
     """A client for the given server, or for the embedded one when none is configured. The
-    settings give it the workers' payload storage, so it can read what they offload."""
+    settings give it the workers' payload storage and encryption keys, so it can read what they
+    write. With encryption on, the embedded server's Web UI decodes through a codec server,
+    which is started from ``config_file`` (the file the settings came from) when it is given."""
     if address is None and not address_configured():
-        info = await ensure_background_server()
+        info = await ensure_background_server(codec_endpoint=background_codec_server_url(settings))
         console.print(f"[dim]embedded Temporal server at {info.address} · Web UI {info.ui_url}[/]")
+        await _background_codec_server(settings, config_file, info)
         return await connect(info.address, info.namespace, settings=settings), info
     return await connect(address, namespace, settings=settings), None
+
+
+async def _background_codec_server(
+    settings: Settings, config_file: Path | None, info: ServerInfo
+) -> None:
+    if settings.encryption is None:
+        return
+    wanted = background_codec_server_url(settings)
+    if wanted is None:
+        console.print(
+            "[dim]payloads are encrypted; set encryption.codec_server.token to read them in "
+            "the Web UI[/]"
+        )
+        return
+    if info.codec_endpoint != wanted:
+        console.print(
+            f"[yellow]the background server's Web UI decodes with "
+            f"{info.codec_endpoint or 'no codec server'}, not {wanted}: restart it "
+            "(turnkeep server --stop) to change that[/]"
+        )
+    if config_file is not None:
+        url = await ensure_background_codec_server(settings, config_file, ui_origin=info.ui_url)
+        console.print(f"[dim]codec server {url} · sign in at {url}/login to decrypt in the UI[/]")
 
 
 def _default_agent(settings: Settings) -> str:
@@ -105,7 +165,9 @@ def run(
     )
 
     async def go() -> None:
-        client, embedded = await _connect(address, namespace, settings)
+        client, embedded = await _connect(
+            address, namespace, settings, config_file=find_config(config)
+        )
         in_process = worker if worker is not None else embedded is not None
         runner = build_worker(client, settings) if in_process else contextlib.nullcontext()
         async with runner:
@@ -179,27 +241,28 @@ def show(
     workflow_id: str,
     address: Address = None,
     namespace: Namespace = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the TurnResult as JSON.")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the turn (TurnView) as JSON.")
+    ] = False,
     config: ConfigPath = None,
 ) -> None:
-    """Print a turn's conversation (running, completed or cancelled)."""
+    """Print a turn from its history: messages, tool calls and results, timings, usage, stop
+    reason and any repair. Running, completed, cancelled or failed; no worker needed."""
     settings = load_settings(config)
 
-    async def go() -> None:
+    async def go() -> TurnView:
         client, _ = await _connect(address, namespace, settings)
-        result = await get_turn(client, workflow_id).current()
-        if result is None:
-            console.print("the turn has not started its loop yet")
-            return
-        if json_out:
-            print(result.model_dump_json(indent=2))
-            return
-        renderer = TurnRenderer(console)
-        for message in result.messages:
-            renderer.message(message)
-        renderer.summary(result)
+        return await read_turn(client, workflow_id)
 
-    asyncio.run(go())
+    try:
+        view = asyncio.run(go())
+    except TurnHistoryError as err:
+        console.print(f"[red]error:[/] {escape(str(err))}")
+        raise typer.Exit(1) from None
+    if json_out:
+        print(view.model_dump_json(indent=2))
+        return
+    TurnRenderer(console).view(view)
 
 
 @app.command()
@@ -227,6 +290,107 @@ def cancel(
     asyncio.run(go())
 
 
+@app.command()
+def gc(
+    address: Address = None,
+    namespace: Namespace = None,
+    config: ConfigPath = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            help="Remove files unused for this long instead of payload_storage.retention "
+            "(7d, 12h, 90m, or seconds)."
+        ),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option(help="Only report what would be removed.")] = False,
+    list_files: Annotated[bool, typer.Option("--list", help="Print each file removed.")] = False,
+) -> None:
+    """Delete local payload files that nobody has stored or read for payload_storage.retention
+    and no running turn references (workers also do this on their own, at start and hourly)."""
+    settings = load_settings(config)
+    storage = settings.payload_storage
+    if storage.driver == "s3":
+        console.print(
+            "payload_storage.driver is s3: turnkeep never deletes S3 objects; expire them with "
+            "a bucket lifecycle rule (see the README)"
+        )
+        return
+    if storage.driver == "off":
+        console.print("payload_storage is off: nothing is stored, nothing to collect")
+        return
+    retention = storage.retention if older_than is None else _duration(older_than)
+    if retention is None:
+        console.print("payload_storage.retention is off: nothing removed (--older-than overrides)")
+        return
+    directory = payload_directory(settings)
+
+    async def go() -> SweepReport:
+        # The server says which turns are running: their payloads stay, however old.
+        client, _ = await _connect(address, namespace, settings)
+        return await collect(directory, retention, client, dry_run=dry_run)
+
+    report = asyncio.run(go())
+    if list_files:
+        for path in report.removed:
+            print(path)
+    console.print(
+        f"{'would remove' if dry_run else 'removed'} {len(report.removed)} file(s) "
+        f"({report.removed_bytes:,} bytes) unused for {describe_duration(retention)}; "
+        f"kept {report.kept} ({report.kept_bytes:,} bytes"
+        + (f", {report.in_use} of them old but used by running turns" if report.in_use else "")
+        + f") in {directory}"
+    )
+    for error in report.errors:
+        console.print(f"[yellow]could not remove[/] {error}")
+    if report.errors:
+        raise typer.Exit(1)
+
+
+def _duration(text: str) -> timedelta:
+    try:
+        value = TypeAdapter(Retention).validate_python(text)
+    except ValidationError as err:
+        raise typer.BadParameter(
+            f"{text!r} is not a duration (7d, 12h, 90m, or seconds): "
+            + "; ".join(e["msg"] for e in err.errors()),
+            param_hint="--older-than",
+        ) from None
+    if value is None:
+        raise typer.BadParameter("give a duration, not off", param_hint="--older-than")
+    return value
+
+
+@app.command()
+def setup(address: Address = None, namespace: Namespace = None, config: ConfigPath = None) -> None:
+    """Register turnkeep's search attributes (TurnkeepAgent, TurnkeepModel, TurnkeepStatus,
+    TurnkeepStopReason, TurnkeepIterations, TurnkeepTokens) on the namespace, so turns can be
+    filtered by them. Once per namespace; running it again changes nothing."""
+    settings = load_settings(config)
+
+    async def go() -> Registration:
+        client, _ = await _connect(address, namespace, settings)
+        console.print(f"namespace [bold]{escape(client.namespace)}[/]")
+        return await register(client)
+
+    try:
+        found = asyncio.run(go())
+    except SetupError as err:
+        console.print(f"[red]error:[/] {escape(str(err))}")
+        raise typer.Exit(1) from None
+    for name in found.present:
+        verb = "added" if name in found.added else "already registered"
+        console.print(f"{verb}: {name} ({type_name(WANTED[name])})")
+    for name, kind in found.conflicting.items():
+        console.print(
+            f"[red]conflict:[/] {name} is registered as {kind} but turnkeep needs "
+            f"{type_name(WANTED[name])}, so turns will not set it. Temporal cannot change the "
+            f"type: remove it (`temporal operator search-attribute remove --name {name}`) and "
+            "run `turnkeep setup` again."
+        )
+    if found.conflicting:
+        raise typer.Exit(1)
+
+
 @app.command("worker")
 def run_worker(
     address: Address = None, namespace: Namespace = None, config: ConfigPath = None
@@ -252,22 +416,88 @@ def server(
     ui_port: Annotated[int, typer.Option(help="Web UI port.")] = 8233,
     db: Annotated[Path | None, typer.Option(help="SQLite file (default: state dir).")] = None,
     stop: Annotated[bool, typer.Option(help="Stop the background server `run` started.")] = False,
+    config: ConfigPath = None,
 ) -> None:
-    """Run the embedded Temporal dev server (with Web UI) in the foreground."""
+    """Run the embedded Temporal dev server (with Web UI) in the foreground. With encryption
+    in the config, a codec server runs beside it and the Web UI decrypts through it."""
     if stop:
         stopped = stop_background_server()
+        stop_background_codec_server()
         console.print("stopped" if stopped else "no background server was running")
         return
+    settings = load_settings(config)
 
     async def go() -> None:
-        embedded = EmbeddedServer(
-            db_file=db or state_dir() / "temporal.db", port=port, ui_port=ui_port
-        )
-        async with embedded as info:
+        async with contextlib.AsyncExitStack() as stack:
+            codec_url = None
+            if settings.encryption is not None and settings.encryption.codec_server.token:
+                ui_origin = f"http://{EMBEDDED_HOST}:{ui_port}"
+                codec = CodecServer(settings.encryption, origins=[ui_origin])
+                codec_url = await stack.enter_async_context(codec)
+            embedded = EmbeddedServer(
+                db_file=db or state_dir() / "temporal.db",
+                port=port,
+                ui_port=ui_port,
+                codec_endpoint=codec_url,
+            )
+            info = await stack.enter_async_context(embedded)
             console.print(f"Temporal at [bold]{info.address}[/] · Web UI {info.ui_url}")
+            if codec_url:
+                console.print(
+                    f"codec server at [bold]{codec_url}[/] · sign in at {codec_url}/login, "
+                    "then turn on the UI's cross-origin credentials (see the README)"
+                )
+            elif settings.encryption is not None:
+                console.print(
+                    "payloads are encrypted; set encryption.codec_server.token to read them in "
+                    "the Web UI"
+                )
             await _until_signalled()
 
     asyncio.run(go())
+
+
+@app.command("codec-server")
+def codec_server(
+    config: ConfigPath = None,
+    host: Annotated[
+        str | None, typer.Option(help="Listen address (default: encryption.codec_server.host).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port (default: encryption.codec_server.port).")
+    ] = None,
+    origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A Web UI origin (scheme://host:port) whose pages may call it; repeatable, "
+            "added to encryption.codec_server.origins."
+        ),
+    ] = None,
+) -> None:
+    """Serve Temporal's remote codec protocol, so the Web UI and `temporal workflow show
+    --codec-endpoint URL --codec-auth "Bearer TOKEN"` show encrypted payloads decrypted.
+    Every request needs encryption.codec_server.token; browsers sign in at URL/login."""
+    settings = load_settings(config)
+    if settings.encryption is None:
+        raise ConfigError("there is no `encryption` in the config, so there is nothing to decode")
+    encryption = settings.encryption
+    origins = [_origin_option(value) for value in origin or []]
+
+    async def go() -> None:
+        async with CodecServer(encryption, host=host, port=port, origins=origins) as server:
+            console.print(f"codec server at [bold]{server}[/] · browsers sign in at {server}/login")
+            await _until_signalled()
+
+    asyncio.run(go())
+
+
+def _origin_option(value: str) -> str:
+    try:
+        return TypeAdapter(Origin).validate_python(value)
+    except ValidationError as err:
+        raise typer.BadParameter(
+            "; ".join(e["msg"] for e in err.errors()), param_hint="--origin"
+        ) from None
 
 
 async def _until_signalled() -> None:

@@ -23,6 +23,7 @@ from temporalio.client import (
 from temporalio.exceptions import CancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
+from worker.turn_history import read_turn
 from workflows.messages import Message
 from workflows.turn_io import TurnInput, TurnResult
 from workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
@@ -65,8 +66,11 @@ async def start_turn(
 
 
 def get_turn(client: Client, workflow_id: str, run_id: str | None = None) -> TurnHandle:
+    """A turn by workflow id. A long turn continues as new (several runs, one workflow id), so
+    updates, queries and cancel go to whichever run is current; ``run_id`` only says where
+    ``result()`` starts following the chain of runs."""
     return TurnHandle(
-        client.get_workflow_handle(workflow_id, run_id=run_id, result_type=TurnResult)
+        WorkflowHandle(client, workflow_id, result_run_id=run_id, result_type=TurnResult)
     )
 
 
@@ -100,8 +104,12 @@ class TurnHandle:
             if progress is None:  # the run has closed: read what it ended with
                 closed = await self._closed()
                 new = closed.messages[index:] if closed else []
+            elif progress.count > index:
+                new = await self._transcript(index)
             else:
-                new = await self.handle.query(TurnWorkflow.transcript, index)
+                # Nothing new: the run let its watchers go to continue as new. The next
+                # update reaches the new run, which carries the same messages.
+                new = []
             for message in new:
                 index += 1
                 if message.role == "assistant" or (include_tool_results and message.tool_results):
@@ -122,18 +130,18 @@ class TurnHandle:
     async def current(self) -> TurnResult | None:
         """The turn as it stands, on a running or a closed (including cancelled) workflow.
 
-        A completed turn is read from its result; otherwise this is a query, which a worker
-        for the turn's task queue answers (by replaying history if the run has closed)."""
-        status = (await self.handle.describe()).status
-        if status == WorkflowExecutionStatus.COMPLETED:
-            return await self.handle.result()
+        A running turn is asked by query, which a worker for its task queue answers; a closed
+        one is read without any worker (see ``_closed``)."""
+        if not await self._running():
+            return await self._closed()
         attempt = 1
         while True:
             try:
                 return await self.handle.query(TurnWorkflow.turn)
             except RPCError as err:
-                # A closed run is answered by a worker replaying its history, which a busy
-                # worker may not finish before the server gives up on it: ask again.
+                if not await self._running():
+                    return await self._closed()  # it closed meanwhile
+                # A busy worker may not answer before the server gives up on the query.
                 if err.status not in _RETRYABLE_QUERY or attempt >= _QUERY_ATTEMPTS:
                     raise
                 attempt += 1
@@ -141,11 +149,34 @@ class TurnHandle:
     async def cancel(self) -> None:
         await self.handle.cancel()
 
+    async def _transcript(self, start: int) -> list[Message]:
+        """``TurnResult.messages[start:]`` from the current run (every run of the turn holds
+        them all, so which one answers does not matter)."""
+        attempt = 1
+        while True:
+            try:
+                return await self.handle.query(TurnWorkflow.transcript, start)
+            except RPCError as err:
+                # A run that has just continued as new answers once a worker has run its
+                # first task; a busy worker may not get there before the server gives up.
+                if err.status not in _RETRYABLE_QUERY or attempt >= _QUERY_ATTEMPTS:
+                    raise
+                attempt += 1
+
     async def _running(self) -> bool:
         return (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING
 
     async def _closed(self) -> TurnResult | None:
+        """What a closed turn ended with: its result if it completed, else the turn as its
+        history has it (a cancelled turn's repaired conversation; as far as a failed one got),
+        replayed here (``worker.turn_history``), so no worker has to be running."""
         try:
-            return await self.result()
-        except TurnCancelledError as cancelled:
-            return cancelled.result
+            return await self.handle.result()
+        except WorkflowFailureError:
+            pass
+        # Any run the handle knows of pins the turn (should its workflow id be reused);
+        # read_turn follows the chain from it to the run the turn ended in. None: the latest.
+        # (The SDK's handle keeps its client private.)
+        h = self.handle
+        run_id = h.result_run_id or h.run_id or h.first_execution_run_id
+        return (await read_turn(self.handle._client, self.workflow_id, run_id)).result

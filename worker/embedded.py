@@ -33,6 +33,8 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 
 from activities.payload_storage import state_home
+from worker.search_attributes import SetupError, register
+from workflows.visibility import search_attribute_types
 
 HOST = "127.0.0.1"
 START_TIMEOUT = 60.0
@@ -93,8 +95,10 @@ def build_argv(
     namespace: str = "default",
     fast: bool = True,
     search_attributes: Mapping[str, str] | None = None,
+    codec_endpoint: str | None = None,
 ) -> list[str]:
-    """The `temporal server start-dev` command line; `ui_port=None` means headless."""
+    """The `temporal server start-dev` command line; `ui_port=None` means headless.
+    `codec_endpoint`: the remote codec server the Web UI decodes payloads with."""
     argv = [str(binary), "server", "start-dev", "--ip", HOST, "--port", str(port)]
     argv += ["--log-level", "warn"]
     if ui_port is None:
@@ -102,6 +106,8 @@ def build_argv(
     else:
         # The news feed is the UI's only call to the internet.
         argv += ["--ui-port", str(ui_port), "--ui-disable-news-fetch"]
+        if codec_endpoint:
+            argv += ["--ui-codec-endpoint", codec_endpoint]
     if db_file is not None:
         argv += ["--db-filename", str(db_file)]
     if namespace != "default":  # "default" is always created
@@ -125,6 +131,8 @@ class ServerInfo:
     ui_url: str | None
     pid: int
     namespace: str = "default"
+    # The codec server its Web UI decodes payloads with (turnkeep's encryption), if any.
+    codec_endpoint: str | None = None
 
     def workflow_url(self, workflow_id: str, run_id: str | None = None) -> str | None:
         """Web UI link to a workflow; without a run id the UI opens the latest run."""
@@ -153,12 +161,20 @@ class EmbeddedServer:
         namespace: str = "default",
         fast: bool = True,
         search_attributes: Mapping[str, str] | None = None,
+        turnkeep_search_attributes: bool = True,
         log_file: Path | None = None,
+        codec_endpoint: str | None = None,
     ) -> None:
+        """``search_attributes`` (name → type, e.g. ``Keyword``) are registered at start, with
+        turnkeep's own unless ``turnkeep_search_attributes`` is false (a server without them,
+        as an existing cluster may be before ``turnkeep setup``)."""
         self.db_file = db_file
         self.namespace = namespace
         self.fast = fast
-        self.search_attributes = dict(search_attributes or {})
+        # The Web UI's remote codec server (worker.codec_server), for encrypted payloads.
+        self.codec_endpoint = codec_endpoint
+        own = search_attribute_types() if turnkeep_search_attributes else {}
+        self.search_attributes = {**own, **(search_attributes or {})}
         # Ports are fixed on first start so a restart after kill() keeps the same address.
         self._port = port
         self._ui_port = ui_port
@@ -186,6 +202,7 @@ class EmbeddedServer:
             namespace=self.namespace,
             fast=self.fast,
             search_attributes=self.search_attributes,
+            codec_endpoint=self.codec_endpoint,
         )
 
     # The timeout is a budget for the whole start-up, and on expiry the process is killed and the
@@ -212,7 +229,8 @@ class EmbeddedServer:
             self.kill()
             raise
         ui_url = f"http://{HOST}:{self._ui_port}" if self._ui else None
-        self.info = ServerInfo(address, ui_url, self._proc.pid, self.namespace)
+        codec = self.codec_endpoint if self._ui else None
+        self.info = ServerInfo(address, ui_url, self._proc.pid, self.namespace, codec)
         return self.info
 
     async def stop(self) -> None:
@@ -392,14 +410,18 @@ def _info_from_record(record: Mapping[str, Any]) -> ServerInfo:
         ui_url=record.get("ui_url"),
         pid=record["pid"],
         namespace=record.get("namespace", "default"),
+        codec_endpoint=record.get("codec_endpoint"),
     )
 
 
-async def ensure_background_server(*, port: int = 7233, ui_port: int = 8233) -> ServerInfo:
+async def ensure_background_server(
+    *, port: int = 7233, ui_port: int = 8233, codec_endpoint: str | None = None
+) -> ServerInfo:
     """Reuse turnkeep's background server if it is running, else start one that outlives us.
 
-    A live recorded server is reused even if it listens on other ports than asked for: there is
-    only one database, and two servers must not share it.
+    A live recorded server is reused even if it listens on other ports than asked for, or its
+    Web UI has another ``codec_endpoint`` (the returned info says which): there is only one
+    database, and two servers must not share it.
     """
     lock = await asyncio.to_thread(_acquire_state_lock)
     try:
@@ -413,6 +435,9 @@ async def ensure_background_server(*, port: int = 7233, ui_port: int = 8233) -> 
                 log_file=Path(record.get("log_file", state_dir() / "server.log")),
                 within=15.0,
             )
+            # Started by an older turnkeep, it may lack search attributes added since.
+            with contextlib.suppress(SetupError):
+                await register(await Client.connect(info.address, namespace=info.namespace))
             return info
         _record_path().unlink(missing_ok=True)
 
@@ -424,7 +449,7 @@ async def ensure_background_server(*, port: int = 7233, ui_port: int = 8233) -> 
                     f"to use, pass --address {HOST}:{port} or set TEMPORAL_ADDRESS; otherwise "
                     f"stop it or choose other ports."
                 )
-        return await _start_background(port, ui_port)
+        return await _start_background(port, ui_port, codec_endpoint)
     finally:
         _release_state_lock(lock)
 
@@ -442,13 +467,22 @@ def _release_state_lock(f: IO[str]) -> None:
     f.close()
 
 
-async def _start_background(port: int, ui_port: int) -> ServerInfo:
+async def _start_background(port: int, ui_port: int, codec_endpoint: str | None) -> ServerInfo:
     directory = state_dir()
     db_file, log_file = directory / "temporal.db", directory / "server.log"
     log_file.write_bytes(b"")  # one log per server; the old one only explains an old failure
-    argv = build_argv(find_temporal_binary(), port=port, ui_port=ui_port, db_file=db_file)
+    argv = build_argv(
+        find_temporal_binary(),
+        port=port,
+        ui_port=ui_port,
+        db_file=db_file,
+        search_attributes=search_attribute_types(),
+        codec_endpoint=codec_endpoint,
+    )
     pid = _spawn_detached(argv, log_file)
-    info = ServerInfo(f"{HOST}:{port}", f"http://{HOST}:{ui_port}", pid)
+    info = ServerInfo(
+        f"{HOST}:{port}", f"http://{HOST}:{ui_port}", pid, codec_endpoint=codec_endpoint
+    )
     record = {**asdict(info), "db_file": str(db_file), "log_file": str(log_file), "argv": argv}
     # Written before the wait so `turnkeep server stop` can find a server that never got ready.
     _record_path().write_text(json.dumps(record, indent=2) + "\n")

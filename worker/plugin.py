@@ -6,27 +6,37 @@ Every payload is a pydantic model as JSON (the pydantic data converter), and pay
 activities built from the worker's settings, and closes pooled MCP connections when the worker
 stops.
 
+With ``encryption`` in the settings, every payload also goes through ``worker.codec``'s
+``EncryptionCodec`` (AES-256-GCM); the SDK encodes before it stores, so stored payloads are
+encrypted too.
+
 A Temporal worker encodes payloads with its *client's* data converter, so a worker must be built
-from a client connected with the same payload storage as its settings
+from a client connected with the same payload storage and encryption as its settings
 (``worker.connection.connect(settings=...)``); ``TurnkeepPlugin`` checks this at start-up.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payloads
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter, ExternalStorage
+from temporalio.converter import (
+    DataConverter,
+    DefaultFailureConverterWithEncodedAttributes,
+    ExternalStorage,
+    PayloadCodec,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import (
     ExecuteWorkflowInput,
     Interceptor,
+    Worker,
     WorkerConfig,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
@@ -37,10 +47,19 @@ from activities.errors import known
 from activities.hook_activity import Hook, HookActivities
 from activities.mcp_pool import McpPool, import_callable
 from activities.model_activity import ModelActivities
-from activities.payload_storage import describe_storage, external_storage, same_storage
+from activities.note import note
+from activities.payload_storage import (
+    describe_storage,
+    external_storage,
+    payload_sweeper,
+    same_storage,
+)
 from activities.settings import Settings
-from activities.tool_activities import ToolActivities
+from activities.tool_activities import ToolActivities, tool_result_limit
 from activities.turn_setup import TurnSetupActivities
+from worker.codec import NO_ENCRYPTION, describe_codec, payload_codec, same_codec
+from worker.search_attributes import usable_search_attributes
+from workflows.activity_io import VisibilityPlan
 from workflows.turn_workflow import TurnWorkflow
 
 # Deterministic, side-effect-free modules the sandbox may share across workflow runs instead
@@ -54,6 +73,7 @@ _PASSTHROUGH = (
     "workflows.activity_io",
     "workflows.repair",
     "workflows.loop",
+    "workflows.visibility",
 )
 
 WORKFLOW_RUNNER = SandboxedWorkflowRunner(
@@ -71,28 +91,45 @@ _ENVELOPE_BYTES = 64 * 1024
 RESULT_TOO_LARGE = "TurnResultTooLarge"
 
 
-def data_converter(storage: ExternalStorage | None) -> DataConverter:
-    """turnkeep's data converter: pydantic JSON payloads, large ones in ``storage``.
+def data_converter(
+    storage: ExternalStorage | None, codec: PayloadCodec | None = None
+) -> DataConverter:
+    """turnkeep's data converter: pydantic JSON payloads, large ones in ``storage``, all of them
+    through ``codec`` (encryption) when there is one. The one place it is made.
 
-    The one place it is made; a payload codec (encryption) belongs here too."""
-    if storage is None:
-        return pydantic_data_converter
-    return dataclasses.replace(pydantic_data_converter, external_storage=storage)
+    The SDK runs the codec before external storage, so what is stored is encoded too. With a
+    codec, failures' messages and stack traces go into an encoded payload as well (Temporal's
+    encoded failure attributes): an error can quote a prompt or a tool's output."""
+    if codec is None:
+        # NO_ENCRYPTION rather than no codec: it passes payloads through, and names what is
+        # missing when it meets an encrypted one.
+        return dataclasses.replace(
+            pydantic_data_converter, external_storage=storage, payload_codec=NO_ENCRYPTION
+        )
+    return dataclasses.replace(
+        pydantic_data_converter,
+        external_storage=storage,
+        payload_codec=codec,
+        failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
+    )
 
 
 class TurnkeepClientPlugin(SimplePlugin):
     """For clients that start and watch turns: the data converter, nothing else.
 
     Payload storage comes from ``storage`` if given, else from ``settings.payload_storage``
-    (default settings when none are given: the ``local`` driver under the state directory).
-    A client needs the storage its workers use, to read large results and write large inputs.
+    (default settings when none are given: the ``local`` driver under the state directory),
+    and encryption from ``settings.encryption``. A client needs the storage and keys its
+    workers use, to read large results and write large inputs.
     """
 
     def __init__(
         self, settings: Settings | None = None, *, storage: ExternalStorage | None = None
     ) -> None:
-        self.storage = storage if storage is not None else external_storage(settings or Settings())
-        super().__init__("turnkeep-client", data_converter=data_converter(self.storage))
+        settings = settings or Settings()
+        self.storage = storage if storage is not None else external_storage(settings)
+        self.codec = payload_codec(settings)
+        super().__init__("turnkeep-client", data_converter=data_converter(self.storage, self.codec))
 
 
 class TurnkeepPlugin(SimplePlugin):
@@ -108,22 +145,26 @@ class TurnkeepPlugin(SimplePlugin):
     ) -> None:
         # `storage`, when given, replaces what `settings.payload_storage` describes.
         self.storage = storage if storage is not None else external_storage(settings)
+        self.codec = payload_codec(settings)
         _check_tool_result_limit(settings, self.storage)
+        self._payload_retention = settings.payload_storage.retention
         pool = McpPool(settings, function_tools)
         all_hooks: dict[str, Hook] = {
             name: import_callable(path, settings.base_dir) for name, path in settings.hooks.items()
         }
         all_hooks.update(hooks or {})
         _check_names(settings, set(pool.servers), set(all_hooks))
-        tools = ToolActivities(settings, pool)
+        tools = ToolActivities(settings, pool, storage_on=self.storage is not None)
         models = ModelActivities(settings)
+        self._setup = TurnSetupActivities(settings)
         activities: list[Callable[..., Any]] = [
-            TurnSetupActivities(settings).prepare_turn,
+            self._setup.prepare_turn,
             models.llm_step,
             models.compact_history,
             tools.list_tools,
             tools.call_tool,
             HookActivities(all_hooks).run_hook,
+            note,
         ]
 
         @asynccontextmanager
@@ -136,7 +177,7 @@ class TurnkeepPlugin(SimplePlugin):
 
         super().__init__(
             "turnkeep",
-            data_converter=data_converter(self.storage),
+            data_converter=data_converter(self.storage, self.codec),
             workflows=[TurnWorkflow],
             activities=activities,
             workflow_runner=WORKFLOW_RUNNER,
@@ -149,7 +190,20 @@ class TurnkeepPlugin(SimplePlugin):
         client = config.get("client")
         if client is not None:
             _check_client_storage(client.data_converter.external_storage, self.storage)
+            _check_client_codec(client.data_converter.payload_codec, self.codec)
         return super().configure_worker(config)
+
+    async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
+        # Before it polls: which search attributes its turns may set (warns once if some are
+        # missing). prepare_turn records this in each turn's plan.
+        self._setup.visibility = VisibilityPlan(
+            search_attributes=await usable_search_attributes(worker.client), outcome_notes=True
+        )
+        # While a worker runs it sweeps old files from local payload storage, at start and
+        # then periodically. A worker's job (not a replayer's or a client's): it has the
+        # settings, and several workers sweeping one directory is safe.
+        async with payload_sweeper(self.storage, self._payload_retention, worker.client):
+            await super().run_worker(worker, next)
 
 
 def _check_client_storage(client: ExternalStorage | None, worker: ExternalStorage | None) -> None:
@@ -163,14 +217,30 @@ def _check_client_storage(client: ExternalStorage | None, worker: ExternalStorag
         )
 
 
-def _check_tool_result_limit(settings: Settings, storage: ExternalStorage | None) -> None:
-    """Without external storage a tool result must fit in one payload with room to spare."""
-    ceiling = PAYLOAD_LIMIT_BYTES - _ENVELOPE_BYTES
-    if storage is None and settings.max_tool_result_bytes > ceiling:
+def _check_client_codec(client: PayloadCodec | None, worker: PayloadCodec | None) -> None:
+    # A worker whose client lacks the codec would write every payload in clear.
+    if not same_codec(client, worker):
         raise ValueError(
-            f"max_tool_result_bytes is {settings.max_tool_result_bytes:,} but payload_storage is "
-            f"off, so a tool result may not pass {ceiling:,} bytes (Temporal's 2 MB payload "
-            "limit less room for its envelope): lower it, or turn payload_storage on"
+            "the worker's client and its settings disagree on payload encryption: the client has "
+            f"{describe_codec(client)}, encryption in the settings gives "
+            f"{describe_codec(worker)}. Connect the client with the same settings "
+            "(worker.connection.connect(..., settings=settings)): the worker writes payloads "
+            "with its client's converter."
+        )
+
+
+def _check_tool_result_limit(settings: Settings, storage: ExternalStorage | None) -> None:
+    """Without external storage a tool result must fit in one payload with room to spare.
+    (With it, results are not cut unless max_tool_result_bytes asks: they are stored whole.)"""
+    if storage is not None:
+        return
+    ceiling = PAYLOAD_LIMIT_BYTES - _ENVELOPE_BYTES
+    limit = tool_result_limit(settings, storage_on=False)
+    if limit is not None and limit > ceiling:
+        raise ValueError(
+            f"max_tool_result_bytes is {limit:,} but payload_storage is off, so a tool result "
+            f"may not pass {ceiling:,} bytes (Temporal's 2 MB payload limit less room for its "
+            "envelope): lower it, or turn payload_storage on"
         )
 
 
@@ -227,12 +297,14 @@ def replay_plugin(
     settings: Settings | None = None, *, storage: ExternalStorage | None = None
 ) -> SimplePlugin:
     """What a ``Replayer`` needs to replay turn histories: the workflow, runner, converter
-    (with the workers' payload storage, to read offloaded payloads) and interceptors."""
+    (with the workers' payload storage and encryption keys, to read offloaded and encrypted
+    payloads) and interceptors."""
+    settings = settings or Settings()
     if storage is None:
-        storage = external_storage(settings or Settings())
+        storage = external_storage(settings)
     return SimplePlugin(
         "turnkeep-replay",
-        data_converter=data_converter(storage),
+        data_converter=data_converter(storage, payload_codec(settings)),
         workflows=[TurnWorkflow],
         workflow_runner=WORKFLOW_RUNNER,
         interceptors=_interceptors(storage),

@@ -14,6 +14,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 
+from workflows import visibility
 from workflows.activity_io import (
     CALL_TOOL,
     COMPACT_HISTORY,
@@ -86,14 +87,19 @@ def failure_text(err: ActivityError) -> str:
 
 async def prepare_turn(turn: TurnInput) -> TurnPlan:
     request = PrepareTurnRequest(agent=turn.agent, overrides=turn.overrides())
-    return await _execute(PREPARE_TURN, request, TurnPlan, f"prepare agent {turn.agent}", _SETUP)
+    summary = visibility.prepare_summary(turn.agent)
+    return await _execute(PREPARE_TURN, request, TurnPlan, summary, _SETUP)
 
 
 async def list_tools(plan: TurnPlan) -> list[ToolSpec]:
     if not plan.has_tools:
         return []
     catalog = await _execute(
-        LIST_TOOLS, ToolsRequest(agent=plan.agent), ToolCatalog, "list tools", _SETUP
+        LIST_TOOLS,
+        ToolsRequest(agent=plan.agent),
+        ToolCatalog,
+        visibility.LIST_TOOLS_SUMMARY,
+        _SETUP,
     )
     return catalog.tools
 
@@ -111,7 +117,7 @@ async def call_model(request: LlmRequest, plan: TurnPlan) -> Message:
         digest=digest(request),
     )
     try:
-        summary = f"llm #{request.call_index} · {request.model}"
+        summary = visibility.llm_summary(request.call_index, request.model)
         return await _execute(LLM_STEP, step, Message, summary, plan.llm)
     except ActivityError as err:
         text = failure_text(err)
@@ -135,7 +141,7 @@ async def run_tools(
     async def run_one(call: ToolCallRequest) -> None:
         started = workflow.time()
         try:
-            summary = f"tool {call.name} · {call.call_id}"
+            summary = visibility.tool_summary(call)
             outcome = await _execute(CALL_TOOL, call, ToolCallOutcome, summary, plan.tools)
             completed[call.call_id] = outcome.result
             timing[call.call_id] = outcome.duration_ms
@@ -169,12 +175,29 @@ async def run_tools(
 async def run_hook(hook: str, context: HookContext) -> HookChange:
     """Raises ``ActivityError`` if the hook fails; what that means depends on the hook point."""
     request = HookRequest(hook=hook, context=context)
-    summary = f"hook {context.hook_point} · {hook}"
+    summary = visibility.hook_summary(context.hook_point, hook)
     return await _execute(RUN_HOOK, request, HookChange, summary, _HOOK)
 
 
 async def compact_history(messages: list[Message], plan: TurnPlan) -> str:
     """A summary of ``messages`` by the agent's model; raises ``ActivityError`` on failure."""
     request = CompactRequest(agent=plan.agent, model=plan.model, messages=messages)
-    summary = await _execute(COMPACT_HISTORY, request, Message, "compact history", plan.llm)
+    summary = await _execute(
+        COMPACT_HISTORY, request, Message, visibility.COMPACT_SUMMARY, plan.llm
+    )
     return summary.text
+
+
+async def note(summary: str) -> None:
+    """Record ``summary`` in the history as a no-op local activity's marker: the way to show
+    something learnt after an activity was scheduled, such as a model call's outcome, in the
+    Web UI's Event History. It adds no round trip to the server; failing, it only logs."""
+    try:
+        await workflow.execute_local_activity(
+            visibility.NOTE_ACTIVITY,
+            summary=visibility.clip(summary),
+            start_to_close_timeout=timedelta(seconds=10),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+        )
+    except ActivityError as err:
+        workflow.logger.warning("could not record %r in the history: %s", summary, err)

@@ -53,6 +53,43 @@ class CompactionPlan(BaseModel):
     keep_exchanges: int  # assistant exchanges kept verbatim besides the pending one
 
 
+# Temporal's default limit on one payload (the server's blob size error limit).
+TEMPORAL_PAYLOAD_LIMIT_BYTES = 2 * 1024 * 1024
+# Well below Temporal's hard limits on one run's history (50 MB, 51,200 events) and under the
+# levels at which it starts warning (10 MB, 10,240 events).
+DEFAULT_CONTINUE_AS_NEW_BYTES = 8 * 1024 * 1024
+DEFAULT_CONTINUE_AS_NEW_EVENTS = 8_000
+
+
+class ContinueAsNewPlan(BaseModel):
+    """When a run of the turn hands over to a fresh one (continue-as-new), between two steps."""
+
+    # Continue once this run's history reaches either size; None leaves that measure out.
+    history_bytes: int | None = DEFAULT_CONTINUE_AS_NEW_BYTES
+    history_events: int | None = DEFAULT_CONTINUE_AS_NEW_EVENTS
+    # Also when the Temporal server suggests it (its own limits, in its dynamic config).
+    when_suggested: bool = True
+    # Set when payload storage is off: the new run's input (the turn and the state carried
+    # over) is then recorded inline, and one over Temporal's payload limit would fail every
+    # attempt to continue; such a turn goes on in the same run instead. None: large payloads
+    # go to external storage, so any size can be carried.
+    max_carried_bytes: int | None = None
+
+
+class VisibilityPlan(BaseModel):
+    """What the turn publishes for operators beyond activity summaries (workflows/visibility.py).
+
+    Decided by the worker that prepared the turn and recorded with the plan, so the commands
+    it implies replay identically. The defaults, which plans recorded before this existed
+    get, publish nothing: such histories replay without the new commands."""
+
+    # Turnkeep search attributes the namespace has registered (checked at worker start); only
+    # these are upserted, as upserting an unknown one would fail the workflow task.
+    search_attributes: list[str] = Field(default_factory=list)
+    # Record each model call's outcome (`llm #3 · sonnet → toolUse(2)`) as a marker.
+    outcome_notes: bool = False
+
+
 class TurnPlan(BaseModel):
     """The agent's settings with the turn's allowed overrides applied, resolved once on a worker
     and recorded in history, so the workflow itself never reads configuration."""
@@ -72,6 +109,9 @@ class TurnPlan(BaseModel):
     # Hook names per point, in the order they run; empty means no hook activity at all.
     hooks: dict[HookPoint, list[str]] = Field(default_factory=dict)
     compaction: CompactionPlan | None = None
+    # Plans recorded before this field existed get the defaults.
+    continue_as_new: ContinueAsNewPlan = Field(default_factory=ContinueAsNewPlan)
+    visibility: VisibilityPlan = Field(default_factory=VisibilityPlan)
 
 
 class ToolSpec(BaseModel):

@@ -65,6 +65,9 @@ class TurnState(BaseModel):
     summary: Message | None = None
     compacted_upto: int = 0
     compaction_failed: bool = False
+    # Only in the state a run hands to its continuation (continue-as-new): it was cut after the
+    # model asked for tools and before they ran, so the next run starts by running them.
+    cut_before_tools: bool = False
 
     # -- starting -------------------------------------------------------------------------
 
@@ -79,6 +82,18 @@ class TurnState(BaseModel):
                 state.rollback = rollback
         state.messages.extend(turn.messages)
         return state
+
+    # -- continuing as new ----------------------------------------------------------------
+
+    def carry(self, *, before_tools: bool) -> TurnState:
+        """The state a run hands to the next one when it continues as new. ``history`` is left
+        out: the next run gets the same ``TurnInput``, so it is not recorded twice."""
+        return self.model_copy(update={"history": [], "cut_before_tools": before_tools})
+
+    @classmethod
+    def resume(cls, turn: TurnInput, carried: TurnState) -> TurnState:
+        """The state a continued run starts from: what its predecessor carried over."""
+        return carried.model_copy(update={"history": list(turn.history), "cut_before_tools": False})
 
     # -- asking the model -----------------------------------------------------------------
 

@@ -8,14 +8,17 @@ and carries on without repeating what already completed.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from pydantic import ValidationError
 from temporalio import workflow
+from temporalio.api.common.v1 import Payloads
 from temporalio.exceptions import ActivityError
 
-from workflows import actions
+from workflows import actions, visibility
 from workflows.activity_io import (
     MODEL_INPUT_QUERY,
+    ContinueAsNewPlan,
     HookPoint,
     LlmRequest,
     ModelInputPage,
@@ -36,36 +39,67 @@ _HOOKS_THAT_MAY_FAIL = (HookPoint.AFTER_TOOL_CALL, HookPoint.AFTER_TURN_COMPLETE
 # workflow task forever (which is what an input decoding error does by default).
 @workflow.defn(name=WORKFLOW_NAME, failure_exception_types=[ValidationError])
 class TurnWorkflow:
-    def __init__(self) -> None:
-        self._state: TurnState | None = None
+    @workflow.init
+    def __init__(self, turn: TurnInput | dict[str, Any], carried: TurnState | None = None) -> None:
+        # The SDK decodes arguments by their type hints only when every parameter has an
+        # argument: a turn started with just its input (as every client does) gets plain JSON.
+        self._turn = TurnInput.model_validate(turn)
+        # A run continued from an earlier one (continue-as-new) starts from the state that
+        # run carried over, so watchers and queries see the whole turn from its first moment.
+        self._state: TurnState | None = TurnState.resume(self._turn, carried) if carried else None
         # Results of the current tool batch as they arrive, so a cancellation keeps them.
         self._completed: dict[str, CallToolResult] = {}
         # The request of the model call in flight, which `llm_step` reads by query.
         self._model_input: LlmRequest | None = None
+        # Set once this run is about to continue as new: long-polling watchers return, and
+        # ask again, which reaches the next run.
+        self._continuing = False
+        # Set when the conversation got too big to carry inline (payload storage off).
+        self._cannot_continue = False
+        # The search attribute values last upserted, so only changes are sent.
+        self._published: visibility.SearchAttributeValues = {}
 
     @workflow.run
-    async def run(self, turn: TurnInput) -> TurnResult:
-        plan = await actions.prepare_turn(turn)
-        state = self._state = TurnState.start(turn, plan)
+    async def run(
+        self, turn: TurnInput | dict[str, Any], carried: TurnState | None = None
+    ) -> TurnResult:
+        """One turn, possibly over several runs: a run whose history grows past the plan's
+        limits continues as new between two steps, handing ``carried`` to the next run, which
+        needs neither ``prepare_turn`` nor ``list_tools`` again (their answers are carried)."""
+        turn = self._turn
+        if self._state is None:
+            plan = await actions.prepare_turn(turn)
+            self._state = TurnState.start(turn, plan)
+        state = self._state
+        self._show(visibility.STARTING, publish=True)
         try:
-            state.tools = await actions.list_tools(plan)
+            if carried is None:
+                state.tools = await actions.list_tools(state.plan)
+            # Cut between the model's tool request and the tools: this run starts with them.
+            tools_next = carried is not None and carried.cut_before_tools
             while not state.done:
-                await self._maybe_compact()
-                await self._hooks(HookPoint.BEFORE_LLM_CALL)
-                if not state.done:
-                    await self._ask_model()
+                if not tools_next:
+                    await self._maybe_compact()
+                    await self._hooks(HookPoint.BEFORE_LLM_CALL)
+                    if not state.done:
+                        await self._ask_model()
+                    if state.awaiting_tools:
+                        await self._continue_as_new_if_due(turn, before_tools=True)
+                tools_next = False
                 if state.awaiting_tools:
                     await self._hooks(HookPoint.BEFORE_TOOL_CALL)
                 if state.awaiting_tools:
                     await self._run_tools()
+                if not state.done:
+                    await self._continue_as_new_if_due(turn, before_tools=False)
         except asyncio.CancelledError:
             # fast-agent's interrupted-tool repair; after_turn_complete never runs here.
             state.cancel(completed=self._completed)
-            self._show("cancelled")
+            self._show(visibility.ended(state), publish=True)
             await self._release_watchers()
             raise
         await self._hooks(HookPoint.AFTER_TURN_COMPLETE)
-        self._show("done")
+        self._show(visibility.ended(state), publish=True)
         await self._release_watchers()
         return state.result()
 
@@ -73,17 +107,44 @@ class TurnWorkflow:
         # Long-polling watchers see the end (state.done) before the run closes.
         await workflow.wait_condition(workflow.all_handlers_finished)
 
+    async def _continue_as_new_if_due(self, turn: TurnInput, *, before_tools: bool) -> None:
+        """Hand the turn to a fresh run once this one's history is big enough. Called only
+        between steps, with no activity in flight: whatever a step did is in ``state``."""
+        state = self._require_state()
+        limits = state.plan.continue_as_new
+        if self._cannot_continue or not _history_full(limits):
+            return
+        carried = state.carry(before_tools=before_tools)
+        if limits.max_carried_bytes is not None:
+            size = _payload_bytes(turn, carried)
+            if size > limits.max_carried_bytes:
+                # Messages are only appended from here: no later step could carry it either.
+                self._cannot_continue = True
+                workflow.logger.warning(
+                    "not continuing as new: the turn's state (%d bytes) is over Temporal's "
+                    "payload limit and payload storage is off; the turn goes on in this run",
+                    size,
+                )
+                return
+        self._continuing = True
+        await self._release_watchers()
+        workflow.continue_as_new(args=[turn, carried])
+
     async def _ask_model(self) -> None:
         state = self._require_state()
-        self._show(f"waiting on model `{state.plan.model}`")
-        self._model_input = state.model_request()
-        state.on_assistant(await actions.call_model(self._model_input, state.plan))
+        request = self._model_input = state.model_request()
+        self._show(visibility.waiting_on_model(request))
+        answer = await actions.call_model(request, state.plan)
+        state.on_assistant(answer)
+        if state.plan.visibility.outcome_notes:
+            await actions.note(visibility.outcome_summary(request, answer))
+        self._show(visibility.answered(answer), publish=True)
         await self._hooks(HookPoint.AFTER_LLM_CALL)
 
     async def _run_tools(self) -> None:
         state = self._require_state()
         batch = state.tool_batch()
-        self._show("running " + ", ".join(f"`{c.name}`" for c in batch.to_run))
+        self._show(visibility.waiting_on_tools(batch.to_run))
         self._completed = {}
         results, timing = await actions.run_tools(batch, state.plan, self._completed)
         state.on_tool_results(results, timing)
@@ -95,7 +156,7 @@ class TurnWorkflow:
         cut = state.compaction_cut()
         if cut is None:
             return
-        self._show("compacting history")
+        self._show(visibility.compacting(state.plan.model))
         try:
             summary = await actions.compact_history(state.conversation()[:cut], state.plan)
         except ActivityError as err:
@@ -108,6 +169,7 @@ class TurnWorkflow:
         """Run the agent's hooks for ``point`` as activities; none configured, none run."""
         state = self._require_state()
         for hook in state.plan.hooks.get(point, []):
+            self._show(visibility.waiting_on_hook(point, hook))
             try:
                 change = await actions.run_hook(hook, state.hook_context(point))
             except ActivityError as err:
@@ -125,9 +187,10 @@ class TurnWorkflow:
 
     @workflow.update
     async def wait_for_messages(self, after: int) -> TurnProgress:
-        """Long-poll: returns once the turn has more than ``after`` messages, or has ended."""
+        """Long-poll: returns once the turn has more than ``after`` messages, or has ended, or
+        this run is about to continue as new (the caller asks again and reaches the next run)."""
         await workflow.wait_condition(
-            lambda: self._progress().count > after or self._progress().done
+            lambda: self._progress().count > after or self._progress().done or self._continuing
         )
         return self._progress()
 
@@ -155,15 +218,41 @@ class TurnWorkflow:
             count=len(state.messages) if state else 0, done=bool(state and state.done)
         )
 
-    def _show(self, doing: str) -> None:
-        """Current details for the Web UI: where the turn is, in one glance."""
+    def _show(self, doing: str, *, publish: bool = False) -> None:
+        """Current details for the Web UI: where the turn is, in one glance. With ``publish``,
+        the search attributes too: only at the start, after each model answer and at the end,
+        as each upsert is an event in the history (current details are not)."""
         state = self._state
         if state is None:
             return
-        tokens_in = sum(u.input_tokens for u in state.usage.values())
-        tokens_out = sum(u.output_tokens for u in state.usage.values())
-        workflow.set_current_details(
-            f"**{state.plan.agent}** · iteration {state.iteration} · {doing}\n\n"
-            f"model calls: {state.model_calls} · tokens in/out: {tokens_in}/{tokens_out}"
-            + (f" · last stop: `{state.stop_reason}`" if state.stop_reason else "")
+        workflow.set_current_details(visibility.details(state, doing))
+        if not publish:
+            return
+        values = visibility.search_attribute_values(state)
+        allowed = state.plan.visibility.search_attributes
+        updates = visibility.search_attribute_updates(values, self._published, allowed)
+        if updates:
+            workflow.upsert_search_attributes(updates)
+            self._published = values
+
+
+def _history_full(limits: ContinueAsNewPlan) -> bool:
+    """Whether this run's history has reached a limit (values of the current workflow task,
+    the same on replay)."""
+    info = workflow.info()
+    return (
+        (limits.when_suggested and info.is_continue_as_new_suggested())
+        or (
+            limits.history_bytes is not None
+            and info.get_current_history_size() >= limits.history_bytes
         )
+        or (
+            limits.history_events is not None
+            and info.get_current_history_length() >= limits.history_events
+        )
+    )
+
+
+def _payload_bytes(*values: object) -> int:
+    """The size of ``values`` as the SDK will record them inline."""
+    return Payloads(payloads=workflow.payload_converter().to_payloads(list(values))).ByteSize()

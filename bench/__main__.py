@@ -1,0 +1,205 @@
+"""turnkeep's benchmarks in one command (not tests: they print figures and assert nothing)::
+
+    .venv/bin/python -m bench [--quick] [--only history,overhead,...]
+
+Every figure but the dev-server flags comes from one run on one freshly started embedded dev
+server, next to a floor measured in the same run (the machine may be shared and noisy: the
+ratios are the point). Progress goes to stderr; stdout gets markdown tables, ending with the
+targets of issue #7 and whether this run met them. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import platform
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+
+from bench import history, overhead, recovery, report, throughput
+from bench.environment import Environment, environment
+from bench.memory import worker_memory
+from bench.report import Table, Target
+from bench.server_flags import server_flags
+from bench.turns import Agent
+from tests.fake_provider import FakeProvider, Reply
+
+SECTIONS = ("history", "overhead", "throughput", "recovery", "memory", "flags")
+OVERHEAD_MAX = 1.2
+OVERHEAD_TARGET = f"loop overhead ≤ {OVERHEAD_MAX}× floor ({overhead.K} iterations)"
+THROUGHPUT_TARGET = f"throughput ≥ {throughput.TARGET}× floor"
+HISTORY_TARGET = (
+    f"history at K={history.TARGET_K} ≤ {history.TARGET_FACTOR}× conversation + the floor's "
+    "bytes per event"
+)
+LONG_TURN_TARGET = "a 200-iteration turn: no history-size warning"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("::")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer repeats and smaller batches (~4 min)"
+    )
+    parser.add_argument("--only", default=",".join(SECTIONS), help="sections, comma-separated")
+    parser.add_argument("--iterations", help="history: K values (default 5,20,50,100,200)")
+    parser.add_argument("--repeats", type=int, help="loop overhead: runs per variant")
+    parser.add_argument("--memory-turns", type=int, help="worker memory: turns in flight")
+    parser.add_argument("--recovery-runs", type=int, help="recovery: kills per line")
+    return parser
+
+
+@dataclass
+class Results:
+    tables: list[Table] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+# The targets each section checks, reported as not measured if it fails.
+SECTION_TARGETS = {
+    "history": [HISTORY_TARGET, LONG_TURN_TARGET],
+    "overhead": [OVERHEAD_TARGET],
+    "throughput": [THROUGHPUT_TARGET],
+}
+
+
+async def _section(name: str, results: Results, work: Awaitable[None]) -> None:
+    """Runs one section; if it fails, the others' figures are still printed."""
+    try:
+        await work
+    except Exception as err:
+        report.progress(f"{name} failed:\n{traceback.format_exc()}")
+        results.failures.append(f"{name}: {type(err).__name__}: {err}")
+        results.targets += [
+            Target(t, "section failed", None) for t in SECTION_TARGETS.get(name, [])
+        ]
+
+
+async def run(args: argparse.Namespace) -> Results:
+    only = set(args.only.split(","))
+    if unknown := only - set(SECTIONS):
+        raise SystemExit(f"unknown section(s) {sorted(unknown)}; choose from {SECTIONS}")
+    quick = args.quick
+    iterations = [int(k) for k in (args.iterations or "5,20,50,100,200").split(",")]
+    repeats = args.repeats or (2 if quick else 5)
+    memory_turns = args.memory_turns or (200 if quick else 1000)
+    recovery_runs = args.recovery_runs or (1 if quick else 2)
+    out = Results()
+    agents = {Agent(k) for k in iterations} | {
+        Agent(overhead.K),
+        Agent(overhead.K, "line"),
+        Agent(throughput.ITERATIONS),
+    }
+
+    async def history_section(env: Environment) -> None:
+        table, growth, per_event = await history.history_growth(env, iterations)
+        out.tables.append(table)
+        out.targets += _history_targets(growth, per_event)
+
+    async def overhead_section(env: Environment) -> None:
+        tables, result = await overhead.loop_overhead(env, repeats)
+        out.tables += tables
+        ratio = result.ratio()
+        out.targets.append(Target(OVERHEAD_TARGET, f"{ratio:.2f}×", ratio <= OVERHEAD_MAX))
+
+    async def throughput_section(env: Environment) -> None:
+        table, tp = await throughput.throughput(env, 1 if quick else 2)
+        out.tables.append(table)
+        out.targets.append(
+            Target(THROUGHPUT_TARGET, f"{tp.ratio:.2f}×", tp.ratio >= throughput.TARGET)
+        )
+
+    async def recovery_section(env: Environment) -> None:
+        # Answers any retry beyond the script, so no kill ends in an error.
+        with FakeProvider(default=Reply.text("done")) as fake:
+            cases = recovery.cases([2.0], cold=False)  # cold restarts: python -m bench.recovery
+            results = await recovery.measure(
+                env.client, env.info, fake, env.tmp, env.payloads, cases, recovery_runs, 3.0
+            )
+        out.tables.append(recovery.table(results, recovery_runs, 3.0))
+
+    async def memory_section(env: Environment) -> None:
+        with FakeProvider(default=Reply.delay(3600, then=Reply.text("done"))) as fake:
+            table, _ = await worker_memory(env, fake, memory_turns)
+        out.tables.append(table)
+
+    # Memory last on the shared server: it leaves it 2,000 terminated workflows to clean up.
+    sections = {
+        "history": history_section,
+        "overhead": overhead_section,
+        "throughput": throughput_section,
+        "recovery": recovery_section,
+        "memory": memory_section,
+    }
+    with tempfile.TemporaryDirectory(prefix="turnkeep-bench-") as name:
+        async with environment(Path(name), agents) as env:
+            report.progress(f"embedded dev server at {env.info.address}")
+            for section, measure in sections.items():
+                if section in only:
+                    await _section(section, out, measure(env))
+    if "flags" in only:
+
+        async def flags_section() -> None:
+            table, _ = await server_flags(quick)
+            out.tables.append(table)
+
+        await _section("flags", out, flags_section())
+    return out
+
+
+def _history_targets(growth: list[history.Growth], per_event: float) -> list[Target]:
+    by_k = {g.iterations: g for g in growth}
+    at, longest = by_k.get(history.TARGET_K), by_k.get(200)
+    out = []
+    if at is None:
+        out.append(Target(HISTORY_TARGET, f"K={history.TARGET_K} not run", None))
+    else:
+        allowed = at.allowance(per_event)
+        measured = (
+            f"{at.history_bytes / 1024:,.0f} KB ≤ {allowed / 1024:,.0f} KB "
+            f"({per_event:.0f} B/event)"
+        )
+        out.append(Target(HISTORY_TARGET, measured, at.history_bytes <= allowed))
+    if longest is None:
+        out.append(Target(LONG_TURN_TARGET, "K=200 not run", None))
+    else:
+        measured = (
+            f"{len(longest.server_warnings)} server warnings; largest run "
+            f"{longest.largest_run_bytes / 2**20:.1f} MB / {longest.largest_run_events:,} events, "
+            f"largest event {longest.largest_event_bytes / 1024:.0f} KB; {longest.runs} run(s)"
+        )
+        out.append(Target(LONG_TURN_TARGET, measured, not longest.warned))
+    return out
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    started = time.monotonic()
+    load = os.getloadavg()
+    results = asyncio.run(run(args))
+    minutes = (time.monotonic() - started) / 60
+    print(
+        f"## turnkeep benchmarks, {datetime.date.today()}\n\n"
+        f"{os.cpu_count()} CPUs (load average {load[0]:.1f} at the start), Python "
+        f"{platform.python_version()}, temporalio {version('temporalio')}, "
+        f"{'--quick, ' if args.quick else ''}{minutes:.1f} min.\n"
+    )
+    for table in results.tables:
+        print(table.render())
+    if results.targets:
+        print(report.targets_table(results.targets).render())
+    for failure in results.failures:
+        print(f"**Section failed** (traceback on stderr): {failure}\n")
+    if results.failures:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

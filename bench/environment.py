@@ -1,0 +1,71 @@
+"""One freshly started embedded dev server with the workers every in-process benchmark uses.
+
+- the turn worker (``build_worker``, as the CLI builds it) on ``TURNS``, serving one playback
+  agent per ``Agent`` the run needs;
+- the floor worker (bare Temporal: default data converter, turnkeep's sandbox) on ``FLOOR``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.settings import Settings
+from bench.floor import ACTIVITIES, Floor
+from bench.turns import TOOLS, Agent, settings
+from worker.build import build_worker
+from worker.connection import connect
+from worker.embedded import EmbeddedServer, ServerInfo
+from worker.plugin import WORKFLOW_RUNNER
+
+TURNS = "bench-turns"
+FLOOR = "bench-floor"
+
+
+@dataclass(frozen=True)
+class Environment:
+    info: ServerInfo
+    server_log: Path
+    tmp: Path
+    settings: Settings
+    client: Client  # turnkeep's data converter, the settings' payload storage
+    plain: Client  # Temporal's defaults, for the floors
+
+    @property
+    def payloads(self) -> Path:
+        return self.tmp / "payloads"
+
+
+def turn_worker(env: Environment, queue: str, **options: Any) -> Worker:
+    """A worker for the benchmark agents, built as the CLI builds one."""
+    return build_worker(env.client, env.settings, function_tools=TOOLS, task_queue=queue, **options)
+
+
+def floor_worker(client: Client, queue: str, **options: Any) -> Worker:
+    """A bare worker for the floors, on turnkeep's workflow runner: the sandbox with the same
+    modules passed through. With the default runner, every new workflow in a process that has
+    imported fastmcp (as any turnkeep worker has) re-imports beartype: ~150 ms more per
+    workflow started, which a floor must not be charged for."""
+    options.setdefault("workflow_runner", WORKFLOW_RUNNER)
+    return Worker(client, task_queue=queue, workflows=[Floor], activities=ACTIVITIES, **options)
+
+
+@contextlib.asynccontextmanager
+async def environment(tmp: Path, agents: Iterable[Agent]) -> AsyncIterator[Environment]:
+    log = tmp / "temporal.log"
+    async with EmbeddedServer(ui=False, log_file=log) as info:
+        worker_settings = settings(tmp, agents)
+        client = await connect(info.address, info.namespace, settings=worker_settings)
+        plain = await Client.connect(info.address, namespace=info.namespace)
+        env = Environment(info, log, tmp, worker_settings, client, plain)
+        async with (
+            turn_worker(env, TURNS),
+            floor_worker(plain, FLOOR),
+        ):
+            yield env

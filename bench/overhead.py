@@ -1,0 +1,228 @@
+"""Loop overhead: a turn of K iterations with an instant scripted model and an instant tool,
+against the floor — a bare workflow awaiting as many no-op activities as the turn runs (its
+K + 1 model calls, K tool calls, ``prepare_turn`` and ``list_tools``, counted in its history).
+
+And where the difference goes:
+
+- phases of the turn and the floor from their histories (``bench/phases.py``);
+- floor variants that each add one thing a turn does to every activity step — turnkeep's data
+  converter (pydantic JSON, external payload storage), a heartbeat, a query of the workflow
+  (how ``llm_step`` reads its input when it runs on another worker), a 5 KB result, a local
+  activity (the turn's ``note`` after each model call) — and one without the workflow
+  sandbox, to show the sandbox's share of a step;
+- the turn with the model input read by query (``build_worker(model_input_handoff=False)``),
+  and with external payload storage off.
+
+All variants run round-robin, so the machine's noise hits them alike; medians are reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.worker import UnsandboxedWorkflowRunner
+
+from bench.environment import FLOOR, TURNS, Environment, floor_worker, turn_worker
+from bench.floor import BLOB, HEARTBEAT, NOOP, QUERY, FloorInput
+from bench.phases import WFT_QUEUED, WFT_RUN, medians
+from bench.report import Table, progress
+from bench.turns import TOOLS, Agent, count, run_floor, run_turn, runs_of, settings
+from worker.build import build_worker
+from worker.connection import connect
+from workflows.activity_io import CALL_TOOL, LLM_STEP
+
+K = 20
+BY_QUERY = "bench-turns-by-query"
+NO_STORAGE = "bench-turns-no-storage"
+FLOOR_CONVERTER = "bench-floor-converter"
+FLOOR_UNSANDBOXED = "bench-floor-unsandboxed"
+
+TURN = "turn, 5 KB tool results"
+TURN_SHORT = "turn, short tool results"
+TURN_BY_QUERY = "turn, 5 KB, model input read by query"
+TURN_NO_STORAGE = "turn, 5 KB, payload storage off"
+FLOOR_BARE = "floor: no-op activities"
+LOCAL = "local"  # not an activity: the floor's noop, followed by a local activity
+ABLATIONS = {
+    "floor + turnkeep's data converter": (FLOOR_CONVERTER, NOOP),
+    "floor + a heartbeat per activity": (FLOOR, HEARTBEAT),
+    "floor + a query of the workflow per activity": (FLOOR, QUERY),
+    "floor + a 5 KB result per activity": (FLOOR, BLOB),
+    "floor + a no-op local activity per activity": (FLOOR, LOCAL),
+    "floor without the workflow sandbox": (FLOOR_UNSANDBOXED, NOOP),
+}
+
+
+@dataclass(frozen=True)
+class Overhead:
+    iterations: int
+    activities: int  # per turn, and so per floor
+    samples: dict[str, list[float]]  # variant -> wall-clock seconds, one per round
+    phases: dict[str, dict[str, float]]  # turn / floor -> phase -> median ms
+    workflow_tasks: dict[str, int]  # turn / floor -> workflow tasks
+
+    def seconds(self, variant: str) -> float:
+        return statistics.median(self.samples[variant])
+
+    # Ratios and differences are taken within a round, against the floor of that round, then
+    # the median over rounds: load that comes and goes hits both sides of each pair alike.
+    def ratio(self, variant: str = TURN) -> float:
+        pairs = zip(self.samples[variant], self.samples[FLOOR_BARE], strict=True)
+        return statistics.median(v / f for v, f in pairs)
+
+    def extra(self, variant: str) -> float:
+        pairs = zip(self.samples[variant], self.samples[FLOOR_BARE], strict=True)
+        return statistics.median(v - f for v, f in pairs)
+
+
+async def loop_overhead(env: Environment, repeats: int) -> tuple[list[Table], Overhead]:
+    agent, short = Agent(K), Agent(K, "line")
+    async with AsyncExitStack() as stack:
+        # The same turn worker, but every model call reads its input by query.
+        await stack.enter_async_context(turn_worker(env, BY_QUERY, model_input_handoff=False))
+        # And with no external payload storage (payloads this small are inline anyway, but the
+        # SDK visits every payload for it).
+        inline = settings(env.tmp, [agent], payload_storage={"driver": "off"})
+        inline_client = await connect(env.info.address, env.info.namespace, settings=inline)
+        await stack.enter_async_context(
+            build_worker(inline_client, inline, function_tools=TOOLS, task_queue=NO_STORAGE)
+        )
+        await stack.enter_async_context(floor_worker(env.client, FLOOR_CONVERTER))
+        await stack.enter_async_context(
+            floor_worker(env.plain, FLOOR_UNSANDBOXED, workflow_runner=UnsandboxedWorkflowRunner())
+        )
+        warm = await run_turn(env.client, TURNS, agent)
+        (turn_events,) = await runs_of(env.client, warm.workflow_id, warm.first_run_id)
+        activities = count(turn_events, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
+
+        histories: dict[str, list[list[HistoryEvent]]] = defaultdict(list)
+
+        def turn(queue: str, which: Agent) -> Callable[[], Awaitable[float]]:
+            client = inline_client if queue == NO_STORAGE else env.client
+
+            async def go() -> float:
+                done = await run_turn(client, queue, which)
+                if queue == TURNS and which == agent:
+                    histories["turn"] += await runs_of(env.client, done.workflow_id)
+                return done.seconds
+
+            return go
+
+        def floor(queue: str, activity: str) -> Callable[[], Awaitable[float]]:
+            client = env.client if queue == FLOOR_CONVERTER else env.plain
+            heartbeat = 10.0 if activity == HEARTBEAT else None
+
+            async def go() -> float:
+                if activity == LOCAL:
+                    spec = FloorInput(activities, NOOP, local_activity=True)
+                else:
+                    spec = FloorInput(activities, activity, heartbeat)
+                seconds, workflow_id = await run_floor(client, queue, spec)
+                if queue == FLOOR and activity == NOOP:
+                    histories["floor"] += await runs_of(client, workflow_id)
+                return seconds
+
+            return go
+
+        variants: dict[str, Callable[[], Awaitable[float]]] = {
+            TURN: turn(TURNS, agent),
+            FLOOR_BARE: floor(FLOOR, NOOP),
+            TURN_SHORT: turn(TURNS, short),
+            TURN_BY_QUERY: turn(BY_QUERY, agent),
+            TURN_NO_STORAGE: turn(NO_STORAGE, agent),
+            **{name: floor(queue, activity) for name, (queue, activity) in ABLATIONS.items()},
+        }
+        for run in variants.values():  # warm-up: imports, sandboxes, MCP server
+            await run()
+        histories.clear()
+        samples: dict[str, list[float]] = defaultdict(list)
+        for i in range(repeats):
+            progress(f"loop overhead: round {i + 1} of {repeats}")
+            for name, run in variants.items():
+                samples[name].append(await run())
+    result = Overhead(
+        iterations=K,
+        activities=activities,
+        samples=dict(samples),
+        phases={name: medians(runs) for name, runs in histories.items()},
+        workflow_tasks={
+            name: count(runs[0], EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED)
+            for name, runs in histories.items()
+        },
+    )
+    return [_headline(result, repeats), _phases(result), _ablations(result)], result
+
+
+def _headline(o: Overhead, repeats: int) -> Table:
+    table = Table(
+        f"Loop overhead: a {o.iterations}-iteration turn, instant model and tool",
+        ["", "ms per iteration", "floor ms per iteration", "÷ floor"],
+    )
+    floor = o.seconds(FLOOR_BARE) * 1000 / o.iterations
+    for variant in (TURN, TURN_SHORT, TURN_BY_QUERY, TURN_NO_STORAGE):
+        mine = o.seconds(variant) * 1000 / o.iterations
+        table.add(variant, f"{mine:.1f}", f"{floor:.1f}", f"{o.ratio(variant):.2f}×")
+    table.notes.append(
+        f"Medians of {repeats} rounds; ÷ floor is the median of each round's ratio. The floor "
+        f"awaits {o.activities} no-op activities, as many as the turn runs. *Read by query*: "
+        "how a model call gets its input when it runs on another worker than its workflow (and "
+        "how every call did before the in-process hand-off)."
+    )
+    return table
+
+
+def _phases(o: Overhead) -> Table:
+    turn, floor = o.phases["turn"], o.phases["floor"]
+    per_iteration = o.workflow_tasks["turn"] / o.iterations
+    table = Table(
+        "Where an iteration's time goes (median ms per occurrence, from history timestamps)",
+        ["phase", "turn", "floor", "extra ms per iteration"],
+    )
+    table.add("workflow tasks", o.workflow_tasks["turn"], o.workflow_tasks["floor"], "")
+    for phase in (WFT_QUEUED, WFT_RUN):
+        extra = (turn[phase] - floor[phase]) * per_iteration
+        table.add(phase, f"{turn[phase]:.1f}", f"{floor[phase]:.1f}", f"{extra:+.1f}")
+    noop = floor[f"{NOOP} run"]
+    for activity in (LLM_STEP, CALL_TOOL):
+        mine = turn[f"{activity} run"]
+        table.add(
+            f"{activity} run (floor: noop run)",
+            f"{mine:.1f}",
+            f"{noop:.1f}",
+            f"{mine - noop:+.1f}",
+        )
+    table.add(
+        "wall clock per iteration",
+        f"{o.seconds(TURN) * 1000 / o.iterations:.1f}",
+        f"{o.seconds(FLOOR_BARE) * 1000 / o.iterations:.1f}",
+        f"{o.extra(TURN) * 1000 / o.iterations:+.1f}",
+    )
+    more = o.workflow_tasks["turn"] - o.workflow_tasks["floor"]
+    table.notes.append(
+        "Phases as in bench/phases.py, over every occurrence in all rounds' histories. The "
+        + (
+            "turn runs no more workflow tasks than the floor (one per activity, plus one)."
+            if more <= 0
+            else f"turn runs {more} more workflow tasks than the floor, for as many activities."
+        )
+    )
+    return table
+
+
+def _ablations(o: Overhead) -> Table:
+    table = Table(
+        "What one thing costs per activity step (floor variants, same number of activities)",
+        ["floor variant", "ms per activity step", "Δ vs floor (ms)"],
+    )
+    table.add(FLOOR_BARE, f"{o.seconds(FLOOR_BARE) * 1000 / o.activities:.1f}", "")
+    for name in ABLATIONS:
+        step = o.seconds(name) * 1000 / o.activities
+        table.add(name, f"{step:.1f}", f"{o.extra(name) * 1000 / o.activities:+.1f}")
+    table.notes.append("Δ: the median over rounds of (variant − floor of the same round).")
+    return table

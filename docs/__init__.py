@@ -1,0 +1,1 @@
+"""Documentation assets and the script that makes them (`python -m docs.screenshot`)."""
