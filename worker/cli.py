@@ -230,7 +230,7 @@ def watch(
     settings = load_settings(config)
 
     async def go() -> None:
-        client, _ = await _connect(address, namespace, settings)
+        client, _ = await _connect(address, namespace, settings, config_file=find_config(config))
         await _stream(get_turn(client, workflow_id), start)
 
     asyncio.run(go())
@@ -251,7 +251,7 @@ def show(
     settings = load_settings(config)
 
     async def go() -> TurnView:
-        client, _ = await _connect(address, namespace, settings)
+        client, _ = await _connect(address, namespace, settings, config_file=find_config(config))
         return await read_turn(client, workflow_id)
 
     try:
@@ -276,7 +276,7 @@ def cancel(
     settings = load_settings(config)
 
     async def go() -> None:
-        client, _ = await _connect(address, namespace, settings)
+        client, _ = await _connect(address, namespace, settings, config_file=find_config(config))
         handle = get_turn(client, workflow_id)
         await handle.cancel()
         try:
@@ -326,7 +326,7 @@ def gc(
 
     async def go() -> SweepReport:
         # The server says which turns are running: their payloads stay, however old.
-        client, _ = await _connect(address, namespace, settings)
+        client, _ = await _connect(address, namespace, settings, config_file=find_config(config))
         return await collect(directory, retention, client, dry_run=dry_run)
 
     report = asyncio.run(go())
@@ -368,7 +368,7 @@ def setup(address: Address = None, namespace: Namespace = None, config: ConfigPa
     settings = load_settings(config)
 
     async def go() -> Registration:
-        client, _ = await _connect(address, namespace, settings)
+        client, _ = await _connect(address, namespace, settings, config_file=find_config(config))
         console.print(f"namespace [bold]{escape(client.namespace)}[/]")
         return await register(client)
 

@@ -62,7 +62,7 @@ async def start_turn(
         result_type=TurnResult,
         static_summary=summarize(turn),
     )
-    return TurnHandle(handle)
+    return TurnHandle(handle, client)
 
 
 def get_turn(client: Client, workflow_id: str, run_id: str | None = None) -> TurnHandle:
@@ -70,13 +70,14 @@ def get_turn(client: Client, workflow_id: str, run_id: str | None = None) -> Tur
     updates, queries and cancel go to whichever run is current; ``run_id`` only says where
     ``result()`` starts following the chain of runs."""
     return TurnHandle(
-        WorkflowHandle(client, workflow_id, result_run_id=run_id, result_type=TurnResult)
+        WorkflowHandle(client, workflow_id, result_run_id=run_id, result_type=TurnResult), client
     )
 
 
 class TurnHandle:
-    def __init__(self, handle: WorkflowHandle[Any, TurnResult]) -> None:
+    def __init__(self, handle: WorkflowHandle[Any, TurnResult], client: Client) -> None:
         self.handle = handle
+        self.client = client
 
     @property
     def workflow_id(self) -> str:
@@ -179,4 +180,4 @@ class TurnHandle:
         # (The SDK's handle keeps its client private.)
         h = self.handle
         run_id = h.result_run_id or h.run_id or h.first_execution_run_id
-        return (await read_turn(self.handle._client, self.workflow_id, run_id)).result
+        return (await read_turn(self.client, self.workflow_id, run_id)).result
