@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from datetime import timedelta
@@ -88,7 +89,12 @@ def main() -> None:
         CodecServerError,
     ) as err:
         console.print(f"[red]error:[/] {err}")
-        raise SystemExit(2) from None
+        # Leave without interpreter finalization: an error can surface while the Temporal
+        # client's Rust threads still hold callbacks into Python, and finalizing under them
+        # aborts the process ("PyGILState_Release … finalizing") instead of exiting with 2.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)
 
 
 async def _connect(
