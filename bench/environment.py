@@ -22,7 +22,7 @@ from bench.turns import TOOLS, Agent, settings
 from worker.build import build_worker
 from worker.connection import connect
 from worker.embedded import EmbeddedServer, ServerInfo
-from worker.plugin import WORKFLOW_RUNNER
+from worker.workflow_runner import WORKFLOW_RUNNER
 
 TURNS = "bench-turns"
 FLOOR = "bench-floor"

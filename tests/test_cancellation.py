@@ -286,8 +286,8 @@ async def test_cancel_during_a_tool_call_appends_an_interrupted_result_and_cance
         await eventually(lambda: "single" in started, "the tool started")
         await turn.cancel()
         repaired = await cancelled_turn(turn)
-        # The cancel reached the tool's coroutine on the MCP server, through the activity's
-        # heartbeat and the MCP client's cancel notification.
+        # The cancel reached the tool's coroutine through the activity's heartbeat (function
+        # tools are called in process, so cancelling the activity cancels the coroutine).
         await eventually(lambda: "single" in cancelled, "the tool coroutine was cancelled")
         assert cancel_requested_for(await events(turn)) == [(CALL_TOOL, "c1")]
 

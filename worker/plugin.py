@@ -17,14 +17,12 @@ from a client connected with the same payload storage and encryption as its sett
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payloads
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import (
     DataConverter,
     DefaultFailureConverterWithEncodedAttributes,
@@ -41,7 +39,6 @@ from temporalio.worker import (
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
 )
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.errors import known
 from activities.hook_activity import Hook, HookActivities
@@ -58,27 +55,11 @@ from activities.settings import Settings
 from activities.tool_activities import ToolActivities, tool_result_limit
 from activities.turn_setup import TurnSetupActivities
 from worker.codec import NO_ENCRYPTION, describe_codec, payload_codec, same_codec
+from worker.payload_converter import TurnkeepPayloadConverter
 from worker.search_attributes import usable_search_attributes
+from worker.workflow_runner import WORKFLOW_RUNNER
 from workflows.activity_io import VisibilityPlan
 from workflows.turn_workflow import TurnWorkflow
-
-# Deterministic, side-effect-free modules the sandbox may share across workflow runs instead
-# of re-importing them (and rebuilding every pydantic model) for each run. `beartype` is here
-# because fastmcp's key_value dependency installs beartype's import hook process-wide; left
-# sandboxed, every workflow run re-imported beartype through it (~450 ms per new turn).
-_PASSTHROUGH = (
-    "beartype",
-    "workflows.messages",
-    "workflows.turn_io",
-    "workflows.activity_io",
-    "workflows.repair",
-    "workflows.loop",
-    "workflows.visibility",
-)
-
-WORKFLOW_RUNNER = SandboxedWorkflowRunner(
-    restrictions=SandboxRestrictions.default.with_passthrough_modules(*_PASSTHROUGH)
-)
 
 FunctionTools = Mapping[str, Sequence[Callable[..., Any]]]
 
@@ -103,11 +84,13 @@ def data_converter(
     if codec is None:
         # NO_ENCRYPTION rather than no codec: it passes payloads through, and names what is
         # missing when it meets an encrypted one.
-        return dataclasses.replace(
-            pydantic_data_converter, external_storage=storage, payload_codec=NO_ENCRYPTION
+        return DataConverter(
+            payload_converter_class=TurnkeepPayloadConverter,
+            external_storage=storage,
+            payload_codec=NO_ENCRYPTION,
         )
-    return dataclasses.replace(
-        pydantic_data_converter,
+    return DataConverter(
+        payload_converter_class=TurnkeepPayloadConverter,
         external_storage=storage,
         payload_codec=codec,
         failure_converter_class=DefaultFailureConverterWithEncodedAttributes,

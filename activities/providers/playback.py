@@ -31,6 +31,23 @@ def load_script(path: Path) -> list[Message]:
     return [_entry(item) for item in entries]
 
 
+# Parsed scripts by path, with the file's (mtime, size) they were read at: a script is parsed
+# once rather than on every model call, and an edited file is picked up by the next call.
+_SCRIPTS: dict[Path, tuple[tuple[int, int], list[Message]]] = {}
+
+
+def cached_script(path: Path) -> list[Message]:
+    try:
+        stat = path.stat()
+    except OSError:
+        return load_script(path)  # which says why it cannot be read
+    key = (stat.st_mtime_ns, stat.st_size)
+    cached = _SCRIPTS.get(path)
+    if cached is None or cached[0] != key:
+        cached = _SCRIPTS[path] = (key, load_script(path))
+    return cached[1]
+
+
 def _entry(item: Any) -> Message:
     if isinstance(item, str):
         return Message.assistant(item)
@@ -50,7 +67,7 @@ class PlaybackProvider:
             # Not one of the turn's calls (a compaction summary): the script is for the turn,
             # so answer as passthrough does, which echoes the request.
             return await PassthroughProvider().complete(request, model_name)
-        script = load_script(self._script)
+        script = cached_script(self._script)
         index = request.call_index - 1
         reply = (
             script[index]

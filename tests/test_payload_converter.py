@@ -1,0 +1,46 @@
+"""turnkeep's payload converter (``worker/payload_converter.py``): pydantic JSON as Temporal's
+pydantic converter writes it, with one cache of type adapters however many data converters
+the SDK derives (one per activation and per activity task)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import StorageDriverStoreContext, WorkflowSerializationContext
+
+from activities.payload_storage import external_storage
+from activities.settings import PayloadStorageSettings
+from worker.payload_converter import _JSON
+from worker.plugin import data_converter
+from workflows.activity_io import LlmStepRequest
+from workflows.messages import Message
+
+STEP = LlmStepRequest(
+    agent="a", model="m", call_index=1, workflow_id="w", run_id="r", digest="d" * 64
+)
+
+
+def test_payloads_are_what_temporals_pydantic_converter_writes() -> None:
+    mine = data_converter(None).payload_converter
+    theirs = pydantic_data_converter.payload_converter
+    for value in (STEP, Message.user("hi"), {"plain": [1, 2]}, None, b"bytes"):
+        assert mine.to_payloads([value]) == theirs.to_payloads([value])
+    [payload] = mine.to_payloads([STEP])
+    assert mine.from_payloads([payload], [LlmStepRequest]) == [STEP]
+
+
+def test_derived_converters_share_one_adapter_cache(tmp_path: Path) -> None:
+    # With payload storage, as by default: the SDK then rebuilds the converter per context.
+    base = data_converter(external_storage(PayloadStorageSettings(path=tmp_path)))
+    [payload] = base.payload_converter.to_payloads([STEP])
+    _JSON._type_adapter.cache_clear()
+    for i in range(20):  # what the SDK does for every activation and activity task
+        derived = base._with_contexts(
+            WorkflowSerializationContext(namespace="default", workflow_id=f"wf-{i}"),
+            StorageDriverStoreContext(target=None),
+        )
+        assert derived.payload_converter is not base.payload_converter
+        assert derived.payload_converter.from_payloads([payload], [LlmStepRequest]) == [STEP]
+    info = _JSON._type_adapter.cache_info()
+    assert (info.misses, info.hits) == (1, 19)
