@@ -23,7 +23,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from tests.context_workflow import ContextWorkflow, echo
 from worker.embedded import ServerInfo
-from worker.workflow_runner import PASSTHROUGH_MODULES, WORKFLOW_RUNNER
+from worker.workflow_runner import WORKFLOW_RUNNER
 
 
 @dataclass
@@ -83,9 +83,7 @@ def test_the_fast_path_is_active_on_this_sdk_version() -> None:
 
 
 async def test_contexts_match_the_stock_sandbox(temporal: ServerInfo) -> None:
-    stock = SandboxedWorkflowRunner(
-        restrictions=WORKFLOW_RUNNER.restrictions.with_passthrough_modules(*PASSTHROUGH_MODULES)
-    )
+    stock = SandboxedWorkflowRunner(restrictions=WORKFLOW_RUNNER.restrictions)
     expected = await contexts_seen(temporal, stock)
     assert await contexts_seen(temporal, WORKFLOW_RUNNER) == expected
     # What makes the comparison meaningful: activity-bound contexts were asked for.
