@@ -143,6 +143,70 @@ async def test_start_failure_reports_log_tail(tmp_path: Path) -> None:
     assert "NotAType" in str(excinfo.value)
 
 
+def _panicking_once(tmp_path: Path, runs: Path, *, always: bool = False) -> Path:
+    """A `temporal` that dies like a Go runtime panic (exit 2, a long stack) on its first run,
+    or on every run, and is the real binary otherwise. Each run appends a line to `runs`."""
+    frames = "\n".join(f"go.temporal.io/server/frame{i}(...)\n\t/src/f.go:{i}" for i in range(200))
+    script = tmp_path / "temporal"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo run >> "{runs}"\n'
+        f"if [ {'0' if always else '$(wc -l < ' + str(runs) + ')'} -le 1 ]; then\n"
+        "  echo 'panic: listen tcp 127.0.0.1:40001: bind: address already in use'\n"
+        "  echo\n  echo 'goroutine 1 [running]:'\n"
+        f"  cat <<'EOF'\n{frames}\nEOF\n"
+        "  exit 2\n"
+        "fi\n"
+        f'exec "{find_temporal_binary()}" "$@"\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
+async def test_a_start_up_panic_is_retried_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    fake = _panicking_once(tmp_path, runs)
+    monkeypatch.setattr(embedded, "find_temporal_binary", lambda: fake)
+    async with EmbeddedServer(ui=False, log_file=tmp_path / "s.log") as info:
+        client = await Client.connect(info.address)
+        assert (await client.count_workflows()).count == 0
+    assert runs.read_text().count("run") == 2
+    # Both attempts are in the one log, the panic first.
+    assert "panic: listen tcp" in (tmp_path / "s.log").read_text()
+
+
+async def test_a_panic_every_time_reports_the_panic_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    fake = _panicking_once(tmp_path, runs, always=True)
+    monkeypatch.setattr(embedded, "find_temporal_binary", lambda: fake)
+    with pytest.raises(EmbeddedServerError, match="exited with code 2") as excinfo:
+        await EmbeddedServer(ui=False, log_file=tmp_path / "s.log").start(timeout=30)
+    assert runs.read_text().count("run") == embedded.START_ATTEMPTS
+    # The stack is far longer than the tail; the message still starts with what went wrong.
+    message = str(excinfo.value)
+    assert "panic: listen tcp 127.0.0.1:40001: bind: address already in use" in message
+    assert "frame199" in message and "frame100(" not in message
+
+
+async def test_a_configuration_error_is_not_retried(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    real = find_temporal_binary()
+    counting = tmp_path / "temporal"
+    counting.write_text(f'#!/bin/sh\necho run >> "{runs}"\nexec "{real}" "$@"\n')
+    counting.chmod(0o755)
+    monkeypatch.setattr(embedded, "find_temporal_binary", lambda: counting)
+    server = EmbeddedServer(ui=False, search_attributes={"Bad": "NotAType"})
+    with pytest.raises(EmbeddedServerError, match="exited with code 1"):
+        await server.start(timeout=30)
+    assert runs.read_text().count("run") == 1
+
+
 async def test_kill_and_restart_keeps_data(tmp_path: Path) -> None:
     db = tmp_path / "temporal.db"
     server = EmbeddedServer(db_file=db, ui=False, search_attributes={"TurnkeepAgent": "Keyword"})

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -39,6 +41,7 @@ from workflows.visibility import search_attribute_types
 HOST = "127.0.0.1"
 START_TIMEOUT = 60.0
 STOP_GRACE_SECONDS = 5.0
+START_ATTEMPTS = 2
 
 # The history service polls its task queues at 20 RPS per shard and may fire a timer up to a
 # second late by default; that is where most of a dev server's per-step latency comes from.
@@ -215,19 +218,26 @@ class EmbeddedServer:
             fd, name = tempfile.mkstemp(prefix="turnkeep-temporal-", suffix=".log")
             os.close(fd)
             self._log_file, self._owns_log = Path(name), True
-        self._proc = _spawn_child(argv, self._log_file)
         address = f"{HOST}:{self._port}"
-        try:
-            await wait_until_ready(
-                address,
-                self.namespace,
-                exit_code=self._proc.poll,
-                log_file=self._log_file,
-                within=timeout,
-            )
-        except BaseException:
-            self.kill()
-            raise
+        for attempt in range(START_ATTEMPTS):
+            self._proc = _spawn_child(argv, self._log_file)
+            try:
+                await wait_until_ready(
+                    address,
+                    self.namespace,
+                    exit_code=self._proc.poll,
+                    log_file=self._log_file,
+                    within=timeout,
+                )
+                break
+            except ServerExitedError as e:
+                self.kill()
+                if not e.transient or attempt + 1 == START_ATTEMPTS:
+                    raise
+            except BaseException:
+                self.kill()
+                raise
+        assert self._proc is not None
         ui_url = f"http://{HOST}:{self._ui_port}" if self._ui else None
         codec = self.codec_endpoint if self._ui else None
         self.info = ServerInfo(address, ui_url, self._proc.pid, self.namespace, codec)
@@ -308,7 +318,37 @@ def log_tail(log_file: Path | None, max_bytes: int = 4000) -> str:
     with log_file.open("rb") as f:
         f.seek(max(0, log_file.stat().st_size - max_bytes))
         text = f.read().decode("utf-8", errors="replace").strip()
+    if (head := go_panic_head(log_file)) and head not in text:
+        # A Go panic's stack is longer than the tail, which would show only its last frames.
+        text = f"{head}\n...\n{text}"
     return text or "(log is empty)"
+
+
+def go_panic_head(log_file: Path, max_bytes: int = 1_000_000, lines: int = 6) -> str | None:
+    """The first lines of the last Go runtime panic in the log, if there is one."""
+    with log_file.open("rb") as f:
+        f.seek(max(0, log_file.stat().st_size - max_bytes))
+        text = f.read().decode("utf-8", errors="replace")
+    starts = [m.start() for m in _GO_PANIC.finditer(text)]
+    if not starts:
+        return None
+    return "\n".join(text[starts[-1] :].splitlines()[:lines])
+
+
+_GO_PANIC = re.compile(r"^(panic: |fatal error: )", re.MULTILINE)
+
+
+class ServerExitedError(EmbeddedServerError):
+    """The server process ended before it was ready."""
+
+    def __init__(self, message: str, *, code: int, log_file: Path | None) -> None:
+        super().__init__(message)
+        self.code = code
+        # Go exits with 2 on a runtime panic. At start-up one comes from races the dev server
+        # has with the rest of the machine (it picks its internal ports itself, then binds them
+        # later), so a second try is worth it; a configuration error exits with 1 and is not
+        # retried.
+        self.transient = code == 2 and log_file is not None and go_panic_head(log_file) is not None
 
 
 async def wait_until_ready(
@@ -328,9 +368,11 @@ async def wait_until_ready(
     last_error: BaseException | None = None
     while True:
         if exit_code is not None and (code := exit_code()) is not None:
-            raise EmbeddedServerError(
+            raise ServerExitedError(
                 f"temporal server exited with code {code} before it was ready.\n"
-                f"Log ({log_file}):\n{log_tail(log_file)}"
+                f"Log ({log_file}):\n{log_tail(log_file)}",
+                code=code,
+                log_file=log_file,
             )
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -479,26 +521,32 @@ async def _start_background(port: int, ui_port: int, codec_endpoint: str | None)
         search_attributes=search_attribute_types(),
         codec_endpoint=codec_endpoint,
     )
-    pid = _spawn_detached(argv, log_file)
-    info = ServerInfo(
-        f"{HOST}:{port}", f"http://{HOST}:{ui_port}", pid, codec_endpoint=codec_endpoint
-    )
-    record = {**asdict(info), "db_file": str(db_file), "log_file": str(log_file), "argv": argv}
-    # Written before the wait so `turnkeep server stop` can find a server that never got ready.
-    _record_path().write_text(json.dumps(record, indent=2) + "\n")
-    try:
-        await wait_until_ready(
-            info.address,
-            info.namespace,
-            exit_code=lambda: _detached_exit_code(pid),
-            log_file=log_file,
-            within=START_TIMEOUT,
+    for attempt in range(START_ATTEMPTS):
+        pid = _spawn_detached(argv, log_file)
+        info = ServerInfo(
+            f"{HOST}:{port}", f"http://{HOST}:{ui_port}", pid, codec_endpoint=codec_endpoint
         )
-    except BaseException:
-        _terminate(pid)
-        _record_path().unlink(missing_ok=True)
-        raise
-    return info
+        record = {**asdict(info), "db_file": str(db_file), "log_file": str(log_file), "argv": argv}
+        # Written before the wait so `turnkeep server stop` can find a server that never got ready.
+        _record_path().write_text(json.dumps(record, indent=2) + "\n")
+        try:
+            await wait_until_ready(
+                info.address,
+                info.namespace,
+                exit_code=functools.partial(_detached_exit_code, pid),
+                log_file=log_file,
+                within=START_TIMEOUT,
+            )
+            return info
+        except ServerExitedError as e:
+            _record_path().unlink(missing_ok=True)
+            if not e.transient or attempt + 1 == START_ATTEMPTS:
+                raise
+        except BaseException:
+            _terminate(pid)
+            _record_path().unlink(missing_ok=True)
+            raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _terminate(pid: int, grace: float = STOP_GRACE_SECONDS) -> None:
