@@ -161,6 +161,16 @@ class ContinueAsNewSettings(_Settings):
     when_suggested: bool = True
 
 
+class VisibilitySettings(_Settings):
+    """What a turn publishes for operators (workflows/visibility.py)."""
+
+    # Mid-turn, search attributes (iterations, tokens) are upserted at most this often, in
+    # seconds of workflow time: each upsert is a history event and a write to the server's
+    # visibility store. A turn's start and end are always published at once, and the
+    # workflow's current details follow every step whatever this says. 0: after every answer.
+    search_attribute_interval: float = Field(default=10.0, ge=0)
+
+
 # -- payload encryption (worker/codec.py, worker/codec_server.py) -----------------------------
 
 AES_256_KEY_BYTES = 32
@@ -321,6 +331,7 @@ class Settings(_SecretSettings):
     payload_storage: PayloadStorageSettings = Field(default_factory=PayloadStorageSettings)
     # Long turns continue as new past these history sizes.
     continue_as_new: ContinueAsNewSettings = Field(default_factory=ContinueAsNewSettings)
+    visibility: VisibilitySettings = Field(default_factory=VisibilitySettings)
     # Payload encryption (AES-256-GCM) with rotating keys; off when absent.
     encryption: EncryptionSettings | None = None
     anthropic: ProviderSettings | None = None

@@ -26,7 +26,11 @@ class TurnSetupActivities:
         self._settings = settings
         # Which search attributes turns may upsert: none until the worker has checked the
         # namespace at start (worker/search_attributes.py), which replaces this before it polls.
-        self.visibility = VisibilityPlan(outcome_notes=True)
+        self.visibility = VisibilityPlan(
+            outcome_notes=True,
+            outcome_timers=True,
+            search_attribute_interval=settings.visibility.search_attribute_interval,
+        )
 
     @activity.defn(name=PREPARE_TURN)
     async def prepare_turn(self, request: PrepareTurnRequest) -> TurnPlan:

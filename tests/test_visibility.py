@@ -28,7 +28,7 @@ from tests.conftest import (
     write_script,
 )
 from tests.fake_provider import FakeProvider, Reply, Tokens
-from tests.test_replay import replays_fresh_and_recorded
+from tests.test_replay import HISTORIES, replayer, replays_fresh_and_recorded
 from worker.build import build_worker
 from worker.client import TurnCancelledError, TurnHandle
 from worker.connection import connect
@@ -267,12 +267,13 @@ def calls(*specs: tuple[str, int, int]) -> dict[str, Any]:
 
 
 async def history_summaries(client: Client, history: WorkflowHistory) -> list[str]:
-    """Every summary in the history, in order: activities' (scheduled) and notes' (markers),
-    decoded as the Web UI decodes them."""
+    """Every summary in the history, in order: activities' (scheduled) and outcomes' (timers,
+    or markers in histories from before), decoded as the Web UI decodes them."""
     summaries: list[str] = []
     for event in history.events:
         if event.user_metadata.HasField("summary") and event.event_type in (
             EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+            EventType.EVENT_TYPE_TIMER_STARTED,
             EventType.EVENT_TYPE_MARKER_RECORDED,
         ):
             [text] = await client.data_converter.decode([event.user_metadata.summary], [str])
@@ -335,11 +336,30 @@ async def test_history_shows_each_model_calls_outcome(
         "llm #3 · playback",
         "llm #3 · playback → endTurn",
     ]
-    # The outcome is a marker written in the workflow task that goes on anyway: no extra one.
+    # Each outcome is a timer started by the workflow task that goes on anyway (no extra
+    # task, no local activity), cancelled by the one after its tools; none ever fires.
+    events = history.events
     wft = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-    markers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
-    assert len(markers) == 3
-    assert all(history.events[e.event_id - 2].event_type == wft for e in markers)
+    kinds = [e.event_type for e in events]
+    assert EventType.EVENT_TYPE_MARKER_RECORDED not in kinds
+    assert EventType.EVENT_TYPE_TIMER_FIRED not in kinds
+    timers = [e for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+    assert len(timers) == 3
+    # A timer goes out with its tools, or with the turn's completion (event ids count from 1).
+    follows = [events[t.event_id].event_type for t in timers]
+    assert follows == [EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED] * 2 + [
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+    ]
+    cancels = [e for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_CANCELED]
+    started = [t.timer_started_event_attributes.timer_id for t in timers]
+    assert [c.timer_canceled_event_attributes.timer_id for c in cancels] == started[:2]
+    # ... in the task that schedules the next step once the tools are done (ids count from 1).
+    for cancel in cancels:
+        before = events[cancel.event_id - 2]
+        assert before.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        assert before.activity_task_scheduled_event_attributes.activity_type.name == "run_hook"
+    # One workflow task per batch of activities (10) plus the first: none for the outcomes.
+    assert kinds.count(wft) == 11
 
     assert details.startswith("**test** · iteration 2 of ")
     assert "· finished" in details and "model calls: 3" in details
@@ -366,9 +386,14 @@ async def test_a_failed_model_call_reads_error(
     assert attributes["TurnkeepStopReason"] == "error"
 
 
-async def test_current_details_follow_the_turn(fake: FakeProvider, harness: HarnessFactory) -> None:
+@pytest.mark.parametrize("interval", [0, None])
+async def test_current_details_follow_the_turn(
+    fake: FakeProvider, harness: HarnessFactory, interval: float | None
+) -> None:
     """Waiting on a tool, then on a slow model (the fake API holds its answer), then cancelled:
-    the details and search attributes say so at each step."""
+    the details say so at each step, and so do the search attributes, mid-turn after every
+    answer with ``search_attribute_interval: 0`` and only at the start and the end with the
+    default (10 s; this turn's first answer comes well within that)."""
     gate.clear()
     fake.script(
         Reply.tool_calls(("c1", "local__wait_for_gate", {}), usage=Tokens(input=100, output=7)),
@@ -377,10 +402,12 @@ async def test_current_details_follow_the_turn(fake: FakeProvider, harness: Harn
     )
     model = "anthropic.claude-sonnet-4-5"
     agent = {"model": model, "servers": ["local"], "max_iterations": 5}
-    config = {
+    config: dict[str, Any] = {
         "anthropic": {"api_key": "sk-test", "base_url": fake.base_url_anthropic},
         "agents": {"test": agent},
     }
+    if interval is not None:
+        config["visibility"] = {"search_attribute_interval": interval}
     async with harness(TOOLS, **config) as h:
         handle = await h.start("go")
 
@@ -400,7 +427,7 @@ async def test_current_details_follow_the_turn(fake: FakeProvider, harness: Harn
             "TurnkeepModel": model,
             "TurnkeepStatus": "Running",
             "TurnkeepIterations": 0,
-            "TurnkeepTokens": 107,
+            "TurnkeepTokens": 107 if interval == 0 else 0,
         }
 
         gate.set()
@@ -419,6 +446,7 @@ async def test_current_details_follow_the_turn(fake: FakeProvider, harness: Harn
     assert ended["TurnkeepStatus"] == "Cancelled"
     assert ended["TurnkeepStopReason"] == "cancelled"
     assert ended["TurnkeepIterations"] == 1
+    assert ended["TurnkeepTokens"] == 107
 
 
 async def test_turns_are_found_by_search_attributes(
@@ -577,8 +605,10 @@ async def test_a_reused_background_server_gets_the_attributes(
 async def test_a_turn_with_visibility_replays_fresh_and_recorded(
     harness: HarnessFactory, tmp_path: Path
 ) -> None:
-    """Upserts and outcome notes replay deterministically, from this code and from the
-    recorded history (tests/histories/visibility.json; refresh as tests/test_replay.py says)."""
+    """Upserts and outcome timers replay deterministically, from this code and from the
+    recorded history (tests/histories/visibility_timers.json; refresh as tests/test_replay.py
+    says). So does a turn recorded when outcomes were local activity markers
+    (tests/histories/visibility.json, kept as it was): its plan says so."""
     script = write_script(tmp_path / "script.json", calls(("c1", 1, 2)), "Three.")
     agent = {"model": "playback", "playback": str(script), "servers": ["local"]}
     async with harness(TOOLS, agents={"test": agent}) as h:
@@ -587,5 +617,11 @@ async def test_a_turn_with_visibility_replays_fresh_and_recorded(
         fresh = await handle.handle.fetch_history()
     kinds = [e.event_type for e in fresh.events]
     assert EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES in kinds
-    assert EventType.EVENT_TYPE_MARKER_RECORDED in kinds
-    await replays_fresh_and_recorded("visibility", fresh)
+    assert EventType.EVENT_TYPE_TIMER_STARTED in kinds
+    assert EventType.EVENT_TYPE_TIMER_CANCELED in kinds
+    await replays_fresh_and_recorded("visibility_timers", fresh)
+
+    legacy = (HISTORIES / "visibility.json").read_text(encoding="utf-8")
+    with_markers = WorkflowHistory.from_json("recorded-visibility", legacy)
+    assert any(e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED for e in with_markers.events)
+    await replayer().replay_workflow(with_markers)

@@ -136,8 +136,8 @@ async def expect_shown(page: Page, texts: Iterable[str], *, exact: bool = True) 
 
 
 async def event_summaries(client: Client, handle: WorkflowHandle) -> list[str]:
-    """The summaries the workflow gave its events (activities, and the markers of its local
-    activities), in order, decoded by the client's data converter and so through its codec.
+    """The summaries the workflow gave its events (activities, and the timers that carry model
+    calls' outcomes), in order, decoded by the client's data converter and so through its codec.
     The workflow's own summary, on its first event, is left out: the Event History does not
     list it."""
     summaries: list[str] = []

@@ -58,7 +58,6 @@ from worker.codec import NO_ENCRYPTION, describe_codec, payload_codec, same_code
 from worker.payload_converter import TurnkeepPayloadConverter
 from worker.search_attributes import usable_search_attributes
 from worker.workflow_runner import WORKFLOW_RUNNER
-from workflows.activity_io import VisibilityPlan
 from workflows.turn_workflow import TurnWorkflow
 
 FunctionTools = Mapping[str, Sequence[Callable[..., Any]]]
@@ -179,8 +178,9 @@ class TurnkeepPlugin(SimplePlugin):
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
         # Before it polls: which search attributes its turns may set (warns once if some are
         # missing). prepare_turn records this in each turn's plan.
-        self._setup.visibility = VisibilityPlan(
-            search_attributes=await usable_search_attributes(worker.client), outcome_notes=True
+        usable = await usable_search_attributes(worker.client)
+        self._setup.visibility = self._setup.visibility.model_copy(
+            update={"search_attributes": usable}
         )
         # While a worker runs it sweeps old files from local payload storage, at start and
         # then periodically. A worker's job (not a replayer's or a client's): it has the

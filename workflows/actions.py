@@ -188,6 +188,19 @@ async def compact_history(messages: list[Message], plan: TurnPlan) -> str:
     return summary.text
 
 
+# Long enough never to fire while a step runs; if one does, nothing waits on it.
+OUTCOME_TIMER = timedelta(days=365)
+
+
+def outcome_timer(summary: str) -> asyncio.Task[None]:
+    """Record ``summary`` in the history as the summary of a timer that nobody waits for, which
+    the Web UI shows like an activity's: its TimerStarted event goes out with the workflow
+    task's other commands, so it costs no activation, unlike ``note``. Cancel the task once
+    the server has the timer (a timer cancelled in the workflow task that started it is never
+    sent, and its summary would be lost)."""
+    return asyncio.ensure_future(workflow.sleep(OUTCOME_TIMER, summary=visibility.clip(summary)))
+
+
 async def note(summary: str) -> None:
     """Record ``summary`` in the history as a no-op local activity's marker: the way to show
     something learnt after an activity was scheduled, such as a model call's outcome, in the

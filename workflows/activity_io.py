@@ -86,8 +86,14 @@ class VisibilityPlan(BaseModel):
     # Turnkeep search attributes the namespace has registered (checked at worker start); only
     # these are upserted, as upserting an unknown one would fail the workflow task.
     search_attributes: list[str] = Field(default_factory=list)
-    # Record each model call's outcome (`llm #3 · sonnet → toolUse(2)`) as a marker.
+    # Record each model call's outcome (`llm #3 · sonnet → toolUse(2)`) in the history ...
     outcome_notes: bool = False
+    # ... as the summary of a timer that never fires (started with the next step's commands,
+    # cancelled once that step is done) rather than of a no-op local activity's marker: a
+    # local activity costs a workflow activation of its own and holds the workflow task open.
+    outcome_timers: bool = False
+    # Seconds of workflow time between two upserts in the middle of a turn (0: every answer).
+    search_attribute_interval: float = 0.0
 
 
 class TurnPlan(BaseModel):

@@ -8,6 +8,7 @@ and carries on without repeating what already completed.
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -56,8 +57,11 @@ class TurnWorkflow:
         self._continuing = False
         # Set when the conversation got too big to carry inline (payload storage off).
         self._cannot_continue = False
-        # The search attribute values last upserted, so only changes are sent.
+        # The search attribute values last upserted, so only changes are sent, and when.
         self._published: visibility.SearchAttributeValues = {}
+        self._published_at: datetime | None = None
+        # Outcome timers not yet cancelled, with the history length when each was started.
+        self._outcome_timers: list[tuple[asyncio.Task[None], int]] = []
 
     @workflow.run
     async def run(
@@ -136,10 +140,29 @@ class TurnWorkflow:
         self._show(visibility.waiting_on_model(request))
         answer = await actions.call_model(request, state.plan)
         state.on_assistant(answer)
-        if state.plan.visibility.outcome_notes:
-            await actions.note(visibility.outcome_summary(request, answer))
-        self._show(visibility.answered(answer), publish=True)
+        await self._note_outcome(visibility.outcome_summary(request, answer))
+        self._show(visibility.answered(answer), publish=self._publish_due())
         await self._hooks(HookPoint.AFTER_LLM_CALL)
+
+    async def _note_outcome(self, summary: str) -> None:
+        plan = self._require_state().plan.visibility
+        if not plan.outcome_notes:
+            return
+        if not plan.outcome_timers:  # plans recorded before outcome timers existed
+            await actions.note(summary)
+            return
+        self._cancel_outcome_timers()
+        length = workflow.info().get_current_history_length()
+        self._outcome_timers.append((actions.outcome_timer(summary), length))
+
+    def _cancel_outcome_timers(self) -> None:
+        """Cancel the outcome timers started in an earlier workflow task, which the server has
+        (the history has grown since); a newer one is kept for a later step to cancel."""
+        length = workflow.info().get_current_history_length()
+        for timer, started_at in self._outcome_timers:
+            if started_at < length:
+                timer.cancel()
+        self._outcome_timers = [(t, at) for t, at in self._outcome_timers if at >= length]
 
     async def _run_tools(self) -> None:
         state = self._require_state()
@@ -147,6 +170,8 @@ class TurnWorkflow:
         self._show(visibility.waiting_on_tools(batch.to_run))
         self._completed = {}
         results, timing = await actions.run_tools(batch, state.plan, self._completed)
+        # The outcome that asked for these tools spans them in the Web UI's timeline.
+        self._cancel_outcome_timers()
         state.on_tool_results(results, timing)
         await self._hooks(HookPoint.AFTER_TOOL_CALL)
 
@@ -218,10 +243,19 @@ class TurnWorkflow:
             count=len(state.messages) if state else 0, done=bool(state and state.done)
         )
 
+    def _publish_due(self) -> bool:
+        """Whether search attributes may be upserted mid-turn: at most once per the plan's
+        interval, as each upsert is a history event and a visibility-store write."""
+        interval = self._require_state().plan.visibility.search_attribute_interval
+        if self._published_at is None or not interval:
+            return True
+        return (workflow.now() - self._published_at).total_seconds() >= interval
+
     def _show(self, doing: str, *, publish: bool = False) -> None:
         """Current details for the Web UI: where the turn is, in one glance. With ``publish``,
-        the search attributes too: only at the start, after each model answer and at the end,
-        as each upsert is an event in the history (current details are not)."""
+        the search attributes too: at the start, after a model answer when due
+        (``_publish_due``) and at the end, as each upsert is an event in the history (current
+        details are not)."""
         state = self._state
         if state is None:
             return
@@ -233,7 +267,7 @@ class TurnWorkflow:
         updates = visibility.search_attribute_updates(values, self._published, allowed)
         if updates:
             workflow.upsert_search_attributes(updates)
-            self._published = values
+            self._published, self._published_at = values, workflow.now()
 
 
 def _history_full(limits: ContinueAsNewPlan) -> bool:
