@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHistory
 
+from activities.settings import Settings
+from activities.turn_setup import TurnSetupActivities
 from tests.conftest import (
     Harness,
     HarnessFactory,
@@ -236,6 +239,26 @@ def test_a_plan_recorded_before_visibility_publishes_nothing() -> None:
     del old["visibility"]
     assert TurnPlan.model_validate(old).visibility == VisibilityPlan()
     assert VisibilityPlan().search_attributes == [] and not VisibilityPlan().outcome_notes
+    # Plans recorded before outcome timers and the upsert interval keep markers and upserts
+    # after every answer, so those histories replay with the commands they recorded.
+    recorded = plan().model_dump(mode="json")
+    recorded["visibility"] = {"search_attributes": ["TurnkeepAgent"], "outcome_notes": True}
+    visibility_plan = TurnPlan.model_validate(recorded).visibility
+    assert not visibility_plan.outcome_timers
+    assert visibility_plan.search_attribute_interval == 0
+
+
+def test_new_plans_use_outcome_timers_and_the_configured_interval() -> None:
+    config = {"agents": {"a": {"model": "passthrough"}}}
+    setup = TurnSetupActivities(Settings.model_validate(config))
+    assert setup.visibility.outcome_notes and setup.visibility.outcome_timers
+    assert setup.visibility.search_attribute_interval == 10
+    config["visibility"] = {"search_attribute_interval": 0.5}
+    assert TurnSetupActivities(Settings.model_validate(config)).visibility == VisibilityPlan(
+        outcome_notes=True, outcome_timers=True, search_attribute_interval=0.5
+    )
+    with pytest.raises(ValidationError, match="search_attribute_interval"):
+        Settings.model_validate({**config, "visibility": {"search_attribute_interval": -1}})
 
 
 # -- a real turn on the dev server ---------------------------------------------------------
@@ -364,6 +387,36 @@ async def test_history_shows_each_model_calls_outcome(
     assert details.startswith("**test** · iteration 2 of ")
     assert "· finished" in details and "model calls: 3" in details
     assert "last stop: `endTurn`" in details
+
+
+async def test_an_outcome_whose_tools_need_no_activity_is_still_recorded(
+    harness: HarnessFactory, tmp_path: Path, client: Client
+) -> None:
+    """A call to a tool that does not exist is answered in the workflow task that started the
+    outcome's timer: cancelled there, the timer would never reach the history. It is
+    cancelled by the next outcome instead."""
+    unknown = {"tool_calls": {"c1": {"name": "local__nope", "arguments": {}}}}
+    script = write_script(tmp_path / "script.json", unknown, "Sorry.")
+    agent = {"model": "playback", "playback": str(script), "servers": ["local"]}
+    async with harness(TOOLS, agents={"test": agent}) as h:
+        handle = await h.start("go")
+        result = await handle.result()
+        history = await handle.handle.fetch_history()
+    assert result.stop_reason == StopReason.END_TURN
+    summaries = await history_summaries(client, history)
+    assert summaries[-3:] == [
+        "llm #1 · playback → toolUse(1)",
+        "llm #2 · playback",
+        "llm #2 · playback → endTurn",
+    ]
+    events = history.events
+    [first, _] = [e for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+    [cancel] = [e for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_CANCELED]
+    assert cancel.timer_canceled_event_attributes.timer_id == (
+        first.timer_started_event_attributes.timer_id
+    )
+    assert not any(e.event_type == EventType.EVENT_TYPE_TIMER_FIRED for e in events)
+    await replayer().replay_workflow(history)
 
 
 async def test_a_failed_model_call_reads_error(
