@@ -5,7 +5,9 @@ a workflow, and this one must import nothing but temporalio.
 - ``Floor``: awaits ``activities`` activities one after another. With the ``noop`` activity it
   is the floor of the loop; the other activities add one thing a turn's activity does (a
   heartbeat, a query of its workflow, a 5 KB result) to measure what that one thing costs, and
-  ``local_activity`` adds a no-op local activity after each step (as the turn's ``note``).
+  ``local_activity`` adds a no-op local activity after each step (as turns before outcome
+  timers recorded a model call's outcome), ``outcome_timer`` a long timer started after each
+  step and cancelled after the next (as a turn records one now).
 - ``TimerFloor``: sleeps ``timers`` short timers one after another (dev-server flags).
 - ``Floor`` with the ``wait`` activity: a workflow waiting on a slow activity (worker memory).
 """
@@ -70,6 +72,7 @@ class FloorInput:
     activity: str = NOOP
     heartbeat_seconds: float | None = None
     local_activity: bool = False
+    outcome_timer: bool = False
 
 
 @workflow.defn(name="Floor")
@@ -80,6 +83,7 @@ class Floor:
     @workflow.run
     async def run(self, spec: FloorInput) -> None:
         heartbeat = timedelta(seconds=spec.heartbeat_seconds) if spec.heartbeat_seconds else None
+        timer: asyncio.Task[None] | None = None
         for step in range(spec.activities):
             self._step = step
             await workflow.execute_activity(
@@ -87,6 +91,10 @@ class Floor:
                 start_to_close_timeout=timedelta(days=1),
                 heartbeat_timeout=heartbeat,
             )
+            if spec.outcome_timer:
+                if timer is not None:
+                    timer.cancel()
+                timer = asyncio.ensure_future(workflow.sleep(timedelta(days=1), summary="step"))
             if spec.local_activity:
                 await workflow.execute_local_activity(
                     NOOP, start_to_close_timeout=timedelta(seconds=10)

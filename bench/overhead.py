@@ -8,8 +8,8 @@ And where the difference goes:
 - floor variants that each add one thing a turn does to every activity step — turnkeep's data
   converter (pydantic JSON, external payload storage), a heartbeat, a query of the workflow
   (how ``llm_step`` reads its input when it runs on another worker), a 5 KB result, a local
-  activity (the turn's ``note`` after each model call) — and one without the workflow
-  sandbox, to show the sandbox's share of a step;
+  activity (how turns recorded a model call's outcome before), an outcome timer (how they do
+  now) — and one without the workflow sandbox, to show the sandbox's share of a step;
 - the turn with the model input read by query (``build_worker(model_input_handoff=False)``),
   and with external payload storage off.
 
@@ -49,12 +49,14 @@ TURN_BY_QUERY = "turn, 5 KB, model input read by query"
 TURN_NO_STORAGE = "turn, 5 KB, payload storage off"
 FLOOR_BARE = "floor: no-op activities"
 LOCAL = "local"  # not an activity: the floor's noop, followed by a local activity
+TIMER = "timer"  # not an activity: the floor's noop, and an outcome timer (see bench/floor.py)
 ABLATIONS = {
     "floor + turnkeep's data converter": (FLOOR_CONVERTER, NOOP),
     "floor + a heartbeat per activity": (FLOOR, HEARTBEAT),
     "floor + a query of the workflow per activity": (FLOOR, QUERY),
     "floor + a 5 KB result per activity": (FLOOR, BLOB),
     "floor + a no-op local activity per activity": (FLOOR, LOCAL),
+    "floor + an outcome timer per activity": (FLOOR, TIMER),
     "floor without the workflow sandbox": (FLOOR_UNSANDBOXED, NOOP),
 }
 
@@ -121,6 +123,8 @@ async def loop_overhead(env: Environment, repeats: int) -> tuple[list[Table], Ov
             async def go() -> float:
                 if activity == LOCAL:
                     spec = FloorInput(activities, NOOP, local_activity=True)
+                elif activity == TIMER:
+                    spec = FloorInput(activities, NOOP, outcome_timer=True)
                 else:
                     spec = FloorInput(activities, activity, heartbeat)
                 seconds, workflow_id = await run_floor(client, queue, spec)

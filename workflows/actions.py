@@ -188,8 +188,9 @@ async def compact_history(messages: list[Message], plan: TurnPlan) -> str:
     return summary.text
 
 
-# Long enough never to fire while a step runs; if one does, nothing waits on it.
-OUTCOME_TIMER = timedelta(days=365)
+# Longer than the tools of one answer take, as a rule; if one fires all the same, nothing waits
+# on it. Not longer: a server keeps the timer's task in its queue until then, cancelled or not.
+OUTCOME_TIMER = timedelta(days=1)
 
 
 def outcome_timer(summary: str) -> asyncio.Task[None]:

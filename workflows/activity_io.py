@@ -88,9 +88,10 @@ class VisibilityPlan(BaseModel):
     search_attributes: list[str] = Field(default_factory=list)
     # Record each model call's outcome (`llm #3 · sonnet → toolUse(2)`) in the history ...
     outcome_notes: bool = False
-    # ... as the summary of a timer that never fires (started with the next step's commands,
-    # cancelled once that step is done) rather than of a no-op local activity's marker: a
-    # local activity costs a workflow activation of its own and holds the workflow task open.
+    # ... as the summary of a day-long timer nothing waits for (started with the next step's
+    # commands, cancelled once that step is done) rather than of a no-op local activity's
+    # marker: a local activity costs a workflow activation of its own and holds the workflow
+    # task open until it is done.
     outcome_timers: bool = False
     # Seconds of workflow time between two upserts in the middle of a turn (0: every answer).
     search_attribute_interval: float = 0.0
