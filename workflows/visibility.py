@@ -2,8 +2,9 @@
 
 - activity summaries: ``llm #3 · sonnet``, ``tool weather__forecast · call_9f2``,
   ``compact history``, ``hook before_llm_call · audit``; once a model call has answered, its
-  outcome ``llm #3 · sonnet → toolUse(2)`` (the workflow records it as a marker: see
-  ``NOTE_ACTIVITY``);
+  outcome ``llm #3 · sonnet → toolUse(2)`` (an activity's own summary is fixed when it is
+  scheduled, before its answer exists, so the workflow records the outcome as the summary of
+  a timer nobody waits for: ``actions.outcome_timer``);
 - the workflow's current details (markdown): iteration, what the turn waits on, last stop
   reason, tokens so far;
 - search attributes (``TurnkeepAgent``, ``TurnkeepModel``, ``TurnkeepStatus``,
@@ -29,11 +30,9 @@ from workflows.activity_io import HookPoint, LlmRequest, ToolCallRequest
 from workflows.loop import TurnState
 from workflows.messages import Message, StopReason
 
-# The no-op local activity whose summary carries a model call's outcome into the history: an
-# activity's own summary is fixed when it is scheduled, before its answer exists. A local
-# activity is recorded as one MarkerRecorded event in the workflow task that goes on anyway
-# (no extra round trip to the server). The Web UI (2.54) shows its summary in the Event History,
-# All and Compact views, as a "Local Activity" row; its Timeline shows only this name.
+# The no-op local activity whose summary carried a model call's outcome into the history in
+# turns whose plan predates outcome timers (one MarkerRecorded event, but a workflow activation
+# of its own each time). Still registered: such turns may be running when a worker upgrades.
 NOTE_ACTIVITY = "turnkeep_note"
 
 # -- search attributes --------------------------------------------------------------------
