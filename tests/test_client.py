@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from temporalio.client import WorkflowExecutionStatus
 from tests.conftest import HarnessFactory, turnkeep, write_script
 from tests.mcp_servers.launch import STDIO_SCRIPT
 from worker.client import TurnCancelledError
-from worker.embedded import ServerInfo
+from worker.embedded import ServerInfo, free_port
 from workflows.messages import Message, StopReason
 from workflows.repair import INTERRUPTED_TEXT
 from workflows.turn_io import RollbackState
@@ -219,3 +220,30 @@ async def test_ctrl_c_in_cli_run_cancels_the_turn_and_shows_the_repair(
     assert "interrupted: cancelling the turn" in output
     assert "history repair: appended_interrupted_tool_result" in output
     assert "stop reason: cancelled" in output
+
+
+async def test_cli_on_an_unreachable_server_says_so(tmp_path: Path) -> None:
+    """No traceback: one line naming the address, and exit code 2 like other user errors."""
+    (tmp_path / "turnkeep.yaml").write_text("agents:\n  test:\n    model: passthrough\n")
+    nobody = ServerInfo(address=f"127.0.0.1:{free_port()}", ui_url=None, pid=0)
+    done = await asyncio.to_thread(turnkeep, "show", "some-turn", temporal=nobody, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Cannot reach the Temporal server at " + nobody.address in " ".join(done.stdout.split())
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+async def test_cli_exit_codes_survive_leaving_without_finalization(tmp_path: Path) -> None:
+    """`main` ends with os._exit: the codes click and typer give must come through."""
+
+    def code(*args: str) -> int:
+        done = subprocess.run(
+            [sys.executable, "-m", "worker.cli", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            check=False,
+        )
+        return done.returncode
+
+    assert await asyncio.to_thread(code, "--help") == 0
+    assert await asyncio.to_thread(code, "no-such-command") == 2
+    assert await asyncio.to_thread(code, "show") == 2  # a missing argument is a usage error

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -44,7 +45,7 @@ from worker.codec_server import (
     stop_background_codec_server,
 )
 from worker.config import ConfigError, find_config, load_settings
-from worker.connection import address_configured, connect
+from worker.connection import TemporalUnreachableError, address_configured, connect
 from worker.embedded import HOST as EMBEDDED_HOST
 from worker.embedded import (
     EmbeddedServer,
@@ -76,8 +77,11 @@ ConfigPath = Annotated[
 
 
 def main() -> None:
+    code = 0
     try:
-        app()
+        app()  # ends with SystemExit, as click does in standalone mode
+    except SystemExit as done:
+        code = _exit_code(done)
     # PayloadStorageError: a turn's stored payload is missing (swept, or another directory).
     except (
         ConfigError,
@@ -87,14 +91,26 @@ def main() -> None:
         # A payload this config has no key for, or one that fails authentication.
         EncryptionError,
         CodecServerError,
+        TemporalUnreachableError,
     ) as err:
         console.print(f"[red]error:[/] {err}")
-        # Leave without interpreter finalization: an error can surface while the Temporal
-        # client's Rust threads still hold callbacks into Python, and finalizing under them
-        # aborts the process ("PyGILState_Release … finalizing") instead of exiting with 2.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(2)
+        code = 2
+    # Leave without interpreter finalization, whatever the outcome: the Temporal client's Rust
+    # threads can still hold callbacks into Python when a command returns, and finalizing
+    # under them aborts the process ("PyGILState_Release … finalizing", SIGABRT) instead of
+    # exiting with the command's code. Everything a command opened is closed by now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _exit_code(done: SystemExit) -> int:
+    """The status ``sys.exit(code)`` would give: None is 0, a message is printed and is 1."""
+    if done.code is None or isinstance(done.code, int):
+        return done.code or 0
+    print(done.code, file=sys.stderr)
+    return 1
 
 
 async def _connect(

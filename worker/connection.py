@@ -37,4 +37,16 @@ async def connect(
     if namespace:
         config["namespace"] = namespace
     config.setdefault("target_host", "localhost:7233")
-    return await Client.connect(**config, plugins=[plugin or TurnkeepClientPlugin(settings)])
+    try:
+        return await Client.connect(**config, plugins=[plugin or TurnkeepClientPlugin(settings)])
+    except RuntimeError as err:  # what the SDK raises when it cannot connect
+        raise TemporalUnreachableError(
+            f"Cannot reach the Temporal server at {config['target_host']} "
+            f"(namespace {config.get('namespace', 'default')}): {err}. Is it running, and is "
+            "that its address? (`turnkeep run` without --address or TEMPORAL_ADDRESS uses "
+            "turnkeep's own embedded server.)"
+        ) from err
+
+
+class TemporalUnreachableError(RuntimeError):
+    """The Temporal frontend could not be reached (wrong address, server down, TLS mismatch)."""
