@@ -446,14 +446,15 @@ async def test_a_failed_model_call_reads_error(
     assert attributes["TurnkeepStopReason"] == "error"
 
 
-@pytest.mark.parametrize("interval", [0, None])
+@pytest.mark.parametrize("interval", [0, 3600])
 async def test_current_details_follow_the_turn(
-    fake: FakeProvider, harness: HarnessFactory, interval: float | None
+    fake: FakeProvider, harness: HarnessFactory, interval: float
 ) -> None:
     """Waiting on a tool, then on a slow model (the fake API holds its answer), then cancelled:
     the details say so at each step, and so do the search attributes, mid-turn after every
-    answer with ``search_attribute_interval: 0`` and only at the start and the end with the
-    default (10 s; this turn's first answer comes well within that)."""
+    answer with ``search_attribute_interval: 0`` and only at the start and the end with an
+    interval longer than the turn (an hour here, so a slow machine cannot reach it; the
+    default is checked by the unit test above)."""
     gate.clear()
     fake.script(
         Reply.tool_calls(("c1", "local__wait_for_gate", {}), usage=Tokens(input=100, output=7)),
@@ -465,9 +466,8 @@ async def test_current_details_follow_the_turn(
     config: dict[str, Any] = {
         "anthropic": {"api_key": "sk-test", "base_url": fake.base_url_anthropic},
         "agents": {"test": agent},
+        "visibility": {"search_attribute_interval": interval},
     }
-    if interval is not None:
-        config["visibility"] = {"search_attribute_interval": interval}
     async with harness(TOOLS, **config) as h:
         handle = await h.start("go")
 
