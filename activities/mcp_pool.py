@@ -222,7 +222,12 @@ async def call_function_tool(
     to its end and its result is dropped, as with a cancelled MCP request. Unlike an MCP
     request, no ``_meta`` reaches the tool."""
     try:
-        outcome: ToolResult | Exception = await server.call_tool(tool, arguments)
+        # Without the middleware chain: turnkeep builds this server and adds none, and the one
+        # FastMCP adds by default (DereferenceRefsMiddleware) acts on listings only. The chain
+        # costs more than an instant tool itself.
+        outcome: ToolResult | Exception = await server.call_tool(
+            tool, arguments, run_middleware=False
+        )
     except Exception as err:
         outcome = err
     return _as_call_tool_result(server, tool, outcome)

@@ -4,7 +4,6 @@ names) and `compact_history` (a summary of older exchanges, by the same model)."
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -149,12 +148,13 @@ def _input_mismatch(step: LlmStepRequest) -> ApplicationError:
 # Reading the input by query costs a round trip through the server to the worker that has the
 # workflow cached, and one more per page for a long conversation: 10-15 ms per model call on a
 # dev server, the largest single item of the loop's overhead (`python -m bench`). Most of the
-# time that worker is this very process: the server hands a just-scheduled activity straight
-# back to the worker that scheduled it (eager activity execution). So when the workflow
-# schedules `llm_step`, an interceptor copies the request the workflow answers the query with
-# into this process's memory, and `llm_step` takes it from there when it runs here. Nothing
-# changes in the history; an attempt that runs on another worker, or a retry, reads the input
-# by query as before.
+# time that worker is this very process: it polls the task queue the workflow scheduled the
+# call on. So when the workflow schedules `llm_step`, an interceptor puts the request's JSON
+# (the very string the step's digest was taken over, which `LlmStepRequest.referencing` keeps
+# in memory) into this process's memory, and `llm_step` takes it from there when it runs here.
+# Nothing changes in the history; an attempt that runs on another worker, or a retry, reads
+# the input by query as before. The activity parses its own copy of the JSON: it never shares
+# objects with workflow state, which it could otherwise change behind the history's back.
 
 HANDOFF_MAX_BYTES = 32 * 1024 * 1024
 
@@ -167,35 +167,36 @@ class ModelInputHandoff:
     def __init__(self, max_bytes: int = HANDOFF_MAX_BYTES) -> None:
         self._max_bytes = max_bytes
         self._bytes = 0
-        self._entries: OrderedDict[tuple[str, str, int], str] = OrderedDict()
+        # (workflow id, run id, call index) -> (digest, request JSON)
+        self._entries: OrderedDict[tuple[str, str, int], tuple[str, str]] = OrderedDict()
         # Workflow tasks run on the worker's thread pool, activities on its event loop.
         self._lock = threading.Lock()
 
-    def offer(self, step: LlmStepRequest, request_json: str) -> None:
-        if len(request_json) > self._max_bytes:
+    def offer(self, step: LlmStepRequest) -> None:
+        """Keep ``step``'s request if this process built the step (it has the JSON)."""
+        request_json = step.request_json
+        if request_json is None or len(request_json) > self._max_bytes:
             return
         with self._lock:
             key = _key(step)
             old = self._entries.pop(key, None)
-            self._bytes += len(request_json) - (len(old) if old is not None else 0)
-            self._entries[key] = request_json
+            self._bytes += len(request_json) - (len(old[1]) if old is not None else 0)
+            self._entries[key] = (step.digest, request_json)
             while self._bytes > self._max_bytes:
-                _, dropped = self._entries.popitem(last=False)
+                _, (_, dropped) = self._entries.popitem(last=False)
                 self._bytes -= len(dropped)
 
     def take(self, step: LlmStepRequest) -> LlmRequest | None:
         """The request of ``step`` if it was offered here and matches the digest, else None."""
         with self._lock:
-            request_json = self._entries.pop(_key(step), None)
-            if request_json is not None:
-                self._bytes -= len(request_json)
-        if request_json is None:
+            entry = self._entries.pop(_key(step), None)
+            if entry is not None:
+                self._bytes -= len(entry[1])
+        # The offered digest was taken over this JSON when the workflow built the step, so
+        # equal digests mean the JSON is exactly what the query would have returned.
+        if entry is None or entry[0] != step.digest:
             return None
-        # The digest is what the workflow recorded: a request taken from here is exactly the
-        # one the query would have returned, or it is not used.
-        if hashlib.sha256(request_json.encode()).hexdigest() != step.digest:
-            return None
-        return LlmRequest.model_validate_json(request_json)
+        return LlmRequest.model_validate_json(entry[1])
 
 
 def _key(step: LlmStepRequest) -> tuple[str, str, int]:
@@ -225,28 +226,9 @@ class _HandoffInbound(WorkflowInboundInterceptor):
 class _HandoffOutbound(WorkflowOutboundInterceptor):
     def start_activity(self, input: StartActivityInput) -> Any:
         # Not while replaying: those calls have run already, nobody would take their input.
+        # (Offering issues no command, so replay is unaffected either way.)
         if input.activity == LLM_STEP and not workflow.unsafe.is_replaying():
             step = input.args[0] if input.args else None
             if isinstance(step, LlmStepRequest):
-                _offer_from_workflow(step)
+                MODEL_INPUTS.offer(step)
         return super().start_activity(input)
-
-
-def _offer_from_workflow(step: LlmStepRequest) -> None:
-    """Runs in workflow code: reads the request through the workflow's own query handler (the
-    contract `llm_step` relies on anyway) and offers it. No commands, so replay is unaffected."""
-    handler = workflow.get_query_handler(MODEL_INPUT_QUERY)
-    if handler is None:
-        return
-    first = handler(step.call_index, 0)
-    if not isinstance(first, ModelInputPage):
-        return
-    messages = list(first.request.messages)
-    while len(messages) < first.total_messages:
-        page = handler(step.call_index, len(messages))
-        if not isinstance(page, ModelInputPage) or not page.request.messages:
-            return
-        messages += page.request.messages
-    request = first.request.model_copy(update={"messages": messages})
-    # The same JSON `digest()` hashes, so `take` checks it without re-serialising.
-    MODEL_INPUTS.offer(step, request.model_dump_json())

@@ -23,6 +23,7 @@ from tests.conftest import HarnessFactory, eventually, write_script
 from tests.fake_provider import FakeProvider, Reply
 from worker.client import TurnCancelledError, TurnHandle
 from worker.plugin import replay_plugin
+from worker.workflow_runner import STRICT_WORKFLOW_RUNNER
 from workflows.messages import StopReason
 from workflows.turn_io import RollbackState
 
@@ -38,7 +39,8 @@ def add(a: int, b: int) -> int:
 
 
 def replayer() -> Replayer:
-    return Replayer(workflows=[], plugins=[replay_plugin()])
+    # The strict sandbox: a forbidden call anywhere in workflow code fails here.
+    return Replayer(workflows=[], plugins=[replay_plugin(workflow_runner=STRICT_WORKFLOW_RUNNER)])
 
 
 def scripted(*specs: tuple[str, int, int]) -> dict[str, Any]:

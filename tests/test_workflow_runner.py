@@ -23,7 +23,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from tests.context_workflow import ContextWorkflow, echo
 from worker.embedded import ServerInfo
-from worker.workflow_runner import WORKFLOW_RUNNER
+from worker.workflow_runner import STRICT_WORKFLOW_RUNNER, WORKFLOW_RUNNER
 
 
 @dataclass
@@ -89,3 +89,11 @@ async def test_contexts_match_the_stock_sandbox(temporal: ServerInfo) -> None:
     # What makes the comparison meaningful: activity-bound contexts were asked for.
     assert "encode activity echo local=False" in expected
     assert "encode activity echo local=True" in expected
+
+
+def test_replays_import_workflow_code_inside_the_sandbox() -> None:
+    # Workers share turnkeep's workflow modules across runs; the replay tests must not, or a
+    # forbidden call in workflow code would go unnoticed (worker/workflow_runner.py).
+    assert "workflows" in WORKFLOW_RUNNER.restrictions.passthrough_modules
+    strict = STRICT_WORKFLOW_RUNNER.restrictions.passthrough_modules
+    assert not any(m == "workflows" or m.startswith("workflows.") for m in strict)

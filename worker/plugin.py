@@ -38,6 +38,7 @@ from temporalio.worker import (
     WorkerConfig,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
+    WorkflowRunner,
 )
 
 from activities.errors import known
@@ -277,11 +278,14 @@ def _check_names(settings: Settings, servers: set[str], hooks: set[str]) -> None
 
 
 def replay_plugin(
-    settings: Settings | None = None, *, storage: ExternalStorage | None = None
+    settings: Settings | None = None,
+    *,
+    storage: ExternalStorage | None = None,
+    workflow_runner: WorkflowRunner = WORKFLOW_RUNNER,
 ) -> SimplePlugin:
     """What a ``Replayer`` needs to replay turn histories: the workflow, runner, converter
     (with the workers' payload storage and encryption keys, to read offloaded and encrypted
-    payloads) and interceptors."""
+    payloads) and interceptors. The replay tests pass ``STRICT_WORKFLOW_RUNNER``."""
     settings = settings or Settings()
     if storage is None:
         storage = external_storage(settings)
@@ -289,6 +293,6 @@ def replay_plugin(
         "turnkeep-replay",
         data_converter=data_converter(storage, payload_codec(settings)),
         workflows=[TurnWorkflow],
-        workflow_runner=WORKFLOW_RUNNER,
+        workflow_runner=workflow_runner,
         interceptors=_interceptors(storage),
     )

@@ -1,10 +1,15 @@
 """The workflow runner turnkeep's workers use: Temporal's sandbox, with two costs taken out.
 
-1. **Passthrough modules.** Deterministic, side-effect-free modules the sandbox may share
-   across workflow runs instead of re-importing them (and rebuilding every pydantic model) for
-   each run. ``beartype`` is here because fastmcp's key_value dependency installs beartype's
-   import hook process-wide; left sandboxed, every workflow run re-imported beartype through it
-   (~450 ms per new turn).
+1. **Passthrough modules.** Modules the sandbox shares across workflow runs instead of
+   re-importing them for each run: ``beartype``, because fastmcp's key_value dependency
+   installs beartype's import hook process-wide (left sandboxed, every run re-imported beartype
+   through it, ~450 ms per new turn), and all of ``workflows``, turnkeep's own workflow code.
+   Re-importing that re-ran every module and rebuilt every pydantic model for each turn, and
+   where no ``.pyc`` can be written (``PYTHONDONTWRITEBYTECODE``) recompiled the modules too:
+   a seventh of a busy worker's CPU (`bench`'s throughput profile). The sandbox's runtime
+   checks (no ``datetime.now()``, no I/O...) reach only code imported inside it, so the replay
+   tests run every recorded turn history on ``STRICT_WORKFLOW_RUNNER``, which imports all of
+   ``workflows`` inside the sandbox: a forbidden call in workflow code fails CI there.
 2. **Serialization contexts outside ``exec``.** Before it encodes or decodes a payload, the SDK
    asks the workflow instance which command the payload belongs to (its serialization context
    and external-storage context). The stock sandbox answers each question by compiling and
@@ -29,15 +34,7 @@ try:  # private: the sandbox's instance class, to answer context questions witho
 except ImportError:  # pragma: no cover - another SDK version: stock behaviour
     _Instance = None  # type: ignore[assignment,misc]
 
-PASSTHROUGH_MODULES = (
-    "beartype",
-    "workflows.messages",
-    "workflows.turn_io",
-    "workflows.activity_io",
-    "workflows.repair",
-    "workflows.loop",
-    "workflows.visibility",
-)
+PASSTHROUGH_MODULES = ("beartype", "workflows")
 
 # The name the stock sandbox binds its in-sandbox instance to, in the globals it execs in.
 _IN_SANDBOX = "__temporal_in_sandbox"
@@ -81,4 +78,10 @@ class TurnkeepWorkflowRunner(SandboxedWorkflowRunner):
 
 WORKFLOW_RUNNER = TurnkeepWorkflowRunner(
     restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES)
+)
+
+# Every workflow module imported inside the sandbox, its restrictions applied: slower per turn,
+# for the replay tests (see 1. above).
+STRICT_WORKFLOW_RUNNER = SandboxedWorkflowRunner(
+    restrictions=SandboxRestrictions.default.with_passthrough_modules("beartype")
 )

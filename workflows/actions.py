@@ -36,7 +36,6 @@ from workflows.activity_io import (
     ToolSpec,
     ToolsRequest,
     TurnPlan,
-    digest,
 )
 from workflows.loop import ToolBatch
 from workflows.messages import CallToolResult, Message, StopReason, TextContent
@@ -108,14 +107,7 @@ async def call_model(request: LlmRequest, plan: TurnPlan) -> Message:
     """One model call. The workflow must answer ``MODEL_INPUT_QUERY`` with ``request`` while
     this runs: the activity reads the request from there (see ``LlmStepRequest``)."""
     info = workflow.info()
-    step = LlmStepRequest(
-        agent=request.agent,
-        model=request.model,
-        call_index=request.call_index,
-        workflow_id=info.workflow_id,
-        run_id=info.run_id,
-        digest=digest(request),
-    )
+    step = LlmStepRequest.referencing(request, workflow_id=info.workflow_id, run_id=info.run_id)
     try:
         summary = visibility.llm_summary(request.call_index, request.model)
         return await _execute(LLM_STEP, step, Message, summary, plan.llm)

@@ -7,7 +7,7 @@ import hashlib
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from workflows.messages import CallToolResult, Message, StopReason
 from workflows.turn_io import TurnOverrides, Usage
@@ -166,9 +166,37 @@ class LlmStepRequest(BaseModel):
     run_id: str
     digest: str  # sha256 of the LlmRequest's JSON
 
+    # The JSON the digest was taken over, in this process's memory only (a private attribute
+    # is never serialized): the worker that schedules the call hands it to ``llm_step``
+    # without dumping the conversation a second time (activities/model_activity.py).
+    _request_json: str | None = PrivateAttr(default=None)
+
+    @classmethod
+    def referencing(cls, request: LlmRequest, *, workflow_id: str, run_id: str) -> LlmStepRequest:
+        request_json = request.model_dump_json()
+        step = cls(
+            agent=request.agent,
+            model=request.model,
+            call_index=request.call_index,
+            workflow_id=workflow_id,
+            run_id=run_id,
+            digest=_sha256(request_json),
+        )
+        step._request_json = request_json
+        return step
+
+    @property
+    def request_json(self) -> str | None:
+        """The request's JSON, on the worker that built this reference; None elsewhere."""
+        return self._request_json
+
 
 def digest(request: LlmRequest) -> str:
-    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+    return _sha256(request.model_dump_json())
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # Query answers are payloads too: pages stay below the external-storage threshold, so reading

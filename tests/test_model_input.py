@@ -1,0 +1,111 @@
+"""How ``llm_step`` gets the request it sends: from the memory of the worker that scheduled it
+(the in-process hand-off), or by query of the workflow, and in both cases only ever exactly the
+request the workflow's digest names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from activities import model_activity
+from activities.model_activity import ModelInputHandoff
+from tests.conftest import HarnessFactory, write_script
+from workflows.activity_io import LlmRequest, LlmStepRequest, digest
+from workflows.messages import Message
+from workflows.turn_io import TurnResult
+
+
+def request(call_index: int = 1, text: str = "hello") -> LlmRequest:
+    return LlmRequest(
+        agent="a",
+        model="m",
+        call_index=call_index,
+        instruction=None,
+        messages=[Message.user(text)],
+        tools=[],
+    )
+
+
+def step_for(req: LlmRequest, run_id: str = "r") -> LlmStepRequest:
+    return LlmStepRequest.referencing(req, workflow_id="w", run_id=run_id)
+
+
+def test_a_step_built_here_carries_its_json_but_never_serializes_it() -> None:
+    req = request(text="private conversation")
+    step = step_for(req)
+    assert step.digest == digest(req)
+    assert step.request_json == req.model_dump_json()
+    wire = step.model_dump_json()
+    assert "private conversation" not in wire
+    # What a worker receives from the server: the reference alone.
+    assert LlmStepRequest.model_validate_json(wire).request_json is None
+
+
+def test_the_scheduling_process_hands_over_an_equal_request() -> None:
+    handoff = ModelInputHandoff()
+    req = request()
+    step = step_for(req)
+    handoff.offer(step)
+    received = LlmStepRequest.model_validate_json(step.model_dump_json())
+    taken = handoff.take(received)
+    assert taken == req and taken is not req
+    assert handoff.take(received) is None  # taken once
+
+
+def test_a_request_that_does_not_match_the_digest_is_never_handed_over() -> None:
+    handoff = ModelInputHandoff()
+    handoff.offer(step_for(request(text="what the workflow meant")))
+    other = step_for(request(text="something else"))
+    assert handoff.take(other) is None
+
+
+def test_a_step_from_elsewhere_is_not_offered() -> None:
+    handoff = ModelInputHandoff()
+    received = LlmStepRequest.model_validate_json(step_for(request()).model_dump_json())
+    handoff.offer(received)  # no JSON: built by another process
+    assert handoff.take(received) is None
+
+
+def test_untaken_requests_are_dropped_oldest_first() -> None:
+    small = step_for(request(1))
+    size = len(small.request_json or "")
+    handoff = ModelInputHandoff(max_bytes=2 * size + size // 2)
+    steps = [step_for(request(i)) for i in (1, 2, 3)]
+    for step in steps:
+        handoff.offer(step)
+    assert handoff.take(steps[0]) is None
+    assert handoff.take(steps[1]) is not None and handoff.take(steps[2]) is not None
+
+
+class RecordingHandoff(ModelInputHandoff):
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken: list[int] = []
+        self.missed: list[int] = []
+
+    def take(self, step: LlmStepRequest) -> LlmRequest | None:
+        found = super().take(step)
+        (self.taken if found is not None else self.missed).append(step.call_index)
+        return found
+
+
+@pytest.mark.asyncio
+async def test_model_calls_on_the_scheduling_worker_take_their_input_from_memory(
+    harness: HarnessFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recording = RecordingHandoff()
+    monkeypatch.setattr(model_activity, "MODEL_INPUTS", recording)
+    call = {"tool_calls": {"c1": {"name": "local__echo", "arguments": {"text": "x" * 5000}}}}
+    script = write_script(tmp_path / "script.json", call, call, "done")
+
+    def echo(text: str) -> str:
+        """Echoes its argument."""
+        return text
+
+    agents = {"test": {"model": "playback", "playback": str(script), "servers": ["local"]}}
+    async with harness({"local": [echo]}, agents=agents) as h:
+        result: TurnResult = await h.run("go")
+    assert result.final is not None and result.final.text == "done"
+    # Every model call of the turn read its input here, none by query.
+    assert recording.taken == [1, 2, 3] and recording.missed == []
