@@ -40,22 +40,24 @@ def first_beat_delay(interval: float) -> float:
 async def heartbeating(work: Awaitable[T], *details: object) -> T:
     """Await ``work`` while heartbeating; cancelling the activity cancels ``work``.
 
-    Beats start after ``first_beat_delay`` and then come every interval. A cancellation
-    reaches the activity in the answer to the next beat, as it did when the first beat went
-    out at once (a beat at the very start could only ever see a cancellation that came before
-    the step began)."""
-    task = asyncio.ensure_future(work)
+    ``work`` runs in the activity's own task, so a cancellation reaches it directly and it has
+    unwound (an MCP cancel notification sent, say) before this returns. The beats come from
+    timer callbacks on the event loop: a callback runs in a copy of the context it was
+    scheduled from, the activity's, which is how ``activity.heartbeat`` knows the activity.
+    They start after ``first_beat_delay`` and then come every interval. A cancellation reaches
+    the activity in the answer to the next beat (a beat at the very start could only ever see
+    a cancellation that came before the step began). No task or wait of its own: a quick step,
+    which sends no beat, costs one timer scheduled and cancelled."""
+    loop = asyncio.get_running_loop()
     interval = heartbeat_interval()
-    wait = first_beat_delay(interval)
+
+    def beat() -> None:
+        nonlocal timer
+        activity.heartbeat(*details)
+        timer = loop.call_later(interval, beat)
+
+    timer = loop.call_later(first_beat_delay(interval), beat)
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=wait)
-            if done:
-                return task.result()
-            activity.heartbeat(*details)
-            wait = interval
+        return await work
     finally:
-        if not task.done():
-            task.cancel()
-            # Let the cancelled work unwind (e.g. an MCP cancel notification) before we return.
-            await asyncio.gather(task, return_exceptions=True)
+        timer.cancel()

@@ -60,3 +60,38 @@ def test_the_first_beat_counts_from_the_server_start(started_ago: float, expecte
     env, _ = environment(started_ago=started_ago)
     delay = env.run(first_beat_delay, 1.0)
     assert delay == pytest.approx(expected, abs=0.05)
+
+
+async def test_cancelling_the_activity_cancels_the_work_and_lets_it_unwind() -> None:
+    env, beats = environment(started_ago=0.0, timeout=0.6)  # interval: 0.2 s
+    events: list[str] = []
+
+    async def work() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)  # cleanup that itself waits (an MCP cancel, say)
+            events.append("unwound")
+            raise
+        return "never"
+
+    async def step() -> str:
+        try:
+            return await heartbeating(work(), "working")
+        finally:
+            events.append("returned")
+
+    async def cancel_soon() -> None:
+        await asyncio.sleep(0.5)
+        env.cancel()
+
+    canceller = asyncio.ensure_future(cancel_soon())
+    with pytest.raises(asyncio.CancelledError):
+        await env.run(step)
+    await canceller
+    assert events == ["unwound", "returned"]
+    assert beats and beats[0] == ("working",)  # it beat while waiting
+    # And no beat after the step ended.
+    count = len(beats)
+    await asyncio.sleep(0.5)
+    assert len(beats) == count
