@@ -50,6 +50,7 @@ async def heartbeating(work: Awaitable[T], *details: object) -> T:
     which sends no beat, costs one timer scheduled and cancelled."""
     loop = asyncio.get_running_loop()
     interval = heartbeat_interval()
+    timer: asyncio.TimerHandle
 
     def beat() -> None:
         nonlocal timer

@@ -15,6 +15,7 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxRestrictions
 
 from activities.settings import Settings
 from bench.floor import ACTIVITIES, Floor
@@ -22,7 +23,7 @@ from bench.turns import TOOLS, Agent, settings
 from worker.build import build_worker
 from worker.connection import connect
 from worker.embedded import EmbeddedServer, ServerInfo
-from worker.workflow_runner import WORKFLOW_RUNNER
+from worker.workflow_runner import PASSTHROUGH_MODULES, TurnkeepWorkflowRunner
 
 TURNS = "bench-turns"
 FLOOR = "bench-floor"
@@ -47,12 +48,21 @@ def turn_worker(env: Environment, queue: str, **options: Any) -> Worker:
     return build_worker(env.client, env.settings, function_tools=TOOLS, task_queue=queue, **options)
 
 
+# turnkeep's workflow runner, with the floors' module shared across runs as turnkeep's own
+# workflow modules are: neither side re-imports (or, without .pyc files, recompiles) its
+# workflow code for each workflow it starts.
+FLOOR_RUNNER = TurnkeepWorkflowRunner(
+    restrictions=SandboxRestrictions.default.with_passthrough_modules(
+        *PASSTHROUGH_MODULES, "bench.floor"
+    )
+)
+
+
 def floor_worker(client: Client, queue: str, **options: Any) -> Worker:
-    """A bare worker for the floors, on turnkeep's workflow runner: the sandbox with the same
-    modules passed through. With the default runner, every new workflow in a process that has
-    imported fastmcp (as any turnkeep worker has) re-imports beartype: ~150 ms more per
-    workflow started, which a floor must not be charged for."""
-    options.setdefault("workflow_runner", WORKFLOW_RUNNER)
+    """A bare worker for the floors, on ``FLOOR_RUNNER``. With the default runner, every new
+    workflow in a process that has imported fastmcp (as any turnkeep worker has) re-imports
+    beartype: ~150 ms more per workflow started, which a floor must not be charged for."""
+    options.setdefault("workflow_runner", FLOOR_RUNNER)
     return Worker(client, task_queue=queue, workflows=[Floor], activities=ACTIVITIES, **options)
 
 

@@ -4,16 +4,21 @@ request the workflow's digest names."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
+from temporalio.client import Client
 
 from activities import model_activity
 from activities.model_activity import ModelInputHandoff
-from tests.conftest import HarnessFactory, write_script
+from tests.conftest import HarnessFactory, make_settings, write_script
+from worker.build import build_worker
+from worker.client import start_turn
 from workflows.activity_io import LlmRequest, LlmStepRequest, digest
 from workflows.messages import Message
-from workflows.turn_io import TurnResult
+from workflows.turn_io import TurnInput, TurnResult
 
 
 def request(call_index: int = 1, text: str = "hello") -> LlmRequest:
@@ -90,22 +95,50 @@ class RecordingHandoff(ModelInputHandoff):
         return found
 
 
+def echo(text: str) -> str:
+    """Echoes its argument."""
+    return text
+
+
+def echo_agent(tmp_path: Path) -> dict[str, Any]:
+    call = {"tool_calls": {"c1": {"name": "local__echo", "arguments": {"text": "x" * 5000}}}}
+    script = write_script(tmp_path / "script.json", call, call, "done")
+    return {"test": {"model": "playback", "playback": str(script), "servers": ["local"]}}
+
+
 @pytest.mark.asyncio
 async def test_model_calls_on_the_scheduling_worker_take_their_input_from_memory(
     harness: HarnessFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     recording = RecordingHandoff()
     monkeypatch.setattr(model_activity, "MODEL_INPUTS", recording)
-    call = {"tool_calls": {"c1": {"name": "local__echo", "arguments": {"text": "x" * 5000}}}}
-    script = write_script(tmp_path / "script.json", call, call, "done")
-
-    def echo(text: str) -> str:
-        """Echoes its argument."""
-        return text
-
-    agents = {"test": {"model": "playback", "playback": str(script), "servers": ["local"]}}
-    async with harness({"local": [echo]}, agents=agents) as h:
+    async with harness({"local": [echo]}, agents=echo_agent(tmp_path)) as h:
         result: TurnResult = await h.run("go")
     assert result.final is not None and result.final.text == "done"
     # Every model call of the turn read its input here, none by query.
     assert recording.taken == [1, 2, 3] and recording.missed == []
+
+
+@pytest.mark.asyncio
+async def test_without_the_hand_off_every_call_reads_its_input_by_query(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recording = RecordingHandoff()
+    monkeypatch.setattr(model_activity, "MODEL_INPUTS", recording)
+    settings = make_settings(tmp_path, agents=echo_agent(tmp_path))
+    queue = f"by-query-{uuid.uuid4().hex[:8]}"
+    worker = build_worker(
+        client,
+        settings,
+        function_tools={"local": [echo]},
+        task_queue=queue,
+        model_input_handoff=False,
+    )
+    async with worker:
+        turn = TurnInput(agent="test", messages=["go"])
+        handle = await start_turn(client, turn, task_queue=queue)
+        result = await handle.result()
+    # The same turn, its requests read page by page and checked against the digest.
+    assert result.final is not None and result.final.text == "done"
+    assert [len(m.tool_results or {}) for m in result.messages if m.role == "user"] == [0, 1, 1]
+    assert recording.taken == [] and recording.missed == [1, 2, 3]
