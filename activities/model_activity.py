@@ -149,9 +149,9 @@ def _input_mismatch(step: LlmStepRequest) -> ApplicationError:
 # workflow cached, and one more per page for a long conversation: 10-15 ms per model call on a
 # dev server, the largest single item of the loop's overhead (`python -m bench`). Most of the
 # time that worker is this very process: it polls the task queue the workflow scheduled the
-# call on. So when the workflow schedules `llm_step`, an interceptor puts the request's JSON
+# call on. So when the workflow schedules `llm_step`, an interceptor moves the request's JSON
 # (the very string the step's digest was taken over, which `LlmStepRequest.referencing` keeps
-# in memory) into this process's memory, and `llm_step` takes it from there when it runs here.
+# in memory) into this process's hand-off, and `llm_step` takes it from there when it runs here.
 # Nothing changes in the history; an attempt that runs on another worker, or a retry, reads
 # the input by query as before. The activity parses its own copy of the JSON: it never shares
 # objects with workflow state, which it could otherwise change behind the history's back.
@@ -174,7 +174,7 @@ class ModelInputHandoff:
 
     def offer(self, step: LlmStepRequest) -> None:
         """Keep ``step``'s request if this process built the step (it has the JSON)."""
-        request_json = step.request_json
+        request_json = step.pop_request_json()
         if request_json is None or len(request_json) > self._max_bytes:
             return
         with self._lock:

@@ -110,7 +110,7 @@ async def run(args: argparse.Namespace) -> Results:
         out.targets.append(Target(OVERHEAD_TARGET, f"{ratio:.2f}×", ratio <= OVERHEAD_MAX))
 
     async def throughput_section(env: Environment) -> None:
-        table, tp = await throughput.throughput(env, 1 if quick else 2)
+        table, tp = await throughput.throughput(env, 1 if quick else 4)
         out.tables.append(table)
         out.targets.append(
             Target(THROUGHPUT_TARGET, f"{tp.ratio:.2f}×", tp.ratio >= throughput.TARGET)

@@ -40,11 +40,13 @@ def test_a_step_built_here_carries_its_json_but_never_serializes_it() -> None:
     req = request(text="private conversation")
     step = step_for(req)
     assert step.digest == digest(req)
-    assert step.request_json == req.model_dump_json()
     wire = step.model_dump_json()
     assert "private conversation" not in wire
     # What a worker receives from the server: the reference alone.
-    assert LlmStepRequest.model_validate_json(wire).request_json is None
+    assert LlmStepRequest.model_validate_json(wire).pop_request_json() is None
+    # Here, once: the hand-off takes it, and the step keeps only the reference.
+    assert step.pop_request_json() == req.model_dump_json()
+    assert step.pop_request_json() is None
 
 
 def test_the_scheduling_process_hands_over_an_equal_request() -> None:
@@ -52,6 +54,7 @@ def test_the_scheduling_process_hands_over_an_equal_request() -> None:
     req = request()
     step = step_for(req)
     handoff.offer(step)
+    assert step.pop_request_json() is None  # moved into the hand-off, not copied
     received = LlmStepRequest.model_validate_json(step.model_dump_json())
     taken = handoff.take(received)
     assert taken == req and taken is not req
@@ -73,8 +76,7 @@ def test_a_step_from_elsewhere_is_not_offered() -> None:
 
 
 def test_untaken_requests_are_dropped_oldest_first() -> None:
-    small = step_for(request(1))
-    size = len(small.request_json or "")
+    size = len(request(1).model_dump_json())
     handoff = ModelInputHandoff(max_bytes=2 * size + size // 2)
     steps = [step_for(request(i)) for i in (1, 2, 3)]
     for step in steps:

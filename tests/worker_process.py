@@ -26,6 +26,7 @@ from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 REPO = Path(__file__).resolve().parents[1]
 IDEMPOTENT_SERVER = Path(__file__).with_name("mcp_servers_idempotent.py")
@@ -155,16 +156,26 @@ def _marked(marker: bytes) -> list[int]:
     return found
 
 
+# A busy dev server may cancel or time out a describe call (seen: "operation was canceled"
+# while a worker was starting): that is "not yet", asked again by ``wait_polling``.
+_TRANSIENT = (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE)
+
+
 async def _polls(client: Client, task_queue: str, pid: int) -> bool:
     identity = f"{pid}@"
     for kind in (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY):
-        described = await client.workflow_service.describe_task_queue(
-            DescribeTaskQueueRequest(
-                namespace=client.namespace,
-                task_queue=TaskQueue(name=task_queue),
-                task_queue_type=kind,
+        try:
+            described = await client.workflow_service.describe_task_queue(
+                DescribeTaskQueueRequest(
+                    namespace=client.namespace,
+                    task_queue=TaskQueue(name=task_queue),
+                    task_queue_type=kind,
+                )
             )
-        )
+        except RPCError as err:
+            if err.status in _TRANSIENT:
+                return False
+            raise
         if not any(p.identity.startswith(identity) for p in described.pollers):
             return False
     return True

@@ -185,10 +185,11 @@ class LlmStepRequest(BaseModel):
         step._request_json = request_json
         return step
 
-    @property
-    def request_json(self) -> str | None:
-        """The request's JSON, on the worker that built this reference; None elsewhere."""
-        return self._request_json
+    def pop_request_json(self) -> str | None:
+        """The request's JSON, once, on the worker that built this reference (None elsewhere):
+        afterwards the step holds only the reference, however long the SDK keeps it."""
+        request_json, self._request_json = self._request_json, None
+        return request_json
 
 
 def digest(request: LlmRequest) -> str:
