@@ -173,6 +173,8 @@ class LlmStepRequest(BaseModel):
 
     @classmethod
     def referencing(cls, request: LlmRequest, *, workflow_id: str, run_id: str) -> LlmStepRequest:
+        """The reference to ``request`` in this workflow run: one dump, for the digest and the
+        hand-off both."""
         request_json = request.model_dump_json()
         step = cls(
             agent=request.agent,
