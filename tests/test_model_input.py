@@ -97,6 +97,14 @@ class RecordingHandoff(ModelInputHandoff):
         return found
 
 
+@pytest.fixture
+def recording(monkeypatch: pytest.MonkeyPatch) -> RecordingHandoff:
+    """This process's hand-off, replaced by one that records which calls found their input."""
+    handoff = RecordingHandoff()
+    monkeypatch.setattr(model_activity, "MODEL_INPUTS", handoff)
+    return handoff
+
+
 def echo(text: str) -> str:
     """Echoes its argument."""
     return text
@@ -110,10 +118,8 @@ def echo_agent(tmp_path: Path) -> dict[str, Any]:
 
 @pytest.mark.asyncio
 async def test_model_calls_on_the_scheduling_worker_take_their_input_from_memory(
-    harness: HarnessFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    harness: HarnessFactory, tmp_path: Path, recording: RecordingHandoff
 ) -> None:
-    recording = RecordingHandoff()
-    monkeypatch.setattr(model_activity, "MODEL_INPUTS", recording)
     async with harness({"local": [echo]}, agents=echo_agent(tmp_path)) as h:
         result: TurnResult = await h.run("go")
     assert result.final is not None and result.final.text == "done"
@@ -123,10 +129,8 @@ async def test_model_calls_on_the_scheduling_worker_take_their_input_from_memory
 
 @pytest.mark.asyncio
 async def test_without_the_hand_off_every_call_reads_its_input_by_query(
-    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    client: Client, tmp_path: Path, recording: RecordingHandoff
 ) -> None:
-    recording = RecordingHandoff()
-    monkeypatch.setattr(model_activity, "MODEL_INPUTS", recording)
     settings = make_settings(tmp_path, agents=echo_agent(tmp_path))
     queue = f"by-query-{uuid.uuid4().hex[:8]}"
     worker = build_worker(
