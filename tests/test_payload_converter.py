@@ -4,13 +4,16 @@ the SDK derives (one per activation and per activity task)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import StorageDriverStoreContext, WorkflowSerializationContext
 
 from activities.payload_storage import external_storage
 from activities.settings import PayloadStorageSettings
+from worker.codec import EncryptionCodec, EncryptionNotConfiguredError
 from worker.payload_converter import _JSON
 from worker.plugin import data_converter
 from workflows.activity_io import LlmStepRequest
@@ -44,3 +47,18 @@ def test_derived_converters_share_one_adapter_cache(tmp_path: Path) -> None:
         assert derived.payload_converter.from_payloads([payload], [LlmStepRequest]) == [STEP]
     info = _JSON._type_adapter.cache_info()
     assert (info.misses, info.hits) == (1, 19)
+
+
+async def test_without_encryption_there_is_no_codec_and_an_encrypted_payload_says_why() -> None:
+    plain = data_converter(None)
+    # No pass-through codec: the SDK skips its codec pass over every payload.
+    assert plain.payload_codec is None
+    [sealed] = await EncryptionCodec({"k7": os.urandom(32)}, "k7").encode(
+        plain.payload_converter.to_payloads([STEP])
+    )
+    with pytest.raises(EncryptionNotConfiguredError, match=r"encrypted with key 'k7'.*no `encr"):
+        await plain.decode([sealed], [LlmStepRequest])
+    # Nothing is ever written as encrypted by the converter itself.
+    assert (
+        plain.payload_converter.to_payloads([b"raw"])[0].metadata["encoding"] != b"binary/encrypted"
+    )

@@ -32,11 +32,12 @@ import hashlib
 import os
 import zlib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from temporalio.api.common.v1 import Payload
-from temporalio.converter import PayloadCodec
+from temporalio.converter import EncodingPayloadConverter, PayloadCodec
 
 from activities.settings import AES_256_KEY_BYTES, EncryptionSettings, Settings
 
@@ -190,26 +191,28 @@ class EncryptionCodec(PayloadCodec):
         return original
 
 
-class NoEncryption(PayloadCodec):
-    """The codec of turnkeep's converter when encryption is off: payloads pass through, and an
-    encrypted one is refused with a message that says what is missing (without it, the SDK's
-    error is "Unknown payload encoding binary/encrypted")."""
+class EncryptedPayloadRefusal(EncodingPayloadConverter):
+    """The payload converter for ``binary/encrypted`` when encryption is off: it never writes
+    one, and refuses to read one with a message that says what is missing (without it, the
+    SDK's error is "Unknown payload encoding binary/encrypted").
 
-    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
-        return list(payloads)
+    A converter rather than a pass-through codec: the SDK skips its codec pass over every
+    activation, completion and activity task when there is no codec, and only a payload that
+    is actually encrypted reaches this."""
 
-    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
-        for payload in payloads:
-            if payload.metadata.get("encoding") == ENCODING:
-                key_id = payload.metadata.get(KEY_ID, b"?").decode("utf-8", errors="replace")
-                raise EncryptionNotConfiguredError(
-                    f"payload was encrypted with key {key_id!r}, but this turnkeep config has no "
-                    "`encryption` section: add the one the workers use (with that key) to read it"
-                )
-        return list(payloads)
+    @property
+    def encoding(self) -> str:
+        return ENCODING.decode()
 
+    def to_payload(self, value: Any) -> Payload | None:
+        return None
 
-NO_ENCRYPTION = NoEncryption()
+    def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
+        key_id = payload.metadata.get(KEY_ID, b"?").decode("utf-8", errors="replace")
+        raise EncryptionNotConfiguredError(
+            f"payload was encrypted with key {key_id!r}, but this turnkeep config has no "
+            "`encryption` section: add the one the workers use (with that key) to read it"
+        )
 
 
 def payload_codec(settings: Settings) -> EncryptionCodec | None:
@@ -222,7 +225,6 @@ def payload_codec(settings: Settings) -> EncryptionCodec | None:
 def same_codec(a: PayloadCodec | None, b: PayloadCodec | None) -> bool:
     """Whether what one encodes the other decodes, and both write what the other would: the
     same object, or encryption codecs with the same keys and current key."""
-    a, b = _encrypting(a), _encrypting(b)
     if a is b:
         return True
     if isinstance(a, EncryptionCodec) and isinstance(b, EncryptionCodec):
@@ -231,16 +233,11 @@ def same_codec(a: PayloadCodec | None, b: PayloadCodec | None) -> bool:
 
 
 def describe_codec(codec: PayloadCodec | None) -> str:
-    codec = _encrypting(codec)
     if codec is None:
         return "no payload encryption"
     if isinstance(codec, EncryptionCodec):
         return codec.describe()
     return f"the payload codec {type(codec).__name__}"
-
-
-def _encrypting(codec: PayloadCodec | None) -> PayloadCodec | None:
-    return None if isinstance(codec, NoEncryption) else codec
 
 
 def _aad(key_id: bytes, compression: bytes) -> bytes:

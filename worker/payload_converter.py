@@ -21,16 +21,22 @@ from temporalio.converter import (
     JSONPlainPayloadConverter,
 )
 
+from worker.codec import EncryptedPayloadRefusal
+
 _JSON = PydanticJSONPlainPayloadConverter()
+_REFUSE_ENCRYPTED = EncryptedPayloadRefusal()
 
 
 class TurnkeepPayloadConverter(CompositePayloadConverter):
-    """``temporalio.contrib.pydantic.PydanticPayloadConverter`` with a shared JSON converter."""
+    """``temporalio.contrib.pydantic.PydanticPayloadConverter`` with a shared JSON converter,
+    and one that names the missing ``encryption`` config when it meets an encrypted payload
+    (with encryption on, the codec decrypts every payload before this converter sees it)."""
 
     def __init__(self) -> None:
         super().__init__(
             *(
                 _JSON if isinstance(c, JSONPlainPayloadConverter) else c
                 for c in DefaultPayloadConverter.default_encoding_payload_converters
-            )
+            ),
+            _REFUSE_ENCRYPTED,
         )

@@ -55,7 +55,7 @@ from activities.payload_storage import (
 from activities.settings import Settings
 from activities.tool_activities import ToolActivities, tool_result_limit
 from activities.turn_setup import TurnSetupActivities
-from worker.codec import NO_ENCRYPTION, describe_codec, payload_codec, same_codec
+from worker.codec import describe_codec, payload_codec, same_codec
 from worker.payload_converter import TurnkeepPayloadConverter
 from worker.search_attributes import usable_search_attributes
 from worker.workflow_runner import WORKFLOW_RUNNER
@@ -82,12 +82,10 @@ def data_converter(
     codec, failures' messages and stack traces go into an encoded payload as well (Temporal's
     encoded failure attributes): an error can quote a prompt or a tool's output."""
     if codec is None:
-        # NO_ENCRYPTION rather than no codec: it passes payloads through, and names what is
-        # missing when it meets an encrypted one.
+        # No codec at all, not a pass-through one: the SDK then skips a pass over every
+        # payload. An encrypted payload is refused by the payload converter instead.
         return DataConverter(
-            payload_converter_class=TurnkeepPayloadConverter,
-            external_storage=storage,
-            payload_codec=NO_ENCRYPTION,
+            payload_converter_class=TurnkeepPayloadConverter, external_storage=storage
         )
     return DataConverter(
         payload_converter_class=TurnkeepPayloadConverter,
