@@ -34,7 +34,8 @@ from workflows.activity_io import (
     LlmRequest,
     LlmStepRequest,
     ModelInputPage,
-    digest,
+    RequestJson,
+    digest_matches,
 )
 from workflows.messages import Message
 
@@ -130,7 +131,7 @@ async def model_input(step: LlmStepRequest) -> LlmRequest:
         messages += (await page(len(messages))).request.messages
     request = first.request.model_copy(update={"messages": messages})
     # A mismatch can only be a bug (or a changed workflow): never send the model something else.
-    if digest(request) != step.digest:
+    if not digest_matches(request, step.digest):
         raise _input_mismatch(step)
     return request
 
@@ -150,8 +151,8 @@ def _input_mismatch(step: LlmStepRequest) -> ApplicationError:
 # dev server, the largest single item of the loop's overhead (`python -m bench`). Most of the
 # time that worker is this very process: it polls the task queue the workflow scheduled the
 # call on. So when the workflow schedules `llm_step`, an interceptor moves the request's JSON
-# (the very string the step's digest was taken over, which `LlmStepRequest.referencing` keeps
-# in memory) into this process's hand-off, and `llm_step` takes it from there when it runs here.
+# (the very JSON the step's digest was taken over, which `LlmStepRequest.referencing` keeps in
+# memory) into this process's hand-off, and `llm_step` takes it from there when it runs here.
 # Nothing changes in the history; an attempt that runs on another worker, or a retry, reads
 # the input by query as before. The activity parses its own copy of the JSON: it never shares
 # objects with workflow state, which it could otherwise change behind the history's back.
@@ -168,35 +169,35 @@ class ModelInputHandoff:
         self._max_bytes = max_bytes
         self._bytes = 0
         # (workflow id, run id, call index) -> (digest, request JSON)
-        self._entries: OrderedDict[tuple[str, str, int], tuple[str, str]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str, int], tuple[str, RequestJson]] = OrderedDict()
         # Workflow tasks run on the worker's thread pool, activities on its event loop.
         self._lock = threading.Lock()
 
     def offer(self, step: LlmStepRequest) -> None:
         """Keep ``step``'s request if this process built the step (it has the JSON)."""
         request_json = step.pop_request_json()
-        if request_json is None or len(request_json) > self._max_bytes:
+        if request_json is None or request_json.chars() > self._max_bytes:
             return
         with self._lock:
             key = _key(step)
             old = self._entries.pop(key, None)
-            self._bytes += len(request_json) - (len(old[1]) if old is not None else 0)
+            self._bytes += request_json.chars() - (old[1].chars() if old is not None else 0)
             self._entries[key] = (step.digest, request_json)
             while self._bytes > self._max_bytes:
                 _, (_, dropped) = self._entries.popitem(last=False)
-                self._bytes -= len(dropped)
+                self._bytes -= dropped.chars()
 
     def take(self, step: LlmStepRequest) -> LlmRequest | None:
         """The request of ``step`` if it was offered here and matches the digest, else None."""
         with self._lock:
             entry = self._entries.pop(_key(step), None)
             if entry is not None:
-                self._bytes -= len(entry[1])
+                self._bytes -= entry[1].chars()
         # The offered digest was taken over this JSON when the workflow built the step, so
         # equal digests mean the JSON is exactly what the query would have returned.
         if entry is None or entry[0] != step.digest:
             return None
-        return LlmRequest.model_validate_json(entry[1])
+        return entry[1].parse()
 
 
 def _key(step: LlmStepRequest) -> tuple[str, str, int]:

@@ -98,12 +98,23 @@ def test_results_come_back_in_call_order_with_timing() -> None:
 def test_cap_of_n_allows_n_plus_one_model_calls_and_leaves_no_dangling_call() -> None:
     state = start(max_iterations=2)
     calls = 0
+    # Every message object as first seen: none may change in place later (model calls dump
+    # each message once per turn, activity_io.MessageJson).
+    seen: dict[int, tuple[Message, str]] = {}
+
+    def look() -> None:
+        for message in state.messages:
+            seen.setdefault(id(message), (message, message.model_dump_json()))
+
     while not state.done:
         state.model_request()
         calls += 1
         state.on_assistant(tool_use((f"c{calls}", "srv__a")))
+        look()
         state.on_tool_results({f"c{calls}": ok("r")}, {f"c{calls}": 0})
+        look()
     assert calls == 3
+    assert all(message.model_dump_json() == first for message, first in seen.values())
     assert state.stop_reason == StopReason.MAX_ITERATIONS
     result = state.result()
     assert result.final is not None and result.final.stop_reason == StopReason.MAX_ITERATIONS
@@ -249,7 +260,7 @@ def test_tool_calls_in_the_final_structured_answer_are_answered_not_run() -> Non
 
 
 def test_model_input_pages_reassemble_to_the_request_and_stay_small() -> None:
-    from workflows.activity_io import MODEL_INPUT_PAGE_BYTES, digest, model_input_page
+    from workflows.activity_io import MODEL_INPUT_PAGE_BYTES, model_input_page, request_digest
 
     state = start()
     for n in range(60):  # ~600 KB of tool results
@@ -264,4 +275,5 @@ def test_model_input_pages_reassemble_to_the_request_and_stay_small() -> None:
     assert len(pages) > 2
     assert all(len(p.model_dump_json()) < MODEL_INPUT_PAGE_BYTES + 20_000 for p in pages)
     assert pages[1].request.tools == [] and first.request.tools == TOOLS
-    assert digest(first.request.model_copy(update={"messages": messages})) == digest(request)
+    reassembled = first.request.model_copy(update={"messages": messages})
+    assert request_digest(reassembled) == request_digest(request)

@@ -4,6 +4,7 @@ request the workflow's digest names."""
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,14 @@ from activities.model_activity import ModelInputHandoff
 from tests.conftest import HarnessFactory, make_settings, write_script
 from worker.build import build_worker
 from worker.client import start_turn
-from workflows.activity_io import LlmRequest, LlmStepRequest, digest
+from workflows.activity_io import (
+    LlmRequest,
+    LlmStepRequest,
+    MessageJson,
+    RequestJson,
+    digest_matches,
+    request_digest,
+)
 from workflows.messages import Message
 from workflows.turn_io import TurnInput, TurnResult
 
@@ -39,14 +47,45 @@ def step_for(req: LlmRequest, run_id: str = "r") -> LlmStepRequest:
 def test_a_step_built_here_carries_its_json_but_never_serializes_it() -> None:
     req = request(text="private conversation")
     step = step_for(req)
-    assert step.digest == digest(req)
+    assert step.digest == request_digest(req)
     wire = step.model_dump_json()
     assert "private conversation" not in wire
     # What a worker receives from the server: the reference alone.
     assert LlmStepRequest.model_validate_json(wire).pop_request_json() is None
     # Here, once: the hand-off takes it, and the step keeps only the reference.
-    assert step.pop_request_json() == req.model_dump_json()
+    request_json = step.pop_request_json()
+    assert request_json == RequestJson.of(req) and request_json.parse() == req
     assert step.pop_request_json() is None
+
+
+def test_a_turns_messages_are_dumped_once_and_the_digest_is_the_same() -> None:
+    turn = MessageJson()
+    first = [Message.user("hello"), Message.assistant("hi")]
+    before = turn.request_json(request().model_copy(update={"messages": first}))
+    grown = [*first, Message.user("more")]
+    after = turn.request_json(request().model_copy(update={"messages": grown}))
+    # The messages the last call had are not dumped again: the very same strings.
+    assert all(a[1] is b[1] for a, b in zip(after.messages, before.messages, strict=False))
+    # Kept or not, the digest is what a fresh reading of the request gives (as on the query
+    # path), and it changes with any part of the request.
+    assert after.digest() == request_digest(request().model_copy(update={"messages": grown}))
+    replaced = [first[0], first[1].model_copy(update={"content": []}), grown[2]]
+    changed = turn.request_json(request().model_copy(update={"messages": replaced}))
+    assert changed.messages[1][1] is not after.messages[1][1]
+    assert changed.digest() != after.digest()
+    assert after.digest() != request_digest(
+        request(call_index=2).model_copy(update={"messages": grown})
+    )
+
+
+def test_a_digest_from_before_the_digest_form_changed_still_matches() -> None:
+    # A step scheduled by an older worker and retried after an upgrade names the sha256 of
+    # the whole request's JSON.
+    req = request()
+    legacy = hashlib.sha256(req.model_dump_json().encode()).hexdigest()
+    assert digest_matches(req, legacy) and digest_matches(req, request_digest(req))
+    other = request(text="something else")
+    assert not digest_matches(other, legacy) and not digest_matches(other, request_digest(req))
 
 
 def test_the_scheduling_process_hands_over_an_equal_request() -> None:
@@ -76,7 +115,7 @@ def test_a_step_from_elsewhere_is_not_offered() -> None:
 
 
 def test_untaken_requests_are_dropped_oldest_first() -> None:
-    size = len(request(1).model_dump_json())
+    size = RequestJson.of(request(1)).chars()
     handoff = ModelInputHandoff(max_bytes=2 * size + size // 2)
     steps = [step_for(request(i)) for i in (1, 2, 3)]
     for step in steps:

@@ -28,6 +28,7 @@ from workflows.activity_io import (
     HookRequest,
     LlmRequest,
     LlmStepRequest,
+    MessageJson,
     PrepareTurnRequest,
     Timeouts,
     ToolCallOutcome,
@@ -103,11 +104,14 @@ async def list_tools(plan: TurnPlan) -> list[ToolSpec]:
     return catalog.tools
 
 
-async def call_model(request: LlmRequest, plan: TurnPlan) -> Message:
+async def call_model(request: LlmRequest, plan: TurnPlan, messages: MessageJson) -> Message:
     """One model call. The workflow must answer ``MODEL_INPUT_QUERY`` with ``request`` while
-    this runs: the activity reads the request from there (see ``LlmStepRequest``)."""
+    this runs: the activity reads the request from there (see ``LlmStepRequest``).
+    ``messages`` is the turn's, kept from call to call."""
     info = workflow.info()
-    step = LlmStepRequest.referencing(request, workflow_id=info.workflow_id, run_id=info.run_id)
+    step = LlmStepRequest.referencing(
+        request, workflow_id=info.workflow_id, run_id=info.run_id, messages=messages
+    )
     try:
         summary = visibility.llm_summary(request.call_index, request.model)
         return await _execute(LLM_STEP, step, Message, summary, plan.llm)

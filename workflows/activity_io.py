@@ -4,6 +4,7 @@ code can call them without importing the (I/O-heavy) modules that implement them
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -150,6 +151,55 @@ class LlmRequest(BaseModel):
     max_tokens: int | None = None
 
 
+@dataclass(frozen=True)
+class RequestJson:
+    """An ``LlmRequest`` as JSON: everything but the messages, and each message on its own
+    with its sha256. Its digest is taken over those parts, so a conversation that grows by a
+    message costs one message's dump and hash, not the whole conversation's again."""
+
+    header: str  # the request's JSON without "messages"
+    messages: tuple[tuple[str, str], ...]  # (sha256, JSON) per message, in order
+
+    @classmethod
+    def of(cls, request: LlmRequest) -> RequestJson:
+        return MessageJson().request_json(request)
+
+    def digest(self) -> str:
+        parts = [self.header, *(sha for sha, _ in self.messages)]
+        return DIGEST_PREFIX + _sha256("\n".join(parts))
+
+    def chars(self) -> int:
+        return len(self.header) + sum(len(text) for _, text in self.messages)
+
+    def parse(self) -> LlmRequest:
+        messages = ",".join(text for _, text in self.messages)
+        return LlmRequest.model_validate_json(f'{self.header[:-1]},"messages":[{messages}]}}')
+
+
+class MessageJson:
+    """Each message's JSON and sha256, worked out once per message object over a turn's model
+    calls. This relies on a message never being changed in place once it is in the
+    conversation (``TurnState`` replaces one instead); each call keeps only the entries of its
+    own messages, each with the message itself, so an id is never mistaken for another's."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Message, str, str]] = {}
+
+    def request_json(self, request: LlmRequest) -> RequestJson:
+        kept: dict[int, tuple[Message, str, str]] = {}
+        for message in request.messages:
+            entry = self._by_id.get(id(message))
+            if entry is None or entry[0] is not message:
+                text = message.model_dump_json()
+                entry = (message, _sha256(text), text)
+            kept[id(message)] = entry
+        self._by_id = kept
+        return RequestJson(
+            header=request.model_dump_json(exclude={"messages"}),
+            messages=tuple((kept[id(m)][1], kept[id(m)][2]) for m in request.messages),
+        )
+
+
 class LlmStepRequest(BaseModel):
     """The input of ``llm_step``: a reference to the ``LlmRequest``, not a copy.
 
@@ -164,38 +214,57 @@ class LlmStepRequest(BaseModel):
     call_index: int
     workflow_id: str
     run_id: str
-    digest: str  # sha256 of the LlmRequest's JSON
+    digest: str  # request_digest() of the LlmRequest
 
-    # The JSON the digest was taken over, in this process's memory only (a private attribute
-    # is never serialized): the worker that schedules the call hands it to ``llm_step``
-    # without dumping the conversation a second time (activities/model_activity.py).
-    _request_json: str | None = PrivateAttr(default=None)
+    # The request as JSON parts, in this process's memory only (a private attribute is never
+    # serialized): the worker that schedules the call hands them to ``llm_step`` without
+    # dumping the conversation again (activities/model_activity.py).
+    _request_json: RequestJson | None = PrivateAttr(default=None)
 
     @classmethod
-    def referencing(cls, request: LlmRequest, *, workflow_id: str, run_id: str) -> LlmStepRequest:
-        """The reference to ``request`` in this workflow run: one dump, for the digest and the
-        hand-off both."""
-        request_json = request.model_dump_json()
+    def referencing(
+        cls,
+        request: LlmRequest,
+        *,
+        workflow_id: str,
+        run_id: str,
+        messages: MessageJson | None = None,
+    ) -> LlmStepRequest:
+        """The reference to ``request`` in this workflow run. With the turn's ``messages``
+        (kept across its model calls), only messages new since the last call are dumped."""
+        request_json = (messages or MessageJson()).request_json(request)
         step = cls(
             agent=request.agent,
             model=request.model,
             call_index=request.call_index,
             workflow_id=workflow_id,
             run_id=run_id,
-            digest=_sha256(request_json),
+            digest=request_json.digest(),
         )
         step._request_json = request_json
         return step
 
-    def pop_request_json(self) -> str | None:
+    def pop_request_json(self) -> RequestJson | None:
         """The request's JSON, once, on the worker that built this reference (None elsewhere):
         afterwards the step holds only the reference, however long the SDK keeps it."""
         request_json, self._request_json = self._request_json, None
         return request_json
 
 
-def digest(request: LlmRequest) -> str:
-    return _sha256(request.model_dump_json())
+# Digests before this form were the sha256 of the whole request's JSON; a step scheduled
+# then and retried after an upgrade still names one (``digest_matches``).
+DIGEST_PREFIX = "v2:"
+
+
+def request_digest(request: LlmRequest) -> str:
+    return RequestJson.of(request).digest()
+
+
+def digest_matches(request: LlmRequest, digest: str) -> bool:
+    """Whether ``digest`` names ``request``, in either digest form."""
+    if digest.startswith(DIGEST_PREFIX):
+        return request_digest(request) == digest
+    return _sha256(request.model_dump_json()) == digest
 
 
 def _sha256(text: str) -> str:

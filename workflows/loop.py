@@ -200,8 +200,11 @@ class TurnState(BaseModel):
         # Checked after the batch ran, so a cap of N allows N+1 model calls and the history
         # never ends on a call without its result.
         if self.iteration > self.plan.max_iterations:
-            last_assistant = self.messages[-2]
-            last_assistant.stop_reason = StopReason.MAX_ITERATIONS
+            # Replaced, not changed in place: a message in the conversation never changes
+            # (model calls' digests rely on it, see activity_io.MessageJson).
+            self.messages[-2] = self.messages[-2].model_copy(
+                update={"stop_reason": StopReason.MAX_ITERATIONS}
+            )
             self._finish(StopReason.MAX_ITERATIONS)
 
     # -- compaction -----------------------------------------------------------------------

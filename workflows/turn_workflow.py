@@ -22,6 +22,7 @@ from workflows.activity_io import (
     ContinueAsNewPlan,
     HookPoint,
     LlmRequest,
+    MessageJson,
     ModelInputPage,
     model_input_page,
 )
@@ -52,6 +53,9 @@ class TurnWorkflow:
         self._completed: dict[str, CallToolResult] = {}
         # The request of the model call in flight, which `llm_step` reads by query.
         self._model_input: LlmRequest | None = None
+        # Each message's JSON and digest, so a model call dumps only the messages new since
+        # the last (derived from the messages alone: the same on replay).
+        self._message_json = MessageJson()
         # Set once this run is about to continue as new: long-polling watchers return, and
         # ask again, which reaches the next run.
         self._continuing = False
@@ -138,7 +142,7 @@ class TurnWorkflow:
         state = self._require_state()
         request = self._model_input = state.model_request()
         self._show(visibility.waiting_on_model(request))
-        answer = await actions.call_model(request, state.plan)
+        answer = await actions.call_model(request, state.plan, self._message_json)
         state.on_assistant(answer)
         await self._note_outcome(visibility.outcome_summary(request, answer))
         self._show(visibility.answered(answer), publish=self._publish_due())
