@@ -18,12 +18,12 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 
 from tests.conftest import HarnessFactory, eventually, turnkeep, write_script
 from tests.fake_provider import FakeProvider, Reply, Tokens
-from worker.client import TurnCancelledError, TurnHandle
+from worker.client import TurnCancelledError, TurnHandle, start_turn
 from worker.embedded import ServerInfo
 from worker.turn_history import TurnStatus, view_histories
 from workflows.messages import StopReason
 from workflows.repair import INTERRUPTED_TEXT
-from workflows.turn_io import RollbackState, TurnResult
+from workflows.turn_io import RollbackState, TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 
@@ -60,9 +60,15 @@ def calls(*specs: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
 
 
 async def show(
-    workflow_id: str, temporal: ServerInfo, tmp_path: Path, *, json_out: bool = False
+    workflow_id: str,
+    temporal: ServerInfo,
+    tmp_path: Path,
+    *,
+    json_out: bool = False,
+    run_id: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     args = ["show", workflow_id, *(["--json"] if json_out else [])]
+    args += ["--run-id", run_id] if run_id else []
     return await asyncio.to_thread(turnkeep, *args, temporal=temporal, cwd=tmp_path)
 
 
@@ -311,3 +317,38 @@ async def test_show_a_turn_that_continued_as_new(
     assert f"{len(runs)} runs (continued as new)" in text
     assert "model calls: 7 in" in text
     assert "assistant › All added." in text
+
+
+async def test_show_an_earlier_turn_under_a_reused_workflow_id(
+    harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path
+) -> None:
+    config = playback(tmp_path, "first answer", "second answer")
+    async with harness(TOOLS, **config) as h:
+        first = await start_turn(
+            h.client,
+            TurnInput(agent="test", messages=["one"]),
+            workflow_id="reused",
+            task_queue=h.task_queue,
+        )
+        await first.result()
+        second = await start_turn(
+            h.client,
+            TurnInput(agent="test", messages=["two"]),
+            workflow_id="reused",
+            task_queue=h.task_queue,
+        )
+        await second.result()
+    first_run = first.handle.first_execution_run_id
+    assert first_run is not None and first_run != second.handle.first_execution_run_id
+
+    latest = await show("reused", temporal, tmp_path, json_out=True)
+    earlier = await show("reused", temporal, tmp_path, json_out=True, run_id=first_run)
+    assert latest.returncode == 0 and earlier.returncode == 0, latest.stderr + earlier.stderr
+    assert json.loads(latest.stdout)["result"]["messages"][0]["content"][0]["text"] == "two"
+    view = json.loads(earlier.stdout)
+    assert view["run_id"] == first_run
+    assert view["result"]["messages"][0]["content"][0]["text"] == "one"
+    unknown = await show(
+        "reused", temporal, tmp_path, run_id="00000000-0000-0000-0000-000000000000"
+    )
+    assert unknown.returncode == 1 and "run 00000000" in unknown.stdout, unknown.stdout

@@ -263,6 +263,15 @@ def show(
     workflow_id: str,
     address: Address = None,
     namespace: Namespace = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--run-id",
+            help="A run of the turn to show, when the workflow id has been used for more than "
+            "one turn (default: the latest). Any run of a turn that continued as new shows it "
+            "whole.",
+        ),
+    ] = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the turn (TurnView) as JSON.")
     ] = False,
@@ -274,7 +283,7 @@ def show(
 
     async def go() -> TurnView:
         client, _ = await _connect(address, namespace, settings, config_file=find_config(config))
-        return await read_turn(client, workflow_id)
+        return await read_turn(client, workflow_id, run_id)
 
     try:
         view = asyncio.run(go())

@@ -180,7 +180,11 @@ class MessageJson:
     """Each message's JSON and sha256, worked out once per message object over a turn's model
     calls. This relies on a message never being changed in place once it is in the
     conversation (``TurnState`` replaces one instead); each call keeps only the entries of its
-    own messages, each with the message itself, so an id is never mistaken for another's."""
+    own messages, each with the message itself, so an id is never mistaken for another's.
+
+    It trades memory for CPU: a turn cached on a worker holds its conversation's JSON next to
+    the messages, where dumping the whole conversation for every model call would make a
+    turn's CPU grow with the square of its length."""
 
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[Message, str, str]] = {}
