@@ -45,10 +45,18 @@ class TurnWorkflow:
     def __init__(self, turn: TurnInput | dict[str, Any], carried: TurnState | None = None) -> None:
         # The SDK decodes arguments by their type hints only when every parameter has an
         # argument: a turn started with just its input (as every client does) gets plain JSON.
-        self._turn = TurnInput.model_validate(turn)
+        # A malformed one fails the workflow from `run` (the same first workflow task): raised
+        # here, the SDK would leave `run`'s coroutine created and never awaited.
+        self._invalid: ValidationError | None = None
+        try:
+            self._turn = TurnInput.model_validate(turn)
+        except ValidationError as err:
+            self._invalid = err
         # A run continued from an earlier one (continue-as-new) starts from the state that
         # run carried over, so watchers and queries see the whole turn from its first moment.
-        self._state: TurnState | None = TurnState.resume(self._turn, carried) if carried else None
+        self._state: TurnState | None = (
+            TurnState.resume(self._turn, carried) if carried and not self._invalid else None
+        )
         # Results of the current tool batch as they arrive, so a cancellation keeps them.
         self._completed: dict[str, CallToolResult] = {}
         # The request of the model call in flight, which `llm_step` reads by query.
@@ -74,6 +82,8 @@ class TurnWorkflow:
         """One turn, possibly over several runs: a run whose history grows past the plan's
         limits continues as new between two steps, handing ``carried`` to the next run, which
         needs neither ``prepare_turn`` nor ``list_tools`` again (their answers are carried)."""
+        if self._invalid is not None:
+            raise self._invalid
         turn = self._turn
         if self._state is None:
             plan = await actions.prepare_turn(turn)
