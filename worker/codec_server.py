@@ -54,15 +54,14 @@ from activities.settings import EncryptionSettings, Settings
 from worker.codec import EncryptionCodec, EncryptionError
 
 # The background server's process handling, shared so both detached servers behave alike.
-from worker.embedded import (
-    _acquire_state_lock,
-    _pid_alive,
-    _release_state_lock,
-    _spawn_detached,
-    _terminate,
-    log_tail,
-    state_dir,
+from worker.detached import (
+    acquire_state_lock,
+    pid_alive,
+    release_state_lock,
+    spawn_detached,
+    terminate,
 )
+from worker.embedded import log_tail, state_dir
 
 ALLOW_HEADERS = "Authorization, Content-Type, X-Namespace"
 ALLOW_METHODS = "POST, OPTIONS"
@@ -474,13 +473,13 @@ async def ensure_background_codec_server(
     origins = sorted({*server.origins, *([ui_origin] if ui_origin else [])})
     config = _absolute(config)  # the same file, whichever directory asks
     fingerprint = _fingerprint(settings, origins, config)
-    lock = await asyncio.to_thread(_acquire_state_lock)
+    lock = await asyncio.to_thread(acquire_state_lock, state_dir())
     try:
         record = _read_record()
         if record is not None and _alive(record):
             if record.get("fingerprint") == fingerprint:
                 return url
-            _terminate(record["pid"])  # other keys, token or address: replace it
+            terminate(record["pid"])  # other keys, token or address: replace it
         _record_path().unlink(missing_ok=True)
         if _in_use(server.host, server.port):
             raise CodecServerError(
@@ -490,7 +489,7 @@ async def ensure_background_codec_server(
             )
         return await _start_background_codec_server(url, config, origins, fingerprint)
     finally:
-        _release_state_lock(lock)
+        release_state_lock(lock)
 
 
 async def _start_background_codec_server(
@@ -501,14 +500,14 @@ async def _start_background_codec_server(
     argv = [sys.executable, "-m", "worker.cli", "codec-server", "--config", str(config)]
     for origin in origins:
         argv += ["--origin", origin]
-    pid = _spawn_detached(argv, log_file)
+    pid = spawn_detached(argv, log_file)
     record = {"pid": pid, "url": url, "fingerprint": fingerprint, "log_file": str(log_file)}
     _record_path().write_text(json.dumps(record, indent=2) + "\n")
     os.chmod(_record_path(), 0o600)
     try:
         await _wait_until_serving(url, pid, log_file)
     except BaseException:
-        _terminate(pid)
+        terminate(pid)
         _record_path().unlink(missing_ok=True)
         raise
     return url
@@ -516,16 +515,16 @@ async def _start_background_codec_server(
 
 def stop_background_codec_server() -> bool:
     """Stop the codec server ``ensure_background_codec_server`` started; False if none ran."""
-    lock = _acquire_state_lock()
+    lock = acquire_state_lock(state_dir())
     try:
         record = _read_record()
         _record_path().unlink(missing_ok=True)
         if record is None or not _alive(record):
             return False
-        _terminate(record["pid"])
+        terminate(record["pid"])
         return True
     finally:
-        _release_state_lock(lock)
+        release_state_lock(lock)
 
 
 def _in_use(host: str, port: int) -> bool:
@@ -547,7 +546,7 @@ def _read_record() -> dict[str, Any] | None:
 
 
 def _alive(record: dict[str, Any]) -> bool:
-    return _pid_alive(record["pid"]) and _is_codec_server(record["pid"])
+    return pid_alive(record["pid"]) and _is_codec_server(record["pid"])
 
 
 async def _wait_until_serving(url: str, pid: int, log_file: Path, within: float = 30.0) -> None:
@@ -555,7 +554,7 @@ async def _wait_until_serving(url: str, pid: int, log_file: Path, within: float 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     while True:
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             raise CodecServerError(
                 f"the background codec server exited before it was ready.\n"
                 f"Log ({log_file}):\n{log_tail(log_file)}"

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import functools
 import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -28,19 +26,27 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 from urllib.parse import quote
 
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 
 from activities.payload_storage import state_home
+from worker.detached import (
+    STOP_GRACE_SECONDS,
+    acquire_state_lock,
+    detached_exit_code,
+    pid_alive,
+    release_state_lock,
+    spawn_detached,
+    terminate,
+)
 from worker.search_attributes import SetupError, register
 from workflows.visibility import search_attribute_types
 
 HOST = "127.0.0.1"
 START_TIMEOUT = 60.0
-STOP_GRACE_SECONDS = 5.0
 START_ATTEMPTS = 2
 
 # The history service polls its task queues at 20 RPS per shard and may fire a timer up to a
@@ -286,32 +292,6 @@ def _spawn_child(argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def _spawn_detached(argv: list[str], log_file: Path) -> int:
-    # posix_spawn rather than Popen: a Popen object that is dropped while its process runs warns
-    # and is polled by later Popen calls; this server is deliberately never waited for.
-    return os.posix_spawn(
-        argv[0],
-        argv,
-        dict(os.environ),
-        file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, str(log_file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
-            (os.POSIX_SPAWN_DUP2, 1, 2),
-        ],
-        # A new session keeps the CLI's Ctrl-C and terminal hangup away from the server.
-        setsid=True,
-    )
-
-
-def _detached_exit_code(pid: int) -> int | None:
-    """The exit code of our detached child if it has exited (reaping it), else None."""
-    try:
-        reaped, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:  # already reaped
-        return -1
-    return os.waitstatus_to_exitcode(status) if reaped == pid else None
-
-
 def log_tail(log_file: Path | None, max_bytes: int = 4000) -> str:
     if log_file is None or not log_file.exists():
         return "(no log)"
@@ -408,21 +388,6 @@ def _read_record() -> dict[str, Any] | None:
     return record if isinstance(record, dict) and isinstance(record.get("pid"), int) else None
 
 
-def _pid_alive(pid: int) -> bool:
-    # If the server is our own child (tests, or the CLI right after starting it), a dead one
-    # stays a zombie that signal 0 still reports as alive until it is reaped.
-    with contextlib.suppress(ChildProcessError):
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _is_temporal_process(pid: int) -> bool:
     # Guards against a recycled pid (e.g. after a reboot). Without /proc (macOS) the readiness
     # check that follows is the only guard.
@@ -465,10 +430,10 @@ async def ensure_background_server(
     Web UI has another ``codec_endpoint`` (the returned info says which): there is only one
     database, and two servers must not share it.
     """
-    lock = await asyncio.to_thread(_acquire_state_lock)
+    lock = await asyncio.to_thread(acquire_state_lock, state_dir())
     try:
         record = _read_record()
-        if record is not None and _pid_alive(record["pid"]) and _is_temporal_process(record["pid"]):
+        if record is not None and pid_alive(record["pid"]) and _is_temporal_process(record["pid"]):
             info = _info_from_record(record)
             await wait_until_ready(
                 info.address,
@@ -493,20 +458,7 @@ async def ensure_background_server(
                 )
         return await _start_background(port, ui_port, codec_endpoint)
     finally:
-        _release_state_lock(lock)
-
-
-def _acquire_state_lock() -> IO[str]:
-    # Serialises concurrent `turnkeep` invocations so they share one server instead of racing
-    # to start two on the same database.
-    f = (state_dir() / "server.lock").open("w")
-    fcntl.flock(f, fcntl.LOCK_EX)
-    return f
-
-
-def _release_state_lock(f: IO[str]) -> None:
-    fcntl.flock(f, fcntl.LOCK_UN)
-    f.close()
+        release_state_lock(lock)
 
 
 async def _start_background(port: int, ui_port: int, codec_endpoint: str | None) -> ServerInfo:
@@ -522,7 +474,7 @@ async def _start_background(port: int, ui_port: int, codec_endpoint: str | None)
         codec_endpoint=codec_endpoint,
     )
     for attempt in range(START_ATTEMPTS):
-        pid = _spawn_detached(argv, log_file)
+        pid = spawn_detached(argv, log_file)
         info = ServerInfo(
             f"{HOST}:{port}", f"http://{HOST}:{ui_port}", pid, codec_endpoint=codec_endpoint
         )
@@ -533,7 +485,7 @@ async def _start_background(port: int, ui_port: int, codec_endpoint: str | None)
             await wait_until_ready(
                 info.address,
                 info.namespace,
-                exit_code=functools.partial(_detached_exit_code, pid),
+                exit_code=functools.partial(detached_exit_code, pid),
                 log_file=log_file,
                 within=START_TIMEOUT,
             )
@@ -543,42 +495,23 @@ async def _start_background(port: int, ui_port: int, codec_endpoint: str | None)
             if not e.transient or attempt + 1 == START_ATTEMPTS:
                 raise
         except BaseException:
-            _terminate(pid)
+            terminate(pid)
             _record_path().unlink(missing_ok=True)
             raise
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def _terminate(pid: int, grace: float = STOP_GRACE_SECONDS) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    if _wait_gone(pid, grace):
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    _wait_gone(pid, grace)
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _pid_alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def stop_background_server() -> bool:
     """Stop the recorded background server; False if none was running."""
-    lock = _acquire_state_lock()
+    lock = acquire_state_lock(state_dir())
     try:
         record = _read_record()
         _record_path().unlink(missing_ok=True)
-        if record is None or not _pid_alive(record["pid"]):
+        if record is None or not pid_alive(record["pid"]):
             return False
         if not _is_temporal_process(record["pid"]):
             return False  # the pid was recycled; that server is long gone
-        _terminate(record["pid"])
+        terminate(record["pid"])
         return True
     finally:
-        _release_state_lock(lock)
+        release_state_lock(lock)
