@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -322,33 +323,28 @@ async def test_show_a_turn_that_continued_as_new(
 async def test_show_an_earlier_turn_under_a_reused_workflow_id(
     harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path
 ) -> None:
-    config = playback(tmp_path, "first answer", "second answer")
+    config = playback(tmp_path, "an answer")
+    workflow_id = f"reused-{uuid.uuid4().hex[:8]}"
+    handles: list[TurnHandle] = []
     async with harness(TOOLS, **config) as h:
-        first = await start_turn(
-            h.client,
-            TurnInput(agent="test", messages=["one"]),
-            workflow_id="reused",
-            task_queue=h.task_queue,
-        )
-        await first.result()
-        second = await start_turn(
-            h.client,
-            TurnInput(agent="test", messages=["two"]),
-            workflow_id="reused",
-            task_queue=h.task_queue,
-        )
-        await second.result()
+        for prompt in ("one", "two"):  # the id is free again once its turn has ended
+            turn = TurnInput(agent="test", messages=[prompt])
+            handles.append(
+                await start_turn(h.client, turn, workflow_id=workflow_id, task_queue=h.task_queue)
+            )
+            await handles[-1].result()
+    first, second = handles
     first_run = first.handle.first_execution_run_id
     assert first_run is not None and first_run != second.handle.first_execution_run_id
 
-    latest = await show("reused", temporal, tmp_path, json_out=True)
-    earlier = await show("reused", temporal, tmp_path, json_out=True, run_id=first_run)
+    latest = await show(workflow_id, temporal, tmp_path, json_out=True)
+    earlier = await show(workflow_id, temporal, tmp_path, json_out=True, run_id=first_run)
     assert latest.returncode == 0 and earlier.returncode == 0, latest.stderr + earlier.stderr
     assert json.loads(latest.stdout)["result"]["messages"][0]["content"][0]["text"] == "two"
     view = json.loads(earlier.stdout)
     assert view["run_id"] == first_run
     assert view["result"]["messages"][0]["content"][0]["text"] == "one"
     unknown = await show(
-        "reused", temporal, tmp_path, run_id="00000000-0000-0000-0000-000000000000"
+        workflow_id, temporal, tmp_path, run_id="00000000-0000-0000-0000-000000000000"
     )
     assert unknown.returncode == 1 and "run 00000000" in unknown.stdout, unknown.stdout
