@@ -75,8 +75,12 @@ class Overhead:
     # Ratios and differences are taken within a round, against the floor of that round, then
     # the median over rounds: load that comes and goes hits both sides of each pair alike.
     def ratio(self, variant: str = TURN) -> float:
+        return statistics.median(self.ratios(variant))
+
+    def ratios(self, variant: str = TURN) -> list[float]:
+        """Each round's ratio against that round's floor."""
         pairs = zip(self.samples[variant], self.samples[FLOOR_BARE], strict=True)
-        return statistics.median(v / f for v, f in pairs)
+        return [v / f for v, f in pairs]
 
     def extra(self, variant: str) -> float:
         pairs = zip(self.samples[variant], self.samples[FLOOR_BARE], strict=True)

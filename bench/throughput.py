@@ -39,7 +39,11 @@ class Throughput:
     def ratio(self) -> float:
         # Within a round, against that round's floor, then the median over rounds: load that
         # comes and goes hits both sides of each pair alike (as in bench/overhead.py).
-        return statistics.median(t / f for t, f in zip(self.turns, self.floors, strict=True))
+        return statistics.median(self.ratios)
+
+    @property
+    def ratios(self) -> list[float]:
+        return [t / f for t, f in zip(self.turns, self.floors, strict=True)]
 
 
 async def _batch(env: Environment, floor: bool, activities: int) -> float:
