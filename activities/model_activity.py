@@ -176,12 +176,13 @@ class ModelInputHandoff:
     def offer(self, step: LlmStepRequest) -> None:
         """Keep ``step``'s request if this process built the step (it has the JSON)."""
         request_json = step.pop_request_json()
-        if request_json is None or request_json.chars() > self._max_bytes:
+        size = request_json.chars() if request_json is not None else 0
+        if request_json is None or size > self._max_bytes:
             return
         with self._lock:
             key = _key(step)
             old = self._entries.pop(key, None)
-            self._bytes += request_json.chars() - (old[1].chars() if old is not None else 0)
+            self._bytes += size - (old[1].chars() if old is not None else 0)
             self._entries[key] = (step.digest, request_json)
             while self._bytes > self._max_bytes:
                 _, (_, dropped) = self._entries.popitem(last=False)

@@ -151,6 +151,11 @@ class LlmRequest(BaseModel):
     max_tokens: int | None = None
 
 
+# Digests before this form were the sha256 of the whole request's JSON; a step scheduled
+# then and retried after an upgrade still names one (``digest_matches``).
+DIGEST_PREFIX = "v2:"
+
+
 @dataclass(frozen=True)
 class RequestJson:
     """An ``LlmRequest`` as JSON: everything but the messages, and each message on its own
@@ -191,16 +196,17 @@ class MessageJson:
 
     def request_json(self, request: LlmRequest) -> RequestJson:
         kept: dict[int, tuple[Message, str, str]] = {}
+        parts: list[tuple[str, str]] = []
         for message in request.messages:
             entry = self._by_id.get(id(message))
             if entry is None or entry[0] is not message:
                 text = message.model_dump_json()
                 entry = (message, _sha256(text), text)
             kept[id(message)] = entry
+            parts.append(entry[1:])
         self._by_id = kept
         return RequestJson(
-            header=request.model_dump_json(exclude={"messages"}),
-            messages=tuple((kept[id(m)][1], kept[id(m)][2]) for m in request.messages),
+            header=request.model_dump_json(exclude={"messages"}), messages=tuple(parts)
         )
 
 
@@ -253,11 +259,6 @@ class LlmStepRequest(BaseModel):
         afterwards the step holds only the reference, however long the SDK keeps it."""
         request_json, self._request_json = self._request_json, None
         return request_json
-
-
-# Digests before this form were the sha256 of the whole request's JSON; a step scheduled
-# then and retried after an upgrade still names one (``digest_matches``).
-DIGEST_PREFIX = "v2:"
 
 
 def request_digest(request: LlmRequest) -> str:
