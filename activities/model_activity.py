@@ -22,6 +22,7 @@ from activities.compaction import summary_request
 from activities.errors import config_error
 from activities.heartbeat import heartbeating
 from activities.models import PROVIDERS, ModelRef, default_model, resolve_model
+from activities.parsed_messages import PARSED_MESSAGES, ParsedMessages
 from activities.providers import ModelProvider
 from activities.providers.passthrough import PassthroughProvider
 from activities.providers.playback import PlaybackProvider
@@ -154,7 +155,8 @@ def _input_mismatch(step: LlmStepRequest) -> ApplicationError:
 # (the very JSON the step's digest was taken over, which `LlmStepRequest.referencing` keeps in
 # memory) into this process's hand-off, and `llm_step` takes it from there when it runs here.
 # Nothing changes in the history; an attempt that runs on another worker, or a retry, reads
-# the input by query as before. The activity parses its own copy of the JSON: it never shares
+# the input by query as before. The activity parses its own copy of the JSON (only messages
+# it has not parsed for an earlier call, activities/parsed_messages.py): it never shares
 # objects with workflow state, which it could otherwise change behind the history's back.
 
 HANDOFF_MAX_BYTES = 32 * 1024 * 1024
@@ -165,8 +167,11 @@ class ModelInputHandoff:
     `llm_step` takes them. Bounded: entries nobody takes here (the call ran on another worker,
     or the turn was cancelled first) are dropped oldest first beyond ``max_bytes``."""
 
-    def __init__(self, max_bytes: int = HANDOFF_MAX_BYTES) -> None:
+    def __init__(
+        self, max_bytes: int = HANDOFF_MAX_BYTES, parsed: ParsedMessages = PARSED_MESSAGES
+    ) -> None:
         self._max_bytes = max_bytes
+        self._parsed = parsed
         self._bytes = 0
         # (workflow id, run id, call index) -> (digest, request JSON)
         self._entries: OrderedDict[tuple[str, str, int], tuple[str, RequestJson]] = OrderedDict()
@@ -198,7 +203,7 @@ class ModelInputHandoff:
         # equal digests mean the JSON is exactly what the query would have returned.
         if entry is None or entry[0] != step.digest:
             return None
-        return entry[1].parse()
+        return entry[1].parse(self._parsed.parse)
 
 
 def _key(step: LlmStepRequest) -> tuple[str, str, int]:

@@ -14,9 +14,12 @@ from temporalio.client import Client
 
 from activities import model_activity
 from activities.model_activity import ModelInputHandoff
+from activities.parsed_messages import ParsedMessages
 from tests.conftest import HarnessFactory, make_settings, write_script
 from worker.build import build_worker
 from worker.client import start_turn
+from workflows import activity_io
+from workflows import messages as messages_module
 from workflows.activity_io import (
     LlmRequest,
     LlmStepRequest,
@@ -25,7 +28,7 @@ from workflows.activity_io import (
     digest_matches,
     request_digest,
 )
-from workflows.messages import Message
+from workflows.messages import Message, estimate_tokens
 from workflows.turn_io import TurnInput, TurnResult
 
 
@@ -78,6 +81,29 @@ def test_a_turns_messages_are_dumped_once_and_the_digest_is_the_same() -> None:
     )
 
 
+def test_a_turns_token_estimate_measures_each_message_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    measured: list[Message] = []
+
+    def counting(message: Message) -> int:
+        measured.append(message)
+        return messages_module.estimate_chars(message)
+
+    monkeypatch.setattr(activity_io, "estimate_chars", counting)
+    turn = MessageJson()
+    first = [Message.user("x" * 5000), Message.assistant("hi")]
+    assert turn.estimate_tokens(first) == estimate_tokens(first)
+    grown = [*first, Message.user("more")]
+    # The compaction check's number (the workflow's, so replay decides the same), for the
+    # new message's measure alone.
+    assert turn.estimate_tokens(grown) == estimate_tokens(grown)
+    assert measured == [*first, grown[2]]
+    replaced = [first[0], Message.assistant("hi")]  # equal, but another object: measured
+    assert turn.estimate_tokens(replaced) == estimate_tokens(replaced)
+    assert measured[-1] is replaced[1]
+
+
 def test_a_digest_from_before_the_digest_form_changed_still_matches() -> None:
     # A step scheduled by an older worker and retried after an upgrade names the sha256 of
     # the whole request's JSON.
@@ -122,6 +148,42 @@ def test_untaken_requests_are_dropped_oldest_first() -> None:
         handoff.offer(step)
     assert handoff.take(steps[0]) is None
     assert handoff.take(steps[1]) is not None and handoff.take(steps[2]) is not None
+
+
+def test_a_handed_over_request_parses_only_messages_new_since_the_last_call() -> None:
+    parsed = ParsedMessages()
+    handoff = ModelInputHandoff(parsed=parsed)
+    turn = MessageJson()
+    messages = [Message.user("x" * 5000), Message.assistant("hi")]
+    first_request = request().model_copy(update={"messages": messages})
+    handoff.offer(
+        LlmStepRequest.referencing(first_request, workflow_id="w", run_id="r", messages=turn)
+    )
+    first = handoff.take(step_for(first_request))
+    grown = request(call_index=2).model_copy(update={"messages": [*messages, Message.user("more")]})
+    handoff.offer(LlmStepRequest.referencing(grown, workflow_id="w", run_id="r", messages=turn))
+    second = handoff.take(step_for(grown))
+    assert first == first_request and second == grown
+    # The messages of the first call are the very objects parsed for it; never the workflow's.
+    assert first is not None and second is not None
+    assert all(a is b for a, b in zip(second.messages, first.messages, strict=False))
+    assert not any(a is b for a, b in zip(second.messages, grown.messages, strict=True))
+    assert len(parsed) == 3
+    # Token estimates: the same as the workflow's, for parsed messages and any other.
+    for messages_ in (second.messages, grown.messages, [Message.assistant("new")]):
+        assert parsed.estimate_tokens(messages_) == estimate_tokens(messages_)
+
+
+def test_parsed_messages_are_dropped_least_recently_sent_first() -> None:
+    texts = {name: Message.user(name * 100).model_dump_json() for name in "abc"}
+    parsed = ParsedMessages(max_chars=2 * len(texts["a"]) + 10)
+    a = parsed.parse("sha-a", texts["a"])
+    parsed.parse("sha-b", texts["b"])
+    assert parsed.parse("sha-a", texts["a"]) is a  # sent again: now the most recent
+    parsed.parse("sha-c", texts["c"])  # over the limit: b goes
+    assert len(parsed) == 2 and parsed.parse("sha-a", texts["a"]) is a
+    # An estimate for a message that is no longer kept is still right.
+    assert parsed.estimate_tokens([a]) == estimate_tokens([a])
 
 
 class RecordingHandoff(ModelInputHandoff):

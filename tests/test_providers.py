@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,10 @@ from activities.providers import ModelProvider
 from activities.providers.anthropic import AnthropicProvider
 from activities.providers.errors import request_timeout
 from activities.providers.openai import OpenAIProvider
+from activities.providers.passthrough import PassthroughProvider
+from activities.providers.playback import PlaybackProvider
 from activities.settings import ProviderSettings
+from tests.conftest import write_script
 from tests.fake_provider import Api, FakeProvider, Reply, Step, Tokens
 from workflows.activity_io import LlmRequest, ToolSpec
 from workflows.messages import (
@@ -332,6 +336,50 @@ async def test_messages_without_content_are_left_out(
 
     (sent,) = fake.requests_for(api)
     assert [m["role"] for m in sent.body["messages"]] == ["user", "user"]
+
+
+# --- every provider ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["anthropic", "openai", "generic", "passthrough", "playback"])
+async def test_no_provider_changes_the_request_it_sends(
+    api: str, fake: FakeProvider, tmp_path: Path
+) -> None:
+    # The model calls of a turn on one worker share the Message objects they send
+    # (activities/parsed_messages.py): a provider that changed one would change later calls.
+    attached = Message(
+        role="user",
+        content=[
+            EmbeddedResource(resource={"uri": "file:///notes.md", "text": "# Notes"}),
+            ResourceLink(uri="file:///big.csv", name="big.csv"),
+            TextContent(text="and the notes"),
+        ],
+        tool_results={"call_9": CallToolResult(structured_content={"temp": 21})},
+    )
+    request = llm_request(
+        *HISTORY,
+        attached,
+        instruction="Be exact.",
+        tools=[WEATHER],
+        structured_output={"type": "object", "properties": {"a": {"type": "string"}}},
+        temperature=0.3,
+        max_tokens=99,
+    )
+    before = request.model_dump()
+    provider: ModelProvider
+    if api == "passthrough":
+        provider = PassthroughProvider()
+    elif api == "playback":
+        script = write_script(tmp_path / "script.json", "scripted")
+        provider = PlaybackProvider(script)
+    else:
+        fake.script(Reply.text("ok"))
+        provider = make_provider(api, fake)
+    try:
+        await provider.complete(request, "model-x")
+    finally:
+        await provider.aclose()
+    assert request.model_dump() == before
 
 
 # --- OpenAI -----------------------------------------------------------------------------------

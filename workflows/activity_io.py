@@ -4,13 +4,14 @@ code can call them without importing the (I/O-heavy) modules that implement them
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, Field, PrivateAttr
 
-from workflows.messages import CallToolResult, Message, StopReason
+from workflows.messages import CallToolResult, Message, StopReason, estimate_chars
 from workflows.turn_io import TurnOverrides, Usage
 
 PREPARE_TURN = "prepare_turn"
@@ -176,16 +177,22 @@ class RequestJson:
     def chars(self) -> int:
         return len(self.header) + sum(len(text) for _, text in self.messages)
 
-    def parse(self) -> LlmRequest:
-        messages = ",".join(text for _, text in self.messages)
-        return LlmRequest.model_validate_json(f'{self.header[:-1]},"messages":[{messages}]}}')
+    def parse(self, message: Callable[[str, str], Message] | None = None) -> LlmRequest:
+        """The request, with each message parsed by ``message(sha256, JSON)`` if given."""
+        if message is None:
+            messages = ",".join(text for _, text in self.messages)
+            return LlmRequest.model_validate_json(f'{self.header[:-1]},"messages":[{messages}]}}')
+        request = LlmRequest.model_validate_json(f'{self.header[:-1]},"messages":[]}}')
+        request.messages = [message(sha, text) for sha, text in self.messages]
+        return request
 
 
 class MessageJson:
-    """Each message's JSON and sha256, worked out once per message object over a turn's model
-    calls. This relies on a message never being changed in place once it is in the
-    conversation (``TurnState`` replaces one instead); each call keeps only the entries of its
-    own messages, each with the message itself, so an id is never mistaken for another's.
+    """Each message's JSON and sha256, and its size for token estimates, worked out once per
+    message object over a turn's model calls. This relies on a message never being changed in
+    place once it is in the conversation (``TurnState`` replaces one instead); each call keeps
+    only the entries of its own messages, each with the message itself, so an id is never
+    mistaken for another's.
 
     It trades memory for CPU: a turn cached on a worker holds its conversation's JSON next to
     the messages, where dumping the whole conversation for every model call would make a
@@ -193,6 +200,20 @@ class MessageJson:
 
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[Message, str, str]] = {}
+        self._estimates: dict[int, tuple[Message, int]] = {}
+
+    def estimate_tokens(self, messages: list[Message]) -> int:
+        """``messages.estimate_tokens``: the same number, measuring only new messages."""
+        kept: dict[int, tuple[Message, int]] = {}
+        chars = 0
+        for message in messages:
+            entry = self._estimates.get(id(message))
+            if entry is None or entry[0] is not message:
+                entry = (message, estimate_chars(message))
+            kept[id(message)] = entry
+            chars += entry[1]
+        self._estimates = kept
+        return chars // 4
 
     def request_json(self, request: LlmRequest) -> RequestJson:
         kept: dict[int, tuple[Message, str, str]] = {}

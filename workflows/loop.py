@@ -8,6 +8,7 @@ back here; this is fast-agent's ``ToolRunner`` with the agent callbacks taken ou
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -209,12 +210,15 @@ class TurnState(BaseModel):
 
     # -- compaction -----------------------------------------------------------------------
 
-    def compaction_cut(self) -> int | None:
+    def compaction_cut(
+        self, estimate: Callable[[list[Message]], int] = estimate_tokens
+    ) -> int | None:
         """Where to split the conversation for a summary before the next model call, or None.
 
         Only before a follow-up call (the last message holds tool results), once the estimated
-        context reaches the agent's threshold; the pending tool exchange and the last few
-        exchanges are kept, so the cut falls just before an assistant message."""
+        context (``estimate``: ``estimate_tokens`` or the same number worked out faster)
+        reaches the agent's threshold; the pending tool exchange and the last few exchanges
+        are kept, so the cut falls just before an assistant message."""
         compaction = self.plan.compaction
         last = self.messages[-1] if self.messages else None
         if (
@@ -226,7 +230,7 @@ class TurnState(BaseModel):
         ):
             return None
         request = self.model_request()
-        if estimate_tokens(request.messages) < compaction.threshold_tokens:
+        if estimate(request.messages) < compaction.threshold_tokens:
             return None
         conversation = request.messages
         starts = [i for i, m in enumerate(conversation) if m.role == "assistant"]

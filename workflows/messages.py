@@ -138,4 +138,9 @@ def json_channel(value: Any) -> list[ContentBlock]:
 def estimate_tokens(messages: list[Message]) -> int:
     """A rough token count (4 characters a token), for models that don't report one and for
     deciding when to compact."""
-    return sum(len(m.model_dump_json(exclude_none=True)) for m in messages) // 4
+    return sum(estimate_chars(m) for m in messages) // 4
+
+
+def estimate_chars(message: Message) -> int:
+    """What one message counts for in ``estimate_tokens``."""
+    return len(message.model_dump_json(exclude_none=True))

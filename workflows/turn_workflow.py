@@ -61,8 +61,9 @@ class TurnWorkflow:
         self._completed: dict[str, CallToolResult] = {}
         # The request of the model call in flight, which `llm_step` reads by query.
         self._model_input: LlmRequest | None = None
-        # Each message's JSON and digest, so a model call dumps only the messages new since
-        # the last (derived from the messages alone: the same on replay).
+        # Each message's JSON, digest and size, so a model call dumps (and the compaction
+        # check measures) only the messages new since the last (derived from the messages
+        # alone: the same on replay).
         self._message_json = MessageJson()
         # Set once this run is about to continue as new: long-polling watchers return, and
         # ask again, which reaches the next run.
@@ -192,7 +193,8 @@ class TurnWorkflow:
     async def _maybe_compact(self) -> None:
         """Summarise older exchanges when the context is near full; never breaks the loop."""
         state = self._require_state()
-        cut = state.compaction_cut()
+        # The turn's own measure: only messages new since the last check are measured.
+        cut = state.compaction_cut(self._message_json.estimate_tokens)
         if cut is None:
             return
         self._show(visibility.compacting(state.plan.model))

@@ -7,10 +7,11 @@
 
 from __future__ import annotations
 
+from activities.parsed_messages import estimate_tokens
 from activities.providers import with_usage
 from activities.providers.convert import tool_call
 from workflows.activity_io import LlmRequest
-from workflows.messages import Message, StopReason, TextContent, ToolCall, estimate_tokens
+from workflows.messages import Message, StopReason, TextContent, ToolCall
 from workflows.turn_io import Usage
 
 CALL_TOOL = "***CALL_TOOL"

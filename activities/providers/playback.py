@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from activities.errors import config_error
+from activities.parsed_messages import estimate_tokens
 from activities.providers import with_usage
 from activities.providers.passthrough import PassthroughProvider
 from workflows.activity_io import LlmRequest
-from workflows.messages import Message, StopReason, estimate_tokens
+from workflows.messages import Message, StopReason
 from workflows.turn_io import Usage
 
 
