@@ -34,7 +34,7 @@ from fastmcp.client.transports import (
 )
 from fastmcp.exceptions import DisabledError, FastMCPError, NotFoundError, ToolError
 from fastmcp.server.dependencies import without_injected_parameters
-from fastmcp.tools import ToolResult
+from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.versions import dedupe_with_versions
 from mcp.shared.exceptions import MCPError
 
@@ -180,8 +180,23 @@ def build_function_server(name: str, functions: Sequence[Callable[..., Any]]) ->
         if tool_name in seen:
             raise ValueError(f"two function tools are named {tool_name!r}")
         seen.add(tool_name)
-        server.tool(_tool_raising_error_text(fn), name=tool_name)
+        tool = _tool_raising_error_text(fn)
+        if _wraps_its_result(tool, tool_name):
+            # A plain value (text, a number, a list) is given once, as text. FastMCP would also
+            # give it as structured content {"result": ...} under a generated output schema,
+            # which doubles every such result in history, in the conversation and in each
+            # model call's input, while no model sees it (providers send the content).
+            server.tool(tool, name=tool_name, output_schema=None)
+        else:
+            server.tool(tool, name=tool_name)
     return server
+
+
+def _wraps_its_result(fn: Callable[..., Any], name: str) -> bool:
+    """Whether FastMCP would wrap ``fn``'s result as ``{"result": ...}`` (a non-object
+    return type)."""
+    schema = Tool.from_function(fn, name=name).output_schema or {}
+    return bool(schema.get("x-fastmcp-wrap-result"))
 
 
 # --- function tools, called in process ---------------------------------------------------------

@@ -59,7 +59,7 @@ async def tally(words: list[str]) -> dict[str, int]:
 
 
 def numbers(n: int) -> list[int]:
-    """A non-object return, which FastMCP wraps as ``{"result": ...}``."""
+    """A non-object return: text only (FastMCP's ``{"result": ...}`` wrap is left out)."""
     return list(range(n))
 
 
@@ -227,6 +227,21 @@ async def test_listing_matches_what_an_mcp_client_lists(
     assert [t["name"] for t in over_mcp] == [fn.__name__ for fn in TOOLS]
     assert [dump(tool) for tool in await list_function_tools(server)] == over_mcp
     assert [dump(tool) for tool in await pool.list_tools("fn")] == over_mcp
+
+
+async def test_a_plain_value_is_given_once_as_text(pool: McpPool) -> None:
+    # FastMCP's default would add structured content {"result": ...} (and an output schema
+    # saying so) to a non-object return, doubling it in history; an object keeps its own.
+    shouted = await pool.call_tool("fn", "shout", {"text": "hey", "times": 2})
+    assert dump(shouted)["content"] == [{"type": "text", "text": "HEY HEY"}]
+    assert shouted.structured_content is None and not (shouted.meta or {}).get("fastmcp")
+    listed = await pool.call_tool("fn", "numbers", {"n": 3})
+    assert to_wire_result(listed).text == "[0,1,2]" and listed.structured_content is None
+    schemas = {tool.name: tool.output_schema for tool in await pool.list_tools("fn")}
+    assert schemas["shout"] is None and schemas["numbers"] is None
+    assert schemas["point"] is not None and "x-fastmcp-wrap-result" not in schemas["point"]
+    point_ = await pool.call_tool("fn", "point", {"x": 1})
+    assert point_.structured_content == {"x": 1, "y": 0}
 
 
 async def test_the_pool_runs_function_tools_in_the_calling_task(pool: McpPool) -> None:

@@ -69,9 +69,9 @@ def calls(*specs: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
     return {"tool_calls": {cid: {"name": name, "arguments": args} for cid, name, args in specs}}
 
 
-# The benchmark's stuck turn is 100 iterations of 5 KB results (a 2.2 MB TurnResult); this one
-# piles up tool results past 2 MB too, in a quarter of the time.
-ITERATIONS, RESULT_KB = 25, 24
+# A turn whose tool results pile up past 2 MB in its TurnResult (which holds the turn's messages
+# and the whole conversation): as 200 iterations of 5 KB results would, in an eighth of the time.
+ITERATIONS, RESULT_KB = 25, 48
 
 
 def long_turn(tmp_path: Path) -> Path:
@@ -206,7 +206,7 @@ async def test_long_turn_with_a_result_over_2_mb_completes(
         result = await turn.result()
     assert result.iterations == ITERATIONS
     assert len(tool_texts(result)) == ITERATIONS
-    # This is the TurnResult that Temporal refuses inline (the benchmark's stuck turn).
+    # This is a TurnResult that Temporal refuses inline.
     assert len(result.model_dump_json().encode()) > PAYLOAD_LIMIT_BYTES
     _, text = await history_bytes(turn)
     assert referenced_digests(text)
@@ -255,10 +255,9 @@ async def test_without_storage_a_large_tool_result_is_truncated_with_a_note(
     # The model got the start of the result and, last, a note saying how much it did not get.
     [kept, note] = tool_result_texts(fake.requests_for("anthropic")[1].body)
     assert big(5 * MB).startswith(kept) and len(kept) > INLINE_TOOL_RESULT_BYTES - 1024
-    # (A function tool's str comes back as text and as structuredContent: 10 MB in all.)
     assert re.fullmatch(
-        rf"\[turnkeep: tool result truncated from 10,000,\d{{3}} to "
-        rf"{INLINE_TOOL_RESULT_BYTES:,} bytes; dropped structuredContent\]",
+        rf"\[turnkeep: tool result truncated from 5,000,\d{{3}} to "
+        rf"{INLINE_TOOL_RESULT_BYTES:,} bytes\]",
         note,
     ), note
     [stored] = (m.tool_results["c1"] for m in result.messages if m.tool_results)
