@@ -178,13 +178,17 @@ class RequestJson:
         return len(self.header) + sum(len(text) for _, text in self.messages)
 
     def parse(self, message: Callable[[str, str], Message] | None = None) -> LlmRequest:
-        """The request, with each message parsed by ``message(sha256, JSON)`` if given."""
-        if message is None:
-            messages = ",".join(text for _, text in self.messages)
-            return LlmRequest.model_validate_json(f'{self.header[:-1]},"messages":[{messages}]}}')
+        """The request, each message parsed by ``message(sha256, JSON)`` (which may answer
+        from a cache) or else on its own."""
+        parse_message = message or _parse_message
         request = LlmRequest.model_validate_json(f'{self.header[:-1]},"messages":[]}}')
-        request.messages = [message(sha, text) for sha, text in self.messages]
+        request.messages = [parse_message(sha, text) for sha, text in self.messages]
         return request
+
+
+def _parse_message(sha256: str, text: str) -> Message:
+    del sha256
+    return Message.model_validate_json(text)
 
 
 class MessageJson:
