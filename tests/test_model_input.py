@@ -170,20 +170,21 @@ def test_a_handed_over_request_parses_only_messages_new_since_the_last_call() ->
     assert not any(a is b for a, b in zip(second.messages, grown.messages, strict=True))
     assert len(parsed) == 3
     # Token estimates: the same as the workflow's, for parsed messages and any other.
-    for messages_ in (second.messages, grown.messages, [Message.assistant("new")]):
-        assert parsed.estimate_tokens(messages_) == estimate_tokens(messages_)
+    for some in (second.messages, grown.messages, [Message.assistant("new")]):
+        assert parsed.estimate_tokens(some) == estimate_tokens(some)
 
 
 def test_parsed_messages_are_dropped_least_recently_sent_first() -> None:
     texts = {name: Message.user(name * 100).model_dump_json() for name in "abc"}
     parsed = ParsedMessages(max_chars=2 * len(texts["a"]) + 10)
     a = parsed.parse("sha-a", texts["a"])
-    parsed.parse("sha-b", texts["b"])
+    b = parsed.parse("sha-b", texts["b"])
     assert parsed.parse("sha-a", texts["a"]) is a  # sent again: now the most recent
-    parsed.parse("sha-c", texts["c"])  # over the limit: b goes
+    parsed.parse("sha-c", texts["c"])  # over the limit: b, the least recently sent, goes
     assert len(parsed) == 2 and parsed.parse("sha-a", texts["a"]) is a
-    # An estimate for a message that is no longer kept is still right.
-    assert parsed.estimate_tokens([a]) == estimate_tokens([a])
+    # An estimate for a message no longer kept is still right; sent again, it is parsed again.
+    assert parsed.estimate_tokens([b]) == estimate_tokens([b])
+    assert parsed.parse("sha-b", texts["b"]) is not b
 
 
 class RecordingHandoff(ModelInputHandoff):
