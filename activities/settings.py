@@ -166,8 +166,9 @@ class VisibilitySettings(_Settings):
 
     # Mid-turn, search attributes (iterations, tokens) are upserted at most this often, in
     # seconds of workflow time: each upsert is a history event and a write to the server's
-    # visibility store. A turn's start and end are always published at once, and the
-    # workflow's current details follow every step whatever this says. 0: after every answer.
+    # visibility store. A turn's start (by `start_turn` with the start request, the model
+    # excepted) and its end are always published, and the workflow's current details follow
+    # every step whatever this says. 0: after every answer.
     search_attribute_interval: float = Field(default=10.0, ge=0)
 
 

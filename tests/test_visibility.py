@@ -18,7 +18,7 @@ import pytest
 from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.sdk.v1 import WorkflowMetadata
-from temporalio.client import Client, WorkflowHistory
+from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
 
 from activities.settings import Settings
 from activities.turn_setup import TurnSetupActivities
@@ -212,6 +212,24 @@ def test_search_attribute_values_and_updates() -> None:
     # A value that goes away is unset, not left stale.
     [unset] = visibility.search_attribute_updates(values, later, ["TurnkeepStopReason"])
     assert unset.key.name == "TurnkeepStopReason" and unset.value is None
+
+
+def test_a_start_request_sets_what_a_new_turn_publishes_but_its_model() -> None:
+    fresh = visibility.search_attribute_values(state_after())
+    assert visibility.starting_values("demo") == {
+        name: value
+        for name, value in fresh.items()
+        if name not in ("TurnkeepModel", "TurnkeepStopReason")
+    }
+    # The workflow reads them back as what is already published: nothing left but the model.
+    every = list(fresh)
+    start = visibility.start_search_attributes("demo", every)
+    published = visibility.published_values(start)
+    [model] = visibility.search_attribute_updates(fresh, published, every)
+    assert model.key.name == "TurnkeepModel"
+    # Only attributes the namespace has go into a start request.
+    only = visibility.start_search_attributes("demo", ["TurnkeepAgent", "TurnkeepModel"])
+    assert visibility.published_values(only) == {"TurnkeepAgent": "demo"}
 
 
 def test_search_attribute_definitions_for_the_dev_server() -> None:
@@ -452,9 +470,9 @@ async def test_current_details_follow_the_turn(
 ) -> None:
     """Waiting on a tool, then on a slow model (the fake API holds its answer), then cancelled:
     the details say so at each step, and so do the search attributes, mid-turn after every
-    answer with ``search_attribute_interval: 0`` and only at the start and the end with an
-    interval longer than the turn (an hour here, so a slow machine cannot reach it; the
-    default is checked by the unit test above)."""
+    answer with ``search_attribute_interval: 0`` and only at the start (by ``start_turn``, which
+    cannot know the model) and the end with an interval longer than the turn (an hour here,
+    so a slow machine cannot reach it; the default is checked by the unit test above)."""
     gate.clear()
     fake.script(
         Reply.tool_calls(("c1", "local__wait_for_gate", {}), usage=Tokens(input=100, output=7)),
@@ -482,13 +500,15 @@ async def test_current_details_follow_the_turn(
         assert text.startswith("**test** · iteration 0 of 5")
         assert "tokens: 100 in, 7 out · last stop: `toolUse(1)`" in text
         running = await search_attributes(handle)
-        assert running == {
+        expected = {
             "TurnkeepAgent": "test",
-            "TurnkeepModel": model,
             "TurnkeepStatus": "Running",
             "TurnkeepIterations": 0,
-            "TurnkeepTokens": 107 if interval == 0 else 0,
+            "TurnkeepTokens": 0,
         }
+        if interval == 0:  # published after the answer, the model with it
+            expected |= {"TurnkeepModel": model, "TurnkeepTokens": 107}
+        assert running == expected
 
         gate.set()
         text = await eventually(
@@ -503,10 +523,79 @@ async def test_current_details_follow_the_turn(
         text = await current_details(handle)
         ended = await search_attributes(handle)
     assert "· cancelled" in text and "last stop: `cancelled`" in text
-    assert ended["TurnkeepStatus"] == "Cancelled"
+    assert ended["TurnkeepStatus"] == "Cancelled" and ended["TurnkeepModel"] == model
     assert ended["TurnkeepStopReason"] == "cancelled"
     assert ended["TurnkeepIterations"] == 1
     assert ended["TurnkeepTokens"] == 107
+
+
+def upserts(history: WorkflowHistory) -> list[int]:
+    """Event ids of the history's search-attribute upserts."""
+    kind = EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+    return [e.event_id for e in history.events if e.event_type == kind]
+
+
+async def test_start_turn_sets_what_it_knows_so_a_quick_turn_upserts_once(
+    client: Client, harness: HarnessFactory, tmp_path: Path
+) -> None:
+    """``start_turn`` sets the agent, status, iterations and tokens with the start request; the
+    workflow adds the rest at the end (a turn shorter than the interval), in one upsert. A turn
+    started by any other client, without them, is published at its start as before. Both
+    replay."""
+    script = write_script(tmp_path / "script.json", calls(("c1", 1, 2)), "Three.")
+    agent = {"model": "playback", "playback": str(script), "servers": ["local"]}
+    async with harness(TOOLS, agents={"test": agent}) as h:
+        handle = await h.start("go")
+        await handle.result()
+        ours = await handle.handle.fetch_history()
+        ended = await search_attributes(handle)
+        plain = await client.start_workflow(
+            "TurnWorkflow",
+            TurnInput(agent="test", messages=["go"]),
+            id=f"plain-{uuid.uuid4().hex[:8]}",
+            task_queue=h.task_queue,
+        )
+        await plain.result()
+        theirs = await plain.fetch_history()
+        plain_ended = await search_attributes(TurnHandle(plain, client))
+
+    started = ours.events[0].workflow_execution_started_event_attributes.search_attributes
+    assert set(started.indexed_fields) == {
+        "TurnkeepAgent",
+        "TurnkeepStatus",
+        "TurnkeepIterations",
+        "TurnkeepTokens",
+    }
+    # One upsert, in the turn's last workflow task (the completion is the event after it).
+    assert upserts(ours) == [len(ours.events) - 2]
+    assert ended == {
+        "TurnkeepAgent": "test",
+        "TurnkeepModel": "playback",
+        "TurnkeepStatus": "Completed",
+        "TurnkeepStopReason": "endTurn",
+        "TurnkeepIterations": 1,
+        "TurnkeepTokens": ended["TurnkeepTokens"],
+    }
+    assert ended["TurnkeepTokens"] > 0
+    # Without them at start: the start is published by the workflow's first task.
+    assert not theirs.events[0].workflow_execution_started_event_attributes.HasField(
+        "search_attributes"
+    )
+    assert len(upserts(theirs)) == 2 and plain_ended == ended
+    for history in (ours, theirs):
+        await replayer().replay_workflow(history)
+
+
+async def test_a_turn_that_fails_before_its_plan_does_not_stay_running(
+    harness: HarnessFactory,
+) -> None:
+    async with harness(None) as h:
+        handle = await h.start("go", agent="nobody")
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        attributes = await search_attributes(handle)
+    assert attributes["TurnkeepAgent"] == "nobody"
+    assert attributes["TurnkeepStatus"] == "Failed"
 
 
 async def test_turns_are_found_by_search_attributes(

@@ -10,6 +10,7 @@ then part of the history and replays the same on any worker.
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass, field
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -90,6 +91,25 @@ async def usable_search_attributes(client: Client) -> list[str]:
             ", ".join(unusable),
         )
     return found.present
+
+
+# Per client (so per namespace): asked once, by the first turn the client starts.
+_PRESENT: weakref.WeakKeyDictionary[Client, list[str]] = weakref.WeakKeyDictionary()
+
+
+async def present_search_attributes(client: Client) -> list[str]:
+    """The turnkeep search attributes the client's namespace has, asked once per client, for
+    a client to set at a turn's start. Quietly none when the namespace cannot be asked: the
+    turn's workflow then sets them itself, and a worker has warned about what is missing."""
+    present = _PRESENT.get(client)
+    if present is None:
+        try:
+            present = (await registration(client)).present
+        except RPCError as err:
+            log.debug("could not list the search attributes of %r: %s", client.namespace, err)
+            present = []
+        _PRESENT[client] = present
+    return present
 
 
 class SetupError(RuntimeError):

@@ -70,9 +70,13 @@ class TurnWorkflow:
         self._continuing = False
         # Set when the conversation got too big to carry inline (payload storage off).
         self._cannot_continue = False
-        # The search attribute values last upserted, so only changes are sent, and when.
-        self._published: visibility.SearchAttributeValues = {}
-        self._published_at: datetime | None = None
+        # The search attribute values last upserted, so only changes are sent, and when. A run
+        # starts with those its start request set (``start_turn`` sets what it knows, and a
+        # continued run inherits the last run's): the workflow publishes the rest when next
+        # due rather than in its first task, as each upsert is a visibility-store write.
+        info = workflow.info()
+        self._published = visibility.published_values(info.typed_search_attributes)
+        self._published_at: datetime | None = info.start_time if self._published else None
         # Outcome timers not yet cancelled, with the history length when each was started.
         self._outcome_timers: list[tuple[asyncio.Task[None], int]] = []
 
@@ -84,13 +88,18 @@ class TurnWorkflow:
         limits continues as new between two steps, handing ``carried`` to the next run, which
         needs neither ``prepare_turn`` nor ``list_tools`` again (their answers are carried)."""
         if self._invalid is not None:
+            self._failed_before_start()
             raise self._invalid
         turn = self._turn
         if self._state is None:
-            plan = await actions.prepare_turn(turn)
+            try:
+                plan = await actions.prepare_turn(turn)
+            except ActivityError:  # an unknown agent or model, a bad override...
+                self._failed_before_start()
+                raise
             self._state = TurnState.start(turn, plan)
         state = self._state
-        self._show(visibility.STARTING, publish=True)
+        self._show(visibility.STARTING, publish=self._publish_due())
         try:
             if carried is None:
                 state.tools = await actions.list_tools(state.plan)
@@ -222,6 +231,15 @@ class TurnWorkflow:
                 return
             state.on_hook(hook, change)
 
+    def _failed_before_start(self) -> None:
+        """A turn that fails before it has a plan publishes nothing of its own; if its start
+        request said ``Running``, it now says ``Failed``, or filters for running turns would
+        find it for ever."""
+        if self._published.get(visibility.STATUS.name) == visibility.TurnStatus.RUNNING:
+            workflow.upsert_search_attributes(
+                [visibility.STATUS.value_set(visibility.TurnStatus.FAILED.value)]
+            )
+
     def _require_state(self) -> TurnState:
         assert self._state is not None, "the loop runs only after prepare_turn"
         return self._state
@@ -260,8 +278,9 @@ class TurnWorkflow:
         )
 
     def _publish_due(self) -> bool:
-        """Whether search attributes may be upserted mid-turn: at most once per the plan's
-        interval, as each upsert is a history event and a visibility-store write."""
+        """Whether search attributes may be upserted before the turn ends: at most once per
+        the plan's interval since the last publish (or since the start request set some), as
+        each upsert is a history event and a visibility-store write."""
         interval = self._require_state().plan.visibility.search_attribute_interval
         if self._published_at is None or not interval:
             return True
@@ -269,8 +288,8 @@ class TurnWorkflow:
 
     def _show(self, doing: str, *, publish: bool = False) -> None:
         """Current details for the Web UI: where the turn is, in one glance. With ``publish``,
-        the search attributes too: at the start, after a model answer when due
-        (``_publish_due``) and at the end, as each upsert is an event in the history (current
+        the search attributes too: at the start and after a model answer when due
+        (``_publish_due``), and at the end, as each upsert is an event in the history (current
         details are not)."""
         state = self._state
         if state is None:

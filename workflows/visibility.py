@@ -24,7 +24,12 @@ from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
-from temporalio.common import SearchAttributeKey, SearchAttributeUpdate
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    SearchAttributeUpdate,
+    TypedSearchAttributes,
+)
 
 from workflows.activity_io import HookPoint, LlmRequest, ToolCallRequest
 from workflows.loop import TurnState
@@ -114,6 +119,40 @@ def search_attribute_values(state: TurnState) -> SearchAttributeValues:
 
 
 _KEYS: dict[str, SearchAttributeKey[Any]] = {key.name: key for key in SEARCH_ATTRIBUTES}
+
+
+def starting_values(agent: str) -> SearchAttributeValues:
+    """What a turn's search attributes say at its start that its starter already knows: all
+    of ``search_attribute_values`` for a new turn but the model, which the worker resolves."""
+    return {
+        AGENT.name: agent,
+        STATUS.name: TurnStatus.RUNNING.value,
+        ITERATIONS.name: 0,
+        TOKENS.name: 0,
+    }
+
+
+def start_search_attributes(agent: str, allowed: Iterable[str]) -> TypedSearchAttributes:
+    """``starting_values`` as a start request sets them, for the ``allowed`` attributes only
+    (a start naming an unregistered one is refused)."""
+    allowed = set(allowed)
+    return TypedSearchAttributes(
+        [
+            SearchAttributePair(_KEYS[name], value)
+            for name, value in starting_values(agent).items()
+            if name in allowed
+        ]
+    )
+
+
+def published_values(attributes: TypedSearchAttributes) -> SearchAttributeValues:
+    """turnkeep's attributes among ``attributes`` (a run's, as it started), in the form
+    ``search_attribute_values`` gives."""
+    return {
+        pair.key.name: pair.value
+        for pair in attributes
+        if pair.key.name in _KEYS and isinstance(pair.value, str | int)
+    }
 
 
 def search_attribute_updates(
