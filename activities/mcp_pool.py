@@ -317,6 +317,8 @@ class McpPool:
         self._clients: dict[str, Client[Any]] = {}
         self._locks: dict[str, asyncio.Lock] = {name: asyncio.Lock() for name in names}
         self._function_servers: dict[str, _FunctionServer] = {}
+        # A function server's tools are fixed when it is built, so it is listed once.
+        self._function_listings: dict[str, list[mcp.types.Tool]] = {}
         self._stderr_dir: tempfile.TemporaryDirectory[str] | None = None
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -342,7 +344,11 @@ class McpPool:
 
     async def list_tools(self, server: str) -> list[mcp.types.Tool]:
         if server in self._function_server_names():
-            return await list_function_tools(self._function_server(server).mcp)
+            listing = self._function_listings.get(server)
+            if listing is None:
+                listing = await list_function_tools(self._function_server(server).mcp)
+                self._function_listings[server] = listing
+            return list(listing)
         try:
             return await self._request(server, "tools/list", lambda c: c.list_tools())
         except ServerConnectionError:

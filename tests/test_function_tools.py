@@ -229,6 +229,21 @@ async def test_listing_matches_what_an_mcp_client_lists(
     assert [dump(tool) for tool in await pool.list_tools("fn")] == over_mcp
 
 
+async def test_a_function_server_is_listed_once(
+    pool: McpPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = await pool.list_tools("fn")
+    listed: list[str] = []
+
+    async def count(self: FastMCP, *args: Any, **kwargs: Any) -> Any:
+        listed.append(self.name)
+        return []
+
+    monkeypatch.setattr(FastMCP, "list_tools", count)
+    assert [dump(tool) for tool in await pool.list_tools("fn")] == [dump(t) for t in first]
+    assert listed == []
+
+
 async def test_a_plain_value_is_given_once_as_text(pool: McpPool) -> None:
     # FastMCP's default would add structured content {"result": ...} (and an output schema
     # saying so) to a non-object return, doubling it in history; an object keeps its own.
