@@ -20,6 +20,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
 
+from activities import turn_setup
 from activities.settings import Settings
 from activities.turn_setup import TurnSetupActivities
 from tests.conftest import (
@@ -264,16 +265,22 @@ def test_a_plan_recorded_before_visibility_publishes_nothing() -> None:
     visibility_plan = TurnPlan.model_validate(recorded).visibility
     assert not visibility_plan.outcome_timers
     assert visibility_plan.search_attribute_interval == 0
+    # ... and an upsert at the start, whatever the start request set.
+    assert not visibility_plan.start_attributes
 
 
-def test_new_plans_use_outcome_timers_and_the_configured_interval() -> None:
+def test_new_plans_use_outcome_timers_start_attributes_and_the_configured_interval() -> None:
     config = {"agents": {"a": {"model": "passthrough"}}}
     setup = TurnSetupActivities(Settings.model_validate(config))
     assert setup.visibility.outcome_notes and setup.visibility.outcome_timers
+    assert setup.visibility.start_attributes
     assert setup.visibility.search_attribute_interval == 10
     config["visibility"] = {"search_attribute_interval": 0.5}
     assert TurnSetupActivities(Settings.model_validate(config)).visibility == VisibilityPlan(
-        outcome_notes=True, outcome_timers=True, search_attribute_interval=0.5
+        outcome_notes=True,
+        outcome_timers=True,
+        start_attributes=True,
+        search_attribute_interval=0.5,
     )
     with pytest.raises(ValidationError, match="search_attribute_interval"):
         Settings.model_validate({**config, "visibility": {"search_attribute_interval": -1}})
@@ -586,6 +593,29 @@ async def test_start_turn_sets_what_it_knows_so_a_quick_turn_upserts_once(
         await replayer().replay_workflow(history)
 
 
+async def test_a_plan_from_before_start_attributes_still_upserts_at_the_start(
+    harness: HarnessFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rolling upgrade: a turn started by the new ``start_turn`` but prepared by a worker
+    whose plans predate start attributes upserts at its start, as that worker did, so its
+    history replays on the new one."""
+
+    def older_plan(**fields: Any) -> VisibilityPlan:
+        return VisibilityPlan(**{**fields, "start_attributes": False})
+
+    monkeypatch.setattr(turn_setup, "VisibilityPlan", older_plan)
+    script = write_script(tmp_path / "script.json", "Hello.")
+    agent = {"model": "playback", "playback": str(script)}
+    async with harness(None, agents={"test": agent}) as h:
+        handle = await h.start("go")
+        await handle.result()
+        history = await handle.handle.fetch_history()
+    started = history.events[0].workflow_execution_started_event_attributes
+    assert "TurnkeepAgent" in started.search_attributes.indexed_fields
+    assert len(upserts(history)) == 2
+    await replayer().replay_workflow(history)
+
+
 async def test_a_turn_that_fails_before_its_plan_does_not_stay_running(
     harness: HarnessFactory,
 ) -> None:
@@ -594,8 +624,10 @@ async def test_a_turn_that_fails_before_its_plan_does_not_stay_running(
         with pytest.raises(WorkflowFailureError):
             await handle.result()
         attributes = await search_attributes(handle)
+        history = await handle.handle.fetch_history()
     assert attributes["TurnkeepAgent"] == "nobody"
     assert attributes["TurnkeepStatus"] == "Failed"
+    await replayer().replay_workflow(history)
 
 
 async def test_turns_are_found_by_search_attributes(

@@ -97,6 +97,9 @@ class VisibilityPlan(BaseModel):
     outcome_timers: bool = False
     # Seconds of workflow time between two upserts in the middle of a turn (0: every answer).
     search_attribute_interval: float = 0.0
+    # Search attributes the turn's start request set (``start_turn`` sets those it knows)
+    # count as published: the turn's first task upserts nothing when they are all there is.
+    start_attributes: bool = False
 
 
 class TurnPlan(BaseModel):

@@ -37,6 +37,10 @@ WORKFLOW_NAME = "TurnWorkflow"
 _HOOKS_THAT_MAY_FAIL = (HookPoint.AFTER_TOOL_CALL, HookPoint.AFTER_TURN_COMPLETE)
 
 
+# The patch under which a turn that fails before its plan says so in its search attributes.
+_FAILED_BEFORE_START = "turnkeep-failed-before-start"
+
+
 # A malformed TurnInput fails the workflow with pydantic's explanation instead of failing its
 # workflow task forever (which is what an input decoding error does by default).
 @workflow.defn(name=WORKFLOW_NAME, failure_exception_types=[ValidationError])
@@ -70,13 +74,14 @@ class TurnWorkflow:
         self._continuing = False
         # Set when the conversation got too big to carry inline (payload storage off).
         self._cannot_continue = False
-        # The search attribute values last upserted, so only changes are sent, and when. A run
-        # starts with those its start request set (``start_turn`` sets what it knows, and a
-        # continued run inherits the last run's): the workflow publishes the rest when next
-        # due rather than in its first task, as each upsert is a visibility-store write.
-        info = workflow.info()
-        self._published = visibility.published_values(info.typed_search_attributes)
-        self._published_at: datetime | None = info.start_time if self._published else None
+        # The search attribute values last upserted, so only changes are sent, and when.
+        self._published: visibility.SearchAttributeValues = {}
+        self._published_at: datetime | None = None
+        # Those the run's start request set: ``start_turn`` sets what it knows, and a run
+        # continued from another inherits that run's.
+        self._start_attributes = visibility.published_values(
+            workflow.info().typed_search_attributes
+        )
         # Outcome timers not yet cancelled, with the history length when each was started.
         self._outcome_timers: list[tuple[asyncio.Task[None], int]] = []
 
@@ -99,6 +104,11 @@ class TurnWorkflow:
                 raise
             self._state = TurnState.start(turn, plan)
         state = self._state
+        if state.plan.visibility.start_attributes and self._start_attributes:
+            # They count as published: the rest follows when next due, not in this task, as
+            # each upsert is a visibility-store write. (Plans from before this upsert here.)
+            self._published = dict(self._start_attributes)
+            self._published_at = workflow.info().start_time
         self._show(visibility.STARTING, publish=self._publish_due())
         try:
             if carried is None:
@@ -235,7 +245,11 @@ class TurnWorkflow:
         """A turn that fails before it has a plan publishes nothing of its own; if its start
         request said ``Running``, it now says ``Failed``, or filters for running turns would
         find it for ever."""
-        if self._published.get(visibility.STATUS.name) == visibility.TurnStatus.RUNNING:
+        running = (
+            self._start_attributes.get(visibility.STATUS.name) == visibility.TurnStatus.RUNNING
+        )
+        # Turns that failed so before this release did not upsert: their histories replay.
+        if running and workflow.patched(_FAILED_BEFORE_START):
             workflow.upsert_search_attributes(
                 [visibility.STATUS.value_set(visibility.TurnStatus.FAILED.value)]
             )
