@@ -22,6 +22,10 @@ IDEMPOTENCY_KEY_META = "turnkeep/idempotency_key"
 
 mcp = FastMCP("effects")
 
+# The worker that started this server, read once at start: a request the worker wrote just
+# before it was killed can be read after, when this process has been re-parented already.
+WORKER = os.getppid()
+
 
 def _log(event: str, tag: str, key: str | None, worker: int) -> None:
     line: dict[str, Any] = {"event": event, "tag": tag, "key": key, "at": time.time()}
@@ -45,7 +49,7 @@ async def effect(ctx: Context, tag: str, seconds: float = 0.0, dedupe: bool = Fa
     """Perform a side effect named `tag`, then take `seconds` to return."""
     rc = ctx.request_context
     key = (rc.meta or {}).get(IDEMPOTENCY_KEY_META) if rc is not None else None
-    worker = os.getppid()  # read now: once the worker is killed, this process is re-parented
+    worker = WORKER
     _log("start", tag, key, worker)
     if dedupe and key is not None and _applied_before(key):
         _log("skipped", tag, key, worker)
