@@ -35,7 +35,7 @@ from fastmcp.client.transports import (
 from fastmcp.exceptions import DisabledError, FastMCPError, NotFoundError, ToolError
 from fastmcp.server.dependencies import without_injected_parameters
 from fastmcp.tools import Tool, ToolResult
-from fastmcp.utilities.versions import dedupe_with_versions
+from fastmcp.utilities.versions import VersionSpec, dedupe_with_versions
 from mcp.shared.exceptions import MCPError
 
 from activities.settings import McpServerSettings, Settings
@@ -168,8 +168,29 @@ def import_callable(path: str, base_dir: Path | None = None) -> Callable[..., An
     return obj
 
 
+class _FixedToolsServer(FastMCP):
+    """A FastMCP server whose tools are all registered when it is built and never change
+    (turnkeep's function-tool servers), so each is looked up once. FastMCP looks a tool up on
+    every call through its providers (an anyio task group): 0.6 ms of a function tool's
+    2.5 ms activity inside a turn, measured alone."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self._found: dict[str, Tool] = {}
+
+    async def get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
+        if version is not None:
+            return await super().get_tool(name, version)
+        tool = self._found.get(name)
+        if tool is None:
+            tool = await super().get_tool(name)
+            if tool is not None:
+                self._found[name] = tool
+        return tool
+
+
 def build_function_server(name: str, functions: Sequence[Callable[..., Any]]) -> FastMCP:
-    server: FastMCP = FastMCP(name)
+    server: FastMCP = _FixedToolsServer(name)
     seen: set[str] = set()
     for fn in functions:
         if not callable(fn):

@@ -229,6 +229,28 @@ async def test_listing_matches_what_an_mcp_client_lists(
     assert [dump(tool) for tool in await pool.list_tools("fn")] == over_mcp
 
 
+async def test_a_function_tool_is_looked_up_once(
+    pool: McpPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looked_up: list[str] = []
+    get_tool = FastMCP.get_tool
+
+    async def count(self: FastMCP, name: str, version: Any = None) -> Any:
+        looked_up.append(name)
+        return await get_tool(self, name, version)
+
+    monkeypatch.setattr(FastMCP, "get_tool", count)
+    for times in (1, 2, 3):
+        shouted = await pool.call_tool("fn", "shout", {"text": "hey", "times": times})
+        assert to_wire_result(shouted).text == " ".join(["HEY"] * times)
+    assert looked_up == ["shout"]
+    # An unknown tool is looked up every time, and answered as before.
+    for _ in range(2):
+        missing = await pool.call_tool("fn", "nope", {})
+        assert missing.is_error and to_wire_result(missing).text == "Unknown tool: 'nope'"
+    assert looked_up == ["shout", "nope", "nope"]
+
+
 async def test_a_function_server_is_listed_once(
     pool: McpPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
