@@ -25,6 +25,19 @@ from worker.codec import EncryptedPayloadRefusal
 
 _JSON = PydanticJSONPlainPayloadConverter()
 _REFUSE_ENCRYPTED = EncryptedPayloadRefusal()
+# Temporal's defaults with the shared JSON converter, by encoding, built once: the SDK
+# constructs this class for every payload it converts (a ``dataclasses.replace`` of the data
+# converter re-runs its ``__post_init__``), ~15 times per turn iteration with payload storage on.
+_CONVERTERS = {
+    c.encoding.encode(): c
+    for c in (
+        *(
+            _JSON if isinstance(c, JSONPlainPayloadConverter) else c
+            for c in DefaultPayloadConverter.default_encoding_payload_converters
+        ),
+        _REFUSE_ENCRYPTED,
+    )
+}
 
 
 class TurnkeepPayloadConverter(CompositePayloadConverter):
@@ -33,10 +46,6 @@ class TurnkeepPayloadConverter(CompositePayloadConverter):
     (with encryption on, the codec decrypts every payload before this converter sees it)."""
 
     def __init__(self) -> None:
-        super().__init__(
-            *(
-                _JSON if isinstance(c, JSONPlainPayloadConverter) else c
-                for c in DefaultPayloadConverter.default_encoding_payload_converters
-            ),
-            _REFUSE_ENCRYPTED,
-        )
+        # Shared, not copied: nothing mutates the mapping (``with_context`` gives a new
+        # instance its own), and building it was most of this constructor's cost.
+        self.converters = _CONVERTERS
