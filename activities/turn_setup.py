@@ -29,6 +29,7 @@ class TurnSetupActivities:
         self.visibility = VisibilityPlan(
             outcome_notes=True,
             outcome_timers=True,
+            skip_told_outcomes=True,
             start_attributes=True,
             search_attribute_interval=settings.visibility.search_attribute_interval,
         )

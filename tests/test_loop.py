@@ -81,6 +81,24 @@ def test_invalid_arguments_are_answered_without_running_the_tool() -> None:
     assert "{not json" in batch.answered["c1"].text
 
 
+def test_whether_every_pending_call_runs() -> None:
+    """What decides whether a toolUse outcome needs a row of its own in the Web UI."""
+    runs = start()
+    runs.on_assistant(tool_use(("c1", "srv__a"), ("c2", "srv__b")))
+    assert runs.runs_every_pending_call()
+    unknown = start()
+    unknown.on_assistant(tool_use(("c1", "srv__a"), ("c2", "nope")))
+    assert not unknown.runs_every_pending_call()
+    invalid = start()
+    message = tool_use(("c1", "srv__a"))
+    message.tool_calls = {"c1": ToolCall(name="srv__a", invalid_arguments="{not json")}
+    invalid.on_assistant(message)
+    assert not invalid.runs_every_pending_call()
+    answered = start()
+    answered.on_assistant(Message.assistant("done", StopReason.END_TURN))
+    assert not answered.runs_every_pending_call()
+
+
 def test_results_come_back_in_call_order_with_timing() -> None:
     state = start()
     state.on_assistant(tool_use(("c1", "srv__a"), ("c2", "srv__b")))

@@ -1,5 +1,5 @@
 """What an operator sees of a turn in the Temporal Web UI and filters turns by (SPEC §7):
-activity summaries with each model call's outcome, current details as the turn runs, search
+activity summaries with the model's outcomes, current details as the turn runs, search
 attributes, and a cluster without those attributes (the worker warns once, `turnkeep setup`
 registers them). The text itself is unit-tested first, without a server."""
 
@@ -265,20 +265,23 @@ def test_a_plan_recorded_before_visibility_publishes_nothing() -> None:
     visibility_plan = TurnPlan.model_validate(recorded).visibility
     assert not visibility_plan.outcome_timers
     assert visibility_plan.search_attribute_interval == 0
-    # ... and an upsert at the start, whatever the start request set.
+    # ... and an upsert at the start, whatever the start request set, and every outcome.
     assert not visibility_plan.start_attributes
+    assert not visibility_plan.skip_told_outcomes
 
 
 def test_new_plans_use_outcome_timers_start_attributes_and_the_configured_interval() -> None:
     config = {"agents": {"a": {"model": "passthrough"}}}
     setup = TurnSetupActivities(Settings.model_validate(config))
     assert setup.visibility.outcome_notes and setup.visibility.outcome_timers
+    assert setup.visibility.skip_told_outcomes
     assert setup.visibility.start_attributes
     assert setup.visibility.search_attribute_interval == 10
     config["visibility"] = {"search_attribute_interval": 0.5}
     assert TurnSetupActivities(Settings.model_validate(config)).visibility == VisibilityPlan(
         outcome_notes=True,
         outcome_timers=True,
+        skip_told_outcomes=True,
         start_attributes=True,
         search_attribute_interval=0.5,
     )
@@ -360,8 +363,14 @@ def unique_agent() -> str:
 async def test_history_shows_each_model_calls_outcome(
     harness: HarnessFactory, tmp_path: Path, client: Client
 ) -> None:
+    """An outcome gets a row of its own unless the rows after it tell it: a toolUse answer
+    whose every call runs is followed by one `tool …` row per call, so only an answer with a
+    call answered in the workflow (here an unknown tool) and the final answer get one."""
+    unknown = {"name": "local__nope", "arguments": {}}
+    mixed = calls(("c3", 5, 6))
+    mixed["tool_calls"]["c4"] = unknown
     script = write_script(
-        tmp_path / "script.json", calls(("c1", 1, 2), ("c2", 3, 4)), calls(("c3", 5, 6)), "Done."
+        tmp_path / "script.json", calls(("c1", 1, 2), ("c2", 3, 4)), mixed, "Done."
     )
     agent = {"model": "playback", "playback": str(script), "servers": ["local"]}
     hooks = {"audit": lambda context: None}
@@ -379,12 +388,11 @@ async def test_history_shows_each_model_calls_outcome(
         "list tools",
         audit,
         "llm #1 · playback",
-        "llm #1 · playback → toolUse(2)",
         "tool local__add · c1",
         "tool local__add · c2",
         audit,
         "llm #2 · playback",
-        "llm #2 · playback → toolUse(1)",
+        "llm #2 · playback → toolUse(2)",
         "tool local__add · c3",
         audit,
         "llm #3 · playback",
@@ -397,20 +405,20 @@ async def test_history_shows_each_model_calls_outcome(
     assert EventType.EVENT_TYPE_MARKER_RECORDED not in kinds
     assert EventType.EVENT_TYPE_TIMER_FIRED not in kinds
     timers = [e for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
-    assert len(timers) == 3
+    assert len(timers) == 2
     # A timer goes out with its tools, or with the turn's completion (event ids count from 1).
     follows = [events[t.event_id].event_type for t in timers]
-    assert follows == [EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED] * 2 + [
-        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+    assert follows == [
+        EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
     ]
-    cancels = [e for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_CANCELED]
-    started = [t.timer_started_event_attributes.timer_id for t in timers]
-    assert [c.timer_canceled_event_attributes.timer_id for c in cancels] == started[:2]
+    [cancel] = [e for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_CANCELED]
+    started = timers[0].timer_started_event_attributes.timer_id
+    assert cancel.timer_canceled_event_attributes.timer_id == started
     # ... in the task that schedules the next step once the tools are done (ids count from 1).
-    for cancel in cancels:
-        before = events[cancel.event_id - 2]
-        assert before.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        assert before.activity_task_scheduled_event_attributes.activity_type.name == "run_hook"
+    before = events[cancel.event_id - 2]
+    assert before.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    assert before.activity_task_scheduled_event_attributes.activity_type.name == "run_hook"
     # Only the start and activity results wake the workflow: no task for the outcomes.
     causes = {
         events[e.event_id - 2].event_type
@@ -425,6 +433,30 @@ async def test_history_shows_each_model_calls_outcome(
     assert details.startswith("**test** · iteration 2 of ")
     assert "· finished" in details and "model calls: 3" in details
     assert "last stop: `endTurn`" in details
+
+
+async def test_a_plan_from_before_records_every_outcome(
+    harness: HarnessFactory, tmp_path: Path, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn whose plan predates skipping told outcomes (as every recorded history's does)
+    records a row for each answer, as it did, so its history replays command for command."""
+
+    def older_plan(**fields: Any) -> VisibilityPlan:
+        return VisibilityPlan(**{**fields, "skip_told_outcomes": False})
+
+    monkeypatch.setattr(turn_setup, "VisibilityPlan", older_plan)
+    async with harness(TOOLS, agents={"test": one_round_agent(tmp_path)}) as h:
+        handle = await h.start("go")
+        await handle.result()
+        history = await handle.handle.fetch_history()
+    assert (await history_summaries(client, history))[-5:] == [
+        "llm #1 · playback",
+        "llm #1 · playback → toolUse(1)",
+        "tool local__add · c1",
+        "llm #2 · playback",
+        "llm #2 · playback → endTurn",
+    ]
+    await replayer().replay_workflow(history)
 
 
 async def test_an_outcome_whose_tools_need_no_activity_is_still_recorded(
@@ -794,7 +826,11 @@ async def test_a_turn_with_visibility_replays_fresh_and_recorded(
     recorded history (tests/histories/visibility_timers.json; refresh as tests/test_replay.py
     says). So does a turn recorded when outcomes were local activity markers
     (tests/histories/visibility.json, kept as it was): its plan says so."""
-    agent = one_round_agent(tmp_path)
+    # One call runs, one names no tool: the answer's outcome gets a timer, cancelled later.
+    mixed = calls(("c1", 1, 2))
+    mixed["tool_calls"]["c2"] = {"name": "local__nope", "arguments": {}}
+    script = write_script(tmp_path / "script.json", mixed, "Three.")
+    agent = {"model": "playback", "playback": str(script), "servers": ["local"]}
     async with harness(TOOLS, agents={"test": agent}) as h:
         handle = await h.start("go")
         await handle.result()

@@ -95,6 +95,10 @@ class VisibilityPlan(BaseModel):
     # marker: a local activity costs a workflow activation of its own and holds the workflow
     # task open until it is done.
     outcome_timers: bool = False
+    # ... and only the outcomes the rows after them do not tell: not a toolUse answer whose
+    # every call runs as a tool activity, as its `tool …` rows say it (a timer is two events
+    # and a timer task, the largest of a turn's costs per iteration over the floor's, bench/).
+    skip_told_outcomes: bool = False
     # Seconds of workflow time between two upserts in the middle of a turn (0: every answer).
     search_attribute_interval: float = 0.0
     # Search attributes the turn's start request set (``start_turn`` sets those it knows)

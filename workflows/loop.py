@@ -185,6 +185,11 @@ class TurnState(BaseModel):
                 )
         return ToolBatch(to_run=to_run, answered=answered)
 
+    def runs_every_pending_call(self) -> bool:
+        """Whether each call of the pending tool request runs as a tool activity (none is
+        answered without running: an unknown tool, arguments that are not an object)."""
+        return self.awaiting_tools and not self.tool_batch().answered
+
     def on_tool_results(
         self, results: dict[str, CallToolResult], timing_ms: dict[str, float]
     ) -> None:

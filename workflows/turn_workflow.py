@@ -174,7 +174,8 @@ class TurnWorkflow:
         self._show(visibility.waiting_on_model(request))
         answer = await actions.call_model(request, state.plan, self._message_json)
         state.on_assistant(answer)
-        await self._note_outcome(visibility.outcome_summary(request, answer))
+        if not (state.plan.visibility.skip_told_outcomes and state.runs_every_pending_call()):
+            await self._note_outcome(visibility.outcome_summary(request, answer))
         self._show(visibility.answered(answer), publish=self._publish_due())
         await self._hooks(HookPoint.AFTER_LLM_CALL)
 
