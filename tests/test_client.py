@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus
 
 from tests.conftest import HarnessFactory, turnkeep, write_script
 from tests.mcp_servers.launch import STDIO_SCRIPT
-from worker.client import TurnCancelledError
+from worker.client import TurnCancelledError, start_turn
 from worker.embedded import ServerInfo, free_port
 from workflows.messages import Message, StopReason
 from workflows.repair import INTERRUPTED_TEXT
-from workflows.turn_io import RollbackState
+from workflows.turn_io import RollbackState, TurnInput
 
 pytestmark = pytest.mark.asyncio
 
@@ -83,6 +83,24 @@ async def test_messages_stream_while_the_turn_runs_and_resume_from_an_index(
         result = await turn.result()
         after = [m async for m in turn.messages(2, include_tool_results=True)]
         assert after == result.messages[2:]
+
+
+async def test_a_turn_starts_eagerly_on_its_clients_own_worker(
+    harness: HarnessFactory, tmp_path: Path, client: Client
+) -> None:
+    """A worker of the starting client polling the turn's queue gets its first workflow task in
+    the start response (the SDK records whether the server did so on the handle); on a queue
+    no worker of this client polls, the start is an ordinary one."""
+    async with harness(TOOLS, **scripted(tmp_path, "hello")) as h:
+        turn = await h.start("go")
+        assert getattr(turn.handle, "__temporal_eagerly_started") is True
+        result = await turn.result()
+    assert result.final is not None and result.final.text == "hello"
+    elsewhere = await start_turn(
+        client, TurnInput(agent="test", messages=["go"]), task_queue=f"nobody-{tmp_path.name}"
+    )
+    assert getattr(elsewhere.handle, "__temporal_eagerly_started") is False
+    await elsewhere.handle.terminate()
 
 
 async def test_cancel_during_tools_keeps_finished_results_and_ends_canceled(

@@ -360,7 +360,7 @@ def unique_agent() -> str:
     return f"vis{uuid.uuid4().hex[:8]}"
 
 
-async def test_history_shows_each_model_calls_outcome(
+async def test_history_shows_each_outcome_its_tool_rows_do_not(
     harness: HarnessFactory, tmp_path: Path, client: Client
 ) -> None:
     """An outcome gets a row of its own unless the rows after it tell it: a toolUse answer
