@@ -124,7 +124,7 @@ async def run(args: argparse.Namespace) -> Results:
         )
 
     async def throughput_section(env: Environment) -> None:
-        table, tp = await throughput.throughput(env, 1 if quick else 4)
+        table, tp = await throughput.throughput(env, 1 if quick else 6)
         out.tables.append(table)
         out.targets.append(
             Target(

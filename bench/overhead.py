@@ -13,7 +13,8 @@ And where the difference goes:
 - the turn with the model input read by query (``build_worker(model_input_handoff=False)``),
   and with external payload storage off.
 
-All variants run round-robin, so the machine's noise hits them alike; medians are reported.
+All variants run round-robin (every other round in reverse), so the machine's noise hits them
+alike; medians are reported.
 """
 
 from __future__ import annotations
@@ -152,7 +153,9 @@ async def loop_overhead(env: Environment, repeats: int) -> tuple[list[Table], Ov
         samples: dict[str, list[float]] = defaultdict(list)
         for i in range(repeats):
             progress(f"loop overhead: round {i + 1} of {repeats}")
-            for name, run in variants.items():
+            # Every other round in reverse, so that no variant always follows the same one.
+            order = list(variants.items())
+            for name, run in order if i % 2 == 0 else reversed(order):
                 samples[name].append(await run())
     result = Overhead(
         iterations=K,

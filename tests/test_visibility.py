@@ -276,7 +276,7 @@ def test_new_plans_use_outcome_timers_start_attributes_and_the_configured_interv
     assert setup.visibility.outcome_notes and setup.visibility.outcome_timers
     assert setup.visibility.skip_told_outcomes
     assert setup.visibility.start_attributes
-    assert setup.visibility.search_attribute_interval == 10
+    assert setup.visibility.search_attribute_interval == 60
     config["visibility"] = {"search_attribute_interval": 0.5}
     assert TurnSetupActivities(Settings.model_validate(config)).visibility == VisibilityPlan(
         outcome_notes=True,
