@@ -100,7 +100,7 @@ async def run(args: argparse.Namespace) -> Results:
         raise SystemExit(f"unknown section(s) {sorted(unknown)}; choose from {SECTIONS}")
     quick = args.quick
     iterations = [int(k) for k in (args.iterations or "5,20,50,100,200").split(",")]
-    repeats = args.repeats or (2 if quick else 9)
+    repeats = args.repeats or (2 if quick else 15)
     memory_turns = args.memory_turns or (200 if quick else 1000)
     recovery_runs = args.recovery_runs or (1 if quick else 2)
     out = Results()

@@ -20,7 +20,7 @@ from temporalio.worker.workflow_sandbox import SandboxRestrictions
 from activities.settings import Settings
 from bench.floor import ACTIVITIES, Floor
 from bench.turns import TOOLS, Agent, settings
-from worker.build import build_worker
+from worker.build import build_worker, freeze_startup_heap
 from worker.connection import connect
 from worker.embedded import EmbeddedServer, ServerInfo
 from worker.workflow_runner import PASSTHROUGH_MODULES, TurnkeepWorkflowRunner
@@ -78,4 +78,6 @@ async def environment(tmp: Path, agents: Iterable[Agent]) -> AsyncIterator[Envir
             turn_worker(env, TURNS),
             floor_worker(plain, FLOOR),
         ):
+            # As `turnkeep worker` does: the process's start-up heap is not scanned again.
+            freeze_startup_heap()
             yield env

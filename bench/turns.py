@@ -93,10 +93,12 @@ class FinishedTurn:
 
 
 async def run_turn(client: Client, queue: str, agent: Agent) -> FinishedTurn:
+    """A turn from its start request to its decoded result, timed as ``run_floor`` times a
+    floor (its start included)."""
+    started = time.perf_counter()
     handle = await start_turn(
         client, TurnInput(agent=agent.name, messages=["go"]), task_queue=queue
     )
-    started = time.perf_counter()
     result = await handle.result()
     seconds = time.perf_counter() - started
     run_id = handle.handle.first_execution_run_id or handle.handle.run_id or ""

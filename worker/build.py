@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -44,3 +45,15 @@ def build_worker(
         plugins=[TurnkeepPlugin(settings, function_tools=function_tools, hooks=hooks)],
         **worker_options,
     )
+
+
+def freeze_startup_heap() -> None:
+    """For a process that serves turns for long (``turnkeep worker``, the benchmarks): once the
+    worker is built, take everything alive (the SDKs, FastMCP, pydantic's schemas: ~160,000
+    objects) out of the cyclic garbage collector's scans. It would otherwise walk them all in
+    every full collection: measured on the bench's worker, a ~120 ms pause once every ~8
+    twenty-iteration turns, and 1.0-1.3 s of each 100-turn batch in collections (0.4-0.8 s
+    frozen). Those objects live as long as the process anyway; the collection before the
+    freeze frees what is already garbage."""
+    gc.collect()
+    gc.freeze()

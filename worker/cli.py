@@ -34,7 +34,7 @@ from activities.payload_storage import (
     payload_directory,
 )
 from activities.settings import Origin, Retention, Settings
-from worker.build import build_worker
+from worker.build import build_worker, freeze_startup_heap
 from worker.client import TurnCancelledError, TurnHandle, get_turn, start_turn
 from worker.codec import EncryptionError
 from worker.codec_server import (
@@ -436,6 +436,7 @@ def run_worker(
             + ", ".join(settings.agents)
         )
         async with build_worker(client, settings):
+            freeze_startup_heap()
             await _until_signalled()
 
     asyncio.run(go())
