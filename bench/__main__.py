@@ -72,12 +72,15 @@ SECTION_TARGETS = {
 
 def _overhead_measured(o: overhead.Overhead) -> str:
     """The ratio, with what it is made of: it moves with the floor's speed (a slow server makes
-    the same extra cost a smaller share), so the absolute extra and the rounds' spread too."""
-    per_round = o.ratios()
+    the same extra cost a smaller share), so the absolute extra too, and how precisely the
+    pairs pin it down (whether the target's line is inside that interval)."""
+    pairs = o.ratios()
+    low, high = report.median_interval(pairs)
     floor_ms = o.seconds(overhead.FLOOR_BARE) * 1000 / o.iterations
     extra_ms = o.extra(overhead.TURN) * 1000 / o.iterations
     return (
-        f"{o.ratio():.2f}× (rounds {min(per_round):.2f}–{max(per_round):.2f}×; "
+        f"{o.ratio():.2f}× (95% interval of the median {low:.2f}–{high:.2f}× over "
+        f"{len(pairs)} pairs; "
         f"+{extra_ms:.1f} ms per iteration on a {floor_ms:.1f} ms floor)"
     )
 
@@ -107,6 +110,7 @@ async def run(args: argparse.Namespace) -> Results:
     agents = {Agent(k) for k in iterations} | {
         Agent(overhead.K),
         Agent(overhead.K, "line"),
+        Agent(overhead.K, "blob_async"),
         Agent(throughput.ITERATIONS),
     }
 

@@ -11,10 +11,12 @@ And where the difference goes:
   activity (how turns recorded a model call's outcome before), an outcome timer (how they do
   now) — and one without the workflow sandbox, to show the sandbox's share of a step;
 - the turn with the model input read by query (``build_worker(model_input_handoff=False)``),
-  and with external payload storage off.
+  with external payload storage off, and with its tool declared ``async`` (no thread hop).
 
 All variants run round-robin (every other round in reverse), so the machine's noise hits them
-alike; medians are reported.
+alike; medians are reported. The headline pair (the turn with 5 KB results and its floor) runs
+``HEADLINE_PAIRS`` times a round, each turn next to its own floor: a round's runs spread by
+±25% on this kind of machine, and the target is read off that pair.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from worker.connection import connect
 from workflows.activity_io import CALL_TOOL, LLM_STEP
 
 K = 20
+# Runs of the headline pair per round (the other variants run once): more pairs for the figure
+# the target is read off, for a fraction of a round's time (a round runs 14 variants).
+HEADLINE_PAIRS = 3
 BY_QUERY = "bench-turns-by-query"
 NO_STORAGE = "bench-turns-no-storage"
 FLOOR_CONVERTER = "bench-floor-converter"
@@ -46,6 +51,7 @@ FLOOR_UNSANDBOXED = "bench-floor-unsandboxed"
 
 TURN = "turn, 5 KB tool results"
 TURN_SHORT = "turn, short tool results"
+TURN_ASYNC = "turn, 5 KB, tool declared async"
 TURN_BY_QUERY = "turn, 5 KB, model input read by query"
 TURN_NO_STORAGE = "turn, 5 KB, payload storage off"
 FLOOR_BARE = "floor: no-op activities"
@@ -66,30 +72,41 @@ ABLATIONS = {
 class Overhead:
     iterations: int
     activities: int  # per turn, and so per floor
-    samples: dict[str, list[float]]  # variant -> wall-clock seconds, one per round
+    # variant -> rounds -> wall-clock seconds of each run in that round
+    samples: dict[str, list[list[float]]]
     phases: dict[str, dict[str, float]]  # turn / floor -> phase -> median ms
     workflow_tasks: dict[str, int]  # turn / floor -> workflow tasks
 
     def seconds(self, variant: str) -> float:
-        return statistics.median(self.samples[variant])
+        return statistics.median(s for round_ in self.samples[variant] for s in round_)
 
-    # Ratios and differences are taken within a round, against the floor of that round, then
-    # the median over rounds: load that comes and goes hits both sides of each pair alike.
+    # Ratios and differences are taken within a round, against a floor of that round, then the
+    # median over all of them: load that comes and goes hits both sides of each pair alike.
     def ratio(self, variant: str = TURN) -> float:
         return statistics.median(self.ratios(variant))
 
     def ratios(self, variant: str = TURN) -> list[float]:
-        """Each round's ratio against that round's floor."""
-        pairs = zip(self.samples[variant], self.samples[FLOOR_BARE], strict=True)
-        return [v / f for v, f in pairs]
+        """Each run's ratio against its floor in the same round."""
+        return [v / f for v, f in self._pairs(variant)]
 
     def extra(self, variant: str) -> float:
-        pairs = zip(self.samples[variant], self.samples[FLOOR_BARE], strict=True)
-        return statistics.median(v - f for v, f in pairs)
+        return statistics.median(v - f for v, f in self._pairs(variant))
+
+    def _pairs(self, variant: str) -> list[tuple[float, float]]:
+        """(run, its floor): the floor run next to it for the headline turn, which runs as
+        often as the floor; otherwise the median floor of the same round."""
+        pairs: list[tuple[float, float]] = []
+        rounds = zip(self.samples[variant], self.samples[FLOOR_BARE], strict=True)
+        for runs, floors in rounds:
+            if len(runs) == len(floors):
+                pairs += zip(runs, floors, strict=True)
+            else:
+                pairs += [(run, statistics.median(floors)) for run in runs]
+        return pairs
 
 
 async def loop_overhead(env: Environment, repeats: int) -> tuple[list[Table], Overhead]:
-    agent, short = Agent(K), Agent(K, "line")
+    agent, short, in_loop = Agent(K), Agent(K, "line"), Agent(K, "blob_async")
     async with AsyncExitStack() as stack:
         # The same turn worker, but every model call reads its input by query.
         await stack.enter_async_context(turn_worker(env, BY_QUERY, model_input_handoff=False))
@@ -139,24 +156,30 @@ async def loop_overhead(env: Environment, repeats: int) -> tuple[list[Table], Ov
 
             return go
 
-        variants: dict[str, Callable[[], Awaitable[float]]] = {
+        headline: dict[str, Callable[[], Awaitable[float]]] = {
             TURN: turn(TURNS, agent),
             FLOOR_BARE: floor(FLOOR, NOOP),
+        }
+        others: dict[str, Callable[[], Awaitable[float]]] = {
             TURN_SHORT: turn(TURNS, short),
+            TURN_ASYNC: turn(TURNS, in_loop),
             TURN_BY_QUERY: turn(BY_QUERY, agent),
             TURN_NO_STORAGE: turn(NO_STORAGE, agent),
             **{name: floor(queue, activity) for name, (queue, activity) in ABLATIONS.items()},
         }
-        for run in variants.values():  # warm-up: imports, sandboxes, MCP server
+        for run in [*headline.values(), *others.values()]:  # warm-up: imports, sandboxes, MCP
             await run()
         histories.clear()
-        samples: dict[str, list[float]] = defaultdict(list)
+        samples: dict[str, list[list[float]]] = defaultdict(list)
         for i in range(repeats):
             progress(f"loop overhead: round {i + 1} of {repeats}")
             # Every other round in reverse, so that no variant always follows the same one.
-            order = list(variants.items())
+            order = [*list(headline.items()) * HEADLINE_PAIRS, *others.items()]
+            this_round: dict[str, list[float]] = defaultdict(list)
             for name, run in order if i % 2 == 0 else reversed(order):
-                samples[name].append(await run())
+                this_round[name].append(await run())
+            for name, runs in this_round.items():
+                samples[name].append(runs)
     result = Overhead(
         iterations=K,
         activities=activities,
@@ -176,14 +199,18 @@ def _headline(o: Overhead, repeats: int) -> Table:
         ["", "ms per iteration", "floor ms per iteration", "÷ floor"],
     )
     floor = o.seconds(FLOOR_BARE) * 1000 / o.iterations
-    for variant in (TURN, TURN_SHORT, TURN_BY_QUERY, TURN_NO_STORAGE):
+    for variant in (TURN, TURN_SHORT, TURN_ASYNC, TURN_BY_QUERY, TURN_NO_STORAGE):
         mine = o.seconds(variant) * 1000 / o.iterations
         table.add(variant, f"{mine:.1f}", f"{floor:.1f}", f"{o.ratio(variant):.2f}×")
     table.notes.append(
-        f"Medians of {repeats} rounds; ÷ floor is the median of each round's ratio. The floor "
-        f"awaits {o.activities} no-op activities, as many as the turn runs. *Read by query*: "
+        f"Medians of {repeats} rounds; the first turn runs {HEADLINE_PAIRS} times a round, each "
+        "run next to a floor run, the others once. ÷ floor is the median of each run's ratio "
+        "to its floor (the first turn's own; for the others, the round's median floor). The "
+        f"floor awaits {o.activities} no-op activities, as many as the turn runs. *Read by query*: "
         "how a model call gets its input when it runs on another worker than its workflow (and "
-        "how every call did before the in-process hand-off)."
+        "how every call did before the in-process hand-off). *Declared async*: the same tool "
+        "as an `async def`, called on the worker's event loop; a plain `def` tool runs in a "
+        "thread (as FastMCP runs it), so it could not stall heartbeats and other steps."
     )
     return table
 

@@ -3,6 +3,7 @@ the targets of issue #7 with whether this run met them."""
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 
@@ -60,3 +61,14 @@ def ms(seconds: float) -> str:
 
 def ratio(value: float, floor: float) -> str:
     return f"{value / floor:.2f}×" if floor else "n/a"
+
+
+def median_interval(values: list[float]) -> tuple[float, float]:
+    """A ~95% confidence interval of the median of ``values``, from their order statistics
+    (distribution-free: a run's spread is skewed by the machine's hiccups, not normal). With
+    7 values or fewer it is their whole range."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half = 1.96 * math.sqrt(n) / 2
+    low, high = math.floor(n / 2 - half), math.ceil(n / 2 + half) - 1
+    return ordered[max(low, 0)], ordered[min(high, n - 1)]

@@ -3,7 +3,8 @@
 A benchmark turn is the ``playback`` model scripted to call one instant function tool K times
 and then answer: every iteration is one model call and one tool call that take no time of their
 own, so what is measured is turnkeep and Temporal. The tool returns 5 KB (``blob``) or a short
-line (``line``).
+line (``line``); ``blob_async`` is ``blob`` declared ``async``, which runs on the worker's event
+loop instead of a thread.
 """
 
 from __future__ import annotations
@@ -36,12 +37,17 @@ def blob(i: int) -> str:
     return f"result {i}: " + "x" * RESULT_BYTES
 
 
+async def blob_async(i: int) -> str:
+    """Returns 5 KB of text."""
+    return blob(i)
+
+
 def line(i: int) -> str:
     """Returns one short line."""
     return f"result {i}: ok"
 
 
-TOOLS = {SERVER: [blob, line]}
+TOOLS = {SERVER: [blob, blob_async, line]}
 
 
 @dataclass(frozen=True)
