@@ -42,7 +42,7 @@ from workflows.activity_io import CALL_TOOL, LLM_STEP
 
 K = 20
 # Runs of the headline pair per round (the other variants run once): more pairs for the figure
-# the target is read off, for a fraction of a round's time (a round runs 14 variants).
+# the target is read off, for a fraction of a round's time (a round runs 13 variants).
 HEADLINE_PAIRS = 3
 BY_QUERY = "bench-turns-by-query"
 NO_STORAGE = "bench-turns-no-storage"
