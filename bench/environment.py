@@ -18,6 +18,8 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxRestrictions
 
 from activities.settings import Settings
+from bench.carry_floor import ACTIVITIES as CARRY_ACTIVITIES
+from bench.carry_floor import CarryFloor
 from bench.floor import ACTIVITIES, Floor
 from bench.turns import TOOLS, Agent, settings
 from worker.build import build_worker, freeze_startup_heap
@@ -53,7 +55,7 @@ def turn_worker(env: Environment, queue: str, **options: Any) -> Worker:
 # workflow code for each workflow it starts.
 FLOOR_RUNNER = TurnkeepWorkflowRunner(
     restrictions=SandboxRestrictions.default.with_passthrough_modules(
-        *PASSTHROUGH_MODULES, "bench.floor"
+        *PASSTHROUGH_MODULES, "bench.floor", "bench.carry_floor"
     )
 )
 
@@ -63,7 +65,15 @@ def floor_worker(client: Client, queue: str, **options: Any) -> Worker:
     workflow in a process that has imported fastmcp (as any turnkeep worker has) re-imports
     beartype: ~150 ms more per workflow started, which a floor must not be charged for."""
     options.setdefault("workflow_runner", FLOOR_RUNNER)
-    return Worker(client, task_queue=queue, workflows=[Floor], activities=ACTIVITIES, **options)
+    options.setdefault("workflows", [Floor])
+    options.setdefault("activities", ACTIVITIES)
+    return Worker(client, task_queue=queue, **options)
+
+
+def carry_worker(env: Environment, queue: str) -> Worker:
+    """A worker for the carrying floor (bench/carry_floor.py), on turnkeep's data converter and
+    payload storage (the turns' client)."""
+    return floor_worker(env.client, queue, workflows=[CarryFloor], activities=CARRY_ACTIVITIES)
 
 
 @contextlib.asynccontextmanager

@@ -5,6 +5,9 @@ K + 1 model calls, K tool calls, ``prepare_turn`` and ``list_tools``, counted in
 And where the difference goes:
 
 - phases of the turn and the floor from their histories (``bench/phases.py``);
+- the carrying floor (``bench/carry_floor.py``): what a turn's steps carry (its payloads,
+  summaries, timeouts, turnkeep's data converter and payload storage) without turnkeep's code,
+  which splits the overhead into carrying a turn's data and turnkeep's own work;
 - floor variants that each add one thing a turn does to every activity step — turnkeep's data
   converter (pydantic JSON, external payload storage), a heartbeat, a query of the workflow
   (how ``llm_step`` reads its input when it runs on another worker), a 5 KB result, a local
@@ -31,23 +34,31 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.worker import UnsandboxedWorkflowRunner
 
-from bench.environment import FLOOR, TURNS, Environment, floor_worker, turn_worker
+from bench.environment import (
+    FLOOR,
+    TURNS,
+    Environment,
+    carry_worker,
+    floor_worker,
+    turn_worker,
+)
 from bench.floor import BLOB, HEARTBEAT, NOOP, QUERY, FloorInput
 from bench.phases import WFT_QUEUED, WFT_RUN, medians
 from bench.report import Table, progress
-from bench.turns import TOOLS, Agent, count, run_floor, run_turn, runs_of, settings
+from bench.turns import TOOLS, Agent, count, run_carry, run_floor, run_turn, runs_of, settings
 from worker.build import build_worker
 from worker.connection import connect
 from workflows.activity_io import CALL_TOOL, LLM_STEP
 
 K = 20
 # Runs of the headline pair per round (the other variants run once): more pairs for the figure
-# the target is read off, for a fraction of a round's time (a round runs 13 variants).
+# the target is read off, for a fraction of a round's time (a round runs 14 variants).
 HEADLINE_PAIRS = 3
 BY_QUERY = "bench-turns-by-query"
 NO_STORAGE = "bench-turns-no-storage"
 FLOOR_CONVERTER = "bench-floor-converter"
 FLOOR_UNSANDBOXED = "bench-floor-unsandboxed"
+CARRY = "bench-carry"
 
 TURN = "turn, 5 KB tool results"
 TURN_SHORT = "turn, short tool results"
@@ -55,6 +66,7 @@ TURN_ASYNC = "turn, 5 KB, tool declared async"
 TURN_BY_QUERY = "turn, 5 KB, model input read by query"
 TURN_NO_STORAGE = "turn, 5 KB, payload storage off"
 FLOOR_BARE = "floor: no-op activities"
+FLOOR_CARRY = "floor carrying a turn's data (no turnkeep code)"
 LOCAL = "local"  # not an activity: the floor's noop, followed by a local activity
 TIMER = "timer"  # not an activity: the floor's noop, and an outcome timer (see bench/floor.py)
 ABLATIONS = {
@@ -89,6 +101,12 @@ class Overhead:
         """Each run's ratio against its floor in the same round."""
         return [v / f for v, f in self._pairs(variant)]
 
+    def over_carry(self) -> float:
+        """The headline turn against the carrying floor of its round (median over rounds of
+        the round's median turn run ÷ its carrying-floor run): turnkeep's own share."""
+        rounds = zip(self.samples[TURN], self.samples[FLOOR_CARRY], strict=True)
+        return statistics.median(statistics.median(t) / statistics.median(c) for t, c in rounds)
+
     def extra(self, variant: str) -> float:
         return statistics.median(v - f for v, f in self._pairs(variant))
 
@@ -118,6 +136,7 @@ async def loop_overhead(env: Environment, repeats: int) -> tuple[list[Table], Ov
             build_worker(inline_client, inline, function_tools=TOOLS, task_queue=NO_STORAGE)
         )
         await stack.enter_async_context(floor_worker(env.client, FLOOR_CONVERTER))
+        await stack.enter_async_context(carry_worker(env, CARRY))
         await stack.enter_async_context(
             floor_worker(env.plain, FLOOR_UNSANDBOXED, workflow_runner=UnsandboxedWorkflowRunner())
         )
@@ -165,6 +184,7 @@ async def loop_overhead(env: Environment, repeats: int) -> tuple[list[Table], Ov
             TURN_ASYNC: turn(TURNS, in_loop),
             TURN_BY_QUERY: turn(BY_QUERY, agent),
             TURN_NO_STORAGE: turn(NO_STORAGE, agent),
+            FLOOR_CARRY: lambda: run_carry(env.client, CARRY, K),
             **{name: floor(queue, activity) for name, (queue, activity) in ABLATIONS.items()},
         }
         for run in [*headline.values(), *others.values()]:  # warm-up: imports, sandboxes, MCP
@@ -199,7 +219,7 @@ def _headline(o: Overhead, repeats: int) -> Table:
         ["", "ms per iteration", "floor ms per iteration", "÷ floor"],
     )
     floor = o.seconds(FLOOR_BARE) * 1000 / o.iterations
-    for variant in (TURN, TURN_SHORT, TURN_ASYNC, TURN_BY_QUERY, TURN_NO_STORAGE):
+    for variant in (TURN, TURN_SHORT, TURN_ASYNC, TURN_BY_QUERY, TURN_NO_STORAGE, FLOOR_CARRY):
         mine = o.seconds(variant) * 1000 / o.iterations
         table.add(variant, f"{mine:.1f}", f"{floor:.1f}", f"{o.ratio(variant):.2f}×")
     table.notes.append(
@@ -210,7 +230,12 @@ def _headline(o: Overhead, repeats: int) -> Table:
         "how a model call gets its input when it runs on another worker than its workflow (and "
         "how every call did before the in-process hand-off). *Declared async*: the same tool "
         "as an `async def`, called on the worker's event loop; a plain `def` tool runs in a "
-        "thread (as FastMCP runs it), so it could not stall heartbeats and other steps."
+        "thread (as FastMCP runs it), so it could not stall heartbeats and other steps. "
+        "*Carrying a turn's data*: bench/carry_floor.py, the turn's activities with its payloads, "
+        "summaries, timeouts and result, on turnkeep's data converter and payload storage, "
+        "answering at once, with none of turnkeep's code; the first turn ÷ that floor is "
+        f"{o.over_carry():.2f}×, turnkeep's own share (loop, MCP tool runtime, model adapter, "
+        "operator surface)."
     )
     return table
 

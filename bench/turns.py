@@ -23,6 +23,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 
 from activities.settings import Settings
+from bench.carry_floor import CarryFloor
 from bench.floor import Floor, FloorInput
 from worker.client import start_turn
 from workflows.turn_io import TurnInput, TurnResult
@@ -117,6 +118,21 @@ async def run_floor(client: Client, queue: str, spec: FloorInput) -> tuple[float
     started = time.perf_counter()
     await client.execute_workflow(Floor.run, spec, id=workflow_id, task_queue=queue)
     return time.perf_counter() - started, workflow_id
+
+
+async def run_carry(client: Client, queue: str, iterations: int) -> float:
+    """Seconds a ``CarryFloor`` of ``iterations`` took, started as ``start_turn`` starts a turn
+    (eagerly, when a worker of ``client`` polls ``queue``) and timed as ``run_turn`` times one."""
+    started = time.perf_counter()
+    handle = await client.start_workflow(
+        CarryFloor.run,
+        iterations,
+        id=f"carry-{uuid.uuid4().hex[:12]}",
+        task_queue=queue,
+        request_eager_start=True,
+    )
+    await handle.result()
+    return time.perf_counter() - started
 
 
 def conversation_bytes(result: TurnResult) -> int:

@@ -46,12 +46,14 @@ T = TypeVar("T")
 
 # Preparing a turn and listing tools only read configuration and start MCP servers; a few
 # attempts cover a worker dying mid-way, while configuration errors are non-retryable anyway.
-_SETUP = Timeouts(start_to_close=120.0, heartbeat=15.0, max_attempts=3)
+SETUP = Timeouts(start_to_close=120.0, heartbeat=15.0, max_attempts=3)
 # Hooks are the worker owner's own code: quick, and retried a little in case of I/O hiccups.
 _HOOK = Timeouts(start_to_close=60.0, heartbeat=None, max_attempts=3)
 
 
-async def _execute(name: str, arg: BaseModel, result_type: type[T], summary: str, t: Timeouts) -> T:
+async def execute(name: str, arg: BaseModel, result_type: type[T], summary: str, t: Timeouts) -> T:
+    """Schedule one of the turn's activities by name, with ``t``'s timeouts and retry policy,
+    and await its result."""
     try:
         result: T = await workflow.execute_activity(
             name,
@@ -88,18 +90,18 @@ def failure_text(err: ActivityError) -> str:
 async def prepare_turn(turn: TurnInput) -> TurnPlan:
     request = PrepareTurnRequest(agent=turn.agent, overrides=turn.overrides())
     summary = visibility.prepare_summary(turn.agent)
-    return await _execute(PREPARE_TURN, request, TurnPlan, summary, _SETUP)
+    return await execute(PREPARE_TURN, request, TurnPlan, summary, SETUP)
 
 
 async def list_tools(plan: TurnPlan) -> list[ToolSpec]:
     if not plan.has_tools:
         return []
-    catalog = await _execute(
+    catalog = await execute(
         LIST_TOOLS,
         ToolsRequest(agent=plan.agent),
         ToolCatalog,
         visibility.LIST_TOOLS_SUMMARY,
-        _SETUP,
+        SETUP,
     )
     return catalog.tools
 
@@ -114,7 +116,7 @@ async def call_model(request: LlmRequest, plan: TurnPlan, messages: MessageJson)
     )
     try:
         summary = visibility.llm_summary(request.call_index, request.model)
-        return await _execute(LLM_STEP, step, Message, summary, plan.llm)
+        return await execute(LLM_STEP, step, Message, summary, plan.llm)
     except ActivityError as err:
         text = failure_text(err)
         return Message(
@@ -138,7 +140,7 @@ async def run_tools(
         started = workflow.time()
         try:
             summary = visibility.tool_summary(call)
-            outcome = await _execute(CALL_TOOL, call, ToolCallOutcome, summary, plan.tools)
+            outcome = await execute(CALL_TOOL, call, ToolCallOutcome, summary, plan.tools)
             completed[call.call_id] = outcome.result
             timing[call.call_id] = outcome.duration_ms
         except ActivityError as err:
@@ -172,15 +174,13 @@ async def run_hook(hook: str, context: HookContext) -> HookChange:
     """Raises ``ActivityError`` if the hook fails; what that means depends on the hook point."""
     request = HookRequest(hook=hook, context=context)
     summary = visibility.hook_summary(context.hook_point, hook)
-    return await _execute(RUN_HOOK, request, HookChange, summary, _HOOK)
+    return await execute(RUN_HOOK, request, HookChange, summary, _HOOK)
 
 
 async def compact_history(messages: list[Message], plan: TurnPlan) -> str:
     """A summary of ``messages`` by the agent's model; raises ``ActivityError`` on failure."""
     request = CompactRequest(agent=plan.agent, model=plan.model, messages=messages)
-    summary = await _execute(
-        COMPACT_HISTORY, request, Message, visibility.COMPACT_SUMMARY, plan.llm
-    )
+    summary = await execute(COMPACT_HISTORY, request, Message, visibility.COMPACT_SUMMARY, plan.llm)
     return summary.text
 
 
