@@ -4,11 +4,11 @@ turnkeep's own work (the loop, the MCP tool runtime, the model adapter, the oper
 
 It runs the activities a turn of ``iterations`` runs, in the same order (prepare, list tools,
 then a model call and a tool call in turn, and a last model call), each with the turn's
-payload types and sizes (turnkeep's pydantic models, a 5 KB tool result) and a summary as the
-turn's, scheduled as the turn schedules them (``actions.execute``: its timeouts and retry
-policy), on turnkeep's data converter and payload storage; it returns a ``TurnResult`` as large
-as the turn's. Its activities answer at once with canned values, and it keeps no search
-attributes or current details.
+payload types and sizes (turnkeep's pydantic models, a 5 KB tool result) and the turn's
+summary (``visibility``), scheduled as the turn schedules them (``actions.execute``: its
+timeouts and retry policy), on turnkeep's data converter and payload storage; it returns a
+``TurnResult`` as large as the turn's. Its activities answer at once with canned values, and it
+keeps no search attributes or current details.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from __future__ import annotations
 from temporalio import activity, workflow
 
 with workflow.unsafe.imports_passed_through():
+    from activities.settings import AgentSettings, TimeoutSettings
+    from workflows import visibility
     from workflows.actions import SETUP, execute
     from workflows.activity_io import (
         LlmStepRequest,
@@ -34,13 +36,15 @@ with workflow.unsafe.imports_passed_through():
 PREPARE, TOOLS, MODEL, TOOL = "carry_prepare", "carry_tools", "carry_model", "carry_tool"
 AGENT, TOOL_NAME = "carry", "local__blob"
 RESULT = "x" * 5 * 1024
-# An agent's default timeouts (activities/settings.py), as its turns' plans carry them.
-LLM = Timeouts(start_to_close=600.0, heartbeat=10.0)
-TOOL_TIMEOUTS = Timeouts(start_to_close=300.0, heartbeat=10.0, max_attempts=3)
+
+
+def _timeouts(t: TimeoutSettings) -> Timeouts:
+    return Timeouts.model_validate(t.model_dump())
 
 
 @activity.defn(name=PREPARE)
 async def carry_prepare(request: PrepareTurnRequest) -> TurnPlan:
+    defaults = AgentSettings()  # the timeouts a turn's plan carries for an agent's defaults
     return TurnPlan(
         agent=request.agent,
         model="playback",
@@ -48,8 +52,8 @@ async def carry_prepare(request: PrepareTurnRequest) -> TurnPlan:
         use_history=True,
         parallel_tool_calls=True,
         has_tools=True,
-        llm=LLM,
-        tools=TOOL_TIMEOUTS,
+        llm=_timeouts(defaults.llm_timeouts),
+        tools=_timeouts(defaults.tool_timeouts),
     )
 
 
@@ -88,8 +92,10 @@ class CarryFloor:
     @workflow.run
     async def run(self, iterations: int) -> TurnResult:
         prepare = PrepareTurnRequest(agent=AGENT, overrides=TurnOverrides())
-        plan = await execute(PREPARE, prepare, TurnPlan, f"prepare agent {AGENT}", SETUP)
-        await execute(TOOLS, ToolsRequest(agent=AGENT), ToolCatalog, "list tools", SETUP)
+        summary = visibility.prepare_summary(AGENT)
+        plan = await execute(PREPARE, prepare, TurnPlan, summary, SETUP)
+        tools = ToolsRequest(agent=AGENT)
+        await execute(TOOLS, tools, ToolCatalog, visibility.LIST_TOOLS_SUMMARY, SETUP)
         info = workflow.info()
         messages = [Message.user("go")]
         for call in range(1, iterations + 2):
@@ -101,7 +107,8 @@ class CarryFloor:
                 run_id=info.run_id,
                 digest="v2:" + "0" * 64,
             )
-            answer = await execute(MODEL, step, Message, f"llm #{call} · playback", plan.llm)
+            summary = visibility.llm_summary(call, plan.model)
+            answer = await execute(MODEL, step, Message, summary, plan.llm)
             messages.append(answer)
             if call > iterations:
                 break
@@ -109,7 +116,7 @@ class CarryFloor:
             request = ToolCallRequest(
                 agent=AGENT, call_id=call_id, name=TOOL_NAME, arguments={"i": call}
             )
-            summary = f"tool {TOOL_NAME} · {call_id}"
+            summary = visibility.tool_summary(request)
             outcome = await execute(TOOL, request, ToolCallOutcome, summary, plan.tools)
             messages.append(Message(role="user", tool_results={call_id: outcome.result}))
         return TurnResult(
