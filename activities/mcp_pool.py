@@ -3,6 +3,9 @@
 One long-lived ``fastmcp.Client`` per configured server, opened on first use and shared by every
 concurrent call (MCP multiplexes requests over one session). A connection that fails is thrown
 away so the next call opens a fresh one; a tool that merely reports an error is not a failure.
+Failures name a server by its config name and transport only: they reach the workflow history,
+the model and the CLI. How it is started (command, URL) and what it wrote to stderr go to the
+worker's log, with its secrets redacted (``Redactor``).
 Function tools are served by an in-process FastMCP server that is called directly, without an
 MCP session, unless a tool asks for FastMCP's ``Context``.
 """
@@ -15,14 +18,18 @@ import functools
 import importlib
 import inspect
 import logging
+import os
+import re
 import shlex
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+import httpx2
 import mcp.types
 from fastmcp import Client, FastMCP
 from fastmcp.client.transports import (
@@ -43,20 +50,33 @@ from activities.settings import McpServerSettings, Settings
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# How much of a stdio server's stderr to quote when it fails to start.
+# How much of a stdio server's stderr to log when it fails to start.
 _STDERR_TAIL_CHARS = 2000
 # Function-tool servers live in this process; they start at once.
 _FUNCTION_SERVER_INIT_TIMEOUT = 30.0
+FUNCTION_TOOLS = "function tools"
+
+REDACTED = "***"
+# Names of options, variables and query keys whose value is a credential: `--token X`,
+# `--api-key=X`, `PASSWORD=X`, `$GITHUB_TOKEN`.
+_SECRET_NAME = re.compile(r"token|key|secret|passw|auth|credential|cookie", re.IGNORECASE)
+# Shorter values are no secret worth hiding, and replacing them would garble unrelated text.
+_MIN_SECRET_CHARS = 4
+# Anything URL-like in free text: HTTP libraries quote the URL they failed on.
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 
 class ServerUnavailable(Exception):
-    """An MCP server could not be started or did not complete initialization."""
+    """An MCP server could not be started or did not complete initialization.
 
-    def __init__(self, server: str, reason: str, *, detail: str | None = None) -> None:
+    ``transient``: trying again may help (a refused connection, no answer in time), unlike a
+    command that cannot run or a server that exits while starting."""
+
+    def __init__(self, server: str, transport: str, reason: str, *, transient: bool) -> None:
         self.server = server
         self.reason = reason
-        where = f" ({detail})" if detail else ""
-        super().__init__(f"MCP server {server!r}{where} could not be started: {reason}")
+        self.transient = transient
+        super().__init__(f"MCP server {server!r} ({transport}) could not be started: {reason}")
 
 
 class ServerConnectionError(Exception):
@@ -65,10 +85,96 @@ class ServerConnectionError(Exception):
     The pooled connection has been discarded; retrying opens a new one. Whether the tool ran is
     unknown."""
 
-    def __init__(self, server: str, reason: str) -> None:
+    def __init__(self, server: str, transport: str, reason: str) -> None:
         self.server = server
         self.reason = reason
-        super().__init__(f"connection to MCP server {server!r} failed: {reason}")
+        super().__init__(f"connection to MCP server {server!r} ({transport}) failed: {reason}")
+
+
+@dataclass(frozen=True)
+class Redactor:
+    """Hides one server's secrets in text bound for the worker's log or a failure: its ``env``
+    and ``headers`` values, its URL's userinfo and query values, ``args`` given to a
+    secret-named option (``--token X``, ``--api-key=X``), and the values of secret-named
+    environment variables its command, args, URL or headers contain (what ``${API_KEY}``
+    expanded to). URLs anywhere in the text lose their userinfo and query values too."""
+
+    secrets: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, cfg: McpServerSettings) -> Redactor:
+        found = set((cfg.env or {}).values())
+        for value in (cfg.headers or {}).values():
+            found.add(value)
+            found.update(value.split()[-1:])  # the X of "Bearer X", which a server may echo
+        found.update(_url_secrets(cfg.url or ""))
+        found.update(_arg_secrets(cfg.args))
+        given = [cfg.command or "", *cfg.args, cfg.url or "", *(cfg.headers or {}).values()]
+        found.update(
+            value
+            for name, value in os.environ.items()
+            if _SECRET_NAME.search(name) and any(value and value in g for g in given)
+        )
+        # Longest first, so a secret containing another is hidden whole.
+        kept = sorted((s for s in found if len(s) >= _MIN_SECRET_CHARS), key=len, reverse=True)
+        return cls(tuple(kept))
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, REDACTED)
+        return _redact_urls(text)
+
+
+class _UrlRedactingFilter(logging.Filter):
+    """httpx logs every request's URL at INFO (``HTTP Request: POST https://…?api_key=…``):
+    a worker logging at INFO would write an HTTP server's secrets. Only its URLs are rewritten."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = _redact_urls(record.getMessage())
+        record.args = None
+        return True
+
+
+logging.getLogger(httpx2.__name__).addFilter(_UrlRedactingFilter())
+
+
+def _url_secrets(url: str) -> Iterator[str]:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return
+    yield from (v for v in (parts.username, parts.password, parts.fragment) if v)
+    for _, value in parse_qsl(parts.query, keep_blank_values=True):
+        yield value
+
+
+def _arg_secrets(args: Sequence[str]) -> Iterator[str]:
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if eq and _SECRET_NAME.search(name):
+            yield value
+        elif not eq and arg.startswith("-") and _SECRET_NAME.search(arg) and i + 1 < len(args):
+            yield args[i + 1]
+
+
+def _redact_urls(text: str) -> str:
+    return _URL_IN_TEXT.sub(lambda m: _redact_url(m[0]), text)
+
+
+def _redact_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return f"{url.partition('://')[0]}://{REDACTED}"
+    netloc = f"{REDACTED}@" if "@" in parts.netloc else ""
+    netloc += f"[{host}]" if ":" in host else host
+    netloc += f":{port}" if port is not None else ""
+    query = "&".join(
+        f"{key}={REDACTED}" for key, _ in parse_qsl(parts.query, keep_blank_values=True)
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, REDACTED if parts.fragment else ""))
 
 
 class UnknownServer(KeyError):
@@ -101,6 +207,15 @@ def _causes(err: BaseException) -> list[BaseException]:
     return chain
 
 
+def _causes_and_contexts(err: BaseException) -> list[BaseException]:
+    chain = [err]
+    while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None:
+        if cause in chain:
+            break
+        chain.append(cause)
+    return chain
+
+
 def _root_cause(err: BaseException) -> BaseException:
     # fastmcp wraps transport errors ("Client failed to connect: ..."); the root reads better.
     return _causes(err)[-1]
@@ -115,6 +230,35 @@ def _reason(err: BaseException) -> str:
     if _is_connection_closed(root):
         return "the connection was closed"
     return str(root).strip() or type(root).__name__
+
+
+def _start_failure(err: BaseException, transport: str, init_timeout: float) -> tuple[str, bool]:
+    """Why a server did not start, in words that quote neither its command nor its URL, and
+    whether trying again may help: a network failure or a timeout may pass; a command that
+    cannot run, a server that exits while starting, or an HTTP 4xx will not."""
+    root = _root_cause(err)
+    # Implicit contexts too: anyio and httpcore re-raise a refused connection without `from`.
+    causes = _causes_and_contexts(err)
+    if any(isinstance(e, TimeoutError) for e in _causes(err)):
+        return f"no answer to initialize within {init_timeout:g} s", True
+    if transport == "stdio":
+        if _is_connection_closed(root):
+            return "the server exited before initialization completed", False
+        if isinstance(root, OSError) and root.strerror:
+            # Not str(root), which may name the command.
+            return f"its command could not be run: {root.strerror}", False
+        return f"it failed to start ({type(root).__name__})", False
+    status = next((e for e in causes if isinstance(e, httpx2.HTTPStatusError)), None)
+    if status is not None:
+        code = status.response.status_code
+        return f"the server answered HTTP {code}", code >= 500 or code == 429
+    if _is_connection_closed(root):
+        return "the server closed the connection before initialization completed", True
+    if any(isinstance(e, ConnectionRefusedError) for e in causes):
+        return "the connection was refused", True
+    if any(isinstance(e, OSError | httpx2.TransportError) for e in causes):
+        return f"could not connect ({type(root).__name__})", True
+    return f"it failed to initialize ({type(root).__name__})", False
 
 
 def _tool_raising_error_text(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -335,6 +479,7 @@ class McpPool:
         if bad:
             raise ValueError(f"server name(s) {bad} must be non-empty and must not contain '__'")
 
+        self._redactors = {name: Redactor.of(cfg) for name, cfg in self._mcp_servers.items()}
         self._clients: dict[str, Client[Any]] = {}
         self._locks: dict[str, asyncio.Lock] = {name: asyncio.Lock() for name in names}
         self._function_servers: dict[str, _FunctionServer] = {}
@@ -350,16 +495,29 @@ class McpPool:
     def servers(self) -> list[str]:
         return sorted(set(self._mcp_servers) | self._function_server_names())
 
-    def describe(self, server: str) -> str:
-        """How a server is reached, for error messages: ``stdio: python weather.py``."""
+    def transport(self, server: str) -> str:
+        """How a server is reached, in a word (``stdio``, ``http``...): all a failure says."""
         if server in self._mcp_servers:
-            cfg = self._mcp_servers[server]
-            if cfg.transport == "stdio":
-                return f"stdio: {shlex.join([cfg.command or '', *cfg.args])}"
-            return f"{cfg.transport}: {cfg.url}"
+            return self._mcp_servers[server].transport or "stdio"
         if server in self._function_server_names():
-            return "function tools"
+            return FUNCTION_TOOLS
         raise UnknownServer(server, self.servers)
+
+    def describe(self, server: str) -> str:
+        """How a server is reached, for the worker's log, secrets redacted:
+        ``stdio: python weather.py --token ***``."""
+        cfg = self._mcp_servers.get(server)
+        if cfg is None:
+            return self.transport(server)
+        if cfg.transport == "stdio":
+            where = shlex.join([cfg.command or "", *cfg.args])
+        else:
+            where = cfg.url or ""
+        return f"{cfg.transport}: {self.redact(server, where)}"
+
+    def redact(self, server: str, text: str) -> str:
+        """``text`` without ``server``'s secrets (see ``Redactor``)."""
+        return self._redactors.get(server, Redactor())(text)
 
     # --- public API -----------------------------------------------------------------------
 
@@ -435,9 +593,16 @@ class McpPool:
         except Exception as err:
             if not _is_connection_failure(err):
                 raise
-            log.warning("MCP server %r: %s failed, reconnecting next time: %r", server, what, err)
+            reason = self.redact(server, _reason(err))
+            log.warning(
+                "MCP server %r: %s failed, reconnecting next time: %s: %s",
+                server,
+                what,
+                type(_root_cause(err)).__name__,
+                reason,
+            )
             await self._discard(server, client)
-            raise ServerConnectionError(server, _reason(err)) from err
+            raise ServerConnectionError(server, self.transport(server), reason) from err
 
     async def _client(self, server: str) -> Client[Any]:
         lock = self._locks.get(server)
@@ -496,16 +661,21 @@ class McpPool:
             raise
         except Exception as err:
             await asyncio.shield(self._close_soon(client))
-            if any(isinstance(e, TimeoutError) for e in _causes(err)):
-                reason = f"no answer to initialize within {init_timeout:g} s"
-            elif _is_connection_closed(_root_cause(err)):
-                reason = "the server closed the connection before initialization completed"
-            else:
-                reason = _reason(err)
+            transport_name = self.transport(server)
+            reason, transient = _start_failure(err, transport_name, init_timeout)
+            # The whole story, for the worker's log only: the failure itself reaches history.
             tail = _read_tail(stderr_log, stderr_start) if stderr_log else ""
-            if tail:
-                reason += f"\n--- server stderr (last lines) ---\n{tail}"
-            raise ServerUnavailable(server, reason, detail=self.describe(server)) from err
+            stderr = f"\n--- server stderr (last lines) ---\n{tail}" if tail else ""
+            log.warning(
+                "MCP server %r (%s) could not be started: %s (%s: %s)%s",
+                server,
+                self.describe(server),
+                reason,
+                type(_root_cause(err)).__name__,
+                self.redact(server, _reason(err)),
+                self.redact(server, stderr),
+            )
+            raise ServerUnavailable(server, transport_name, reason, transient=transient) from err
         log.info("MCP server %r connected (%s)", server, self.describe(server))
         return client
 
@@ -541,7 +711,10 @@ class McpPool:
                 )
                 built = _FunctionServer(mcp_server, session_tools)
             except Exception as err:
-                raise ServerUnavailable(server, _reason(err), detail=self.describe(server)) from err
+                # The owner's own code failing to import: nothing secret, and the reason helps.
+                raise ServerUnavailable(
+                    server, FUNCTION_TOOLS, _reason(err), transient=False
+                ) from err
             self._function_servers[server] = built
         return built
 

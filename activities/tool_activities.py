@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.errors import config_error, known
+from activities.errors import config_error, known, require_workflow
 from activities.heartbeat import heartbeating
 from activities.mcp_pool import McpPool, ServerConnectionError, ServerUnavailable
 from activities.settings import AgentSettings, Settings
@@ -56,6 +56,7 @@ class ToolActivities:
 
     @activity.defn(name=LIST_TOOLS)
     async def list_tools(self, req: ToolsRequest) -> ToolCatalog:
+        require_workflow()
         agent = self._agent(req.agent)
         # Servers start in parallel: several stdio servers each taking seconds to boot should
         # not add up. Failures are collected so one error names every server that is down.
@@ -81,6 +82,7 @@ class ToolActivities:
 
     @activity.defn(name=CALL_TOOL)
     async def call_tool(self, req: ToolCallRequest) -> ToolCallOutcome:
+        require_workflow()
         agent = self._agent(req.agent)
         server, _, tool = req.name.partition(SEPARATOR)
         # The workflow answers unknown tools itself; this guards against a crafted request
@@ -102,7 +104,8 @@ class ToolActivities:
             )
             result = to_wire_result(raw)
         except (ServerUnavailable, ServerConnectionError) as err:
-            raise ApplicationError(str(err), type=CONNECTION_ERROR_TYPE) from err
+            # Without its causes: their texts may quote the server's command, URL or stderr.
+            raise ApplicationError(str(err), type=CONNECTION_ERROR_TYPE) from None
         except MCPError as err:
             # The server answered with a JSON-RPC error (unknown tool, bad params...): an answer
             # retrying will not change, and one the model can act on.
@@ -142,22 +145,25 @@ def _spec(server: str, tool: mcp.types.Tool) -> ToolSpec:
 
 
 def _list_failure(failures: list[tuple[str, BaseException]]) -> BaseException:
-    unavailable = [str(err) for _, err in failures if isinstance(err, ServerUnavailable)]
-    if unavailable:
-        return ApplicationError(
-            "\n".join(unavailable), type="ServerUnavailable", non_retryable=True
-        )
-    server, first = failures[0]
-    if isinstance(first, ServerConnectionError):
-        return ApplicationError(str(first), type=CONNECTION_ERROR_TYPE)
-    if isinstance(first, MCPError):
-        return ApplicationError(
-            f"MCP server {server!r} answered tools/list with an error: {first}",
-            type="ServerUnavailable",
-            non_retryable=True,
-        )
-    # Anything else is a bug or an unforeseen failure: Temporal's retry policy decides.
-    return first
+    """One error naming every server that failed. Retryable only if every failure may pass (a
+    refused connection, a timeout): a server that cannot start, or answers the listing with an
+    error, fails the turn at once. The pool's errors name a server and its transport only, and
+    are raised without their causes, whose texts may quote its command, URL or stderr."""
+    lines: list[str] = []
+    retryable = True
+    for server, err in failures:
+        if isinstance(err, ServerUnavailable | ServerConnectionError):
+            lines.append(str(err))
+            retryable &= not isinstance(err, ServerUnavailable) or err.transient
+        elif isinstance(err, MCPError):
+            lines.append(f"MCP server {server!r} answered tools/list with an error: {err}")
+            retryable = False
+        else:
+            # A bug or an unforeseen failure: Temporal's retry policy decides.
+            return err
+    if retryable:
+        return ApplicationError("\n".join(lines), type=CONNECTION_ERROR_TYPE)
+    return ApplicationError("\n".join(lines), type="ServerUnavailable", non_retryable=True)
 
 
 def to_wire_result(raw: mcp.types.CallToolResult) -> CallToolResult:

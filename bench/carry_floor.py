@@ -95,7 +95,7 @@ class CarryFloor:
         summary = visibility.prepare_summary(AGENT)
         plan = await execute(PREPARE, prepare, TurnPlan, summary, SETUP)
         tools = ToolsRequest(agent=AGENT)
-        await execute(TOOLS, tools, ToolCatalog, visibility.LIST_TOOLS_SUMMARY, SETUP)
+        await execute(TOOLS, tools, ToolCatalog, visibility.LIST_TOOLS_SUMMARY, plan.tools)
         info = workflow.info()
         messages = [Message.user("go")]
         for call in range(1, iterations + 2):

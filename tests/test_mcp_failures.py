@@ -1,10 +1,12 @@
 """MCP servers and tools failing under a running turn, and output the loop cannot take as is
-(issue 5, items 4 and 8).
+(issue 5, items 4 and 8), and servers that are not there when a turn starts (issue 21, item 8).
 
 - a stdio server process killed mid-call is restarted by the pool and the call retried: the
   turn gets the real result;
 - an HTTP server that is down is retried until it is back; one that stays down past the retry
   budget becomes an isError result the model reads, and the turn still completes;
+- an HTTP server that is down when the turn starts is waited for (listing its tools is
+  retried); a stdio server whose command does not exist fails the turn at once;
 - a tool that hangs is cut off by its timeout, and the model is told so;
 - a tool returning bytes that are not UTF-8 (or a str that cannot be encoded) and a model
   response the provider adapter cannot parse each end in a clear message, never a stuck turn.
@@ -23,6 +25,8 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 
 from tests.conftest import Harness, HarnessFactory, eventually, write_script
 from tests.fake_provider import FakeProvider, Reply
@@ -82,11 +86,26 @@ async def tool_attempts(turn: TurnHandle) -> list[int]:
     return completed
 
 
-async def pending_tool_retried(turn: TurnHandle) -> bool:
-    """A call_tool activity has failed at least once and waits for (or runs) its retry."""
+async def last_attempts(turn: TurnHandle, activity: str) -> list[int]:
+    """The last attempt of each ``activity`` that ended (its one started event records it)."""
+    scheduled: set[int] = set()
+    attempts = []
+    async for event in turn.handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            if event.activity_task_scheduled_event_attributes.activity_type.name == activity:
+                scheduled.add(event.event_id)
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            attrs = event.activity_task_started_event_attributes
+            if attrs.scheduled_event_id in scheduled:
+                attempts.append(attrs.attempt)
+    return attempts
+
+
+async def pending_retry(turn: TurnHandle, activity: str = "call_tool") -> bool:
+    """An ``activity`` has failed at least once and waits for (or runs) its retry."""
     description = await turn.handle.describe()
     return any(
-        p.activity_type.name == "call_tool" and p.attempt >= 2
+        p.activity_type.name == activity and p.attempt >= 2
         for p in description.raw_description.pending_activities
     )
 
@@ -167,7 +186,7 @@ async def test_http_server_down_is_retried_until_it_is_back(
         async with http_server(port):
             turn = await start_holding(h)  # the tools were listed while the server was up
         gate.set()  # the server is down now
-        await eventually(lambda: pending_tool_retried(turn), within=60)
+        await eventually(lambda: pending_retry(turn), within=60)
         async with http_server(port):
             result = await finish(turn)
 
@@ -196,7 +215,69 @@ async def test_http_server_down_past_the_retry_budget_becomes_an_error_result(
     answer = tool_result(result, "r1")
     assert answer.is_error
     assert answer.text.startswith("Error: McpConnectionError: ")
-    assert "MCP server 'remote'" in answer.text and url in answer.text
+    # Named by its config name and transport; its URL is for the worker's log only.
+    assert "MCP server 'remote' (http)" in answer.text and url not in answer.text
+
+
+# --- a server that is not there when the turn starts (issue 21, item 8) ---------------------
+
+
+async def test_http_server_down_at_turn_start_is_retried_until_it_is_up(
+    harness: HarnessFactory, tmp_path: Path
+) -> None:
+    port = free_port()
+    agent = playback(
+        tmp_path,
+        {"tool_calls": {"r1": call("remote__echo", text="hello")}},
+        "done",
+        servers=["remote"],
+        tool_timeouts={"start_to_close": 30, "heartbeat": 5, "max_attempts": 10},
+    )
+    config = {
+        "mcp": {"servers": {"remote": {"url": f"http://127.0.0.1:{port}/mcp"}}},
+        "agents": {"test": agent},
+    }
+    async with harness(**config) as h:
+        turn = await h.start("go")
+        # Listing its tools was refused; the server comes up while the listing is retried.
+        await eventually(lambda: pending_retry(turn, "list_tools"), within=60)
+        async with http_server(port):
+            result = await finish(turn)
+
+    assert result.stop_reason == StopReason.END_TURN
+    answer = tool_result(result, "r1")
+    assert not answer.is_error and answer.text == "hello"
+    (listed,) = await last_attempts(turn, "list_tools")
+    assert listed >= 2
+
+
+async def test_stdio_server_whose_command_is_missing_fails_the_turn_at_once(
+    harness: HarnessFactory, tmp_path: Path
+) -> None:
+    agent = playback(
+        tmp_path,
+        "never asked",
+        servers=["gone"],
+        tool_timeouts={"start_to_close": 30, "heartbeat": 5, "max_attempts": 10},
+    )
+    server = {"command": "no-such-mcp-server-xyz", "args": ["--token", "tok-secret-1c5e"]}
+    config = {"mcp": {"servers": {"gone": server}}, "agents": {"test": agent}}
+    async with harness(**config) as h:
+        turn = await h.start("go")
+        with pytest.raises(WorkflowFailureError) as failed:
+            await finish(turn)
+
+    error: BaseException | None = failed.value
+    while error is not None and not isinstance(error, ApplicationError):
+        error = error.__cause__
+    assert isinstance(error, ApplicationError)
+    assert error.type == "ServerUnavailable" and error.non_retryable
+    # Clear, and naming neither the command nor its secret.
+    assert error.message == (
+        "MCP server 'gone' (stdio) could not be started: "
+        "its command could not be run: No such file or directory"
+    )
+    assert await last_attempts(turn, "list_tools") == [1]
 
 
 # --- a tool that hangs ----------------------------------------------------------------------

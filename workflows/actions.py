@@ -44,8 +44,8 @@ from workflows.turn_io import TurnInput
 
 T = TypeVar("T")
 
-# Preparing a turn and listing tools only read configuration and start MCP servers; a few
-# attempts cover a worker dying mid-way, while configuration errors are non-retryable anyway.
+# Preparing a turn only reads configuration; a few attempts cover a worker dying mid-way,
+# while configuration errors are non-retryable anyway.
 SETUP = Timeouts(start_to_close=120.0, heartbeat=15.0, max_attempts=3)
 # Hooks are the worker owner's own code: quick, and retried a little in case of I/O hiccups.
 _HOOK = Timeouts(start_to_close=60.0, heartbeat=None, max_attempts=3)
@@ -101,7 +101,9 @@ async def list_tools(plan: TurnPlan) -> list[ToolSpec]:
         ToolsRequest(agent=plan.agent),
         ToolCatalog,
         visibility.LIST_TOOLS_SUMMARY,
-        SETUP,
+        # A tool server that is briefly down (an HTTP server restarting) is retried as a tool
+        # call would be; one that cannot start fails at once (non-retryable).
+        plan.tools,
     )
     return catalog.tools
 
