@@ -11,6 +11,10 @@ from workflows.messages import Message, StopReason
 
 DEFAULT_MAX_ITERATIONS = 199
 
+# Names a client or a model hands over (agent, model, tool names) are short in any real
+# configuration. A bound keeps a megabyte-long one out of summaries, error texts and histories.
+NAME_MAX_CHARS = 200
+
 
 def _bare_text_is_a_user_message(value: Any) -> Any:
     # `temporal workflow start --input '{"agent": "demo", "messages": ["hi"]}'` should just work.
@@ -25,7 +29,7 @@ class TurnOverrides(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = None
+    model: str | None = Field(default=None, max_length=NAME_MAX_CHARS)
     max_iterations: int | None = Field(default=None, ge=0)
     use_history: bool | None = None
     parallel_tool_calls: bool | None = None
@@ -41,7 +45,7 @@ class TurnInput(TurnOverrides):
     """Input of ``TurnWorkflow``. Unknown keys are rejected: a turn can name an agent, never a
     command, URL or file; everything the worker may touch comes from its own configuration."""
 
-    agent: str = Field(min_length=1)
+    agent: str = Field(min_length=1, max_length=NAME_MAX_CHARS)
     messages: list[InputMessage] = Field(min_length=1)
     history: list[Message] = Field(default_factory=list)
 

@@ -8,13 +8,14 @@ and carries on without repeating what already completed.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from temporalio import workflow
 from temporalio.api.common.v1 import Payloads
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import actions, visibility
 from workflows.activity_io import (
@@ -41,26 +42,27 @@ _HOOKS_THAT_MAY_FAIL = (HookPoint.AFTER_TOOL_CALL, HookPoint.AFTER_TURN_COMPLETE
 _FAILED_BEFORE_START = "turnkeep-failed-before-start"
 
 
-# A malformed TurnInput fails the workflow with pydantic's explanation instead of failing its
-# workflow task forever (which is what an input decoding error does by default).
+# A query whose arguments fail to decode as its parameters' types is answered with pydantic's
+# explanation (rather than the SDK's bare "Failed decoding arguments").
 @workflow.defn(name=WORKFLOW_NAME, failure_exception_types=[ValidationError])
 class TurnWorkflow:
+    # Any client may start this workflow with any arguments, so they are taken as they come and
+    # checked here: the SDK calls ``__init__`` and ``run`` with whatever the start carried, and
+    # a wrong count (or one it cannot decode) would fail the first workflow task for ever.
     @workflow.init
-    def __init__(self, turn: TurnInput | dict[str, Any], carried: TurnState | None = None) -> None:
-        # The SDK decodes arguments by their type hints only when every parameter has an
-        # argument: a turn started with just its input (as every client does) gets plain JSON.
-        # A malformed one fails the workflow from `run` (the same first workflow task): raised
+    def __init__(self, *args: Any) -> None:
+        # A bad start fails the workflow from `run` (the same first workflow task): raised
         # here, the SDK would leave `run`'s coroutine created and never awaited.
-        self._invalid: ValidationError | None = None
+        self._start: _Start | ApplicationError
         try:
-            self._turn = TurnInput.model_validate(turn)
-        except ValidationError as err:
-            self._invalid = err
+            self._start = _start_arguments(args)
+        except ApplicationError as err:
+            self._start = err
         # A run continued from an earlier one (continue-as-new) starts from the state that
         # run carried over, so watchers and queries see the whole turn from its first moment.
-        self._state: TurnState | None = (
-            TurnState.resume(self._turn, carried) if carried and not self._invalid else None
-        )
+        self._state: TurnState | None = None
+        if isinstance(self._start, _Start) and self._start.carried is not None:
+            self._state = TurnState.resume(self._start.turn, self._start.carried)
         # Results of the current tool batch as they arrive, so a cancellation keeps them.
         self._completed: dict[str, CallToolResult] = {}
         # The request of the model call in flight, which `llm_step` reads by query.
@@ -86,16 +88,16 @@ class TurnWorkflow:
         self._outcome_timers: list[tuple[asyncio.Task[None], int]] = []
 
     @workflow.run
-    async def run(
-        self, turn: TurnInput | dict[str, Any], carried: TurnState | None = None
-    ) -> TurnResult:
+    async def run(self, *args: Any) -> TurnResult:
         """One turn, possibly over several runs: a run whose history grows past the plan's
-        limits continues as new between two steps, handing ``carried`` to the next run, which
-        needs neither ``prepare_turn`` nor ``list_tools`` again (their answers are carried)."""
-        if self._invalid is not None:
+        limits continues as new between two steps, handing its state to the next run (the
+        second argument), which needs neither ``prepare_turn`` nor ``list_tools`` again (their
+        answers are carried). ``__init__`` has checked ``args``."""
+        del args
+        if isinstance(self._start, ApplicationError):
             self._failed_before_start()
-            raise self._invalid
-        turn = self._turn
+            raise self._start
+        turn, carried = self._start
         if self._state is None:
             try:
                 plan = await actions.prepare_turn(turn)
@@ -259,14 +261,30 @@ class TurnWorkflow:
         assert self._state is not None, "the loop runs only after prepare_turn"
         return self._state
 
+    # Arguments are taken as they come and checked by the validator: with a typed parameter, a
+    # call missing it (or with one too many) would reach the handler as a TypeError, which
+    # fails the workflow task, for ever, instead of rejecting the call.
     @workflow.update
-    async def wait_for_messages(self, after: int) -> TurnProgress:
-        """Long-poll: returns once the turn has more than ``after`` messages, or has ended, or
-        this run is about to continue as new (the caller asks again and reaches the next run)."""
+    async def wait_for_messages(self, *args: Any) -> TurnProgress:
+        """Long-poll with one argument, ``after``: returns once the turn has more than
+        ``after`` messages, or has ended, or this run is about to continue as new (the caller
+        asks again and reaches the next run)."""
+        after: int = args[0]
         await workflow.wait_condition(
             lambda: self._progress().count > after or self._progress().done or self._continuing
         )
         return self._progress()
+
+    @wait_for_messages.validator
+    def _check_wait_for_messages(self, *args: Any) -> None:
+        if len(args) != 1 or type(args[0]) is not int:  # JSON's true is a bool, not a count
+            got = f"{len(args)} arguments" if len(args) != 1 else type(args[0]).__name__
+            raise ApplicationError(
+                "wait_for_messages takes one argument, how many of the turn's messages the "
+                f"caller has (an integer); got {got}",
+                type="InvalidUpdate",
+                non_retryable=True,
+            )
 
     @workflow.query(name=MODEL_INPUT_QUERY)
     def model_input(self, call_index: int, start: int = 0) -> ModelInputPage | None:
@@ -318,6 +336,59 @@ class TurnWorkflow:
         if updates:
             workflow.upsert_search_attributes(updates)
             self._published, self._published_at = values, workflow.now()
+
+
+_START_USAGE = (
+    'TurnWorkflow takes one argument, a TurnInput such as {"agent": "demo", "messages": ["hello"]}'
+)
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+class _Start(NamedTuple):
+    turn: TurnInput
+    carried: TurnState | None  # the state a continued run starts from
+
+
+def _start_arguments(args: Sequence[Any]) -> _Start:
+    """The turn's input and the state a continued run carries, from a start's arguments as
+    they came (plain JSON from any client). Raises a non-retryable ``ApplicationError``
+    saying what is wrong: retrying a start with the same arguments cannot help."""
+    if not 1 <= len(args) <= 2:
+        raise _bad_start(f"{_START_USAGE}; got {len(args)}")
+    turn = _validated(TurnInput, args[0])
+    carried = args[1] if len(args) == 2 else None
+    if carried is None:
+        return _Start(turn, None)
+    if not _continued_as_new():
+        # A state from a client would skip prepare_turn: its own model, system prompt and
+        # plan, with no hook or iteration cap the agent's configuration sets.
+        raise _bad_start(
+            f"{_START_USAGE}; got 2: only a run continued from an earlier one "
+            "(continue-as-new) may carry a turn's state"
+        )
+    return _Start(turn, _validated(TurnState, carried))
+
+
+def _continued_as_new() -> bool:
+    """Whether this run was started by its predecessor continuing as new, which only the
+    workflow itself can do. Retries and cron runs also name the run before them, but start
+    with the arguments a client gave the first one."""
+    info = workflow.info()
+    return info.continued_run_id is not None and info.attempt == 1 and not info.cron_schedule
+
+
+def _validated(model: type[_M], value: Any) -> _M:
+    try:
+        return model.model_validate(value)
+    except ValidationError as err:
+        # pydantic's text names each bad field and shortens the values it quotes.
+        raise _bad_start(str(err)) from None
+
+
+def _bad_start(message: str) -> ApplicationError:
+    return ApplicationError(message, type="InvalidTurnInput", non_retryable=True)
 
 
 def _history_full(limits: ContinueAsNewPlan) -> bool:

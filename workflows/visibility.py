@@ -193,8 +193,13 @@ def short_model(model: str) -> str:
 
 def clip(text: str, limit: int = SUMMARY_MAX_JSON_BYTES) -> str:
     """``text``, shortened with an ellipsis until its JSON form fits in ``limit`` bytes."""
-    if len(json.dumps(text)) <= limit:
+    # Each character is at least one byte of JSON, inside two quotes: a text (or prefix) with
+    # more characters than that cannot fit. Cutting to that first keeps the loop below short
+    # whatever the text's length (a model's megabyte-long call id, say).
+    fits = limit - 2
+    if len(text) <= fits and len(json.dumps(text)) <= limit:
         return text
+    text = text[:fits]
     while text and len(json.dumps(text + "…")) > limit:
         text = text[:-1]
     return text + "…"

@@ -1,8 +1,9 @@
-"""Content conversions the provider adapters share: model tool-call arguments into a
-``ToolCall``, and MCP content into the text and image blocks chat APIs accept."""
+"""Content conversions the provider adapters share: a model's tool call (id, name, arguments)
+into a ``ToolCall``, and MCP content into the text and image blocks chat APIs accept."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -16,11 +17,33 @@ from workflows.messages import (
     TextContent,
     ToolCall,
 )
+from workflows.turn_io import NAME_MAX_CHARS
+
+# Providers' call ids are some 30 characters. A longer one would be copied into every summary,
+# history event and request of the turn; anything past this bound is replaced.
+CALL_ID_MAX_CHARS = 128
+
+
+def bounded_call_id(raw: str) -> str:
+    """The model's id for a tool call, or for an over-long one a short id derived from it: the
+    same on every attempt, and it is the id turnkeep keys the call's result by and sends back
+    to the model, so the model sees a consistent exchange."""
+    if len(raw) <= CALL_ID_MAX_CHARS:
+        return raw
+    return "call_" + hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def bounded_tool_name(raw: str) -> str:
+    """The tool name the model asked for, cut short past ``NAME_MAX_CHARS``: no tool has such a
+    name (the ellipsis sees to that), so the loop answers the call as one for an unknown tool,
+    naming it in a message of readable size."""
+    return raw if len(raw) <= NAME_MAX_CHARS else raw[: NAME_MAX_CHARS - 1] + "…"
 
 
 def tool_call(name: str, raw: object) -> ToolCall:
     """A tool call from the model's arguments: a JSON object (or its text) is used as is;
     anything else is kept as ``invalid_arguments`` for the loop to answer with an error."""
+    name = bounded_tool_name(name)
     arguments = raw
     if isinstance(raw, str):
         try:
