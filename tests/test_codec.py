@@ -30,6 +30,7 @@ from worker.codec import (
     KEY_ID,
     EncryptionCodec,
     PayloadDecryptionError,
+    PlaintextPayloadError,
     UnknownKeyError,
 )
 from worker.config import ConfigError, load_settings
@@ -349,7 +350,10 @@ async def test_compression_only_when_it_shrinks_and_nonces_differ() -> None:
     assert sealed_rep.metadata[COMPRESSION] == b"zlib" and len(sealed_rep.data) < 500
     assert sealed_rep.data[:12] != again.data[:12] and sealed_rep.data != again.data
     assert await codec.decode([sealed_small, sealed_rep, again]) == [small, repetitive, repetitive]
-    # Payloads it did not encrypt (storage references, older plaintext) pass through.
+    # Plaintext is refused unless the config allows it (older payloads, plain clients).
+    with pytest.raises(PlaintextPayloadError, match="requires encrypted payloads"):
+        await codec.decode([small])
+    codec.allow_plaintext = True
     assert await codec.decode([small]) == [small]
 
 

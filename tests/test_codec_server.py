@@ -267,6 +267,39 @@ async def test_signing_in_sets_a_cookie_that_authorises_the_ui(
     )
     assert forged.status == 401
 
+    # Signing out ends the session itself: a copy of the cookie no longer works either.
+    out = await http("POST", f"{url}/logout", Cookie=f"{name}={value}")
+    assert out.status == 200
+    again = await http(
+        "POST", f"{url}/decode", body, Origin=UI, Cookie=f"{name}={value}", **json_type
+    )
+    assert again.status == 401
+
+
+async def test_a_sign_in_expires() -> None:
+    async with CodecServer(encryption(session_lifetime="1s")) as url:
+        form = {"Content_Type": "application/x-www-form-urlencoded"}
+        token = f"token={urllib.parse.quote(TOKEN)}".encode()
+        set_cookie = (await http("POST", f"{url}/login", token, **form)).headers["set-cookie"]
+        assert "max-age=1" in set_cookie.lower().replace(" ", "")
+        cookie = set_cookie.split(";")[0]
+        body = body_of(PLAIN)
+        assert (await http("POST", f"{url}/encode", body, Cookie=cookie)).status == 200
+
+        async def refused() -> bool:
+            return (await http("POST", f"{url}/encode", body, Cookie=cookie)).status == 401
+
+        await eventually(refused, "the sign-in expired")
+
+
+async def test_a_non_loopback_address_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    async with CodecServer(encryption(), host="127.0.0.1"):
+        pass
+    assert "plain HTTP" not in caplog.text
+    async with CodecServer(encryption(), host="0.0.0.0"):
+        pass
+    assert "listens on http://0.0.0.0:" in caplog.text and "plain HTTP" in caplog.text
+
 
 # -- starting it -------------------------------------------------------------------------------
 

@@ -44,6 +44,10 @@ def _gone(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
 def _http_status(url: str) -> int:
     with urllib.request.urlopen(url, timeout=10) as response:
         return int(response.status)
@@ -239,17 +243,30 @@ async def test_kill_and_restart_keeps_data(tmp_path: Path) -> None:
 async def test_background_server_is_reused_and_stopped(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("TURNKEEP_STATE_DIR", str(tmp_path / "state"))
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)  # as turnkeep made it before: readable by everyone
+    monkeypatch.setenv("TURNKEEP_STATE_DIR", str(state))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-must-not-leak")
+    monkeypatch.setenv("TURNKEEP_KEY_2026_12", "also-secret")
     port, ui_port = free_port(), free_port()
     try:
         info = await ensure_background_server(port=port, ui_port=ui_port)
         assert info.address == f"127.0.0.1:{port}"
         assert info.ui_url == f"http://127.0.0.1:{ui_port}"
-        record = json.loads((tmp_path / "state" / "server.json").read_text())
+        record = json.loads((state / "server.json").read_text())
         assert record["pid"] == info.pid
-        assert (tmp_path / "state" / "temporal.db").exists()
+        assert (state / "temporal.db").exists()
         # Its own session, so the CLI's Ctrl-C does not reach it.
         assert os.getsid(info.pid) == info.pid
+        # The database (and its WAL) holds every conversation: only its owner may read it.
+        assert _mode(state) == 0o700
+        files = [state / "server.log", *state.glob("temporal.db*")]
+        assert state / "temporal.db-wal" in files
+        assert {f.name: _mode(f) for f in files} == {f.name: 0o600 for f in files}
+        # Nor does it inherit provider keys or turnkeep's own.
+        environ = await asyncio.to_thread(Path(f"/proc/{info.pid}/environ").read_bytes)
+        assert b"PATH=" in environ
+        assert b"sk-ant-must-not-leak" not in environ and b"also-secret" not in environ
 
         again = await ensure_background_server(port=port, ui_port=ui_port)
         assert again == info

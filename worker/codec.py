@@ -17,9 +17,12 @@ The key id and the compression flag are authenticated as associated data, so nei
 changed without decryption failing. The original payload is serialized whole, so its own
 metadata (``encoding: json/plain``, the message type) is encrypted with it.
 
-Decoding leaves payloads that are not ``binary/encrypted`` as they are: external-storage
-references (their stored payload is what is encrypted), and payloads written before encryption
-was turned on.
+Decoding refuses payloads that are not ``binary/encrypted`` (``PlaintextPayloadError``): a
+client without the keys would otherwise leave its prompt in clear in the history. With
+``encryption.allow_plaintext`` (and always in the codec server, which only shows payloads) it
+leaves them as they are: payloads written before encryption was turned on, or by a plain client.
+External-storage references (plain) never reach it: the SDK replaces each with the stored
+payload it points to, which is encrypted, before decoding.
 
 What stays readable by design: workflow ids, activity and workflow type names, timestamps,
 search attributes (the server indexes them), and the key ids.
@@ -32,7 +35,7 @@ import hashlib
 import os
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -69,6 +72,10 @@ class PayloadDecryptionError(EncryptionError):
     """An encrypted payload is malformed or fails authentication (changed, or the wrong key)."""
 
 
+class PlaintextPayloadError(EncryptionError):
+    """An unencrypted payload reached a codec whose config requires encryption."""
+
+
 class EncryptionNotConfiguredError(EncryptionError):
     """An encrypted payload reached a converter whose config has no ``encryption``."""
 
@@ -80,7 +87,14 @@ class EncryptionCodec(PayloadCodec):
     key decrypts, so a key can be rotated out once nothing that is kept still uses it.
     """
 
-    def __init__(self, keys: Mapping[str, bytes], current_key: str, *, compress: bool = True):
+    def __init__(
+        self,
+        keys: Mapping[str, bytes],
+        current_key: str,
+        *,
+        compress: bool = True,
+        allow_plaintext: bool = False,
+    ):
         for key_id, key in keys.items():
             if len(key) != AES_256_KEY_BYTES:
                 raise EncryptionError(
@@ -93,6 +107,7 @@ class EncryptionCodec(PayloadCodec):
             )
         self.current_key = current_key
         self.compress = compress
+        self.allow_plaintext = allow_plaintext
         self._ciphers = {key_id: AESGCM(bytes(key)) for key_id, key in keys.items()}
         # Identifies the key set (for `same_codec`) without revealing the keys: SHA-256 of them.
         digest = hashlib.sha256(current_key.encode())
@@ -101,8 +116,18 @@ class EncryptionCodec(PayloadCodec):
         self.identity = digest.digest()
 
     @classmethod
-    def from_settings(cls, settings: EncryptionSettings) -> EncryptionCodec:
-        return cls(settings.key_bytes(), settings.current_key, compress=settings.compress)
+    def from_settings(
+        cls, settings: EncryptionSettings, *, allow_plaintext: bool | None = None
+    ) -> EncryptionCodec:
+        """The codec ``settings`` describe; ``allow_plaintext`` overrides the settings' own."""
+        if allow_plaintext is None:
+            allow_plaintext = settings.allow_plaintext
+        return cls(
+            settings.key_bytes(),
+            settings.current_key,
+            compress=settings.compress,
+            allow_plaintext=allow_plaintext,
+        )
 
     @property
     def key_ids(self) -> list[str]:
@@ -148,7 +173,13 @@ class EncryptionCodec(PayloadCodec):
 
     def decrypt(self, payload: Payload) -> Payload:
         if payload.metadata.get("encoding") != ENCODING:
-            return payload  # a storage reference, or written before encryption was on
+            if self.allow_plaintext:
+                return payload
+            raise PlaintextPayloadError(
+                "a payload is not encrypted, but this turnkeep config requires encrypted "
+                "payloads: configure the client that sent it with the same `encryption` settings "
+                "as the workers (or set encryption.allow_plaintext: true to accept plaintext)"
+            )
         raw_id = payload.metadata.get(KEY_ID)
         if not raw_id:
             raise PayloadDecryptionError(
@@ -208,11 +239,16 @@ class EncryptedPayloadRefusal(EncodingPayloadConverter):
         return None
 
     def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
-        key_id = payload.metadata.get(KEY_ID, b"?").decode("utf-8", errors="replace")
-        raise EncryptionNotConfiguredError(
-            f"payload was encrypted with key {key_id!r}, but this turnkeep config has no "
-            "`encryption` section: add the one the workers use (with that key) to read it"
-        )
+        refuse_encrypted(payload)
+
+
+def refuse_encrypted(payload: Payload) -> NoReturn:
+    """Raise ``EncryptionNotConfiguredError`` for an encrypted payload met without a codec."""
+    key_id = payload.metadata.get(KEY_ID, b"?").decode("utf-8", errors="replace")
+    raise EncryptionNotConfiguredError(
+        f"payload was encrypted with key {key_id!r}, but this turnkeep config has no "
+        "`encryption` section: add the one the workers use (with that key) to read it"
+    )
 
 
 def payload_codec(settings: Settings) -> EncryptionCodec | None:

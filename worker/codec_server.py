@@ -11,9 +11,11 @@ It speaks Temporal's codec server protocol, so the Web UI and ``temporal workflo
 - Every request must be authorised by ``encryption.codec_server.token``: an
   ``Authorization: Bearer <token>`` header (CLI, scripts), or the cookie that ``/login`` sets
   for a browser (the embedded Web UI has no sign-in, so it cannot send an access token). The
-  cookie holds an HMAC of the token, not the token, is ``HttpOnly`` (the UI's scripts cannot
-  read it) and ``SameSite=Strict`` (only pages on the same site, e.g. the UI on another port
-  of 127.0.0.1, send it).
+  cookie holds a random session id, not the token, that this server process knows for
+  ``encryption.codec_server.session_lifetime`` (12 hours by default) or until ``/logout`` ends
+  it; it is ``HttpOnly`` (the UI's scripts cannot read it) and ``SameSite=Strict`` (only pages
+  on the same site, e.g. the UI on another port of 127.0.0.1, send it).
+- It speaks plain HTTP, so it warns when it listens on anything but a loopback address.
 - Browsers may call it only from ``encryption.codec_server.origins``: a preflight or request
   with any other ``Origin`` gets 403 and no CORS headers. Allowed origins get exactly their
   origin back with ``Access-Control-Allow-Credentials: true``, which the UI's "include
@@ -31,11 +33,16 @@ import contextlib
 import hashlib
 import hmac
 import html
+import ipaddress
 import json
+import logging
 import os
+import secrets
 import socket
 import sys
+import time
 from collections.abc import Awaitable, Callable, Generator, Iterable
+from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -50,6 +57,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 from temporalio.api.common.v1 import Payloads
 
+from activities.payload_storage import describe_duration
 from activities.settings import EncryptionSettings, Settings
 from worker.codec import EncryptionCodec, EncryptionError
 
@@ -67,10 +75,11 @@ ALLOW_HEADERS = "Authorization, Content-Type, X-Namespace"
 ALLOW_METHODS = "POST, OPTIONS"
 # A browser keeps a preflight answer this long before asking again.
 PREFLIGHT_MAX_AGE = "600"
-SESSION_SECONDS = 7 * 24 * 3600
 # Decoding a whole history page at once stays far below this; it bounds what one request reads.
 MAX_BODY_BYTES = 64 * 1024 * 1024
 _SESSION_LABEL = b"turnkeep codec-server session"
+
+log = logging.getLogger(__name__)
 
 
 class CodecServerError(RuntimeError):
@@ -88,20 +97,48 @@ def require_token(encryption: EncryptionSettings) -> str:
     return token.get_secret_value()
 
 
+class _Sessions:
+    """Browser sign-ins: random ids, each valid for ``lifetime`` or until it is closed. Only in
+    this process's memory, so restarting the server signs every browser out."""
+
+    def __init__(self, lifetime: timedelta) -> None:
+        self.lifetime = lifetime
+        self._expiry: dict[str, float] = {}
+
+    def open(self) -> str:
+        now = time.monotonic()
+        # Forget expired ones here: only someone with the token can make the table grow.
+        self._expiry = {s: at for s, at in self._expiry.items() if at > now}
+        session = secrets.token_urlsafe(32)
+        self._expiry[session] = now + self.lifetime.total_seconds()
+        return session
+
+    def valid(self, session: str) -> bool:
+        expiry = self._expiry.get(session)
+        return expiry is not None and time.monotonic() < expiry
+
+    def close(self, session: str) -> None:
+        self._expiry.pop(session, None)
+
+
 def build_app(
-    codec: EncryptionCodec, token: str, origins: Iterable[str], *, cookie_name: str
+    codec: EncryptionCodec,
+    token: str,
+    origins: Iterable[str],
+    *,
+    cookie_name: str,
+    session_lifetime: timedelta,
 ) -> ASGIApp:
     """The codec server's ASGI app: ``/encode``, ``/decode``, ``/login``, ``/logout``."""
     allowed = frozenset(origins)
-    session = _session_value(token)
+    sessions = _Sessions(session_lifetime)
 
     def authorised(request: Request) -> bool:
         header = request.headers.get("authorization", "")
         scheme, _, credential = header.partition(" ")
         if scheme.lower() == "bearer" and credential:
             return hmac.compare_digest(credential.strip().encode(), token.encode())
-        cookie = request.cookies.get(cookie_name, "")
-        return bool(cookie) and hmac.compare_digest(cookie.encode(), session.encode())
+        return sessions.valid(request.cookies.get(cookie_name, ""))
 
     def codec_endpoint(
         transform: Callable[[list[Any]], Awaitable[list[Any]]],
@@ -144,11 +181,11 @@ def build_app(
         given = (fields.get("token") or [""])[0].strip()
         if not given or not hmac.compare_digest(given.encode(), token.encode()):
             return _login_page(request, allowed, error="That is not the codec server's token.")
-        response = _signed_in_page(request, allowed)
+        response = _signed_in_page(request, allowed, session_lifetime)
         response.set_cookie(
             cookie_name,
-            session,
-            max_age=SESSION_SECONDS,
+            sessions.open(),
+            max_age=int(session_lifetime.total_seconds()),
             path="/",
             httponly=True,
             samesite="strict",
@@ -157,6 +194,8 @@ def build_app(
         return response
 
     async def logout(request: Request) -> Response:
+        # Ended here, not only deleted from this browser: a copy of the cookie stops working too.
+        sessions.close(request.cookies.get(cookie_name, ""))
         response = PlainTextResponse("signed out")
         response.delete_cookie(cookie_name, path="/", httponly=True, samesite="strict")
         return response
@@ -254,13 +293,21 @@ def _cors(origin: str) -> dict[str, str]:
     }
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # another host name: it may resolve to anything
+
+
 def _own_origin(request: Request) -> str:
     return f"{request.url.scheme}://{request.url.netloc}".lower()
 
 
-def _session_value(token: str) -> str:
-    # What the cookie holds: proof of the token, not the token (a copied cookie is still a
-    # credential, but it does not reveal the token, and changing the token revokes it).
+def _token_digest(token: str) -> str:
+    # For the background server's fingerprint: which token, without recording the token.
     return hmac.new(token.encode(), _SESSION_LABEL, hashlib.sha256).hexdigest()
 
 
@@ -311,11 +358,12 @@ def _login_page(request: Request, allowed: Iterable[str], error: str | None = No
     )
 
 
-def _signed_in_page(request: Request, allowed: Iterable[str]) -> HTMLResponse:
+def _signed_in_page(request: Request, allowed: Iterable[str], lifetime: timedelta) -> HTMLResponse:
     return _page(
         "Signed in",
-        "<p>This browser may now use the codec server for a week (until the token changes, or "
-        "you sign out with a POST to <code>/logout</code>).</p>" + _ui_steps(request, allowed),
+        f"<p>This browser may now use the codec server for {describe_duration(lifetime)} (until "
+        "you sign out with a POST to <code>/logout</code>, or the server restarts).</p>"
+        + _ui_steps(request, allowed),
     )
 
 
@@ -351,7 +399,10 @@ class CodecServer:
         self.port = config.port if port is None else port
         self.origins = sorted({*config.origins, *origins})
         self._token = require_token(encryption)
-        self._codec = EncryptionCodec.from_settings(encryption)
+        self._session_lifetime = config.session_lifetime
+        # The Web UI sends every payload it shows, plaintext ones too (a workflow started from
+        # the UI, a plain client's): showing them as they are is all a viewer can do.
+        self._codec = EncryptionCodec.from_settings(encryption, allow_plaintext=True)
         self._server: _Uvicorn | None = None
         self._task: asyncio.Task[None] | None = None
         self.url: str | None = None
@@ -373,7 +424,11 @@ class CodecServer:
             ) from None
         port = sock.getsockname()[1]
         app = build_app(
-            self._codec, self._token, self.origins, cookie_name=f"turnkeep-codec-{port}"
+            self._codec,
+            self._token,
+            self.origins,
+            cookie_name=f"turnkeep-codec-{port}",
+            session_lifetime=self._session_lifetime,
         )
         config = uvicorn.Config(
             app,
@@ -391,6 +446,13 @@ class CodecServer:
             await asyncio.sleep(0.01)
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{host}:{port}"
+        if not _loopback(self.host):
+            log.warning(
+                "the codec server listens on %s over plain HTTP: its token, sign-in cookies and "
+                "the payloads it decrypts cross the network unencrypted. Bind it to 127.0.0.1 "
+                "(encryption.codec_server.host), or reach it only through a TLS proxy.",
+                self.url,
+            )
         return self.url
 
     async def stop(self) -> None:
@@ -426,7 +488,8 @@ def _fingerprint(settings: Settings, origins: Iterable[str], config: Path) -> st
     codec = EncryptionCodec.from_settings(settings.encryption)
     server = settings.encryption.codec_server
     digest = hashlib.sha256(codec.identity)
-    digest.update(_session_value(require_token(settings.encryption)).encode())
+    digest.update(_token_digest(require_token(settings.encryption)).encode())
+    digest.update(str(server.session_lifetime.total_seconds()).encode())
     digest.update(json.dumps([server.host, server.port, sorted(origins), str(config)]).encode())
     return digest.hexdigest()
 

@@ -10,22 +10,25 @@ import fcntl
 import os
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
 STOP_GRACE_SECONDS = 5.0
 
 
-def spawn_detached(argv: list[str], log_file: Path) -> int:
+def spawn_detached(argv: list[str], log_file: Path, env: Mapping[str, str] | None = None) -> int:
+    """Start ``argv`` in its own session, output to ``log_file``, with ``env`` (default: ours)."""
     # posix_spawn rather than Popen: a Popen object that is dropped while its process runs warns
     # and is polled by later Popen calls; this server is deliberately never waited for.
     return os.posix_spawn(
         argv[0],
         argv,
-        dict(os.environ),
+        dict(os.environ if env is None else env),
         file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, str(log_file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+            # A log may quote what the server handled: only its owner reads it.
+            (os.POSIX_SPAWN_OPEN, 1, str(log_file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
             (os.POSIX_SPAWN_DUP2, 1, 2),
         ],
         # A new session keeps the CLI's Ctrl-C and terminal hangup away from the server.

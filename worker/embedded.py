@@ -67,10 +67,27 @@ class EmbeddedServerError(RuntimeError):
 
 
 def state_dir() -> Path:
-    """Where turnkeep keeps its background server's database, log and record (created)."""
+    """Where turnkeep keeps its background server's database, log and record (created), and by
+    default its stored payloads: every conversation, unencrypted unless ``encryption`` is on.
+    So only its owner may enter it (0700), even if it already existed."""
     path = state_home()
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
     return path
+
+
+# What a child Temporal server must not inherit from turnkeep's environment: provider API keys,
+# tokens, cloud credentials and turnkeep's own encryption keys. It needs none of them, and a
+# long-lived process exposes its environment (/proc/<pid>/environ, crash reports) for as long
+# as it runs.
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|^TURNKEEP_", re.IGNORECASE)
+
+
+def server_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default: ours) without the variables whose names look like secrets."""
+    source = os.environ if environ is None else environ
+    return {name: value for name, value in source.items() if not _SECRET_NAME.search(name)}
 
 
 def find_temporal_binary() -> Path:
@@ -288,7 +305,12 @@ def _spawn_child(argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:
     # pipe would block the server.
     with log_file.open("ab") as log:
         return subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=server_environment(),
+            umask=0o077,  # its database holds every conversation: 0600, like its WAL
         )
 
 
@@ -465,6 +487,9 @@ async def _start_background(port: int, ui_port: int, codec_endpoint: str | None)
     directory = state_dir()
     db_file, log_file = directory / "temporal.db", directory / "server.log"
     log_file.write_bytes(b"")  # one log per server; the old one only explains an old failure
+    # Made before this version tightened them (new ones are created 0600, below).
+    for existing in (log_file, *directory.glob(f"{db_file.name}*")):
+        existing.chmod(0o600)
     argv = build_argv(
         find_temporal_binary(),
         port=port,
@@ -474,7 +499,13 @@ async def _start_background(port: int, ui_port: int, codec_endpoint: str | None)
         codec_endpoint=codec_endpoint,
     )
     for attempt in range(START_ATTEMPTS):
-        pid = spawn_detached(argv, log_file)
+        # The umask 077 makes the database and its WAL and shared-memory files 0600: they hold
+        # every conversation. The server creates them itself, so it inherits the mask.
+        previous = os.umask(0o077)
+        try:
+            pid = spawn_detached(argv, log_file, server_environment())
+        finally:
+            os.umask(previous)
         info = ServerInfo(
             f"{HOST}:{port}", f"http://{HOST}:{ui_port}", pid, codec_endpoint=codec_endpoint
         )
