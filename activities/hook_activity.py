@@ -16,7 +16,8 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.errors import config_error, known
+from activities.errors import config_error, known, require_workflow
+from activities.settings import Settings
 from workflows.activity_io import RUN_HOOK, HookChange, HookContext, HookRequest
 
 Hook = Callable[[HookContext], "HookChange | dict[str, Any] | Awaitable[Any] | None"]
@@ -24,11 +25,22 @@ Hook = Callable[[HookContext], "HookChange | dict[str, Any] | Awaitable[Any] | N
 
 
 class HookActivities:
-    def __init__(self, hooks: Mapping[str, Hook]) -> None:
+    def __init__(self, settings: Settings, hooks: Mapping[str, Hook]) -> None:
+        self._settings = settings
         self._hooks = dict(hooks)
 
     @activity.defn(name=RUN_HOOK)
     async def run_hook(self, request: HookRequest) -> HookChange:
+        require_workflow()
+        point, name = request.context.hook_point, request.context.agent
+        # A hook may do anything its code does: run only what the named agent enables there.
+        enabled = self._settings.agent(name).hooks.get(point, [])
+        if request.hook not in enabled:
+            raise config_error(
+                "HookNotEnabled",
+                f"Agent {name!r} does not run hook {request.hook!r} at {point} "
+                f"(it enables there: {known(enabled)}).",
+            )
         hook = self._hooks.get(request.hook)
         if hook is None:
             raise config_error(

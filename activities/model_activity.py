@@ -4,6 +4,7 @@ names) and `compact_history` (a summary of older exchanges, by the same model)."
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -19,14 +20,15 @@ from temporalio.worker import (
 )
 
 from activities.compaction import summary_request
-from activities.errors import config_error
+from activities.errors import config_error, require_workflow
 from activities.heartbeat import heartbeating
-from activities.models import PROVIDERS, ModelRef, default_model, resolve_model
+from activities.models import PROVIDERS, ModelRef, allowed_models, default_model, resolve_model
 from activities.parsed_messages import PARSED_MESSAGES, ParsedMessages
 from activities.providers import ModelProvider
 from activities.providers.passthrough import PassthroughProvider
 from activities.providers.playback import PlaybackProvider
-from activities.settings import Settings
+from activities.settings import AgentSettings, Settings
+from activities.turn_setup import check_overrides
 from workflows.activity_io import (
     COMPACT_HISTORY,
     LLM_STEP,
@@ -39,6 +41,7 @@ from workflows.activity_io import (
     digest_matches,
 )
 from workflows.messages import Message
+from workflows.turn_io import TurnOverrides
 
 
 class ModelActivities:
@@ -56,18 +59,25 @@ class ModelActivities:
 
     @activity.defn(name=LLM_STEP)
     async def llm_step(self, step: LlmStepRequest) -> Message:
-        ref = resolve_model(step.model)
-        provider = self._provider(ref, step.agent)
+        require_workflow()
+        # Checked before anything is read or connected to: a crafted step must not make this
+        # worker an open proxy to the operator's models.
+        ref = self._allowed_model(step.agent, step.model)
         request = MODEL_INPUTS.take(step)  # scheduled by a workflow on this worker?
         if request is None:
             # Heartbeat while reading too: after a worker crash the query can wait seconds for
             # the server to give up on the dead worker, and that must not use up this attempt.
             request = await heartbeating(model_input(step), "reading model input")
+        # The workflow that answered the query chose the parameters: hold them to the agent.
+        agent = self._settings.agent(step.agent)
+        check_overrides(self._settings, step.agent, call_overrides(agent, step.model, request))
+        provider = self._provider(ref, step.agent)
         return await heartbeating(provider.complete(request, ref.name), f"llm #{step.call_index}")
 
     @activity.defn(name=COMPACT_HISTORY)
     async def compact_history(self, request: CompactRequest) -> Message:
-        ref = resolve_model(request.model)
+        require_workflow()
+        ref = self._allowed_model(request.agent, request.model)
         provider = self._provider(ref, request.agent)
         summary_call = summary_request(request)
         return await heartbeating(provider.complete(summary_call, ref.name), "compacting")
@@ -80,12 +90,16 @@ class ModelActivities:
     def _configured_models(self) -> list[ModelRef]:
         names = {default_model(self._settings)}
         for agent in self._settings.agents.values():
-            names.update(m for m in [agent.model, *agent.models] if m)
+            names.update(allowed_models(self._settings, agent))
         refs = []
         for name in sorted(names):
             with contextlib.suppress(ApplicationError):  # reported per turn, with context
                 refs.append(resolve_model(name))
         return refs
+
+    def _allowed_model(self, agent: str, model: str) -> ModelRef:
+        check_overrides(self._settings, agent, TurnOverrides.model_construct(model=model))
+        return resolve_model(model)
 
     def _provider(self, ref: ModelRef, agent: str) -> ModelProvider:
         if ref.provider == "playback":
@@ -110,6 +124,23 @@ class ModelActivities:
         if provider == "generic":
             return OpenAIProvider(self._settings.generic, generic=True)
         return OpenAIProvider(self._settings.openai, generic=False)
+
+
+# Larger than any agent's max_tokens: what a model call without one asks for when its agent
+# sets one (the provider's default, or no limit at all).
+NO_LIMIT = sys.maxsize
+
+
+def call_overrides(agent: AgentSettings, model: str, request: LlmRequest) -> TurnOverrides:
+    """A model call's parameters as the turn overrides they amount to, so the rule that judged
+    the turn (``check_overrides``) judges each call. Not validated: odd values a crafted call
+    may hold (a negative max_tokens) are the provider's to refuse."""
+    return TurnOverrides.model_construct(
+        model=model,
+        structured_output=request.structured_output,
+        temperature=None if request.temperature == agent.temperature else request.temperature,
+        max_tokens=request.max_tokens or (None if agent.max_tokens is None else NO_LIMIT),
+    )
 
 
 async def model_input(step: LlmStepRequest) -> LlmRequest:

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from activities.errors import config_error
-from activities.settings import Settings
+from activities.settings import AgentSettings, ProviderSettings, Settings
 
 OFFLINE = ("passthrough", "playback")
 PROVIDERS = ("anthropic", "openai", "generic")
@@ -44,6 +44,12 @@ CONTEXT_WINDOWS = {
 }
 
 
+# What a model call asks for when neither the turn nor its agent sets max_tokens: the Messages
+# API requires a value (fast-agent's default for Anthropic models); OpenAI-compatible APIs need
+# none and stop at the model's own output limit, as do the offline models.
+PROVIDER_MAX_TOKENS = {"anthropic": 4096}
+
+
 @dataclass(frozen=True)
 class ModelRef:
     provider: str  # passthrough | playback | anthropic | openai | generic
@@ -73,6 +79,31 @@ def default_model(settings: Settings) -> str:
     if os.environ.get("OPENAI_API_KEY") or (settings.openai and settings.openai.api_key):
         return "openai.gpt-4.1-mini"
     return "passthrough"
+
+
+def allowed_models(settings: Settings, agent: AgentSettings) -> list[str]:
+    """The models a turn of ``agent`` may run on: its model (else the worker's default) and
+    its ``models``. Both prepare_turn and the model activities hold requests to this."""
+    return [agent.model or default_model(settings), *agent.models]
+
+
+def max_tokens_limit(agent: AgentSettings, model: str) -> int | None:
+    """The most output tokens a turn of ``agent`` on ``model`` asks for unless the agent lets
+    turns set ``max_tokens``: the agent's own, else the provider's default (None: no limit is
+    sent, so the model's own applies and any value is lower)."""
+    return agent.max_tokens or PROVIDER_MAX_TOKENS.get(resolve_model(model).provider)
+
+
+def generic_base_url(settings: ProviderSettings | None) -> str:
+    """Where ``generic.<model>`` calls go: only ever the URL the worker's config names, so no
+    turn can make the worker open one it doesn't (there is no default, not even localhost)."""
+    if settings is None or not settings.base_url:
+        raise config_error(
+            "ModelNotConfigured",
+            "generic.<model> needs `generic: {base_url: ...}` in turnkeep.yaml "
+            "(e.g. http://localhost:11434/v1 for Ollama).",
+        )
+    return settings.base_url
 
 
 def context_window(model: str) -> int:

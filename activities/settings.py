@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from activities.errors import config_error, known
 from workflows.activity_io import (
     DEFAULT_CONTINUE_AS_NEW_BYTES,
     DEFAULT_CONTINUE_AS_NEW_EVENTS,
@@ -232,6 +233,10 @@ class CodecServerSettings(_SecretSettings):
     # Web UI origins (scheme://host:port) whose pages may call the server. When turnkeep starts
     # the embedded Web UI together with the codec server, the UI's own origin is added.
     origins: list[Origin] = Field(default_factory=list)
+    # How long a browser's /login sign-in lasts (`12h`, `90m`, seconds...); /logout ends it sooner.
+    session_lifetime: Annotated[
+        timedelta, BeforeValidator(_retention), AfterValidator(_positive)
+    ] = timedelta(hours=12)
 
     @model_validator(mode="after")
     def _long_enough_token(self) -> CodecServerSettings:
@@ -254,6 +259,9 @@ class EncryptionSettings(_SecretSettings):
     keys: dict[str, SecretStr]
     # zlib before encryption, kept only when it makes the payload smaller.
     compress: bool = True
+    # Accept unencrypted payloads (from clients without the keys, or written before encryption
+    # was on). Off by default: a plain client's prompt would stay in clear in the history.
+    allow_plaintext: bool = False
     codec_server: CodecServerSettings = Field(default_factory=CodecServerSettings)
 
     @model_validator(mode="after")
@@ -290,8 +298,9 @@ class AgentSettings(_Settings):
     parallel_tool_calls: bool = True
     temperature: float | None = None
     max_tokens: int | None = None
-    # Which TurnInput overrides a turn may set. `model` is governed by `models` instead.
-    overrides: list[str] = Field(default_factory=lambda: sorted(ALL_OVERRIDES))
+    # Which TurnInput overrides a turn may set; none unless listed (a turn may always lower
+    # max_iterations and max_tokens). `model` is governed by `models` instead.
+    overrides: list[str] = Field(default_factory=list)
     # Model strings a turn may ask for instead of `model`.
     models: list[str] = Field(default_factory=list)
     # Scripted assistant messages for the `playback` model (a JSON file).
@@ -358,6 +367,17 @@ class Settings(_SecretSettings):
             for name, agent in self.agents.items()
             if (missing := sorted({h for hs in agent.hooks.values() for h in hs} - known))
         }
+
+    def agent(self, name: str) -> AgentSettings:
+        """The agent a request names: every activity looks its agent up here, so a request
+        naming an agent this worker doesn't configure is refused wherever it comes from."""
+        agent = self.agents.get(name)
+        if agent is None:
+            raise config_error(
+                "UnknownAgent",
+                f"Unknown agent {name!r}. This worker's agents: {known(self.agents)}.",
+            )
+        return agent
 
     def path(self, p: Path) -> Path:
         return p if p.is_absolute() else self.base_dir / p

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from activities.errors import config_error, known
-from activities.models import context_window, default_model, resolve_model
+from activities.errors import config_error, known, require_workflow
+from activities.models import (
+    allowed_models,
+    context_window,
+    generic_base_url,
+    max_tokens_limit,
+    resolve_model,
+)
 from activities.settings import AgentSettings, Settings, TimeoutSettings
 from workflows.activity_io import (
     PREPARE_TURN,
@@ -36,22 +42,16 @@ class TurnSetupActivities:
 
     @activity.defn(name=PREPARE_TURN)
     async def prepare_turn(self, request: PrepareTurnRequest) -> TurnPlan:
+        require_workflow()
         return plan_turn(self._settings, request, self.visibility)
 
 
 def plan_turn(
     settings: Settings, request: PrepareTurnRequest, visibility: VisibilityPlan | None = None
 ) -> TurnPlan:
-    agent = settings.agents.get(request.agent)
-    if agent is None:
-        raise config_error(
-            "UnknownAgent",
-            f"Unknown agent {request.agent!r}. This worker's agents: {known(settings.agents)}.",
-        )
+    agent = settings.agent(request.agent)
     overrides = request.overrides
-    _check_overrides(request.agent, agent, overrides)
-    model = overrides.model or agent.model or default_model(settings)
-    resolve_model(model)  # an unknown model string fails the turn here, before any model call
+    model = check_overrides(settings, request.agent, overrides)
 
     def pick(name: str) -> object:
         value = getattr(overrides, name)
@@ -74,20 +74,42 @@ def plan_turn(
     )
 
 
-def _check_overrides(name: str, agent: AgentSettings, overrides: TurnOverrides) -> None:
-    refused = overrides.given() - set(agent.overrides) - {"model"}
+def check_overrides(settings: Settings, name: str, overrides: TurnOverrides) -> str:
+    """The model a turn (or one model call) of agent ``name`` runs on, once ``overrides`` are
+    checked against the agent: a model from ``allowed_models``, only the overrides the agent
+    lists, and always lower (never higher) ``max_iterations`` and ``max_tokens``. The model
+    activities hold each call to this same rule."""
+    agent = settings.agent(name)
+    allowed = allowed_models(settings, agent)
+    model = overrides.model or allowed[0]
+    if model not in allowed:
+        raise config_error(
+            "ModelNotAllowed",
+            f"Agent {name!r} does not let a turn use model {model!r} "
+            f"(it allows: {known(set(allowed))}).",
+        )
+    # An unknown model string, or a generic one with no generic server configured, fails the
+    # turn here, before any model call.
+    if resolve_model(model).provider == "generic":
+        generic_base_url(settings.generic)
+    limits = {"max_iterations": agent.max_iterations, "max_tokens": max_tokens_limit(agent, model)}
+    lowered = {
+        field
+        for field, limit in limits.items()
+        if (value := getattr(overrides, field)) is not None and (limit is None or value <= limit)
+    }
+    refused = overrides.given() - set(agent.overrides) - {"model"} - lowered
     if refused:
+        bounds = ", ".join(
+            f"{field} (to at most {limit})" if limit is not None else field
+            for field, limit in limits.items()
+        )
         raise config_error(
             "OverrideNotAllowed",
             f"Agent {name!r} does not let a turn set {', '.join(sorted(refused))} "
-            f"(it allows: {known(agent.overrides)}).",
+            f"(it allows: {known(agent.overrides)}; a turn may always lower {bounds}).",
         )
-    if overrides.model and overrides.model != agent.model and overrides.model not in agent.models:
-        raise config_error(
-            "OverrideNotAllowed",
-            f"Agent {name!r} does not let a turn use model {overrides.model!r} "
-            f"(it allows: {known(m for m in [agent.model, *agent.models] if m)}).",
-        )
+    return model
 
 
 def _timeouts(t: TimeoutSettings) -> Timeouts:

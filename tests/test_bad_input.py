@@ -45,14 +45,15 @@ async def test_unknown_model(harness: HarnessFactory) -> None:
 async def test_model_override_the_agent_does_not_allow(harness: HarnessFactory) -> None:
     async with harness(agents={"test": {"model": "passthrough", "models": ["sonnet"]}}) as h:
         error = await fails_with(h, model="opus")
-    assert error.type == "OverrideNotAllowed"
+    assert error.type == "ModelNotAllowed"
     assert "'opus'" in error.message and "passthrough, sonnet" in error.message
 
 
 async def test_other_override_the_agent_does_not_allow(harness: HarnessFactory) -> None:
-    async with harness(agents={"test": {"overrides": ["temperature"]}}) as h:
-        error = await fails_with(h, max_iterations=5)
+    async with harness(agents={"test": {"max_iterations": 20, "overrides": ["temperature"]}}) as h:
+        error = await fails_with(h, max_iterations=21)
     assert error.type == "OverrideNotAllowed" and "max_iterations" in error.message
+    assert "it allows: temperature" in error.message and "at most 20" in error.message
 
 
 async def test_mcp_server_that_fails_to_start(harness: HarnessFactory, tmp_path: Path) -> None:

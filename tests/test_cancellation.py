@@ -563,7 +563,9 @@ async def test_auto_heal_of_a_dangling_history_follows_use_history(
 ) -> None:
     dangling = [Message.user("go"), tool_use(("c9", "local__quick", {"name": "x"}))]
     fake.script(Reply.text("continuing"), api="anthropic")
-    async with harness(TOOLS, **provider_config("anthropic", fake)) as h:
+    config = provider_config("anthropic", fake)
+    config["agents"]["test"]["overrides"] = ["use_history"]
+    async with harness(TOOLS, **config) as h:
         result = await h.run(
             "again", history=[m.model_dump() for m in dangling], use_history=use_history
         )

@@ -546,8 +546,9 @@ async def test_generic_reasoning_and_parameters(
     fake: FakeProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("GENERIC_API_KEY", raising=False)
-    monkeypatch.setenv("GENERIC_BASE_URL", fake.base_url_openai)
-    provider = OpenAIProvider(None, generic=True, timeout=5)
+    provider = OpenAIProvider(
+        ProviderSettings(base_url=fake.base_url_openai), generic=True, timeout=5
+    )
     fake.script(Reply.text("4", thinking="2 + 2"))
 
     try:

@@ -68,9 +68,8 @@ async def test_scenario_replays_fresh_and_recorded(
 ) -> None:
     script, overrides = SCENARIOS[name]
     path = write_script(tmp_path / "script.json", *script)
-    config = {
-        "agents": {"test": {"model": "playback", "playback": str(path), "servers": ["local"]}}
-    }
+    agent = {"model": "playback", "playback": str(path), "servers": ["local"]}
+    config = {"agents": {"test": {**agent, "overrides": sorted(overrides)}}}
     async with harness({"local": [add]}, **config) as h:
         handle = await h.start("go", **overrides)
         await handle.result()

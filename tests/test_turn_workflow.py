@@ -146,7 +146,7 @@ async def test_sequential_when_parallel_is_off(harness: HarnessFactory, tmp_path
         calls(("c1", "local__step", {"name": "a"}), ("c2", "local__step", {"name": "b"})),
         "done",
     )
-    config = agent(model="playback", playback=str(script))
+    config = agent(model="playback", playback=str(script), overrides=["parallel_tool_calls"])
     async with harness(LOCAL, **config) as h:
         result = await h.run("go", parallel_tool_calls=False)
     assert events == ["start a", "end a", "start b", "end b"]
@@ -221,7 +221,8 @@ async def test_structured_output_deferred_finalization(
         '{"answer": 42}',
     )
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}}}
-    async with harness(LOCAL, **agent(model="playback", playback=str(script))) as h:
+    config = agent(model="playback", playback=str(script), overrides=["structured_output"])
+    async with harness(LOCAL, **config) as h:
         result = await h.run("what is 20+22?", structured_output=schema)
     assert result.structured == {"answer": 42}
     assert result.messages[-2].text.startswith("Now produce the final answer as structured JSON")
@@ -244,7 +245,8 @@ async def test_provider_failure_ends_the_turn_with_an_error_message(
 
 async def test_use_history_false_ignores_prior_conversation(harness: HarnessFactory) -> None:
     history = [{"role": "user", "content": [{"type": "text", "text": "old"}]}]
-    async with harness(agents={"test": {"model": "passthrough"}}) as h:
+    config = {"test": {"model": "passthrough", "overrides": ["use_history"]}}
+    async with harness(agents=config) as h:
         result = await h.run("fresh", history=history, use_history=False)
     assert result.final is not None and result.final.text == "fresh"
     assert [m.text for m in result.history] == ["old"]

@@ -56,7 +56,7 @@ from activities.settings import Settings
 from activities.tool_activities import ToolActivities, tool_result_limit
 from activities.turn_setup import TurnSetupActivities
 from worker.codec import describe_codec, payload_codec, same_codec
-from worker.payload_converter import TurnkeepPayloadConverter
+from worker.payload_converter import TurnkeepDataConverter, TurnkeepPayloadConverter
 from worker.search_attributes import usable_search_attributes
 from worker.workflow_runner import WORKFLOW_RUNNER
 from workflows.turn_workflow import TurnWorkflow
@@ -84,10 +84,10 @@ def data_converter(
     if codec is None:
         # No codec at all, not a pass-through one: the SDK then skips a pass over every
         # payload. An encrypted payload is refused by the payload converter instead.
-        return DataConverter(
+        return TurnkeepDataConverter(
             payload_converter_class=TurnkeepPayloadConverter, external_storage=storage
         )
-    return DataConverter(
+    return TurnkeepDataConverter(
         payload_converter_class=TurnkeepPayloadConverter,
         external_storage=storage,
         payload_codec=codec,
@@ -144,7 +144,7 @@ class TurnkeepPlugin(SimplePlugin):
             models.compact_history,
             tools.list_tools,
             tools.call_tool,
-            HookActivities(all_hooks).run_hook,
+            HookActivities(settings, all_hooks).run_hook,
             note,
         ]
 

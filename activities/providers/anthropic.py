@@ -11,8 +11,9 @@ from anthropic import AsyncAnthropic
 from anthropic.types import Message as AnthropicMessage
 from anthropic.types import TextBlock, ThinkingBlock, ToolUseBlock
 
+from activities.models import PROVIDER_MAX_TOKENS
 from activities.providers import with_usage
-from activities.providers.convert import plain_blocks, result_blocks, tool_call
+from activities.providers.convert import bounded_call_id, plain_blocks, result_blocks, tool_call
 from activities.providers.errors import (
     guarded,
     missing_api_key,
@@ -32,8 +33,8 @@ from workflows.messages import (
 from workflows.turn_io import Usage
 
 PROVIDER = "anthropic"
-# The Messages API requires max_tokens; fast-agent's default for Anthropic models.
-DEFAULT_MAX_TOKENS = 4096
+# The Messages API requires max_tokens.
+DEFAULT_MAX_TOKENS = PROVIDER_MAX_TOKENS[PROVIDER]
 
 STOP_REASONS = {
     "end_turn": StopReason.END_TURN,
@@ -160,7 +161,7 @@ def from_response(response: object) -> Message:
             elif isinstance(block, ThinkingBlock):
                 reasoning.append(TextContent(text=block.thinking))
             elif isinstance(block, ToolUseBlock):
-                calls[block.id] = tool_call(block.name, block.input)
+                calls[bounded_call_id(block.id)] = tool_call(block.name, block.input)
         usage = response.usage
         message = Message(
             role="assistant",

@@ -14,8 +14,9 @@ from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletion, ChatCompletionMessageFunctionToolCall
 from openai.types.completion_usage import CompletionUsage
 
+from activities.models import generic_base_url
 from activities.providers import with_usage
-from activities.providers.convert import plain_blocks, result_blocks, tool_call
+from activities.providers.convert import bounded_call_id, plain_blocks, result_blocks, tool_call
 from activities.providers.errors import (
     guarded,
     missing_api_key,
@@ -34,7 +35,6 @@ from workflows.messages import (
 )
 from workflows.turn_io import Usage
 
-DEFAULT_GENERIC_BASE_URL = "http://localhost:11434/v1"  # Ollama
 # Local servers ignore the key, but the SDK refuses to run without one.
 PLACEHOLDER_GENERIC_KEY = "ollama"
 
@@ -63,9 +63,7 @@ class OpenAIProvider:
         base_url: str | None
         if generic:
             key = key or os.environ.get("GENERIC_API_KEY")
-            base_url = (
-                settings.base_url or os.environ.get("GENERIC_BASE_URL") or DEFAULT_GENERIC_BASE_URL
-            )
+            base_url = generic_base_url(settings)
         else:
             key = key or os.environ.get("OPENAI_API_KEY")
             if not key:
@@ -208,7 +206,7 @@ def from_completion(completion: object, provider: str) -> Message:
             content.append(TextContent(text=reply.refusal))
             stop = StopReason.SAFETY
         calls = {
-            call.id: tool_call(call.function.name, call.function.arguments)
+            bounded_call_id(call.id): tool_call(call.function.name, call.function.arguments)
             for call in reply.tool_calls or []
             if isinstance(call, ChatCompletionMessageFunctionToolCall)
         }

@@ -1,0 +1,339 @@
+"""Every activity re-checks its request against the worker's config (issue #21): none runs on
+its own (standalone activity execution), and a workflow of someone's own that schedules them
+with crafted requests gets only what the config lets the agent it names do. Per-turn overrides
+are refused unless the agent lists them, but a turn may always lower its limits."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
+
+from activities.providers.openai import OpenAIProvider
+from activities.turn_setup import plan_turn
+from tests.conftest import Harness, HarnessFactory, make_settings
+from tests.crafted_workflow import CraftedWorkflow
+from tests.fake_provider import FakeProvider, Reply
+from workflows.activity_io import (
+    CALL_TOOL,
+    COMPACT_HISTORY,
+    LIST_TOOLS,
+    LLM_STEP,
+    PREPARE_TURN,
+    RUN_HOOK,
+    HookContext,
+    HookPoint,
+    LlmRequest,
+    PrepareTurnRequest,
+    model_input_page,
+    request_digest,
+)
+from workflows.messages import Message, StopReason
+from workflows.turn_io import TurnOverrides
+
+MODEL = "anthropic.test-model"
+ran: list[str] = []  # tool and hook executions
+
+
+def allowed() -> str:
+    """A tool the agent may call."""
+    ran.append("allowed")
+    return "ok"
+
+
+def audit(context: HookContext) -> None:
+    ran.append(f"audit {context.hook_point}")
+
+
+def wipe(context: HookContext) -> None:
+    ran.append("wipe")  # registered on the worker, enabled for no agent
+
+
+def config(fake: FakeProvider) -> dict[str, Any]:
+    return {
+        "anthropic": {"api_key": "sk-test", "base_url": fake.base_url_anthropic},
+        "agents": {
+            "test": {
+                "model": MODEL,
+                "models": ["anthropic.second-model"],
+                "servers": ["local"],
+                "max_tokens": 500,
+                "hooks": {"before_llm_call": ["audit"]},
+            }
+        },
+    }
+
+
+@pytest.fixture
+async def h(harness: HarnessFactory, fake: FakeProvider) -> AsyncIterator[Harness]:
+    ran.clear()
+    tools = {"local": [allowed]}
+    async with harness(tools, {"audit": audit, "wipe": wipe}, **config(fake)) as h:
+        yield h
+
+
+def hook_request(hook: str, point: HookPoint, agent: str = "test") -> dict[str, Any]:
+    context = HookContext(
+        hook_point=point,
+        agent=agent,
+        model=MODEL,
+        iteration=0,
+        messages=[],
+        last_message=None,
+        usage={},
+    )
+    return {"hook": hook, "context": context.model_dump(mode="json")}
+
+
+def llm_request(max_tokens: int | None, model: str = MODEL) -> LlmRequest:
+    return LlmRequest(
+        agent="test",
+        model=model,
+        call_index=1,
+        instruction=None,
+        messages=[Message.user("Write me a novel.")],
+        tools=[],
+        max_tokens=max_tokens,
+    )
+
+
+def llm_step(request: LlmRequest) -> dict[str, Any]:
+    """A step referencing ``request`` (the crafted workflow fills in its own ids)."""
+    return {
+        "agent": request.agent,
+        "model": request.model,
+        "call_index": request.call_index,
+        "digest": request_digest(request),
+    }
+
+
+HI = [Message.user("hi").model_dump(mode="json")]
+VALID_REQUESTS: dict[str, dict[str, Any]] = {
+    PREPARE_TURN: {"agent": "test", "overrides": {}},
+    LIST_TOOLS: {"agent": "test"},
+    CALL_TOOL: {"agent": "test", "call_id": "c1", "name": "local__allowed", "arguments": {}},
+    LLM_STEP: {**llm_step(llm_request(500)), "workflow_id": "w", "run_id": "r"},
+    COMPACT_HISTORY: {"agent": "test", "model": MODEL, "messages": HI},
+    RUN_HOOK: hook_request("audit", HookPoint.BEFORE_LLM_CALL),
+}
+
+
+def application_error(err: BaseException) -> ApplicationError:
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.__cause__ or getattr(cause, "cause", None)
+    assert isinstance(cause, ApplicationError), err
+    return cause
+
+
+# --- standalone activity execution --------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(VALID_REQUESTS))
+async def test_no_activity_runs_on_its_own(
+    name: str, h: Harness, client: Client, fake: FakeProvider
+) -> None:
+    fake.script(Reply.text("a novel"), api="anthropic")
+    with pytest.raises(Exception) as caught:
+        await client.execute_activity(
+            name,
+            VALID_REQUESTS[name],
+            id=f"standalone-{uuid.uuid4().hex[:8]}",
+            task_queue=h.task_queue,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=3),
+        )
+    error = application_error(caught.value)
+    assert error.type == "NotInWorkflow" and error.non_retryable
+    assert repr(name) in error.message
+    assert fake.requests == [] and ran == []
+
+
+# --- a workflow of one's own scheduling crafted requests ----------------------------------
+
+
+@pytest.fixture
+async def crafted_queue(client: Client) -> AsyncIterator[str]:
+    queue = f"crafted-{uuid.uuid4().hex[:10]}"
+    async with Worker(client, task_queue=queue, workflows=[CraftedWorkflow]):
+        yield queue
+
+
+async def crafted(
+    h: Harness,
+    queue: str,
+    activity: str,
+    request: dict[str, Any],
+    model_input: LlmRequest | None = None,
+) -> Any:
+    page = model_input_page(model_input, 0).model_dump(mode="json") if model_input else None
+    return await h.client.execute_workflow(
+        CraftedWorkflow.run,
+        args=[activity, h.task_queue, request, page],
+        id=f"crafted-{uuid.uuid4().hex[:8]}",
+        task_queue=queue,
+    )
+
+
+async def refused(h: Harness, queue: str, activity: str, request: dict[str, Any], **kw: Any) -> Any:
+    with pytest.raises(WorkflowFailureError) as caught:
+        await crafted(h, queue, activity, request, **kw)
+    error = application_error(caught.value)
+    assert error.non_retryable
+    return error
+
+
+async def test_llm_step_runs_only_the_agents_models(
+    h: Harness, crafted_queue: str, fake: FakeProvider
+) -> None:
+    request = llm_request(500, model="opus")
+    error = await refused(h, crafted_queue, LLM_STEP, llm_step(request), model_input=request)
+    assert error.type == "ModelNotAllowed"
+    assert "'test'" in error.message and "'opus'" in error.message
+    assert "anthropic.second-model, anthropic.test-model" in error.message
+    assert "sk-test" not in error.message
+    assert fake.requests == []
+
+
+async def test_llm_step_holds_a_call_to_the_agents_limits(
+    h: Harness, crafted_queue: str, fake: FakeProvider
+) -> None:
+    for max_tokens in (100_000, None):  # above the agent's 500; none at all: the provider's
+        request = llm_request(max_tokens)
+        error = await refused(h, crafted_queue, LLM_STEP, llm_step(request), model_input=request)
+        assert error.type == "OverrideNotAllowed" and "max_tokens" in error.message
+    assert fake.requests == []
+
+    # The same crafted call within the agent's limits does reach the model: the query path
+    # works, so the refusals above were the checks.
+    fake.script(Reply.text("Once upon a time."), api="anthropic")
+    request = llm_request(500)
+    answer = await crafted(h, crafted_queue, LLM_STEP, llm_step(request), model_input=request)
+    assert Message.model_validate(answer).text == "Once upon a time."
+    (sent,) = fake.requests_for("anthropic")
+    assert sent.body["max_tokens"] == 500
+
+
+async def test_compact_history_runs_only_the_agents_models(
+    h: Harness, crafted_queue: str, fake: FakeProvider
+) -> None:
+    request = {"agent": "test", "model": "anthropic.claude-opus-4-1", "messages": HI}
+    error = await refused(h, crafted_queue, COMPACT_HISTORY, request)
+    assert error.type == "ModelNotAllowed" and "'anthropic.claude-opus-4-1'" in error.message
+    error = await refused(h, crafted_queue, COMPACT_HISTORY, {**request, "agent": "nobody"})
+    assert error.type == "UnknownAgent"
+    assert fake.requests == []
+
+
+async def test_run_hook_runs_only_hooks_the_agent_enables_there(
+    h: Harness, crafted_queue: str
+) -> None:
+    # Registered on the worker, but enabled for no agent.
+    error = await refused(
+        h, crafted_queue, RUN_HOOK, hook_request("wipe", HookPoint.AFTER_TURN_COMPLETE)
+    )
+    assert error.type == "HookNotEnabled" and "'wipe'" in error.message
+    # Enabled, but at another hook point.
+    error = await refused(
+        h, crafted_queue, RUN_HOOK, hook_request("audit", HookPoint.AFTER_TOOL_CALL)
+    )
+    assert error.type == "HookNotEnabled"
+    assert "after_tool_call" in error.message and "enables there: none" in error.message
+    assert ran == []
+
+    await crafted(h, crafted_queue, RUN_HOOK, hook_request("audit", HookPoint.BEFORE_LLM_CALL))
+    assert ran == ["audit before_llm_call"]
+
+
+# --- overrides: refused unless listed, limits may always be lowered -------------------------
+
+
+def plan(tmp_path: Path, agent: dict[str, Any], **overrides: Any) -> Any:
+    settings = make_settings(tmp_path, agents={"a": agent})
+    request = PrepareTurnRequest(agent="a", overrides=TurnOverrides(**overrides))
+    return plan_turn(settings, request)
+
+
+def refusal(tmp_path: Path, agent: dict[str, Any], **overrides: Any) -> ApplicationError:
+    with pytest.raises(ApplicationError) as caught:
+        plan(tmp_path, agent, **overrides)
+    assert caught.value.non_retryable
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"temperature": 0.2},
+        {"use_history": False},
+        {"parallel_tool_calls": False},
+        {"structured_output": {"type": "object"}},
+    ],
+)
+def test_overrides_the_agent_does_not_list_are_refused(
+    tmp_path: Path, override: dict[str, Any]
+) -> None:
+    error = refusal(tmp_path, {"model": "passthrough"}, **override)
+    assert error.type == "OverrideNotAllowed" and next(iter(override)) in error.message
+    assert plan(tmp_path, {"model": "passthrough", "overrides": list(override)}, **override)
+
+
+def test_a_turn_may_lower_its_limits_but_never_raise_them(tmp_path: Path) -> None:
+    agent = {"model": "passthrough", "max_iterations": 20, "max_tokens": 1000}
+    assert plan(tmp_path, agent, max_iterations=3, max_tokens=200).max_iterations == 3
+    assert plan(tmp_path, agent, max_iterations=20, max_tokens=1000).max_tokens == 1000
+    error = refusal(tmp_path, agent, max_iterations=1_000_000_000)
+    assert error.type == "OverrideNotAllowed" and "max_iterations" in error.message
+    assert "max_iterations (to at most 20)" in error.message
+    error = refusal(tmp_path, agent, max_tokens=1001)
+    assert "max_tokens (to at most 1000)" in error.message
+    # Listed, a limit may be raised too.
+    assert plan(tmp_path, {**agent, "overrides": ["max_iterations"]}, max_iterations=500)
+
+
+def test_max_tokens_without_an_agent_limit_is_bounded_by_the_providers_default(
+    tmp_path: Path,
+) -> None:
+    # Anthropic requires max_tokens and is sent 4096 when nothing sets it: lower only.
+    assert plan(tmp_path, {"model": MODEL}, max_tokens=4096).max_tokens == 4096
+    assert refusal(tmp_path, {"model": MODEL}, max_tokens=4097).type == "OverrideNotAllowed"
+    # OpenAI-compatible APIs and offline models get no limit at all: any value is lower.
+    for model in ("openai.gpt-test", "passthrough"):
+        assert plan(tmp_path, {"model": model}, max_tokens=1_000_000).max_tokens == 1_000_000
+
+
+async def test_a_turn_above_its_agents_limit_fails(harness: HarnessFactory) -> None:
+    async with harness(agents={"test": {"model": "passthrough", "max_iterations": 20}}) as h:
+        with pytest.raises(WorkflowFailureError) as caught:
+            await h.run("hi", max_iterations=1_000_000_000)
+        error = application_error(caught.value)
+        assert error.type == "OverrideNotAllowed" and "max_iterations" in error.message
+        result = await h.run("hi", max_iterations=1)
+        assert result.stop_reason == StopReason.END_TURN
+
+
+# --- generic models only where the config names a server ----------------------------------
+
+
+def test_generic_models_need_a_configured_server(tmp_path: Path) -> None:
+    error = refusal(tmp_path, {"model": "generic.llama3.2"})
+    assert error.type == "ModelNotConfigured" and "generic" in error.message
+    with pytest.raises(ApplicationError) as caught:
+        OpenAIProvider(None, generic=True)
+    assert caught.value.type == "ModelNotConfigured"
+
+    settings = make_settings(
+        tmp_path,
+        generic={"base_url": "http://127.0.0.1:9/v1"},
+        agents={"a": {"model": "generic.llama3.2"}},
+    )
+    request = PrepareTurnRequest(agent="a", overrides=TurnOverrides())
+    assert plan_turn(settings, request).model == "generic.llama3.2"
