@@ -205,19 +205,28 @@ class LocalDirectoryDriver(StorageDriver):
         self, context: StorageDriverStoreContext, payloads: Sequence[Payload]
     ) -> list[StorageDriverClaim]:
         del context  # content addressing needs no workflow identity
-        blobs = [payload.SerializeToString() for payload in payloads]
-        digests = await asyncio.gather(*(asyncio.to_thread(self._write, b) for b in blobs))
         stored_at = datetime.now(UTC).isoformat(timespec="seconds")
+        # One payload at a time, serialized in its thread: a turn's payloads may be tens of MB
+        # each, and no copy of one should outlive its own write.
+        claims = await asyncio.gather(
+            *(asyncio.to_thread(self._store_payload, payload) for payload in payloads)
+        )
         return [
             StorageDriverClaim(
-                claim_data={
-                    "hash_algorithm": "sha256",
-                    "hash_value": digest,
-                    "stored_at": stored_at,
-                }
+                claim_data={"hash_algorithm": "sha256", **claim, "stored_at": stored_at}
             )
-            for digest in digests
+            for claim in claims
         ]
+
+    def _store_payload(self, payload: Payload) -> dict[str, str]:
+        """Write one payload; its claim names the SHA-256 of its bytes and, when it was stored
+        in pieces, the pieces' digests in order."""
+        data = payload.SerializeToString()
+        pieces = split_pieces(data)
+        if len(pieces) == 1:
+            return {"hash_value": self._write(data)}
+        digests = [self._write(piece) for piece in pieces]
+        return {"hash_value": hashlib.sha256(data).hexdigest(), "pieces": ",".join(digests)}
 
     async def retrieve(
         self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
@@ -261,8 +270,13 @@ class LocalDirectoryDriver(StorageDriver):
         if algorithm != "sha256":
             raise PayloadStorageError(f"unsupported hash algorithm in payload claim: {algorithm!r}")
         path = self.path_for(digest)
+        pieces = claim.get("pieces")
         try:
-            data = path.read_bytes()
+            if pieces:
+                paths = [self.path_for(piece) for piece in pieces.split(",")]
+                data = b"".join(self._read_file(piece, claim) for piece in paths)
+            else:
+                data = self._read_file(path, claim)
         except FileNotFoundError:
             raise self._missing(path, claim) from None
         if hashlib.sha256(data).hexdigest() != digest:
@@ -270,14 +284,21 @@ class LocalDirectoryDriver(StorageDriver):
                 f"externally stored payload {path} is damaged: its contents no longer match "
                 "their SHA-256"
             )
+        payload = Payload()
+        payload.ParseFromString(data)
+        return payload
+
+    def _read_file(self, path: Path, claim: Mapping[str, str]) -> bytes:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise self._missing(path, claim) from None
         # Still in use: keep it from the sweep for another retention period. Best effort (a
         # reader may only have read access); after the read, so a sweep that saw the file old
         # and renamed it away meanwhile finds it fresh and puts it back.
         with contextlib.suppress(OSError):
             os.utime(path)
-        payload = Payload()
-        payload.ParseFromString(data)
-        return payload
+        return data
 
     def _missing(self, path: Path, claim: Mapping[str, str]) -> MissingPayloadError:
         stored_at = _claim_time(claim)
@@ -298,6 +319,32 @@ class LocalDirectoryDriver(StorageDriver):
             "directory the worker that wrote it uses (clients and workers must share it), or "
             "restore the file."
         )
+
+
+# A run of serialized payload at least this long with no `"` in it is stored as a piece of its
+# own. Such runs are the insides of long JSON strings (a tool result's text), and a turn writes
+# the same text into several payloads: the tool's result, each model call that echoes it, and
+# the turn's result (once in `messages`, once in `history`). Stored whole, one 10 MB result
+# took 30-70 MB; as pieces named by their digest, each text is on disk once.
+PIECE_BYTES = 64 * 1024
+
+
+def split_pieces(data: bytes) -> list[bytes]:
+    """``data`` cut around every run of ``PIECE_BYTES`` or more without a double quote; the
+    pieces joined are ``data``. The cuts depend on the bytes around them alone, so the same
+    long string gives the same piece in whatever payload it sits."""
+    pieces: list[bytes] = []
+    done = offset = 0  # bytes of `data` already in `pieces`; where the next run starts
+    for run in data.split(b'"'):
+        if len(run) >= PIECE_BYTES:
+            if offset > done:
+                pieces.append(data[done:offset])
+            pieces.append(run)
+            done = offset + len(run)
+        offset += len(run) + 1
+    if done < len(data) or not pieces:
+        pieces.append(data[done:])
+    return pieces
 
 
 def _claim_time(claim: Mapping[str, str]) -> datetime | None:
@@ -340,8 +387,10 @@ _ABANDONED_TEMP = timedelta(hours=1)
 _TEMP = re.compile(r"\.[0-9a-f]{16}\..+\.tmp")
 # A payload a sweep has renamed aside before deleting it (left behind if the sweep crashed).
 _ASIDE = re.compile(r"\.([0-9a-f]{64})\.[0-9a-f]+\.gc")
-# A claim's digest in a reference payload (JSON) as it sits, undecoded, in a history event.
+# A claim's digest in a reference payload (JSON) as it sits, undecoded, in a history event,
+# and the digests of its pieces when it was stored in pieces.
 _CLAIMED_DIGEST = re.compile(rb'"hash_value"\s*:\s*"([0-9a-f]{64})"')
+_CLAIMED_PIECES = re.compile(rb'"pieces"\s*:\s*"([0-9a-f,]+)"')
 
 
 @dataclass
@@ -375,8 +424,10 @@ async def running_turn_payloads(client: Client) -> set[str]:
     async for execution in client.list_workflows(query):
         handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
         async for event in handle.fetch_history_events():
-            found = _CLAIMED_DIGEST.findall(event.SerializeToString())
-            digests.update(digest.decode() for digest in found)
+            raw = event.SerializeToString()
+            digests.update(digest.decode() for digest in _CLAIMED_DIGEST.findall(raw))
+            for pieces in _CLAIMED_PIECES.findall(raw):
+                digests.update(pieces.decode().split(","))
     return digests
 
 

@@ -313,7 +313,7 @@ async def test_keys_rotate_and_a_removed_key_is_named(temporal: ServerInfo, tmp_
         shown = turnkeep(
             "show", old.workflow_id, "--config", str(config), temporal=temporal, cwd=tmp_path
         )
-        assert shown.returncode == 2 and error in shown.stdout, shown.stdout + shown.stderr
+        assert shown.returncode == 2 and error in shown.stderr, shown.stdout + shown.stderr
         assert "Traceback" not in shown.stderr
 
 

@@ -67,8 +67,9 @@ async def show(
     *,
     json_out: bool = False,
     run_id: str | None = None,
+    full: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    args = ["show", workflow_id, *(["--json"] if json_out else [])]
+    args = ["show", workflow_id, *(["--json"] if json_out else []), *(["--full"] if full else [])]
     args += ["--run-id", run_id] if run_id else []
     return await asyncio.to_thread(turnkeep, *args, temporal=temporal, cwd=tmp_path)
 
@@ -83,6 +84,11 @@ async def show_both(
     assert text.returncode == 0, text.stdout + text.stderr
     assert as_json.returncode == 0, as_json.stdout + as_json.stderr
     return text.stdout, json.loads(as_json.stdout)
+
+
+def shows(view: dict[str, Any], result: TurnResult) -> bool:
+    """Whether `show --json` gave ``result``: all of it but what repeats its messages."""
+    return view["result"] == result.model_dump(mode="json", exclude={"history", "final"})
 
 
 def activity(view: dict[str, Any], **match: Any) -> dict[str, Any]:
@@ -108,7 +114,7 @@ async def test_show_a_completed_turn_with_tool_calls(
     assert view["agent"] == "test" and view["model"] == "playback"
     assert view["closed_at"] is not None and len(view["runs"]) == 1
     # Exactly what the workflow itself returned: replay runs the same code.
-    assert TurnResult.model_validate(view["result"]) == result
+    assert shows(view, result)
     messages = view["result"]["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
     assert messages[1]["tool_calls"]["c2"]["arguments"] == {"a": 30, "b": 12}
@@ -216,7 +222,7 @@ async def test_show_and_result_of_a_cancelled_turn_give_the_repair_with_no_worke
 
     text, view = await show_both(turn.workflow_id, temporal, tmp_path)
     assert view["status"] == "cancelled" and view["stop_reason"] == "cancelled"
-    assert TurnResult.model_validate(view["result"]) == repaired
+    assert shows(view, repaired)
     assert activity(view, call_id="c1")["outcome"] == "completed"
     assert activity(view, call_id="c2")["outcome"] == "cancelled"
     assert "cancelled · started" in text
@@ -235,9 +241,9 @@ async def test_show_an_unknown_workflow_id_is_a_clear_error(
 ) -> None:
     for json_out in (False, True):
         shown = await show("no-such-turn", temporal, tmp_path, json_out=json_out)
-        assert shown.returncode == 1
-        assert "error: no turn with workflow id 'no-such-turn'" in shown.stdout
-        assert "Traceback" not in shown.stderr
+        assert shown.returncode == 2 and shown.stdout == ""
+        assert shown.stderr.startswith("error: no turn with workflow id 'no-such-turn'")
+        assert len(shown.stderr.splitlines()) == 1, shown.stderr
 
 
 async def test_show_a_turn_that_failed_to_prepare(
@@ -308,7 +314,7 @@ async def test_show_a_turn_that_continued_as_new(
     assert view["run_id"] == runs[-1]["run_id"] and view["status"] == "completed"
     assert view["started_at"] == runs[0]["started_at"]
     assert all(run["closed_at"] is not None for run in runs)
-    assert TurnResult.model_validate(view["result"]) == result
+    assert shows(view, result)
     assert result.iterations == 6 and len(result.messages) == 14
     model_calls = [a for a in view["activities"] if a["activity"] == "llm_step"]
     assert [a["call_index"] for a in model_calls] == [1, 2, 3, 4, 5, 6, 7]
@@ -347,4 +353,93 @@ async def test_show_an_earlier_turn_under_a_reused_workflow_id(
     unknown = await show(
         workflow_id, temporal, tmp_path, run_id="00000000-0000-0000-0000-000000000000"
     )
-    assert unknown.returncode == 1 and "run 00000000" in unknown.stdout, unknown.stdout
+    assert unknown.returncode == 2 and "run 00000000" in unknown.stderr, unknown.stderr
+
+
+# --- big and hostile turns --------------------------------------------------------------------
+
+BIG = 2 * 1024 * 1024  # chars of the big tool result: well over the payload storage threshold
+
+
+def big_result() -> str:
+    """Returns a big text."""
+    return "0123456789abcdef" * (BIG // 16 - 1) + "END-OF-RESULT..."
+
+
+async def test_show_cuts_a_big_result_with_its_size_and_prints_it_whole_on_demand(
+    harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path
+) -> None:
+    config = playback(tmp_path, calls(("c1", "big_result", {})), "Done.")
+    async with harness({"local": [big_result]}, **config) as h:
+        turn = await h.start("Get the big one.")
+        assert (await turn.result()).messages[2].tool_results["c1"].text.endswith("RESULT...")
+
+    text, as_json, full = await asyncio.gather(
+        show(turn.workflow_id, temporal, tmp_path),
+        show(turn.workflow_id, temporal, tmp_path, json_out=True),
+        show(turn.workflow_id, temporal, tmp_path, full=True),
+    )
+    for shown in (text, as_json, full):
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+    # Cut, saying how big it is; whole with --full.
+    assert "← local__big_result" in text.stdout and "END-OF-RESULT" not in text.stdout
+    assert f"[cut: {BIG:,} chars in all; `turnkeep show --full` prints them whole]" in text.stdout
+    assert len(text.stdout) < 10_000
+    assert "0123456789abcdef" * (BIG // 16 - 1) + "END-OF-RESULT..." in full.stdout
+    assert "[cut:" not in full.stdout
+    # The JSON holds the result once (before: also in the result's history, twice the size).
+    assert BIG < len(as_json.stdout) < BIG + 20_000
+    view = json.loads(as_json.stdout)
+    assert view["result"]["messages"][2]["tool_results"]["c1"]["content"][0]["text"][-9:] == (
+        "RESULT..."
+    )
+
+
+HOSTILE_TIMINGS = [
+    "not JSON at all {",
+    "[1, 2, 3]",
+    '"a string"',
+    "null",
+    '{"c1": 12}',
+    '{"c1": {"timing_ms": "soon"}}',
+    '{"c1": {"timing_ms": NaN}}',
+    '{"c1": {"timing_ms": Infinity}}',
+    '{"c1": {"timing_ms": -5}}',
+    '{"c1": {"timing_ms": 1e400}}',
+]
+
+
+async def test_a_turn_whose_input_carries_garbage_channels_still_shows(
+    harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path
+) -> None:
+    """Channels in a turn's input are whatever its client wrote: `show` must print the turn
+    whatever they hold, and send no control sequence from it to the terminal."""
+    call = {"role": "assistant", **calls(("c1", "add", {"a": 1, "b": 2}))}
+    async with harness(TOOLS, **playback(tmp_path, *["ok"] * len(HOSTILE_TIMINGS))) as h:
+        turns = [
+            await h.start(
+                history=[{"role": "user", "content": [{"type": "text", "text": "add"}]}, call],
+                messages=[
+                    {
+                        "role": "user",
+                        "tool_results": {"c1": {"content": [{"type": "text", "text": "3"}]}},
+                        "channels": {
+                            "tool_timing": [{"type": "text", "text": timing}],
+                            "error": [{"type": "text", "text": "\x1b[2Jcleared"}],
+                            "usage": [{"type": "text", "text": "[]"}],
+                        },
+                    },
+                    "and \x1b]0;retitled\x07 then?",
+                ],
+            )
+            for timing in HOSTILE_TIMINGS
+        ]
+        for turn in turns:
+            await turn.result()
+
+    shown = await asyncio.gather(*(show(t.workflow_id, temporal, tmp_path) for t in turns))
+    for timing, out in zip(HOSTILE_TIMINGS, shown, strict=True):
+        assert out.returncode == 0, f"{timing}: {out.stdout}{out.stderr}"
+        assert "← c1: 3" in out.stdout, out.stdout  # no time: the channel's is no time
+        assert "user › and \\x1b]0;retitled\\x07 then?" in out.stdout
+        assert "\x1b" not in out.stdout and "\x07" not in out.stdout

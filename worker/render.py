@@ -1,22 +1,49 @@
-"""How the CLI shows a turn in a terminal: one renderer for `run`, `watch` and `show`."""
+"""How the CLI shows a turn in a terminal: one renderer for `run`, `watch` and `show`.
+
+Everything a turn carries (texts, tool arguments and results, channels) comes from clients and
+models, so it is printed as plain text, never as markup: long texts are cut with their size
+(``--full`` prints them whole), control characters are shown escaped rather than sent to the
+terminal, and a channel that does not hold what turnkeep writes there is ignored.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from datetime import UTC, datetime
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from worker.turn_history import ActivityOutcome, ActivityTiming, TurnStatus, TurnView
 from workflows.messages import Message, StopReason
 from workflows.turn_io import TurnResult
 
-MAX_RESULT_CHARS = 600
+MAX_RESULT_CHARS = 600  # a tool result: its gist
+MAX_TEXT_CHARS = 4000  # a message's text, a tool call's arguments
+# C0 and C1 control characters but newline and tab: escape sequences could move the cursor,
+# clear the screen or retitle the operator's terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def _short(text: str, limit: int = MAX_RESULT_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more chars)"
+
+
+def _visible(text: str) -> str:
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+
+
+def _tool_ms(timing: Any, call_id: str) -> float | None:
+    """A tool call's time from a ``tool_timing`` channel's value, if it holds one."""
+    entry = timing.get(call_id) if isinstance(timing, dict) else None
+    ms = entry.get("timing_ms") if isinstance(entry, dict) else None
+    if isinstance(ms, bool) or not isinstance(ms, int | float) or not math.isfinite(ms):
+        return None
+    return ms if ms >= 0 else None
 
 
 def _duration(ms: float) -> str:
@@ -42,8 +69,9 @@ _STATUS_STYLE = {
 
 
 class TurnRenderer:
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, *, full: bool = False) -> None:
         self.console = console
+        self.full = full  # print long texts whole instead of cut
         self._tool_names: dict[str, str] = {}  # call id -> tool name, to label results
         # call id -> the tool call's activity, when rendering a turn read from its history
         self._tool_timings: dict[str, ActivityTiming] = {}
@@ -54,37 +82,62 @@ class TurnRenderer:
         elif message.tool_results:
             self._tool_results(message)
         elif message.text:
-            self.console.print(f"[bold blue]user ›[/] {escape(message.text)}")
+            self._line(("user ›", "bold blue"), " ", self._content(message.text))
 
     def _assistant(self, message: Message) -> None:
         if message.text:
-            self.console.print(f"[bold green]assistant ›[/] {escape(message.text)}")
+            self._line(("assistant ›", "bold green"), " ", self._content(message.text))
         for call_id, call in (message.tool_calls or {}).items():
             self._tool_names[call_id] = call.name
             args = call.invalid_arguments or json.dumps(call.arguments, ensure_ascii=False)
-            self.console.print(
-                f"  [cyan]→ {escape(call.name)}[/]({escape(args)}) [dim]{call_id}[/]"
+            self._line(
+                ("  → ", "cyan"),
+                (_visible(call.name), "cyan"),
+                "(",
+                self._content(args),
+                ") ",
+                (_visible(call_id), "dim"),
             )
         error = (message.channels or {}).get("error")
         if error:
-            self.console.print(
-                f"  [red]error: {escape(Message(role='user', content=error).text)}[/]"
-            )
+            text = Message(role="user", content=error).text
+            self._line(("  error: ", "red"), (self._content(text), "red"))
         if message.stop_reason not in (None, StopReason.TOOL_USE, StopReason.END_TURN):
             self.console.print(f"  [yellow]stop: {message.stop_reason}[/]")
 
     def _tool_results(self, message: Message) -> None:
-        timing = message.channel_json("tool_timing") or {}
+        try:
+            timing = message.channel_json("tool_timing")
+        except ValueError:
+            timing = None  # not JSON: a client's, not what the loop records
         for call_id, result in (message.tool_results or {}).items():
             name = self._tool_names.get(call_id, call_id)
-            ms = timing.get(call_id, {}).get("timing_ms")
-            took = f" [dim]{_duration(ms)}[/]" if isinstance(ms, int | float) else ""
+            ms = _tool_ms(timing, call_id)
+            took = f" {_duration(ms)}" if ms is not None else ""
             if call_id in self._tool_timings:
-                took = f" [dim]{_took(self._tool_timings[call_id])}[/]"
+                took = f" {_took(self._tool_timings[call_id])}"
             style = "red" if result.is_error else "magenta"
-            self.console.print(
-                f"  [{style}]← {escape(name)}[/]{took}: {escape(_short(result.text))}"
+            self._line(
+                ("  ← ", style),
+                (_visible(name), style),
+                (took, "dim"),
+                ": ",
+                self._content(result.text, MAX_RESULT_CHARS),
             )
+
+    def _content(self, text: str, limit: int = MAX_TEXT_CHARS) -> str:
+        """A text from the turn as it may be printed: cut to ``limit`` with its size, unless
+        ``full``, and with control characters escaped."""
+        if self.full or len(text) <= limit:
+            return _visible(text)
+        return _visible(text[:limit]) + (
+            f"… [cut: {len(text):,} chars in all; `turnkeep show --full` prints them whole]"
+        )
+
+    def _line(self, *parts: str | tuple[str, str]) -> None:
+        # Text, not markup: the turn's content is printed as it is, and a multi-megabyte text
+        # (with --full) prints in a fraction of a second instead of being parsed for markup.
+        self.console.print(Text.assemble(*parts), soft_wrap=True)
 
     def summary(self, result: TurnResult, *, running: bool = False) -> None:
         usage = ", ".join(

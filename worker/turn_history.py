@@ -133,7 +133,8 @@ class TurnView(BaseModel):
     closed_at: datetime | None = None
     agent: str | None = None
     model: str | None = None
-    # The turn's input messages: all there is to show when the loop never started.
+    # The turn's input messages, when the loop never started and they are all there is to show
+    # (otherwise they begin ``result.messages``).
     prompt: list[Message] = Field(default_factory=list)
     # The turn as it stands (the same TurnResult the workflow returns or a query answers);
     # None when it never got past preparing (e.g. an unknown agent).
@@ -356,7 +357,8 @@ async def _add_state(client: Client, view: TurnView, history: WorkflowHistory) -
     turn = replayed.turn
     if turn is not None:
         view.agent = turn.agent
-        view.prompt = list(turn.messages)
+        if state is None:
+            view.prompt = list(turn.messages)
     if state is not None:
         view.agent = state.plan.agent
         view.model = state.plan.model
@@ -443,7 +445,12 @@ async def _failure(client: Client, history: WorkflowHistory) -> str | None:
 async def _failure_text(converter: DataConverter, failure: Failure) -> str:
     copy = Failure()
     copy.CopyFrom(failure)  # decoding works in place; the history stays as fetched
-    error = await converter.decode_failure(copy)
+    return describe_failure(await converter.decode_failure(copy))
+
+
+def describe_failure(error: BaseException) -> str:
+    """A decoded failure in its own words: an activity's error without its wrapper, an
+    application error with its type."""
     if isinstance(error, ActivityError):
         return failure_text(error)
     if isinstance(error, ApplicationError) and error.type:
