@@ -45,6 +45,8 @@ def tool_budget(context: HookContext) -> HookChange | None:
 def audit_log(context: HookContext) -> None:
     """after_turn_complete: append one JSON line per finished turn to $TURNKEEP_AUDIT_LOG.
 
+    Its ``last_message`` is the turn's final answer, whose stop reason says how the turn ended
+    (``maxIterations`` for a capped one, though the results of its last tools come after it).
     It does I/O, which is why hooks run as activities (a plain function runs in a thread); a
     failure here is logged and ignored."""
     path = Path(os.environ.get("TURNKEEP_AUDIT_LOG", "turnkeep-audit.jsonl"))

@@ -131,12 +131,12 @@ async def test_before_llm_call_appends_what_the_model_then_sees(harness: Harness
         TOOLS, hook_functions=HOOKS, **agent({"before_llm_call": ["note_before_llm"]})
     ) as h:
         result, _ = await run(h, "hello")
-    # passthrough echoes the last message it was given: the hook's.
-    assert result.final is not None and result.final.text == "hook says: be brief"
+    # passthrough echoes the user messages after the last answer: the prompt and the hook's.
+    assert result.final is not None and result.final.text == "hello\nhook says: be brief"
     assert [m.text for m in result.messages] == [
         "hello",
         "hook says: be brief",
-        "hook says: be brief",
+        "hello\nhook says: be brief",
     ]
 
 
@@ -227,6 +227,26 @@ async def test_example_hooks_from_config(harness: HarnessFactory, tmp_path: Path
     assert result.final is not None and "over its budget" in result.final.text
     (line,) = log.read_text().splitlines()
     assert json.loads(line)["stop_reason"] == "pause"
+
+
+async def test_a_capped_turn_ends_on_its_final_answer_for_after_turn_complete(
+    harness: HarnessFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen.clear()
+    log = tmp_path / "audit.jsonl"
+    monkeypatch.setenv("TURNKEEP_AUDIT_LOG", str(log))
+    config = agent({"after_turn_complete": ["remember", "audit"]}, max_iterations=0)
+    config["hooks"] = {"audit": "examples.hooks:audit_log"}
+    async with harness(TOOLS, hook_functions=HOOKS, **config) as h:
+        result, _ = await run(h, '***CALL_TOOL local__add {"a": 1, "b": 2}')
+    assert result.stop_reason == StopReason.MAX_ITERATIONS
+    assert result.messages[-1].tool_results  # the last batch's results end the turn...
+    (final,) = seen
+    # ...but the hook sees the final assistant message, as fast-agent passes it.
+    assert final.last_message is not None and final.last_message == result.final
+    assert final.last_message.stop_reason == StopReason.MAX_ITERATIONS
+    (line,) = log.read_text().splitlines()
+    assert json.loads(line)["stop_reason"] == "maxIterations"
 
 
 async def test_a_worker_refuses_an_agent_naming_an_unknown_hook(

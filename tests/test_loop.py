@@ -53,10 +53,31 @@ def test_only_tool_use_continues_the_loop() -> None:
         assert state.done is (reason != StopReason.TOOL_USE)
 
 
-def test_tool_use_without_calls_ends_the_turn_instead_of_looping() -> None:
-    state = start()
-    state.on_assistant(Message.assistant("hmm", StopReason.TOOL_USE))
-    assert not state.awaiting_tools
+def test_tool_use_without_calls_continues_like_fast_agent_and_is_capped() -> None:
+    state = start(max_iterations=1)
+    calls = 0
+    while not state.done:
+        state.model_request()
+        calls += 1
+        state.on_assistant(Message.assistant("hmm", StopReason.TOOL_USE))
+        assert state.awaiting_tools
+        batch = state.tool_batch()
+        assert batch.to_run == [] and batch.answered == {}
+        # No tool row tells this outcome in the Web UI: it gets a row of its own.
+        assert not state.runs_every_pending_call()
+        state.on_tool_results({}, {})
+        # fast-agent's answer to it: an empty results message, and the iteration counts.
+        assert state.messages[-1] == Message(role="user", tool_results={})
+    assert calls == 2 and state.iteration == 2
+    assert state.stop_reason == StopReason.MAX_ITERATIONS
+    final = state.result().final
+    assert final is not None and final.stop_reason == StopReason.MAX_ITERATIONS
+    # A hook ending such a turn has no call to answer as not run.
+    stopped = start()
+    stopped.on_assistant(Message.assistant("hmm", StopReason.TOOL_USE))
+    assert stopped.awaiting_tools
+    stopped.fail("a hook failed")
+    assert [m.role for m in stopped.messages] == ["user", "assistant", "assistant"]
 
 
 def test_unknown_tool_is_answered_and_the_others_still_run() -> None:
@@ -67,6 +88,15 @@ def test_unknown_tool_is_answered_and_the_others_still_run() -> None:
     assert batch.answered["c2"].is_error
     assert batch.answered["c2"].text == (
         "Tool 'nope' is not available. Available tools: srv__a, srv__b."
+    )
+
+
+def test_unknown_tool_when_the_agent_has_no_tools_says_so_as_fast_agent_does() -> None:
+    state = start()
+    state.tools = []
+    state.on_assistant(tool_use(("c1", "nope")))
+    assert state.tool_batch().answered["c1"].text == (
+        "Tool 'nope' is not available. No tools are currently available."
     )
 
 
@@ -187,6 +217,56 @@ def test_auto_heal_closes_a_dangling_history_first() -> None:
     }
     assert state.messages[1].text == "hi"
     assert state.rollback == RollbackState.APPENDED_INTERRUPTED_TOOL_RESULT
+
+
+def test_auto_heal_leaves_calls_the_new_messages_answer_to_them() -> None:
+    prior = [Message.user("go"), tool_use(("c1", "srv__a"))]
+    answer = Message(role="user", tool_results={"c1": ok("done after all")})
+    turn = TurnInput(agent="test", messages=[answer], history=prior)
+    state = TurnState.start(turn, plan())
+    assert state.messages == [answer]  # no second, contradictory result for c1
+    assert state.rollback is None
+    assert state.model_request().messages == [*prior, answer]
+
+
+def test_auto_heal_closes_a_dangling_call_at_the_end_of_the_new_messages() -> None:
+    for use_history in (True, False):
+        request = tool_use(("c9", "srv__a"))
+        turn = TurnInput(agent="test", messages=[Message.user("go"), request])
+        state = TurnState.start(turn, plan(use_history=use_history))
+        heal = state.messages[-1]
+        assert state.messages[:-1] == [Message.user("go"), request]
+        assert heal.tool_results is not None
+        assert {cid: (r.is_error, r.text) for cid, r in heal.tool_results.items()} == {
+            "c9": (True, INTERRUPTED_TEXT)
+        }
+        assert state.rollback == RollbackState.APPENDED_INTERRUPTED_TOOL_RESULT
+        assert state.model_request().messages[-1] == heal
+
+
+def test_hooks_after_the_answer_see_the_final_assistant_message_of_a_capped_turn() -> None:
+    from workflows.activity_io import HookPoint
+
+    state = start(max_iterations=0)
+    state.on_assistant(tool_use(("c1", "srv__a")))
+    state.on_tool_results({"c1": ok("r")}, {"c1": 0})
+    assert state.stop_reason == StopReason.MAX_ITERATIONS
+    for point in (HookPoint.AFTER_LLM_CALL, HookPoint.AFTER_TURN_COMPLETE):
+        last = state.hook_context(point).last_message
+        assert last is not None and last == state.result().final
+        assert last.stop_reason == StopReason.MAX_ITERATIONS
+    # after_tool_call still gets the results, as fast-agent hands it the tool message.
+    assert state.hook_context(HookPoint.AFTER_TOOL_CALL).last_message == state.messages[-1]
+
+
+def test_after_llm_call_sees_the_answer_not_the_structured_output_prompt() -> None:
+    from workflows.activity_io import HookPoint
+
+    state = start(structured_output={"type": "object"})
+    answer = Message.assistant("thinking done")
+    state.on_assistant(answer)
+    assert state.messages[-1].text == STRUCTURED_FINALIZATION_PROMPT
+    assert state.hook_context(HookPoint.AFTER_LLM_CALL).last_message == answer
 
 
 def test_cancel_keeps_completed_results_and_marks_the_rest_interrupted() -> None:

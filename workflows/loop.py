@@ -74,15 +74,25 @@ class TurnState(BaseModel):
 
     @classmethod
     def start(cls, turn: TurnInput, plan: TurnPlan) -> TurnState:
-        """Auto-heal a history left dangling by an interrupted turn, then add the new input."""
+        """Auto-heal a history left dangling by an interrupted turn, then add the new input.
+
+        As in fast-agent, the history is healed only when it is used and none of the new
+        messages carries tool results: those answer the dangling calls themselves, and a
+        second, contradictory result for the same call id is refused by strict providers."""
         state = cls(plan=plan, history=list(turn.history))
-        if plan.use_history:
-            heal, rollback = repair_dangling_tool_calls(turn.history, completed={})
-            if heal is not None:
-                state.messages.append(heal)
-                state.rollback = rollback
+        if plan.use_history and not any(m.tool_results for m in turn.messages):
+            state._heal(turn.history)
         state.messages.extend(turn.messages)
+        # A tool request at the end of the new messages has nobody to answer it either: left
+        # open, the model would be sent (and the next turn inherit) an unanswered call.
+        state._heal(turn.messages)
         return state
+
+    def _heal(self, conversation: list[Message]) -> None:
+        heal, rollback = repair_dangling_tool_calls(conversation, completed={})
+        if heal is not None:
+            self.messages.append(heal)
+            self.rollback = rollback
 
     # -- continuing as new ----------------------------------------------------------------
 
@@ -145,14 +155,16 @@ class TurnState(BaseModel):
 
     @property
     def awaiting_tools(self) -> bool:
-        """The only signal that continues the loop: the last answer stopped for tool use."""
-        last = self.messages[-1] if self.messages else None
+        """The only signal that continues the loop: the last answer stopped for tool use.
+
+        Even with no tool calls, as in fast-agent: the batch is empty, its results message
+        too, and the iteration still counts, so ``max_iterations`` bounds such a loop."""
+        last = self._last()
         return (
             not self.done
             and last is not None
             and last.role == "assistant"
             and last.stop_reason == StopReason.TOOL_USE
-            and bool(last.tool_calls)
         )
 
     # -- running tools --------------------------------------------------------------------
@@ -165,10 +177,7 @@ class TurnState(BaseModel):
         answered: dict[str, CallToolResult] = {}
         for call_id, call in calls.items():
             if call.name not in available:
-                names = ", ".join(sorted(available)) or "none"
-                answered[call_id] = CallToolResult.error(
-                    f"Tool '{call.name}' is not available. Available tools: {names}."
-                )
+                answered[call_id] = CallToolResult.error(_not_available(call.name, available))
             elif call.invalid_arguments is not None:
                 answered[call_id] = CallToolResult.error(
                     f"Tool '{call.name}' was called with arguments that are not a JSON object: "
@@ -187,8 +196,12 @@ class TurnState(BaseModel):
 
     def runs_every_pending_call(self) -> bool:
         """Whether each call of the pending tool request runs as a tool activity (none is
-        answered without running: an unknown tool, arguments that are not an object)."""
-        return self.awaiting_tools and not self.tool_batch().answered
+        answered without running: an unknown tool, arguments that are not an object). A
+        request without calls runs none: nothing else would tell that it was made."""
+        if not self.awaiting_tools:
+            return False
+        batch = self.tool_batch()
+        return bool(batch.to_run) and not batch.answered
 
     def on_tool_results(
         self, results: dict[str, CallToolResult], timing_ms: dict[str, float]
@@ -197,11 +210,9 @@ class TurnState(BaseModel):
         calls = self.messages[-1].tool_calls or {}
         ordered = {call_id: results[call_id] for call_id in calls}
         timing = {call_id: {"timing_ms": round(ms, 3)} for call_id, ms in timing_ms.items()}
-        self.messages.append(
-            Message(
-                role="user", tool_results=ordered, channels={"tool_timing": json_channel(timing)}
-            )
-        )
+        # A request without calls gets fast-agent's empty results message: nothing was timed.
+        channels = {"tool_timing": json_channel(timing)} if timing else None
+        self.messages.append(Message(role="user", tool_results=ordered, channels=channels))
         self.iteration += 1
         # Checked after the batch ran, so a cap of N allows N+1 model calls and the history
         # never ends on a call without its result.
@@ -225,7 +236,7 @@ class TurnState(BaseModel):
         reaches the agent's threshold; the pending tool exchange and the last few exchanges
         are kept, so the cut falls just before an assistant message."""
         compaction = self.plan.compaction
-        last = self.messages[-1] if self.messages else None
+        last = self._last()
         if (
             compaction is None
             or self.compaction_failed
@@ -255,13 +266,17 @@ class TurnState(BaseModel):
     # -- hooks ----------------------------------------------------------------------------
 
     def hook_context(self, point: HookPoint) -> HookContext:
+        # fast-agent hands after_llm_call the model's answer and after_turn_complete the final
+        # one, even when messages were appended after it (the results of a capped turn's last
+        # batch, the structured-output prompt, calls answered as not run).
+        answered = point in (HookPoint.AFTER_LLM_CALL, HookPoint.AFTER_TURN_COMPLETE)
         return HookContext(
             hook_point=point,
             agent=self.plan.agent,
             model=self.plan.model,
             iteration=self.iteration,
             messages=self.messages,
-            last_message=self.messages[-1] if self.messages else None,
+            last_message=self._final() if answered else self._last(),
             usage=self.usage,
         )
 
@@ -289,8 +304,8 @@ class TurnState(BaseModel):
 
     def _close_pending(self, text: str) -> None:
         # A turn that stops while tool calls wait must not leave them unanswered.
-        if self.awaiting_tools:
-            calls = self.messages[-1].tool_calls or {}
+        calls = self.messages[-1].tool_calls if self.awaiting_tools else None
+        if calls:
             results = {call_id: CallToolResult.error(text) for call_id in calls}
             self.messages.append(Message(role="user", tool_results=results))
 
@@ -310,8 +325,7 @@ class TurnState(BaseModel):
         self._finish(StopReason.CANCELLED)
 
     def result(self) -> TurnResult:
-        assistants = [m for m in self.messages if m.role == "assistant"]
-        final = assistants[-1] if assistants else None
+        final = self._final()
         return TurnResult(
             final=final,
             messages=self.messages,
@@ -322,6 +336,13 @@ class TurnState(BaseModel):
             rollback=self.rollback,
             structured=_parse_json(final.text) if final and self.plan.structured_output else None,
         )
+
+    def _last(self) -> Message | None:
+        return self.messages[-1] if self.messages else None
+
+    def _final(self) -> Message | None:
+        """The turn's last assistant message: its answer so far."""
+        return next((m for m in reversed(self.messages) if m.role == "assistant"), None)
 
     def _finish(self, stop_reason: StopReason) -> None:
         self.done = True
@@ -334,6 +355,13 @@ class TurnState(BaseModel):
         usage = Usage.model_validate(reported) + Usage(calls=1)
         model = self.plan.model
         self.usage[model] = self.usage.get(model, Usage()) + usage
+
+
+def _not_available(name: str, available: set[str]) -> str:
+    """fast-agent's answer to a call of a tool the agent does not have."""
+    if not available:
+        return f"Tool '{name}' is not available. No tools are currently available."
+    return f"Tool '{name}' is not available. Available tools: {', '.join(sorted(available))}."
 
 
 def _parse_json(text: str) -> Any:
