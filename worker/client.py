@@ -27,7 +27,7 @@ from worker.search_attributes import present_search_attributes
 from worker.turn_history import read_turn
 from workflows import visibility
 from workflows.messages import Message
-from workflows.turn_io import TurnInput, TurnResult
+from workflows.turn_io import TurnInput, TurnProgress, TurnResult
 from workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
 DEFAULT_TASK_QUEUE = "turnkeep"
@@ -103,7 +103,9 @@ class TurnHandle:
         index = start
         while True:
             try:
-                progress = await self.handle.execute_update(TurnWorkflow.wait_for_messages, index)
+                progress = await self.handle.execute_update(
+                    "wait_for_messages", index, result_type=TurnProgress
+                )
             except WorkflowUpdateRPCTimeoutOrCancelledError as err:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():

@@ -264,7 +264,9 @@ class TurnWorkflow:
     # Arguments are taken as they come and checked by the validator: with a typed parameter, a
     # call missing it (or with one too many) would reach the handler as a TypeError, which
     # fails the workflow task, for ever, instead of rejecting the call.
-    @workflow.update
+    # A turn that fails (a bad start, an unknown agent) ends with watchers still waiting: they
+    # learn of the end from the workflow's outcome, with nothing lost, so no warning is due.
+    @workflow.update(unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON)
     async def wait_for_messages(self, *args: Any) -> TurnProgress:
         """Long-poll with one argument, ``after``: returns once the turn has more than
         ``after`` messages, or has ended, or this run is about to continue as new (the caller
