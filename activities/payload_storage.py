@@ -324,8 +324,8 @@ class LocalDirectoryDriver(StorageDriver):
 # A run of serialized payload at least this long with no `"` in it is stored as a piece of its
 # own. Such runs are the insides of long JSON strings (a tool result's text), and a turn writes
 # the same text into several payloads: the tool's result, each model call that echoes it, and
-# the turn's result (once in `messages`, once in `history`). Stored whole, one 10 MB result
-# took 30-70 MB; as pieces named by their digest, each text is on disk once.
+# the turn's result (once in `messages`, once in `history`). Stored whole, one large result
+# would be on disk several times over; as pieces named by their digest, each text is once.
 PIECE_BYTES = 64 * 1024
 
 

@@ -624,10 +624,10 @@ def _release_large_blocks() -> None:
     """Give every block of 128 KiB or more its own mapping, returned to the system when freed.
 
     By default glibc raises that threshold to the size of each large block freed, up to
-    32 MB, so after one 10 MB tool result every later result, model input and payload of that
-    size is carved from the heap, which it does not give back: a worker that had run such a
-    turn stayed at 277 MB instead of 166 MB (131 MB at start). Fixing the threshold turns the
-    adjustment off. Only on glibc; elsewhere nothing changes."""
+    32 MB, so after one large tool result every later result, model input and payload of that
+    size is carved from the heap, which it does not give back: the worker would keep its peak
+    memory for good. Fixing the threshold turns the adjustment off. Only on glibc; elsewhere
+    nothing changes."""
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is not None:
         mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
