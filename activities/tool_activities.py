@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.errors import config_error, known, require_workflow
+from activities.errors import require_workflow
 from activities.heartbeat import heartbeating
 from activities.mcp_pool import McpPool, ServerConnectionError, ServerUnavailable
 from activities.settings import AgentSettings, Settings
@@ -57,7 +57,7 @@ class ToolActivities:
     @activity.defn(name=LIST_TOOLS)
     async def list_tools(self, req: ToolsRequest) -> ToolCatalog:
         require_workflow()
-        agent = self._agent(req.agent)
+        agent = self._settings.agent(req.agent)
         # Servers start in parallel: several stdio servers each taking seconds to boot should
         # not add up. Failures are collected so one error names every server that is down.
         listings = await heartbeating(
@@ -83,7 +83,7 @@ class ToolActivities:
     @activity.defn(name=CALL_TOOL)
     async def call_tool(self, req: ToolCallRequest) -> ToolCallOutcome:
         require_workflow()
-        agent = self._agent(req.agent)
+        agent = self._settings.agent(req.agent)
         server, _, tool = req.name.partition(SEPARATOR)
         # The workflow answers unknown tools itself; this guards against a crafted request
         # reaching a server or tool the agent was never given.
@@ -114,15 +114,6 @@ class ToolActivities:
         if self._max_result_bytes is not None:
             result = truncate_result(result, self._max_result_bytes)
         return ToolCallOutcome(result=result, duration_ms=duration_ms)
-
-    def _agent(self, name: str) -> AgentSettings:
-        agent = self._settings.agents.get(name)
-        if agent is None:
-            raise config_error(
-                "UnknownAgent",
-                f"Unknown agent {name!r}. This worker's agents: {known(self._settings.agents)}.",
-            )
-        return agent
 
 
 def idempotency_key(workflow_id: str, call_id: str) -> str:
