@@ -16,10 +16,10 @@ from __future__ import annotations
 from temporalio import activity, workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.settings import AgentSettings, TimeoutSettings
-    from workflows import visibility
-    from workflows.actions import SETUP, execute
-    from workflows.activity_io import (
+    from turnkeep.settings import AgentSettings, TimeoutSettings
+    from turnkeep.workflows import visibility
+    from turnkeep.workflows.actions import SETUP, execute
+    from turnkeep.workflows.activity_io import (
         LlmStepRequest,
         PrepareTurnRequest,
         Timeouts,
@@ -30,8 +30,14 @@ with workflow.unsafe.imports_passed_through():
         ToolsRequest,
         TurnPlan,
     )
-    from workflows.messages import CallToolResult, Message, StopReason, TextContent, json_channel
-    from workflows.turn_io import TurnOverrides, TurnResult
+    from turnkeep.workflows.messages import (
+        CallToolResult,
+        Message,
+        StopReason,
+        TextContent,
+        json_channel,
+    )
+    from turnkeep.workflows.turn_io import TurnOverrides, TurnResult
 
 PREPARE, TOOLS, MODEL, TOOL = "carry_prepare", "carry_tools", "carry_model", "carry_tool"
 AGENT, TOOL_NAME = "carry", "local__blob"

@@ -17,15 +17,15 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxRestrictions
 
-from activities.settings import Settings
 from bench.carry_floor import ACTIVITIES as CARRY_ACTIVITIES
 from bench.carry_floor import CarryFloor
 from bench.floor import ACTIVITIES, Floor
 from bench.turns import TOOLS, Agent, settings
-from worker.build import build_worker, freeze_startup_heap
-from worker.connection import connect
-from worker.embedded import EmbeddedServer, ServerInfo
-from worker.workflow_runner import PASSTHROUGH_MODULES, TurnkeepWorkflowRunner
+from turnkeep.settings import Settings
+from turnkeep.worker.build import build_worker, freeze_startup_heap
+from turnkeep.worker.connection import connect
+from turnkeep.worker.embedded import EmbeddedServer, ServerInfo
+from turnkeep.worker.workflow_runner import PASSTHROUGH_MODULES, TurnkeepWorkflowRunner
 
 TURNS = "bench-turns"
 FLOOR = "bench-floor"

@@ -29,8 +29,8 @@ from bench.floor import WAIT, FloorInput
 from bench.report import Table, progress, ratio
 from bench.turns import run_floor, until_true
 from tests.fake_provider import FakeProvider
-from worker.client import start_turn
-from workflows.turn_io import TurnInput
+from turnkeep.worker.client import start_turn
+from turnkeep.workflows.turn_io import TurnInput
 
 REPO = Path(__file__).resolve().parents[1]
 SLOW = "slow"

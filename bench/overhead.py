@@ -46,9 +46,9 @@ from bench.floor import BLOB, HEARTBEAT, NOOP, QUERY, FloorInput
 from bench.phases import WFT_QUEUED, WFT_RUN, medians
 from bench.report import Table, progress
 from bench.turns import TOOLS, Agent, count, run_carry, run_floor, run_turn, runs_of, settings
-from worker.build import build_worker
-from worker.connection import connect
-from workflows.activity_io import CALL_TOOL, LLM_STEP
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.connection import connect
+from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
 
 K = 20
 # Runs of the headline pair per round (the other variants run once): more pairs for the figure

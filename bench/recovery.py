@@ -37,15 +37,15 @@ from typing import Any, Literal, TypeVar
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client
 
-from activities.settings import Settings
 from bench import report
 from bench.turns import until, until_true
 from tests.fake_provider import FakeProvider, Reply
 from tests.worker_process import WorkerProcesses, effects_server, write_config
-from worker.client import TurnHandle, start_turn
-from worker.connection import connect
-from worker.embedded import EmbeddedServer, ServerInfo
-from workflows.turn_io import TurnInput
+from turnkeep.settings import Settings
+from turnkeep.worker.client import TurnHandle, start_turn
+from turnkeep.worker.connection import connect
+from turnkeep.worker.embedded import EmbeddedServer, ServerInfo
+from turnkeep.workflows.turn_io import TurnInput
 
 T = TypeVar("T")
 ACTIVITY = {"tool": "call_tool", "model": "llm_step"}

@@ -1,4 +1,4 @@
-"""Do the embedded dev server's flags (``worker/embedded.py``) pay for themselves?
+"""Do the embedded dev server's flags (``turnkeep/worker/embedded.py``) pay for themselves?
 
 ``EmbeddedServer`` and turnkeep's background server pass ``FAST_DYNAMIC_CONFIG`` (history
 task-queue polling at 1000 RPS instead of 20, timers fired at most 10 ms late instead of up to
@@ -23,7 +23,7 @@ from temporalio.worker import Worker
 from bench.floor import ACTIVITIES, Floor, FloorInput, TimerFloor
 from bench.report import Table, progress
 from bench.turns import run_floor
-from worker.embedded import FAST_DYNAMIC_CONFIG, FAST_SQLITE_PRAGMAS, EmbeddedServer
+from turnkeep.worker.embedded import FAST_DYNAMIC_CONFIG, FAST_SQLITE_PRAGMAS, EmbeddedServer
 
 STEPS = 30
 TIMERS = 5

@@ -22,11 +22,11 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 
-from activities.settings import Settings
 from bench.carry_floor import CarryFloor
 from bench.floor import Floor, FloorInput
-from worker.client import start_turn
-from workflows.turn_io import TurnInput, TurnResult
+from turnkeep.settings import Settings
+from turnkeep.worker.client import start_turn
+from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 T = TypeVar("T")
 RESULT_BYTES = 5 * 1024

@@ -21,7 +21,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from activities.settings import EncryptionSettings
 from tests.web_ui import (
     VIEWPORT,
     chromium,
@@ -34,11 +33,12 @@ from tests.web_ui import (
     sign_in_to_codec_server,
     web_ui_with_codec,
 )
-from worker.build import build_worker
-from worker.client import start_turn
-from worker.config import load_settings
-from worker.connection import connect
-from workflows.turn_io import TurnInput
+from turnkeep.settings import EncryptionSettings
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.client import start_turn
+from turnkeep.worker.config import load_settings
+from turnkeep.worker.connection import connect
+from turnkeep.workflows.turn_io import TurnInput
 
 REPO = Path(__file__).resolve().parent.parent
 QUESTION = "Three quick ones: a marathon in km, 451 °F in °C, and the word count of our motto."

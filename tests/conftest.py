@@ -19,15 +19,15 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHistory
 
-from activities.hook_activity import Hook
-from activities.settings import Settings
 from tests.fake_provider import FakeProvider
-from worker.build import build_worker
-from worker.client import TurnHandle, start_turn
-from worker.connection import connect
-from worker.embedded import EmbeddedServer, ServerInfo
-from worker.plugin import FunctionTools
-from workflows.turn_io import TurnInput, TurnResult
+from turnkeep.activities.hook_activity import Hook
+from turnkeep.settings import Settings
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.client import TurnHandle, start_turn
+from turnkeep.worker.connection import connect
+from turnkeep.worker.embedded import EmbeddedServer, ServerInfo
+from turnkeep.worker.plugin import FunctionTools
+from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 
 @pytest.fixture(scope="session")
@@ -155,7 +155,7 @@ def turnkeep(*args: str, temporal: ServerInfo, cwd: Path) -> subprocess.Complete
     """Run the `turnkeep` CLI against the test server, as a user would."""
     env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address, "COLUMNS": "200"}
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args],
+        [sys.executable, "-m", "turnkeep.worker.cli", *args],
         cwd=cwd,
         env=env,
         capture_output=True,

@@ -11,7 +11,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
-from workflows.activity_io import LLM_STEP, MODEL_INPUT_QUERY
+from turnkeep.workflows.activity_io import LLM_STEP, MODEL_INPUT_QUERY
 
 
 @workflow.defn

@@ -17,12 +17,12 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities.providers.openai import OpenAIProvider
-from activities.turn_setup import plan_turn
 from tests.conftest import Harness, HarnessFactory, make_settings
 from tests.crafted_workflow import CraftedWorkflow
 from tests.fake_provider import FakeProvider, Reply
-from workflows.activity_io import (
+from turnkeep.activities.providers.openai import OpenAIProvider
+from turnkeep.activities.turn_setup import plan_turn
+from turnkeep.workflows.activity_io import (
     CALL_TOOL,
     COMPACT_HISTORY,
     LIST_TOOLS,
@@ -36,8 +36,8 @@ from workflows.activity_io import (
     model_input_page,
     request_digest,
 )
-from workflows.messages import Message, StopReason
-from workflows.turn_io import TurnOverrides
+from turnkeep.workflows.messages import Message, StopReason
+from turnkeep.workflows.turn_io import TurnOverrides
 
 MODEL = "anthropic.test-model"
 ran: list[str] = []  # tool and hook executions

@@ -10,7 +10,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from tests.conftest import HarnessFactory
-from workflows.turn_workflow import WORKFLOW_NAME
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 pytestmark = pytest.mark.asyncio
 

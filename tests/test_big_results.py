@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_settings
-from worker.build import build_worker
-from worker.client import start_turn
-from worker.connection import connect
-from worker.embedded import ServerInfo
-from workflows.turn_io import TurnInput
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.client import start_turn
+from turnkeep.worker.connection import connect
+from turnkeep.worker.embedded import ServerInfo
+from turnkeep.workflows.turn_io import TurnInput
 
 pytestmark = pytest.mark.asyncio
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Page, expect
 
-from activities.settings import Settings
 from tests.conftest import Harness, history_text, make_settings
 from tests.web_ui import (
     chromium,
@@ -27,9 +26,10 @@ from tests.web_ui import (
     sign_in_to_codec_server,
     web_ui_with_codec,
 )
-from worker.build import build_worker
-from worker.connection import connect
-from worker.embedded import ServerInfo
+from turnkeep.settings import Settings
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.connection import connect
+from turnkeep.worker.embedded import ServerInfo
 
 pytestmark = pytest.mark.asyncio
 
@@ -106,8 +106,8 @@ async def test_signed_in_operator_sees_summaries_and_prompt(
     stack: Stack, finished_turn: FinishedTurn, page: Page, tmp_path: Path
 ) -> None:
     summaries = finished_turn.summaries
-    # What the workflow wrote (workflows/visibility.py); the page is then checked for exactly
-    # that. Summaries are payloads too, so they are encrypted and need the codec server.
+    # What the workflow wrote (turnkeep/workflows/visibility.py); the page is then checked for
+    # exactly that. Summaries are payloads too, so they are encrypted and need the codec server.
     assert "llm #1 · passthrough" in summaries, summaries
     # Its call runs, so the `tool …` row tells that outcome: no row of its own.
     assert "llm #1 · passthrough → toolUse(1)" not in summaries, summaries

@@ -1,10 +1,10 @@
-"""``worker/build.py``'s process set-up for long-running workers."""
+"""``turnkeep/worker/build.py``'s process set-up for long-running workers."""
 
 from __future__ import annotations
 
 import gc
 
-from worker.build import freeze_startup_heap
+from turnkeep.worker.build import freeze_startup_heap
 
 
 def test_the_startup_heap_leaves_the_garbage_collectors_scans() -> None:

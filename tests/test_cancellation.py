@@ -26,14 +26,14 @@ from temporalio.worker import Worker
 
 from tests.conftest import HarnessFactory, eventually, make_settings, turnkeep, write_script
 from tests.fake_provider import Api, FakeProvider, Reply
-from worker.build import build_worker
-from worker.client import TurnCancelledError, TurnHandle, start_turn
-from worker.embedded import ServerInfo
-from worker.plugin import TurnkeepPlugin
-from workflows.activity_io import CALL_TOOL, LLM_STEP
-from workflows.messages import CallToolResult, Message, StopReason, ToolCall
-from workflows.repair import INTERRUPTED_TEXT
-from workflows.turn_io import RollbackState, TurnInput, TurnResult
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.client import TurnCancelledError, TurnHandle, start_turn
+from turnkeep.worker.embedded import ServerInfo
+from turnkeep.worker.plugin import TurnkeepPlugin
+from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
+from turnkeep.workflows.messages import CallToolResult, Message, StopReason, ToolCall
+from turnkeep.workflows.repair import INTERRUPTED_TEXT
+from turnkeep.workflows.turn_io import RollbackState, TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import turnkeep
-from worker.embedded import ServerInfo
+from turnkeep.worker.embedded import ServerInfo
 
 pytestmark = pytest.mark.asyncio
 

@@ -17,11 +17,11 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from tests.conftest import HarnessFactory, turnkeep, write_script
 from tests.mcp_servers.launch import STDIO_SCRIPT
-from worker.client import TurnCancelledError, start_turn
-from worker.embedded import ServerInfo, free_port
-from workflows.messages import Message, StopReason
-from workflows.repair import INTERRUPTED_TEXT
-from workflows.turn_io import RollbackState, TurnInput
+from turnkeep.worker.client import TurnCancelledError, start_turn
+from turnkeep.worker.embedded import ServerInfo, free_port
+from turnkeep.workflows.messages import Message, StopReason
+from turnkeep.workflows.repair import INTERRUPTED_TEXT
+from turnkeep.workflows.turn_io import RollbackState, TurnInput
 
 pytestmark = pytest.mark.asyncio
 
@@ -213,7 +213,7 @@ async def test_ctrl_c_in_cli_run_cancels_the_turn_and_shows_the_repair(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "worker.cli",
+        "turnkeep.worker.cli",
         "run",
         '***CALL_TOOL srv__slow {"seconds": 120}',
         "--worker",
@@ -255,7 +255,7 @@ async def test_cli_exit_codes_survive_leaving_without_finalization(tmp_path: Pat
 
     def code(*args: str) -> int:
         done = subprocess.run(
-            [sys.executable, "-m", "worker.cli", *args],
+            [sys.executable, "-m", "turnkeep.worker.cli", *args],
             cwd=tmp_path,
             capture_output=True,
             check=False,

@@ -19,12 +19,9 @@ import yaml
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHistory
 
-from activities.settings import Settings
 from tests.conftest import Harness, history_text, make_settings, turnkeep, write_script
 from tests.fake_provider import FakeProvider, Reply
-from worker.build import build_worker
-from worker.client import get_turn
-from worker.codec import (
+from turnkeep.payloads.codec import (
     COMPRESSION,
     ENCODING,
     KEY_ID,
@@ -33,10 +30,13 @@ from worker.codec import (
     PlaintextPayloadError,
     UnknownKeyError,
 )
-from worker.config import ConfigError, load_settings
-from worker.connection import connect
-from worker.embedded import ServerInfo
-from workflows.messages import StopReason
+from turnkeep.settings import Settings
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.client import get_turn
+from turnkeep.worker.config import ConfigError, load_settings
+from turnkeep.worker.connection import connect
+from turnkeep.worker.embedded import ServerInfo
+from turnkeep.workflows.messages import StopReason
 
 API_KEY = "sk-turnkeep-SECRET-c0dec5"
 # Distinctive strings for each kind of content a turn carries.

@@ -27,18 +27,18 @@ from google.protobuf import json_format
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.client import WorkflowHistory
 
-from activities.settings import EncryptionSettings
 from tests.conftest import eventually, history_text, make_settings, write_script
 from tests.test_codec import playback_agent, worker_for
-from worker.codec import KEY_ID, EncryptionCodec
-from worker.codec_server import (
+from turnkeep.payloads.codec import KEY_ID, EncryptionCodec
+from turnkeep.settings import EncryptionSettings
+from turnkeep.worker.codec_server import (
     CodecServer,
     CodecServerError,
     ensure_background_codec_server,
     stop_background_codec_server,
 )
-from worker.config import load_settings
-from worker.embedded import (
+from turnkeep.worker.config import load_settings
+from turnkeep.worker.embedded import (
     ServerInfo,
     build_argv,
     ensure_background_server,
@@ -353,7 +353,7 @@ def cli(tmp_path: Path, secrets_env: None) -> Iterator[Any]:
         log = tmp_path / f"cli-{len(started)}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", *args],
+                [sys.executable, "-m", "turnkeep.worker.cli", *args],
                 cwd=tmp_path,
                 env={**os.environ, "COLUMNS": "200"},
                 stdout=out,

@@ -12,9 +12,9 @@ from temporalio.client import WorkflowHistory
 
 from tests.conftest import HarnessFactory, eventually
 from tests.fake_provider import FakeProvider, Reply
-from worker.client import TurnCancelledError
-from workflows.loop import SUMMARY_PREFIX
-from workflows.turn_io import RollbackState
+from turnkeep.worker.client import TurnCancelledError
+from turnkeep.workflows.loop import SUMMARY_PREFIX
+from turnkeep.workflows.turn_io import RollbackState
 
 pytestmark = pytest.mark.asyncio
 

@@ -45,15 +45,15 @@ from tests.test_payload_storage import agent as storage_agent
 from tests.test_payload_storage import calls
 from tests.test_payload_storage import turnkeep as storage_harness
 from tests.worker_process import WorkerProcesses, effects_server, write_config
-from worker.build import build_worker
-from worker.client import TurnCancelledError, TurnHandle, start_turn
-from worker.connection import connect
-from worker.embedded import EmbeddedServer, ServerInfo
-from worker.plugin import PAYLOAD_LIMIT_BYTES, RESULT_TOO_LARGE, FunctionTools
-from workflows.loop import SUMMARY_PREFIX
-from workflows.messages import Message, StopReason
-from workflows.repair import INTERRUPTED_TEXT
-from workflows.turn_io import RollbackState, TurnInput, TurnProgress, TurnResult, Usage
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.client import TurnCancelledError, TurnHandle, start_turn
+from turnkeep.worker.connection import connect
+from turnkeep.worker.embedded import EmbeddedServer, ServerInfo
+from turnkeep.worker.plugin import PAYLOAD_LIMIT_BYTES, RESULT_TOO_LARGE, FunctionTools
+from turnkeep.workflows.loop import SUMMARY_PREFIX
+from turnkeep.workflows.messages import Message, StopReason
+from turnkeep.workflows.repair import INTERRUPTED_TEXT
+from turnkeep.workflows.turn_io import RollbackState, TurnInput, TurnProgress, TurnResult, Usage
 
 pytestmark = pytest.mark.asyncio
 

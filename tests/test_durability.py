@@ -37,15 +37,15 @@ from fastmcp import Context
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from activities.tool_activities import IDEMPOTENCY_KEY_META, idempotency_key
 from tests.conftest import HarnessFactory, eventually, write_script
 from tests.fake_provider import FakeProvider, Reply
 from tests.worker_process import WorkerProcesses, effects_server, write_config
-from worker.client import TurnHandle, start_turn
-from worker.connection import connect
-from worker.embedded import EmbeddedServer, ServerInfo
-from workflows.messages import Message, StopReason
-from workflows.turn_io import TurnInput, TurnResult
+from turnkeep.activities.tool_activities import IDEMPOTENCY_KEY_META, idempotency_key
+from turnkeep.worker.client import TurnHandle, start_turn
+from turnkeep.worker.connection import connect
+from turnkeep.worker.embedded import EmbeddedServer, ServerInfo
+from turnkeep.workflows.messages import Message, StopReason
+from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 

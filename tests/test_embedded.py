@@ -14,8 +14,8 @@ import pytest
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from worker import embedded
-from worker.embedded import (
+from turnkeep.worker import embedded
+from turnkeep.worker.embedded import (
     EmbeddedServer,
     EmbeddedServerError,
     ServerInfo,

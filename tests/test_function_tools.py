@@ -19,16 +19,16 @@ from fastmcp.client.transports import FastMCPTransport
 from fastmcp.utilities.types import Image
 from pydantic import BaseModel
 
-from activities.mcp_pool import (
+from tests.conftest import eventually
+from turnkeep.activities.mcp_pool import (
     McpPool,
     ServerUnavailable,
     build_function_server,
     call_function_tool,
     list_function_tools,
 )
-from activities.settings import Settings
-from activities.tool_activities import IDEMPOTENCY_KEY_META, to_wire_result
-from tests.conftest import eventually
+from turnkeep.activities.tool_activities import IDEMPOTENCY_KEY_META, to_wire_result
+from turnkeep.settings import Settings
 
 # --- the tools ---------------------------------------------------------------------------------
 

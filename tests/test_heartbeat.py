@@ -1,4 +1,4 @@
-"""When ``heartbeating`` sends its beats (``activities/heartbeat.py``), under the SDK's own
+"""When ``heartbeating`` sends its beats (``turnkeep/activities/heartbeat.py``), under the SDK's own
 activity test environment: a quick step sends none, a slow one beats on time, and the first
 deadline counts from when the server started the attempt, not from when the code began."""
 
@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.heartbeat import first_beat_delay, heartbeating
+from turnkeep.activities.heartbeat import first_beat_delay, heartbeating
 
 
 def environment(*, started_ago: float, timeout: float = 3.0) -> tuple[ActivityEnvironment, list]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from workflows.activity_io import Timeouts, ToolSpec, TurnPlan
-from workflows.loop import STRUCTURED_FINALIZATION_PROMPT, TurnState
-from workflows.messages import CallToolResult, Message, StopReason, ToolCall
-from workflows.repair import INTERRUPTED_TEXT
-from workflows.turn_io import RollbackState, TurnInput
+from turnkeep.workflows.activity_io import Timeouts, ToolSpec, TurnPlan
+from turnkeep.workflows.loop import STRUCTURED_FINALIZATION_PROMPT, TurnState
+from turnkeep.workflows.messages import CallToolResult, Message, StopReason, ToolCall
+from turnkeep.workflows.repair import INTERRUPTED_TEXT
+from turnkeep.workflows.turn_io import RollbackState, TurnInput
 
 TOOLS = [ToolSpec(name="srv__a"), ToolSpec(name="srv__b")]
 
@@ -245,7 +245,7 @@ def test_auto_heal_closes_a_dangling_call_at_the_end_of_the_new_messages() -> No
 
 
 def test_hooks_after_the_answer_see_the_final_assistant_message_of_a_capped_turn() -> None:
-    from workflows.activity_io import HookPoint
+    from turnkeep.workflows.activity_io import HookPoint
 
     state = start(max_iterations=0)
     state.on_assistant(tool_use(("c1", "srv__a")))
@@ -260,7 +260,7 @@ def test_hooks_after_the_answer_see_the_final_assistant_message_of_a_capped_turn
 
 
 def test_after_llm_call_sees_the_answer_not_the_structured_output_prompt() -> None:
-    from workflows.activity_io import HookPoint
+    from turnkeep.workflows.activity_io import HookPoint
 
     state = start(structured_output={"type": "object"})
     answer = Message.assistant("thinking done")
@@ -299,8 +299,8 @@ def test_cancel_rollback_states() -> None:
 
 
 def test_usage_is_summed_per_model() -> None:
-    from activities.providers import with_usage
-    from workflows.turn_io import Usage
+    from turnkeep.activities.providers import with_usage
+    from turnkeep.workflows.turn_io import Usage
 
     state = start()
     state.on_assistant(
@@ -314,8 +314,8 @@ def test_usage_is_summed_per_model() -> None:
 
 
 def test_repeated_compaction_keeps_the_tail_and_maps_back_onto_the_full_record() -> None:
-    from workflows.activity_io import CompactionPlan
-    from workflows.loop import SUMMARY_PREFIX
+    from turnkeep.workflows.activity_io import CompactionPlan
+    from turnkeep.workflows.loop import SUMMARY_PREFIX
 
     state = start(compaction=CompactionPlan(threshold_tokens=1, keep_exchanges=0))
     assert state.compaction_cut() is None  # before any model call: never
@@ -337,7 +337,7 @@ def test_repeated_compaction_keeps_the_tail_and_maps_back_onto_the_full_record()
 
 
 def test_compaction_is_not_tried_again_after_a_failure() -> None:
-    from workflows.activity_io import CompactionPlan
+    from turnkeep.workflows.activity_io import CompactionPlan
 
     state = start(compaction=CompactionPlan(threshold_tokens=1, keep_exchanges=0))
     for n in range(1, 3):
@@ -358,7 +358,11 @@ def test_tool_calls_in_the_final_structured_answer_are_answered_not_run() -> Non
 
 
 def test_model_input_pages_reassemble_to_the_request_and_stay_small() -> None:
-    from workflows.activity_io import MODEL_INPUT_PAGE_BYTES, model_input_page, request_digest
+    from turnkeep.workflows.activity_io import (
+        MODEL_INPUT_PAGE_BYTES,
+        model_input_page,
+        request_digest,
+    )
 
     state = start()
     for n in range(60):  # ~600 KB of tool results

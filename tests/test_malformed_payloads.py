@@ -34,15 +34,15 @@ from temporalio.converter import (
 )
 from temporalio.exceptions import ApplicationError
 
-from activities.payload_storage import LOCAL_DRIVER_NAME, LocalDirectoryDriver
-from activities.settings import Settings
 from tests.conftest import Harness, eventually, make_settings, write_script
-from worker.build import build_worker
-from worker.client import get_turn
-from worker.codec import ENCODING, KEY_ID
-from worker.connection import connect
-from worker.embedded import ServerInfo
-from workflows.turn_workflow import WORKFLOW_NAME
+from turnkeep.payloads.codec import ENCODING, KEY_ID
+from turnkeep.payloads.storage import LOCAL_DRIVER_NAME, LocalDirectoryDriver
+from turnkeep.settings import Settings
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.client import get_turn
+from turnkeep.worker.connection import connect
+from turnkeep.worker.embedded import ServerInfo
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 TURN = {"agent": "test", "messages": ["hello"]}
 _released = threading.Event()
@@ -243,6 +243,6 @@ async def _pending_tool(handle: Any) -> bool:
 def test_the_sdk_still_says_which_command_a_payload_belongs_to() -> None:
     # Without this private context variable of temporalio's (another SDK version), every
     # undecodable payload fails the workflow task again, retried for ever: upgrade with care.
-    from worker import payload_converter
+    from turnkeep.worker import payload_converter
 
     assert payload_converter.current_command_info is not None

@@ -32,9 +32,9 @@ from tests.conftest import Harness, HarnessFactory, eventually, write_script
 from tests.fake_provider import FakeProvider, Reply
 from tests.mcp_servers.launch import free_port, http_server
 from tests.worker_process import effects_server
-from worker.client import TurnHandle
-from workflows.messages import CallToolResult, StopReason, TextContent
-from workflows.turn_io import TurnResult
+from turnkeep.worker.client import TurnHandle
+from turnkeep.workflows.messages import CallToolResult, StopReason, TextContent
+from turnkeep.workflows.turn_io import TurnResult
 
 pytestmark = pytest.mark.asyncio
 

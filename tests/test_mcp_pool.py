@@ -19,17 +19,17 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.mcp_pool import McpPool, ServerConnectionError, ServerUnavailable
-from activities.settings import Settings
-from activities.tool_activities import (
+from tests.mcp_servers.launch import STDIO_SCRIPT, free_port, http_server
+from turnkeep.activities.mcp_pool import McpPool, ServerConnectionError, ServerUnavailable
+from turnkeep.activities.tool_activities import (
     ToolActivities,
     json_size,
     to_wire_result,
     truncate_result,
 )
-from tests.mcp_servers.launch import STDIO_SCRIPT, free_port, http_server
-from workflows.activity_io import ToolCallRequest, ToolsRequest
-from workflows.messages import CallToolResult, ImageContent, TextContent
+from turnkeep.settings import Settings
+from turnkeep.workflows.activity_io import ToolCallRequest, ToolsRequest
+from turnkeep.workflows.messages import CallToolResult, ImageContent, TextContent
 
 LIMIT = 256 * 1024
 

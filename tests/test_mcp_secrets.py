@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowFailureError
 
-from activities.mcp_pool import Redactor
-from activities.settings import McpServerSettings
 from tests.conftest import HarnessFactory, history_text, turnkeep, write_script
 from tests.mcp_servers.launch import STDIO_SCRIPT, free_port, http_server
-from worker.client import TurnHandle
-from worker.embedded import ServerInfo
+from turnkeep.activities.mcp_pool import Redactor
+from turnkeep.settings import McpServerSettings
+from turnkeep.worker.client import TurnHandle
+from turnkeep.worker.embedded import ServerInfo
 
 TURN_WITHIN = 120.0
 # One of each kind of secret a server's configuration can hold; each is unique enough that

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from activities import model_activity
-from activities.model_activity import ModelInputHandoff
-from activities.parsed_messages import ParsedMessages
 from tests.conftest import HarnessFactory, make_settings, write_script
-from worker.build import build_worker
-from worker.client import start_turn
-from workflows import activity_io
-from workflows import messages as messages_module
-from workflows.activity_io import (
+from turnkeep.activities import model_activity
+from turnkeep.activities.model_activity import ModelInputHandoff
+from turnkeep.activities.parsed_messages import ParsedMessages
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.client import start_turn
+from turnkeep.workflows import activity_io
+from turnkeep.workflows import messages as messages_module
+from turnkeep.workflows.activity_io import (
     LlmRequest,
     LlmStepRequest,
     MessageJson,
@@ -28,8 +28,8 @@ from workflows.activity_io import (
     digest_matches,
     request_digest,
 )
-from workflows.messages import Message, estimate_tokens
-from workflows.turn_io import TurnInput, TurnResult
+from turnkeep.workflows.messages import Message, estimate_tokens
+from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 
 def request(call_index: int = 1, text: str = "hello") -> LlmRequest:

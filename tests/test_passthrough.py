@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from activities.providers.passthrough import answer
 from tests.conftest import HarnessFactory, write_script
-from workflows.activity_io import LlmRequest
-from workflows.messages import CallToolResult, Message, StopReason, TextContent
+from turnkeep.activities.providers.passthrough import answer
+from turnkeep.workflows.activity_io import LlmRequest
+from turnkeep.workflows.messages import CallToolResult, Message, StopReason, TextContent
 
 
 def add(a: int, b: int) -> int:

@@ -1,4 +1,4 @@
-"""turnkeep's payload converter (``worker/payload_converter.py``): pydantic JSON as Temporal's
+"""turnkeep's payload converter (``turnkeep/payloads/converter.py``): pydantic JSON as Temporal's
 pydantic converter writes it, with one cache of type adapters however many data converters
 the SDK derives (one per activation and per activity task)."""
 
@@ -11,13 +11,13 @@ import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import StorageDriverStoreContext, WorkflowSerializationContext
 
-from activities.payload_storage import external_storage
-from activities.settings import PayloadStorageSettings
-from worker.codec import EncryptionCodec, EncryptionNotConfiguredError
-from worker.payload_converter import _JSON
-from worker.plugin import data_converter
-from workflows.activity_io import LlmStepRequest
-from workflows.messages import Message
+from turnkeep.payloads.codec import EncryptionCodec, EncryptionNotConfiguredError
+from turnkeep.payloads.converter import _JSON
+from turnkeep.payloads.storage import external_storage
+from turnkeep.settings import PayloadStorageSettings
+from turnkeep.worker.plugin import data_converter
+from turnkeep.workflows.activity_io import LlmStepRequest
+from turnkeep.workflows.messages import Message
 
 STEP = LlmStepRequest(
     agent="a", model="m", call_index=1, workflow_id="w", run_id="r", digest="d" * 64

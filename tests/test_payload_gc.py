@@ -18,15 +18,6 @@ import pytest
 from pydantic import ValidationError
 from temporalio.converter import StorageDriverRetrieveContext, StorageDriverStoreContext
 
-from activities import payload_storage
-from activities.payload_storage import (
-    LocalDirectoryDriver,
-    MissingPayloadError,
-    PayloadExpiredError,
-    collect,
-    sweep,
-)
-from activities.settings import PayloadStorageSettings
 from tests.conftest import eventually, make_settings, turnkeep, write_script
 from tests.test_payload_storage import (
     agent,
@@ -38,11 +29,20 @@ from tests.test_payload_storage import (
     tool_texts,
 )
 from tests.test_payload_storage import turnkeep as harness_for
-from worker.build import build_worker
-from worker.client import get_turn, start_turn
-from worker.connection import connect
-from worker.embedded import ServerInfo
-from workflows.turn_io import TurnInput
+from turnkeep.activities import payload_storage
+from turnkeep.payloads.storage import (
+    LocalDirectoryDriver,
+    MissingPayloadError,
+    PayloadExpiredError,
+    collect,
+    sweep,
+)
+from turnkeep.settings import PayloadStorageSettings
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.client import get_turn, start_turn
+from turnkeep.worker.connection import connect
+from turnkeep.worker.embedded import ServerInfo
+from turnkeep.workflows.turn_io import TurnInput
 
 HOUR = 3600.0
 CONTEXT = StorageDriverStoreContext()

@@ -20,22 +20,27 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.converter import StorageDriverRetrieveContext, StorageDriverStoreContext
 from temporalio.exceptions import ApplicationError
 
-from activities.payload_storage import (
+from tests.conftest import Harness, history_text, make_settings, write_script
+from tests.fake_provider import FakeProvider, Reply
+from turnkeep.activities.tool_activities import INLINE_TOOL_RESULT_BYTES, tool_result_limit
+from turnkeep.payloads.storage import (
     LocalDirectoryDriver,
     MissingPayloadError,
     PayloadStorageConfigError,
     PayloadStorageError,
     external_storage,
 )
-from activities.tool_activities import INLINE_TOOL_RESULT_BYTES, tool_result_limit
-from tests.conftest import Harness, history_text, make_settings, write_script
-from tests.fake_provider import FakeProvider, Reply
-from worker.build import build_worker
-from worker.client import TurnHandle, get_turn
-from worker.connection import connect
-from worker.embedded import ServerInfo
-from worker.plugin import PAYLOAD_LIMIT_BYTES, RESULT_TOO_LARGE, FunctionTools, TurnkeepPlugin
-from workflows.turn_io import TurnResult
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.client import TurnHandle, get_turn
+from turnkeep.worker.connection import connect
+from turnkeep.worker.embedded import ServerInfo
+from turnkeep.worker.plugin import (
+    PAYLOAD_LIMIT_BYTES,
+    RESULT_TOO_LARGE,
+    FunctionTools,
+    TurnkeepPlugin,
+)
+from turnkeep.workflows.turn_io import TurnResult
 
 MB = 1_000_000
 PATTERN = "0123456789abcdef"

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.providers import playback
-from activities.providers.playback import PlaybackProvider
 from tests.conftest import write_script
-from workflows.activity_io import LlmRequest
-from workflows.messages import Message
+from turnkeep.activities.providers import playback
+from turnkeep.activities.providers.playback import PlaybackProvider
+from turnkeep.workflows.activity_io import LlmRequest
+from turnkeep.workflows.messages import Message
 
 
 def call(index: int) -> LlmRequest:

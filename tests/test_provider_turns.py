@@ -9,8 +9,8 @@ import pytest
 
 from tests.conftest import HarnessFactory, history_text
 from tests.fake_provider import FakeProvider, Reply, Tokens
-from workflows.messages import StopReason
-from workflows.turn_io import TurnResult, Usage
+from turnkeep.workflows.messages import StopReason
+from turnkeep.workflows.turn_io import TurnResult, Usage
 
 pytestmark = pytest.mark.asyncio
 

@@ -14,17 +14,17 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.providers import ModelProvider
-from activities.providers.anthropic import AnthropicProvider
-from activities.providers.errors import request_timeout
-from activities.providers.openai import OpenAIProvider
-from activities.providers.passthrough import PassthroughProvider
-from activities.providers.playback import PlaybackProvider
-from activities.settings import ProviderSettings
 from tests.conftest import write_script
 from tests.fake_provider import Api, FakeProvider, Reply, Step, Tokens
-from workflows.activity_io import LlmRequest, ToolSpec
-from workflows.messages import (
+from turnkeep.activities.providers import ModelProvider
+from turnkeep.activities.providers.anthropic import AnthropicProvider
+from turnkeep.activities.providers.errors import request_timeout
+from turnkeep.activities.providers.openai import OpenAIProvider
+from turnkeep.activities.providers.passthrough import PassthroughProvider
+from turnkeep.activities.providers.playback import PlaybackProvider
+from turnkeep.settings import ProviderSettings
+from turnkeep.workflows.activity_io import LlmRequest, ToolSpec
+from turnkeep.workflows.messages import (
     CallToolResult,
     EmbeddedResource,
     ImageContent,
@@ -346,7 +346,8 @@ async def test_no_provider_changes_the_request_it_sends(
     api: str, fake: FakeProvider, tmp_path: Path
 ) -> None:
     # The model calls of a turn on one worker share the Message objects they send
-    # (activities/parsed_messages.py): a provider that changed one would change later calls.
+    # (turnkeep/activities/parsed_messages.py): a provider that changed one would change later
+    # calls.
     attached = Message(
         role="user",
         content=[

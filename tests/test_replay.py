@@ -1,7 +1,7 @@
 """Determinism guard: turn histories replay against the current workflow code.
 
 Histories under ``tests/histories/`` were recorded from representative turns by an earlier
-version of the code; replaying them here makes a non-deterministic change to ``workflows/``
+version of the code; replaying them here makes a non-deterministic change to ``turnkeep/workflows/``
 fail CI. After an intended, versioned change (see README, "Changing the workflow safely"),
 refresh them with ``TURNKEEP_RECORD_HISTORIES=1 pytest tests/test_replay.py``.
 """
@@ -21,11 +21,11 @@ from temporalio.worker import Replayer
 
 from tests.conftest import HarnessFactory, eventually, write_script
 from tests.fake_provider import FakeProvider, Reply
-from worker.client import TurnCancelledError, TurnHandle
-from worker.plugin import replay_plugin
-from worker.workflow_runner import STRICT_WORKFLOW_RUNNER
-from workflows.messages import StopReason
-from workflows.turn_io import RollbackState
+from turnkeep.worker.client import TurnCancelledError, TurnHandle
+from turnkeep.worker.plugin import replay_plugin
+from turnkeep.worker.workflow_runner import STRICT_WORKFLOW_RUNNER
+from turnkeep.workflows.messages import StopReason
+from turnkeep.workflows.turn_io import RollbackState
 
 pytestmark = pytest.mark.asyncio
 

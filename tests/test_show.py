@@ -19,12 +19,12 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 
 from tests.conftest import HarnessFactory, eventually, turnkeep, write_script
 from tests.fake_provider import FakeProvider, Reply, Tokens
-from worker.client import TurnCancelledError, TurnHandle, start_turn
-from worker.embedded import ServerInfo
-from worker.turn_history import TurnStatus, view_histories
-from workflows.messages import StopReason
-from workflows.repair import INTERRUPTED_TEXT
-from workflows.turn_io import RollbackState, TurnInput, TurnResult
+from turnkeep.worker.client import TurnCancelledError, TurnHandle, start_turn
+from turnkeep.worker.embedded import ServerInfo
+from turnkeep.worker.turn_history import TurnStatus, view_histories
+from turnkeep.workflows.messages import StopReason
+from turnkeep.workflows.repair import INTERRUPTED_TEXT
+from turnkeep.workflows.turn_io import RollbackState, TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 

@@ -21,11 +21,11 @@ from temporalio.service import RPCError
 
 from tests.conftest import HarnessFactory, eventually, turnkeep
 from tests.fake_provider import Api, FakeProvider, Reply
-from worker.client import TurnCancelledError
-from workflows.activity_io import MODEL_INPUT_QUERY, Timeouts, TurnPlan
-from workflows.loop import TurnState
-from workflows.turn_io import TurnInput
-from workflows.turn_workflow import WORKFLOW_NAME
+from turnkeep.worker.client import TurnCancelledError
+from turnkeep.workflows.activity_io import MODEL_INPUT_QUERY, Timeouts, TurnPlan
+from turnkeep.workflows.loop import TurnState
+from turnkeep.workflows.turn_io import TurnInput
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 pytestmark = pytest.mark.asyncio
 

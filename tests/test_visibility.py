@@ -20,9 +20,6 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
 
-from activities import turn_setup
-from activities.settings import Settings
-from activities.turn_setup import TurnSetupActivities
 from tests.conftest import (
     Harness,
     HarnessFactory,
@@ -33,19 +30,22 @@ from tests.conftest import (
 )
 from tests.fake_provider import FakeProvider, Reply, Tokens
 from tests.test_replay import HISTORIES, replayer, replays_fresh_and_recorded
-from worker.build import build_worker
-from worker.client import TurnCancelledError, TurnHandle
-from worker.connection import connect
-from worker.embedded import (
+from turnkeep.activities import turn_setup
+from turnkeep.activities.turn_setup import TurnSetupActivities
+from turnkeep.settings import Settings
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.client import TurnCancelledError, TurnHandle
+from turnkeep.worker.connection import connect
+from turnkeep.worker.embedded import (
     EmbeddedServer,
     ServerInfo,
     build_argv,
     ensure_background_server,
     state_dir,
 )
-from worker.search_attributes import registration
-from workflows import visibility
-from workflows.activity_io import (
+from turnkeep.worker.search_attributes import registration
+from turnkeep.workflows import visibility
+from turnkeep.workflows.activity_io import (
     HookPoint,
     LlmRequest,
     Timeouts,
@@ -53,9 +53,11 @@ from workflows.activity_io import (
     TurnPlan,
     VisibilityPlan,
 )
-from workflows.loop import TurnState
-from workflows.messages import CallToolResult, Message, StopReason, ToolCall
-from workflows.turn_io import TurnInput, Usage
+from turnkeep.workflows.loop import TurnState
+from turnkeep.workflows.messages import CallToolResult, Message, StopReason, ToolCall
+from turnkeep.workflows.turn_io import TurnInput, Usage
+
+SEARCH_ATTRIBUTES_LOG = "turnkeep.worker.search_attributes"
 
 # -- the text, without a server ----------------------------------------------------------
 
@@ -728,7 +730,7 @@ async def test_without_the_attributes_turns_run_and_setup_registers_them(
     def worker(queue: str) -> Any:
         return build_worker(client, settings, function_tools=TOOLS, task_queue=queue)
 
-    caplog.set_level(logging.WARNING, logger="worker.search_attributes")
+    caplog.set_level(logging.WARNING, logger=SEARCH_ATTRIBUTES_LOG)
     async with worker("bare-1"):
         h = Harness(client, settings, "bare-1")
         handles = [await h.start("go"), await h.start("again")]
@@ -736,7 +738,7 @@ async def test_without_the_attributes_turns_run_and_setup_registers_them(
             result = await handle.result()
             assert result.stop_reason == StopReason.END_TURN and result.iterations == 1
             assert await search_attributes(handle) == {}
-    warnings = [r.getMessage() for r in caplog.records if r.name == "worker.search_attributes"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == SEARCH_ATTRIBUTES_LOG]
     assert len(warnings) == 1, warnings
     [warning] = warnings
     assert "TurnkeepAgent" in warning and "TurnkeepTokens" in warning
@@ -755,7 +757,7 @@ async def test_without_the_attributes_turns_run_and_setup_registers_them(
     async with worker("bare-2"):
         handle = await Harness(client, settings, "bare-2").start("go")
         await handle.result()
-    assert not [r for r in caplog.records if r.name == "worker.search_attributes"]
+    assert not [r for r in caplog.records if r.name == SEARCH_ATTRIBUTES_LOG]
     assert (await search_attributes(handle))["TurnkeepStopReason"] == "endTurn"
 
     query = "TurnkeepAgent='test' AND TurnkeepStopReason='endTurn'"
@@ -782,7 +784,7 @@ async def test_an_attribute_of_another_type_is_left_alone(
         client = await connect(info.address, info.namespace)
         agent = one_round_agent(tmp_path)
         settings = make_settings(tmp_path, agents={"test": agent})
-        caplog.set_level(logging.WARNING, logger="worker.search_attributes")
+        caplog.set_level(logging.WARNING, logger=SEARCH_ATTRIBUTES_LOG)
         async with build_worker(client, settings, function_tools=TOOLS, task_queue="clash"):
             handle = await Harness(client, settings, "clash").start("go")
             assert (await handle.result()).iterations == 1
@@ -792,7 +794,7 @@ async def test_an_attribute_of_another_type_is_left_alone(
     assert "conflict: TurnkeepIterations is registered as Keyword but turnkeep needs Int" in (
         " ".join(setup.stdout.split())
     )
-    [warning] = [r.getMessage() for r in caplog.records if r.name == "worker.search_attributes"]
+    [warning] = [r.getMessage() for r in caplog.records if r.name == SEARCH_ATTRIBUTES_LOG]
     assert "search attributes TurnkeepIterations (registered as Keyword, needs Int):" in warning
     assert "TurnkeepIterations" not in attributes
     assert attributes["TurnkeepStatus"] == "Completed"

@@ -1,6 +1,6 @@
-"""turnkeep's workflow runner (``worker/workflow_runner.py``) answers the SDK's serialization-
-context questions without ``exec``: the same answers as Temporal's stock sandbox, checked by
-recording every context a payload codec is given under each runner."""
+"""turnkeep's workflow runner (``turnkeep/worker/workflow_runner.py``) answers the SDK's
+serialization-context questions without ``exec``: the same answers as Temporal's stock sandbox,
+checked by recording every context a payload codec is given under each runner."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from temporalio.worker import Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from tests.context_workflow import ContextWorkflow, echo
-from worker.embedded import ServerInfo
-from worker.workflow_runner import STRICT_WORKFLOW_RUNNER, WORKFLOW_RUNNER
+from turnkeep.worker.embedded import ServerInfo
+from turnkeep.worker.workflow_runner import STRICT_WORKFLOW_RUNNER, WORKFLOW_RUNNER
 
 
 @dataclass
@@ -93,7 +93,9 @@ async def test_contexts_match_the_stock_sandbox(temporal: ServerInfo) -> None:
 
 def test_replays_import_workflow_code_inside_the_sandbox() -> None:
     # Workers share turnkeep's workflow modules across runs; the replay tests must not, or a
-    # forbidden call in workflow code would go unnoticed (worker/workflow_runner.py).
-    assert "workflows" in WORKFLOW_RUNNER.restrictions.passthrough_modules
+    # forbidden call in workflow code would go unnoticed (turnkeep/worker/workflow_runner.py).
+    # By its full name only: a Temporal app's own `workflows` module stays sandboxed.
+    assert set(WORKFLOW_RUNNER.restrictions.passthrough_modules) >= {"turnkeep.workflows"}
+    assert not {"workflows", "turnkeep"} & set(WORKFLOW_RUNNER.restrictions.passthrough_modules)
     strict = STRICT_WORKFLOW_RUNNER.restrictions.passthrough_modules
-    assert not any(m == "workflows" or m.startswith("workflows.") for m in strict)
+    assert not any(m.startswith("turnkeep") for m in strict)

@@ -18,9 +18,9 @@ from typing import Any
 from playwright.async_api import BrowserContext, Locator, Page, async_playwright, expect
 from temporalio.client import Client, WorkflowHandle
 
-from activities.settings import EncryptionSettings
-from worker.codec_server import CodecServer
-from worker.embedded import HOST, EmbeddedServer, ServerInfo, free_port
+from turnkeep.settings import EncryptionSettings
+from turnkeep.worker.codec_server import CodecServer
+from turnkeep.worker.embedded import HOST, EmbeddedServer, ServerInfo, free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = (

@@ -1,0 +1,1 @@
+"""turnkeep: durable agent turns on Temporal."""

@@ -1,0 +1,278 @@
+"""The model activities: `llm_step` (one model call, on whichever provider the model string
+names) and `compact_history` (a summary of older exchanges, by the same model)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from temporalio import activity, workflow
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import (
+    Interceptor,
+    StartActivityInput,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+    WorkflowOutboundInterceptor,
+)
+
+from turnkeep.activities.compaction import summary_request
+from turnkeep.activities.heartbeat import heartbeating
+from turnkeep.activities.models import (
+    PROVIDERS,
+    ModelRef,
+    allowed_models,
+    default_model,
+    resolve_model,
+)
+from turnkeep.activities.parsed_messages import PARSED_MESSAGES, ParsedMessages
+from turnkeep.activities.providers import ModelProvider
+from turnkeep.activities.providers.passthrough import PassthroughProvider
+from turnkeep.activities.providers.playback import PlaybackProvider
+from turnkeep.activities.turn_setup import check_overrides
+from turnkeep.errors import config_error, require_workflow
+from turnkeep.settings import AgentSettings, Settings
+from turnkeep.workflows.activity_io import (
+    COMPACT_HISTORY,
+    LLM_STEP,
+    MODEL_INPUT_QUERY,
+    CompactRequest,
+    LlmRequest,
+    LlmStepRequest,
+    ModelInputPage,
+    RequestJson,
+    digest_matches,
+)
+from turnkeep.workflows.messages import Message
+from turnkeep.workflows.turn_io import TurnOverrides
+
+
+class ModelActivities:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        # SDK clients hold connection pools: one per provider per worker process.
+        self._providers: dict[str, ModelProvider] = {"passthrough": PassthroughProvider()}
+        # Build the SDK clients the agents will need now: importing an SDK takes seconds, and
+        # doing it inside the first model call would stall every activity on this worker. A
+        # provider that can't be built yet (no key) is reported by the turns that use it.
+        for ref in self._configured_models():
+            if ref.provider in PROVIDERS and ref.provider not in self._providers:
+                with contextlib.suppress(ApplicationError):
+                    self._providers[ref.provider] = self._make_sdk_provider(ref.provider)
+
+    @activity.defn(name=LLM_STEP)
+    async def llm_step(self, step: LlmStepRequest) -> Message:
+        require_workflow()
+        # Checked before anything is read or connected to: a crafted step must not make this
+        # worker an open proxy to the operator's models.
+        ref = self._allowed_model(step.agent, step.model)
+        request = MODEL_INPUTS.take(step)  # scheduled by a workflow on this worker?
+        if request is None:
+            # Heartbeat while reading too: after a worker crash the query can wait seconds for
+            # the server to give up on the dead worker, and that must not use up this attempt.
+            request = await heartbeating(model_input(step), "reading model input")
+        # The workflow that answered the query chose the parameters: hold them to the agent.
+        agent = self._settings.agent(step.agent)
+        check_overrides(self._settings, step.agent, call_overrides(agent, step.model, request))
+        provider = self._provider(ref, step.agent)
+        return await heartbeating(provider.complete(request, ref.name), f"llm #{step.call_index}")
+
+    @activity.defn(name=COMPACT_HISTORY)
+    async def compact_history(self, request: CompactRequest) -> Message:
+        require_workflow()
+        ref = self._allowed_model(request.agent, request.model)
+        provider = self._provider(ref, request.agent)
+        summary_call = summary_request(request)
+        return await heartbeating(provider.complete(summary_call, ref.name), "compacting")
+
+    async def aclose(self) -> None:
+        """Close the SDK clients' connection pools (at worker shutdown)."""
+        for provider in self._providers.values():
+            await provider.aclose()
+
+    def _configured_models(self) -> list[ModelRef]:
+        names = {default_model(self._settings)}
+        for agent in self._settings.agents.values():
+            names.update(allowed_models(self._settings, agent))
+        refs = []
+        for name in sorted(names):
+            with contextlib.suppress(ApplicationError):  # reported per turn, with context
+                refs.append(resolve_model(name))
+        return refs
+
+    def _allowed_model(self, agent: str, model: str) -> ModelRef:
+        check_overrides(self._settings, agent, TurnOverrides.model_construct(model=model))
+        return resolve_model(model)
+
+    def _provider(self, ref: ModelRef, agent: str) -> ModelProvider:
+        if ref.provider == "playback":
+            script = self._settings.agents[agent].playback
+            if script is None:
+                raise config_error(
+                    "UnknownModel", f"agent {agent!r} uses playback but names no playback script"
+                )
+            return PlaybackProvider(self._settings.path(script))
+        if ref.provider not in self._providers:
+            self._providers[ref.provider] = self._make_sdk_provider(ref.provider)
+        return self._providers[ref.provider]
+
+    def _make_sdk_provider(self, provider: str) -> ModelProvider:
+        # Imported here so a worker that only runs offline models never loads the SDKs.
+        if provider == "anthropic":
+            from turnkeep.activities.providers.anthropic import AnthropicProvider
+
+            return AnthropicProvider(self._settings.anthropic)
+        from turnkeep.activities.providers.openai import OpenAIProvider
+
+        if provider == "generic":
+            return OpenAIProvider(self._settings.generic, generic=True)
+        return OpenAIProvider(self._settings.openai, generic=False)
+
+
+# Larger than any agent's max_tokens: what a model call without one asks for when its agent
+# sets one (the provider's default, or no limit at all).
+NO_LIMIT = sys.maxsize
+
+
+def call_overrides(agent: AgentSettings, model: str, request: LlmRequest) -> TurnOverrides:
+    """A model call's parameters as the turn overrides they amount to, so the rule that judged
+    the turn (``check_overrides``) judges each call. Not validated: odd values a crafted call
+    may hold (a negative max_tokens) are the provider's to refuse."""
+    return TurnOverrides.model_construct(
+        model=model,
+        structured_output=request.structured_output,
+        temperature=None if request.temperature == agent.temperature else request.temperature,
+        max_tokens=request.max_tokens or (None if agent.max_tokens is None else NO_LIMIT),
+    )
+
+
+async def model_input(step: LlmStepRequest) -> LlmRequest:
+    """The request the workflow means, read from it by query (page by page) and checked
+    against the digest."""
+    handle = activity.client().get_workflow_handle(step.workflow_id, run_id=step.run_id)
+
+    async def page(start: int) -> ModelInputPage:
+        answer = await handle.query(
+            MODEL_INPUT_QUERY, args=[step.call_index, start], result_type=ModelInputPage
+        )
+        if answer is None:
+            raise _input_mismatch(step)
+        activity.heartbeat(f"reading model input from message {start}")
+        return answer
+
+    first = await page(0)
+    messages = list(first.request.messages)
+    while len(messages) < first.total_messages:
+        messages += (await page(len(messages))).request.messages
+    request = first.request.model_copy(update={"messages": messages})
+    # A mismatch can only be a bug (or a changed workflow): never send the model something else.
+    if not digest_matches(request, step.digest):
+        raise _input_mismatch(step)
+    return request
+
+
+def _input_mismatch(step: LlmStepRequest) -> ApplicationError:
+    return ApplicationError(
+        f"The workflow no longer holds the input of model call #{step.call_index}.",
+        type="ModelInputMismatch",
+        non_retryable=True,
+    )
+
+
+# --- the in-process hand-off of a model call's input ---------------------------------------
+#
+# Reading the input by query costs a round trip through the server to the worker that has the
+# workflow cached, and one more per page for a long conversation: 10-15 ms per model call on a
+# dev server, the largest single item of the loop's overhead (`python -m bench`). Most of the
+# time that worker is this very process: it polls the task queue the workflow scheduled the
+# call on. So when the workflow schedules `llm_step`, an interceptor moves the request's JSON
+# (the very JSON the step's digest was taken over, which `LlmStepRequest.referencing` keeps in
+# memory) into this process's hand-off, and `llm_step` takes it from there when it runs here.
+# Nothing changes in the history; an attempt that runs on another worker, or a retry, reads
+# the input by query as before. The activity parses its own copy of the JSON (only messages
+# it has not parsed for an earlier call, turnkeep/activities/parsed_messages.py): it never shares
+# objects with workflow state, which it could otherwise change behind the history's back.
+
+HANDOFF_MAX_BYTES = 32 * 1024 * 1024
+
+
+class ModelInputHandoff:
+    """Requests of scheduled model calls, as the JSON their digest is taken over, until
+    `llm_step` takes them. Bounded: entries nobody takes here (the call ran on another worker,
+    or the turn was cancelled first) are dropped oldest first beyond ``max_bytes``."""
+
+    def __init__(
+        self, max_bytes: int = HANDOFF_MAX_BYTES, parsed: ParsedMessages = PARSED_MESSAGES
+    ) -> None:
+        self._max_bytes = max_bytes
+        self._parsed = parsed
+        self._bytes = 0
+        # (workflow id, run id, call index) -> (digest, request JSON)
+        self._entries: OrderedDict[tuple[str, str, int], tuple[str, RequestJson]] = OrderedDict()
+        # Workflow tasks run on the worker's thread pool, activities on its event loop.
+        self._lock = threading.Lock()
+
+    def offer(self, step: LlmStepRequest) -> None:
+        """Keep ``step``'s request if this process built the step (it has the JSON)."""
+        request_json = step.pop_request_json()
+        size = request_json.chars() if request_json is not None else 0
+        if request_json is None or size > self._max_bytes:
+            return
+        with self._lock:
+            key = _key(step)
+            old = self._entries.pop(key, None)
+            self._bytes += size - (old[1].chars() if old is not None else 0)
+            self._entries[key] = (step.digest, request_json)
+            while self._bytes > self._max_bytes:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self._bytes -= dropped.chars()
+
+    def take(self, step: LlmStepRequest) -> LlmRequest | None:
+        """The request of ``step`` if it was offered here and matches the digest, else None."""
+        with self._lock:
+            entry = self._entries.pop(_key(step), None)
+            if entry is not None:
+                self._bytes -= entry[1].chars()
+        # The offered digest was taken over this JSON when the workflow built the step, so
+        # equal digests mean the JSON is exactly what the query would have returned.
+        if entry is None or entry[0] != step.digest:
+            return None
+        return entry[1].parse(self._parsed.parse)
+
+
+def _key(step: LlmStepRequest) -> tuple[str, str, int]:
+    return (step.workflow_id, step.run_id, step.call_index)
+
+
+# One per process: the workflow and the activity may belong to different Worker objects of one
+# process (the digest check makes sharing safe).
+MODEL_INPUTS = ModelInputHandoff()
+
+
+class ModelInputHandoffInterceptor(Interceptor):
+    """Offers each `llm_step`'s request to ``MODEL_INPUTS`` as the workflow schedules it."""
+
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor]:
+        del input
+        return _HandoffInbound
+
+
+class _HandoffInbound(WorkflowInboundInterceptor):
+    def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+        super().init(_HandoffOutbound(outbound))
+
+
+class _HandoffOutbound(WorkflowOutboundInterceptor):
+    def start_activity(self, input: StartActivityInput) -> Any:
+        # Not while replaying: those calls have run already, nobody would take their input.
+        # (Offering issues no command, so replay is unaffected either way.)
+        if input.activity == LLM_STEP and not workflow.unsafe.is_replaying():
+            step = input.args[0] if input.args else None
+            if isinstance(step, LlmStepRequest):
+                MODEL_INPUTS.offer(step)
+        return super().start_activity(input)

@@ -1,0 +1,86 @@
+"""Messages of model calls' inputs, parsed once per worker process.
+
+A turn's model calls on one worker get their input handed over as JSON, message by message
+with each one's sha256 (``activity_io.RequestJson``), and call *n+1* repeats every message of
+call *n*. Parsing (and measuring, for the offline models' token estimates) only the messages
+new since the last call keeps a model call's cost on the activity side independent of the
+conversation's length, as ``activity_io.MessageJson`` does on the workflow side.
+
+The parsed ``Message`` objects are shared by the calls that send them, so a provider must
+treat its request as read-only (``tests/test_providers.py`` checks that every one does). They
+are never shared with workflow state: they are parsed here from JSON.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from turnkeep.workflows.messages import Message, estimate_chars
+
+# Enough for the conversations of the turns in flight on a worker; beyond it the least
+# recently sent messages are parsed again when next sent.
+MAX_CHARS = 64 * 1024 * 1024
+
+
+@dataclass
+class _Parsed:
+    message: Message
+    json_chars: int
+    estimate: int | None = None  # estimate_chars(message), once asked for
+
+
+class ParsedMessages:
+    """Messages by the sha256 of their JSON, least recently sent dropped first beyond
+    ``max_chars`` of JSON. Used from the worker's event loop only (async activities)."""
+
+    def __init__(self, max_chars: int = MAX_CHARS) -> None:
+        self._max_chars = max_chars
+        self._chars = 0
+        self._by_sha: OrderedDict[str, _Parsed] = OrderedDict()
+        # The same entries by the message's id, for estimates; each holds its message, so
+        # an id here is never a recycled one.
+        self._by_id: dict[int, _Parsed] = {}
+
+    def parse(self, sha256: str, text: str) -> Message:
+        """The message whose JSON is ``text`` (with sha256 ``sha256``, as the workflow that
+        built the request computed it)."""
+        parsed = self._by_sha.get(sha256)
+        if parsed is not None:
+            self._by_sha.move_to_end(sha256)
+            return parsed.message
+        parsed = _Parsed(Message.model_validate_json(text), len(text))
+        self._by_sha[sha256] = parsed
+        self._by_id[id(parsed.message)] = parsed
+        self._chars += parsed.json_chars
+        while self._chars > self._max_chars and len(self._by_sha) > 1:
+            _, dropped = self._by_sha.popitem(last=False)
+            del self._by_id[id(dropped.message)]
+            self._chars -= dropped.json_chars
+        return parsed.message
+
+    def estimate_tokens(self, messages: list[Message]) -> int:
+        """``workflows.messages.estimate_tokens``, measuring each parsed message once."""
+        chars = 0
+        for message in messages:
+            parsed = self._by_id.get(id(message))
+            if parsed is None or parsed.message is not message:
+                chars += estimate_chars(message)
+                continue
+            if parsed.estimate is None:
+                parsed.estimate = estimate_chars(message)
+            chars += parsed.estimate
+        return chars // 4
+
+    def __len__(self) -> int:
+        return len(self._by_sha)
+
+
+# One per process, as the hand-off it parses for (turnkeep/activities/model_activity.py).
+PARSED_MESSAGES = ParsedMessages()
+
+
+def estimate_tokens(messages: list[Message]) -> int:
+    """A rough token count of ``messages`` for models that report none (as the workflow's
+    ``estimate_tokens``), cheap for messages a model call's hand-off parsed here."""
+    return PARSED_MESSAGES.estimate_tokens(messages)

@@ -1,0 +1,143 @@
+"""The ``prepare_turn`` activity: check a turn against the worker's configuration and resolve
+the agent's settings into a ``TurnPlan`` the workflow can follow without reading config."""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from turnkeep.activities.models import (
+    allowed_models,
+    context_window,
+    generic_base_url,
+    max_tokens_limit,
+    resolve_model,
+)
+from turnkeep.errors import config_error, known, require_workflow
+from turnkeep.settings import AgentSettings, Settings, TimeoutSettings
+from turnkeep.workflows.activity_io import (
+    PREPARE_TURN,
+    TEMPORAL_PAYLOAD_LIMIT_BYTES,
+    CompactionPlan,
+    ContinueAsNewPlan,
+    PrepareTurnRequest,
+    Timeouts,
+    TurnPlan,
+    VisibilityPlan,
+)
+from turnkeep.workflows.turn_io import TurnOverrides
+
+
+class TurnSetupActivities:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        # Which search attributes turns may upsert: none until the worker has checked the
+        # namespace at start (turnkeep/worker/search_attributes.py), which replaces this before
+        # it polls.
+        self.visibility = VisibilityPlan(
+            outcome_notes=True,
+            outcome_timers=True,
+            skip_told_outcomes=True,
+            start_attributes=True,
+            search_attribute_interval=settings.visibility.search_attribute_interval,
+        )
+
+    @activity.defn(name=PREPARE_TURN)
+    async def prepare_turn(self, request: PrepareTurnRequest) -> TurnPlan:
+        require_workflow()
+        return plan_turn(self._settings, request, self.visibility)
+
+
+def plan_turn(
+    settings: Settings, request: PrepareTurnRequest, visibility: VisibilityPlan | None = None
+) -> TurnPlan:
+    agent = settings.agent(request.agent)
+    overrides = request.overrides
+    model = check_overrides(settings, request.agent, overrides)
+
+    def pick(name: str) -> object:
+        value = getattr(overrides, name)
+        return value if value is not None else getattr(agent, name, None)
+
+    return TurnPlan.model_validate(
+        {
+            "agent": request.agent,
+            "model": model,
+            "instruction": agent.instruction,
+            **{name: pick(name) for name in TurnOverrides.model_fields if name != "model"},
+            "has_tools": bool(agent.servers),
+            "hooks": {point: names for point, names in agent.hooks.items() if names},
+            "compaction": _compaction(agent, model),
+            "continue_as_new": _continue_as_new(settings),
+            "visibility": visibility or VisibilityPlan(),
+            "llm": _timeouts(agent.llm_timeouts),
+            "tools": _timeouts(agent.tool_timeouts),
+        }
+    )
+
+
+def check_overrides(settings: Settings, name: str, overrides: TurnOverrides) -> str:
+    """The model a turn (or one model call) of agent ``name`` runs on, once ``overrides`` are
+    checked against the agent: a model from ``allowed_models``, only the overrides the agent
+    lists, and always lower (never higher) ``max_iterations`` and ``max_tokens``. The model
+    activities hold each call to this same rule."""
+    agent = settings.agent(name)
+    allowed = allowed_models(settings, agent)
+    model = overrides.model or allowed[0]
+    if model not in allowed:
+        raise config_error(
+            "ModelNotAllowed",
+            f"Agent {name!r} does not let a turn use model {model!r} "
+            f"(it allows: {known(set(allowed))}).",
+        )
+    # An unknown model string, or a generic one with no generic server configured, fails the
+    # turn here, before any model call.
+    if resolve_model(model).provider == "generic":
+        generic_base_url(settings.generic)
+    limits = {"max_iterations": agent.max_iterations, "max_tokens": max_tokens_limit(agent, model)}
+    lowered = {
+        field
+        for field, limit in limits.items()
+        if (value := getattr(overrides, field)) is not None and (limit is None or value <= limit)
+    }
+    refused = overrides.given() - set(agent.overrides) - {"model"} - lowered
+    if refused:
+        bounds = ", ".join(
+            f"{field} (to at most {limit})" if limit is not None else field
+            for field, limit in limits.items()
+        )
+        raise config_error(
+            "OverrideNotAllowed",
+            f"Agent {name!r} does not let a turn set {', '.join(sorted(refused))} "
+            f"(it allows: {known(agent.overrides)}; a turn may always lower {bounds}).",
+        )
+    return model
+
+
+def _timeouts(t: TimeoutSettings) -> Timeouts:
+    return Timeouts(
+        start_to_close=t.start_to_close, heartbeat=t.heartbeat, max_attempts=t.max_attempts
+    )
+
+
+def _continue_as_new(settings: Settings) -> ContinueAsNewPlan:
+    config = settings.continue_as_new
+    return ContinueAsNewPlan(
+        history_bytes=config.history_bytes,
+        history_events=config.history_events,
+        when_suggested=config.when_suggested,
+        # Without external storage the new run's input (turn and carried state) is recorded
+        # inline and must fit under Temporal's payload limit, with room for its envelope.
+        max_carried_bytes=TEMPORAL_PAYLOAD_LIMIT_BYTES - 64 * 1024
+        if settings.payload_storage.driver == "off"
+        else None,
+    )
+
+
+def _compaction(agent: AgentSettings, model: str) -> CompactionPlan | None:
+    settings = agent.compaction
+    if not settings.enabled:
+        return None
+    window = settings.context_window or context_window(model)
+    return CompactionPlan(
+        threshold_tokens=int(window * settings.threshold), keep_exchanges=settings.keep_exchanges
+    )

@@ -1,0 +1,213 @@
+"""turnkeep's payload converter: Temporal's pydantic converter, built once per process.
+
+The SDK builds a new payload converter every time it derives a data converter for a context,
+which it does for every workflow activation and every activity task. Temporal's
+``PydanticPayloadConverter`` makes a fresh JSON converter each time, and with it an empty cache
+of pydantic ``TypeAdapter``s, so every activity rebuilt the adapters for its input and result
+types (about a twentieth of a busy worker's time on a quick turn, in ``bench``'s profile). This
+class shares one JSON converter, and so one adapter cache, across all of them. The converter
+holds no per-call state and ``functools.lru_cache`` is thread-safe, so workflow threads and the
+activity event loop can share it. The types it caches are the passthrough
+``turnkeep.workflows`` modules' (``turnkeep/worker/workflow_runner.py``), the same objects in
+and out of the sandbox, so the cache does not grow with each workflow run.
+
+``TurnkeepDataConverter`` keeps a payload that a client sent to a workflow, and that cannot be
+decoded, from failing the workflow's task for ever (see its docstring).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+from temporalio.api.common.v1 import Payload
+from temporalio.api.failure.v1 import Failure
+from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
+from temporalio.converter import (
+    CompositePayloadConverter,
+    DataConverter,
+    DefaultPayloadConverter,
+    EncodingPayloadConverter,
+    JSONPlainPayloadConverter,
+)
+from temporalio.exceptions import ApplicationError
+
+try:  # private (temporalio 1.35): which workflow command the payload being decoded belongs to
+    from temporalio.worker._command_aware_visitor import current_command_info
+except ImportError:  # pragma: no cover - another SDK version: every decoding error raises
+    current_command_info = None  # type: ignore[assignment]
+
+from turnkeep.payloads.codec import ENCODING as ENCRYPTED
+from turnkeep.payloads.codec import EncryptedPayloadRefusal, refuse_encrypted
+
+UNDECODABLE = b"binary/turnkeep-undecodable"
+ERROR_TYPE = "turnkeep-error-type"
+
+
+class UndecodablePayloadError(ApplicationError):
+    """A payload sent to a workflow could not be decoded (its key is unknown, it does not
+    authenticate, it is not encrypted, its stored payload is missing...). Non-retryable: what
+    it was sent for fails (the workflow's start, an update, a query) with this message."""
+
+    def __init__(self, message: str, error_type: str | None) -> None:
+        super().__init__(message, type=error_type, non_retryable=True)
+
+
+class _UndecodableConverter(EncodingPayloadConverter):
+    """Raises ``UndecodablePayloadError`` for the stand-in ``TurnkeepDataConverter`` puts where
+    a payload could not be decoded; never writes one."""
+
+    @property
+    def encoding(self) -> str:
+        return UNDECODABLE.decode()
+
+    def to_payload(self, value: Any) -> Payload | None:
+        return None
+
+    def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
+        error_type = payload.metadata.get(ERROR_TYPE, b"").decode("utf-8", errors="replace")
+        raise UndecodablePayloadError(
+            payload.data.decode("utf-8", errors="replace"), error_type or None
+        )
+
+
+_JSON = PydanticJSONPlainPayloadConverter()
+_REFUSE_ENCRYPTED = EncryptedPayloadRefusal()
+# Temporal's defaults with the shared JSON converter, by encoding, built once: the SDK
+# constructs this class for every payload it converts (a ``dataclasses.replace`` of the data
+# converter re-runs its ``__post_init__``), ~15 times per turn iteration with payload storage on.
+_CONVERTERS = {
+    c.encoding.encode(): c
+    for c in (
+        *(
+            _JSON if isinstance(c, JSONPlainPayloadConverter) else c
+            for c in DefaultPayloadConverter.default_encoding_payload_converters
+        ),
+        _REFUSE_ENCRYPTED,
+        _UndecodableConverter(),
+    )
+}
+
+
+class TurnkeepPayloadConverter(CompositePayloadConverter):
+    """``temporalio.contrib.pydantic.PydanticPayloadConverter`` with a shared JSON converter,
+    and one that names the missing ``encryption`` config when it meets an encrypted payload
+    (with encryption on, the codec decrypts every payload before this converter sees it)."""
+
+    def __init__(self) -> None:
+        # Shared, not copied: nothing mutates the mapping (``with_context`` gives a new
+        # instance its own), and building it was most of this constructor's cost.
+        self.converters = _CONVERTERS
+
+
+# Set while ``decode``/``decode_failure`` run: their callers (clients, activities, `turnkeep
+# show`) get the decoding error itself, raised where it happens.
+_RAISE_AT_ONCE: ContextVar[bool] = ContextVar("turnkeep_raise_at_once", default=False)
+
+_Stage = Callable[[Sequence[Payload]], Awaitable[list[Payload]]]
+
+
+class TurnkeepDataConverter(DataConverter):
+    """Temporal's data converter, except for payloads a client sent to a workflow that cannot
+    be decoded.
+
+    The worker decodes a workflow activation's payloads (codec, external storage) before any
+    workflow code runs, and any error there fails the workflow task, which is retried for ever;
+    a non-retryable ``ApplicationError`` there would instead fail the whole workflow, so one bad
+    update or query from any client could kill a healthy turn. So where such a payload cannot
+    be decoded, this puts a stand-in that says why, and the payload converter raises
+    ``UndecodablePayloadError`` when the workflow converts it: inside the workflow, where the
+    SDK fails only what the payload was sent for. A bad start input fails the workflow, an
+    update is rejected, a query fails, a signal is dropped (logged).
+
+    Only payloads that come from clients get a stand-in: those the activation's jobs carry
+    outside any workflow command (start input, updates, queries, signals). A command's payload
+    (an activity's result) comes from turnkeep's own workers, and a failure to decode it is a
+    worker's misconfiguration that fixing it mends: it still fails the task, which retries.
+    So do I/O errors (the storage may come back). On a replay, the stand-in fails the workflow
+    differently from its history, a nondeterminism error that also retries the task.
+    """
+
+    async def decode(
+        self, payloads: Sequence[Payload], type_hints: list[type] | None = None
+    ) -> list[Any]:
+        token = _RAISE_AT_ONCE.set(True)
+        try:
+            return await super().decode(payloads, type_hints)
+        finally:
+            _RAISE_AT_ONCE.reset(token)
+
+    async def decode_failure(self, failure: Failure) -> BaseException:
+        token = _RAISE_AT_ONCE.set(True)
+        try:
+            return await super().decode_failure(failure)
+        finally:
+            _RAISE_AT_ONCE.reset(token)
+
+    async def _decode_reference_payload_sequence(
+        self, payloads: Sequence[Payload]
+    ) -> list[Payload]:
+        return await _or_stand_in(super()._decode_reference_payload_sequence, payloads)
+
+    async def _external_retrieve_payload_sequence(
+        self, payloads: Sequence[Payload]
+    ) -> list[Payload]:
+        return await _or_stand_in(super()._external_retrieve_payload_sequence, payloads)
+
+    async def _decode_payload_sequence(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return await _or_stand_in(self._decrypt, payloads)
+
+    async def _decrypt(self, payloads: Sequence[Payload]) -> list[Payload]:
+        if self.payload_codec is None:
+            # Here too, not only in the payload converter: a workflow converting it would
+            # fail its task with "Failed decoding arguments".
+            for payload in payloads:
+                if payload.metadata.get("encoding") == ENCRYPTED:
+                    refuse_encrypted(payload)
+        return await super()._decode_payload_sequence(payloads)
+
+
+async def _or_stand_in(stage: _Stage, payloads: Sequence[Payload]) -> list[Payload]:
+    """``stage`` applied to ``payloads``, with a stand-in for each client's payload that it
+    cannot decode (``TurnkeepDataConverter``)."""
+    if (
+        _RAISE_AT_ONCE.get()
+        or current_command_info is None
+        or current_command_info.get() is not None
+    ):
+        return await stage(payloads)
+    pending = [i for i, p in enumerate(payloads) if p.metadata.get("encoding") != UNDECODABLE]
+    if len(pending) == len(payloads):
+        try:
+            return await stage(payloads)
+        except Exception as err:
+            if _transient(err):
+                raise
+    # One at a time, to tell the bad payloads from the good ones.
+    decoded = list(payloads)
+    for i in pending:
+        try:
+            [decoded[i]] = await stage([payloads[i]])
+        except Exception as err:
+            if _transient(err):
+                raise
+            decoded[i] = _stand_in(err)
+    return decoded
+
+
+def _transient(err: BaseException) -> bool:
+    """Whether an I/O error caused ``err`` (retrying may succeed), not the payload itself."""
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, OSError):
+            return True
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+    return False
+
+
+def _stand_in(err: Exception) -> Payload:
+    return Payload(
+        metadata={"encoding": UNDECODABLE, ERROR_TYPE: type(err).__name__.encode()},
+        data=f"a payload sent to this workflow cannot be decoded: {err}".encode(),
+    )

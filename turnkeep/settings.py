@@ -1,0 +1,385 @@
+"""The worker's configuration schema (``turnkeep.yaml``).
+
+It accepts fast-agent's keys (``default_model``, ``mcp.servers``, ``anthropic``, ``openai``,
+``generic``) and adds ``agents`` and ``function_tools``. Everything a turn may touch — processes,
+URLs, files, credentials — is named here and only here; turn input can only pick an agent.
+Loading the YAML (``${VAR}`` expansion, secrets file) is ``turnkeep/worker/config.py``'s job.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    model_validator,
+)
+
+from turnkeep.errors import config_error, known
+from turnkeep.workflows.activity_io import (
+    DEFAULT_CONTINUE_AS_NEW_BYTES,
+    DEFAULT_CONTINUE_AS_NEW_EVENTS,
+    HookPoint,
+)
+from turnkeep.workflows.turn_io import DEFAULT_MAX_ITERATIONS, TurnOverrides
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class McpServerSettings(_Settings):
+    """One entry of fast-agent's ``mcp.servers``."""
+
+    transport: Literal["stdio", "http", "sse"] | None = None  # inferred when omitted
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    url: str | None = None
+    headers: dict[str, str] | None = None
+    description: str | None = None
+    # Seconds to wait for the server to start and answer `initialize`.
+    init_timeout: float = 30.0
+
+    @model_validator(mode="after")
+    def _infer_transport(self) -> McpServerSettings:
+        if self.transport is None:
+            self.transport = "stdio" if self.command else "http"
+        if self.transport == "stdio" and not self.command:
+            raise ValueError("a stdio MCP server needs `command`")
+        if self.transport in ("http", "sse") and not self.url:
+            raise ValueError(f"an {self.transport} MCP server needs `url`")
+        return self
+
+
+class McpSettings(_Settings):
+    servers: dict[str, McpServerSettings] = Field(default_factory=dict)
+
+
+class ProviderSettings(_Settings):
+    """fast-agent's ``anthropic:`` / ``openai:`` / ``generic:`` blocks."""
+
+    api_key: SecretStr | None = None
+    base_url: str | None = None
+    default_headers: dict[str, str] | None = None
+
+
+class TimeoutSettings(_Settings):
+    start_to_close: float = 600.0
+    # Activities beat every third of this, so a dead worker's call is retried, and a
+    # cancelled one stops, within about this many seconds rather than after start_to_close.
+    heartbeat: float | None = 10.0
+    max_attempts: int = 5
+
+
+class CompactionSettings(_Settings):
+    """Mid-turn compaction (SPEC §6): summarise older exchanges before a follow-up model call
+    once the estimated context reaches ``threshold`` of the model's window."""
+
+    enabled: bool = True
+    threshold: float = Field(default=0.85, gt=0, le=1)
+    keep_exchanges: int = Field(default=2, ge=0)
+    # The model's context window in tokens; known models have a default
+    # (turnkeep/activities/models.py).
+    context_window: int | None = Field(default=None, gt=0)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _retention(value: Any) -> Any:
+    """``off``/``null`` (YAML reads a bare ``off`` as false) means never; ``7d``-style
+    shorthands become seconds; anything else is left to pydantic's timedelta parsing."""
+    if value is None or value is False or (isinstance(value, str) and value.lower() == "off"):
+        return None
+    if isinstance(value, str) and (match := _DURATION.fullmatch(value.strip().lower())):
+        return float(match[1]) * _UNIT_SECONDS[match[2]]
+    return value
+
+
+def _positive(value: timedelta | None) -> timedelta | None:
+    if value is not None and value <= timedelta(0):
+        raise ValueError("retention must be positive (or off)")
+    return value
+
+
+Retention = Annotated[timedelta | None, BeforeValidator(_retention), AfterValidator(_positive)]
+
+
+class PayloadStorageSettings(_Settings):
+    """Where payloads above ``threshold_bytes`` go instead of the workflow history: Temporal's
+    external payload storage (``turnkeep/payloads/storage.py``). Every client and worker of a
+    task queue must use the same storage, or one cannot read what another wrote."""
+
+    # local: files in `path` (client and workers on one machine, or a shared filesystem);
+    # s3: `bucket` (needs `pip install "temporalio[aioboto3]"`); off: payloads stay inline and a
+    # turn whose result passes Temporal's 2 MB limit fails with an error saying so.
+    driver: Literal["local", "s3", "off"] = "local"
+    # Default: <state dir>/payloads, the state dir being $TURNKEEP_STATE_DIR, else
+    # $XDG_STATE_HOME/turnkeep, else ~/.local/state/turnkeep. Relative paths: from the file.
+    path: Path | None = None
+    # Payloads of at least this many bytes are stored externally. Below Temporal's 2 MB limit.
+    threshold_bytes: int = Field(default=256 * 1024, ge=0, lt=2 * 1024 * 1024)
+    bucket: str | None = None
+    # Prepended to every object key. Changing it makes earlier references unreadable.
+    prefix: str = ""
+    # local: payload files nobody has stored or read for this long, and no running turn
+    # references, are deleted by the workers' sweep and `turnkeep gc`. Keep it longer than your
+    # longest turn plus the namespace's retention (the dev server keeps closed turns 1 day), so
+    # a closed turn stays readable for as long as Temporal keeps it.
+    # 7d, 12h, 90m, 3600 (seconds), P7D; off: never delete. S3 is never swept: give the bucket
+    # a lifecycle rule instead (see README).
+    retention: Retention = timedelta(days=7)
+
+    @model_validator(mode="after")
+    def _s3_needs_a_bucket(self) -> PayloadStorageSettings:
+        if self.driver == "s3" and not self.bucket:
+            raise ValueError("payload_storage.driver 's3' needs `bucket`")
+        return self
+
+
+class ContinueAsNewSettings(_Settings):
+    """When a long turn's run hands over to a fresh run (Temporal continue-as-new), so no run's
+    history nears Temporal's limits (50 MB, 51,200 events) and a worker that takes a turn over
+    replays only its current run. Checked between steps; the new run carries the conversation
+    in its input, so a threshold should stay well above the conversation's own size."""
+
+    history_bytes: int | None = Field(default=DEFAULT_CONTINUE_AS_NEW_BYTES, gt=0)
+    history_events: int | None = Field(default=DEFAULT_CONTINUE_AS_NEW_EVENTS, gt=0)
+    # Also when the server suggests it (its `limit.history*.suggestContinueAsNew` settings).
+    when_suggested: bool = True
+
+
+class VisibilitySettings(_Settings):
+    """What a turn publishes for operators (turnkeep/workflows/visibility.py)."""
+
+    # Mid-turn, search attributes (iterations, tokens) are upserted at most this often, in
+    # seconds of workflow time: each upsert is a history event and a write to the server's
+    # visibility store. A turn's start (by `start_turn` with the start request, the model
+    # excepted) and its end are always published, and the workflow's current details follow
+    # every step whatever this says. 0: after every answer. A minute by default: the cost is
+    # per running turn (a fleet of 1,000 turns at 10 s was 100 visibility writes a second),
+    # while the turn's own page shows its progress live through the current details.
+    search_attribute_interval: float = Field(default=60.0, ge=0)
+
+
+# -- payload encryption (turnkeep/payloads/codec.py, turnkeep/worker/codec_server.py) ------------
+
+AES_256_KEY_BYTES = 32
+# Key ids travel in every encrypted payload's metadata (in clear): short, printable, no secrets.
+_KEY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+_MIN_TOKEN_CHARS = 16
+
+
+def decode_key(key_id: str, value: SecretStr) -> bytes:
+    """The 32 bytes of one ``encryption.keys`` entry (standard or URL-safe base64). Errors name
+    the key's id, never the key."""
+    text = value.get_secret_value().strip().replace("-", "+").replace("_", "/")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(
+            f"encryption.keys[{key_id!r}] is not base64; make a key with `openssl rand -base64 32`"
+        ) from None
+    if len(raw) != AES_256_KEY_BYTES:
+        raise ValueError(
+            f"encryption.keys[{key_id!r}] decodes to {len(raw)} bytes, but an AES-256 key is "
+            f"{AES_256_KEY_BYTES} bytes; make one with `openssl rand -base64 32`"
+        )
+    return raw
+
+
+def _origin(value: str) -> str:
+    """``scheme://host[:port]`` as a browser sends it in ``Origin`` (lower case, no slash)."""
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+        raise ValueError(
+            f"{value!r} is not a web origin; write scheme://host:port, e.g. http://127.0.0.1:8233"
+        )
+    if parts.query or parts.fragment or "@" in parts.netloc:
+        raise ValueError(f"{value!r} is not a web origin (no query, fragment or user)")
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+Origin = Annotated[str, AfterValidator(_origin)]
+
+
+class _SecretSettings(_Settings):
+    # A validation error normally quotes the offending input: here that could be a key or token.
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+
+class CodecServerSettings(_SecretSettings):
+    """``turnkeep codec-server``: Temporal's remote codec protocol over HTTP, so the Web UI (and
+    ``temporal workflow show --codec-endpoint``) can show decrypted payloads."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8234, ge=0, le=65535)  # 0: any free port
+    # Every request must present it: `Authorization: Bearer <token>`, or the cookie the server's
+    # /login page sets for a browser. Required to start the server.
+    token: SecretStr | None = None
+    # Web UI origins (scheme://host:port) whose pages may call the server. When turnkeep starts
+    # the embedded Web UI together with the codec server, the UI's own origin is added.
+    origins: list[Origin] = Field(default_factory=list)
+    # How long a browser's /login sign-in lasts (`12h`, `90m`, seconds...); /logout ends it sooner.
+    session_lifetime: Annotated[
+        timedelta, BeforeValidator(_retention), AfterValidator(_positive)
+    ] = timedelta(hours=12)
+
+    @model_validator(mode="after")
+    def _long_enough_token(self) -> CodecServerSettings:
+        if self.token is not None and len(self.token.get_secret_value()) < _MIN_TOKEN_CHARS:
+            raise ValueError(
+                f"encryption.codec_server.token must be at least {_MIN_TOKEN_CHARS} characters; "
+                "make one with `openssl rand -base64 32`"
+            )
+        return self
+
+
+class EncryptionSettings(_SecretSettings):
+    """Every payload AES-256-GCM encrypted before it leaves the process
+    (``turnkeep/payloads/codec.py``): histories, query results and stored large payloads hold
+    ciphertext. Each payload names its key's id, so keys rotate: new payloads use
+    ``current_key``, and any key still listed in ``keys`` decrypts. Remove a key only once no
+    kept history or stored payload uses it."""
+
+    current_key: str
+    # key id -> base64 of 32 random bytes; give them as ${VAR} or in turnkeep.secrets.yaml.
+    keys: dict[str, SecretStr]
+    # zlib before encryption, kept only when it makes the payload smaller.
+    compress: bool = True
+    # Accept unencrypted payloads (from clients without the keys, or written before encryption
+    # was on). Off by default: a plain client's prompt would stay in clear in the history.
+    allow_plaintext: bool = False
+    codec_server: CodecServerSettings = Field(default_factory=CodecServerSettings)
+
+    @model_validator(mode="after")
+    def _usable_keys(self) -> EncryptionSettings:
+        for key_id, value in self.keys.items():
+            if not _KEY_ID.fullmatch(key_id):
+                raise ValueError(
+                    f"encryption key id {key_id!r} must be 1-64 letters, digits, '.', '_', ':' "
+                    "or '-' (it is stored, unencrypted, in every payload)"
+                )
+            decode_key(key_id, value)
+        if self.current_key not in self.keys:
+            raise ValueError(
+                f"encryption.current_key {self.current_key!r} is not in encryption.keys "
+                f"(ids: {sorted(self.keys)})"
+            )
+        return self
+
+    def key_bytes(self) -> dict[str, bytes]:
+        return {key_id: decode_key(key_id, value) for key_id, value in self.keys.items()}
+
+
+ALL_OVERRIDES = frozenset(TurnOverrides.model_fields) - {"model"}
+
+
+class AgentSettings(_Settings):
+    model: str | None = None  # falls back to default_model
+    instruction: str | None = None
+    servers: list[str] = Field(default_factory=list)
+    # fast-agent's tool filter: server -> tool names (fnmatch patterns) the agent may see.
+    tools: dict[str, list[str]] | None = None
+    max_iterations: int = DEFAULT_MAX_ITERATIONS
+    use_history: bool = True
+    parallel_tool_calls: bool = True
+    temperature: float | None = None
+    max_tokens: int | None = None
+    # Which TurnInput overrides a turn may set; none unless listed (a turn may always lower
+    # max_iterations and max_tokens). `model` is governed by `models` instead.
+    overrides: list[str] = Field(default_factory=list)
+    # Model strings a turn may ask for instead of `model`.
+    models: list[str] = Field(default_factory=list)
+    # Scripted assistant messages for the `playback` model (a JSON file).
+    playback: Path | None = None
+    # Hook names (from the top-level `hooks`) to run at each of fast-agent's hook points.
+    hooks: dict[HookPoint, list[str]] = Field(default_factory=dict)
+    compaction: CompactionSettings = Field(default_factory=CompactionSettings)
+    llm_timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+    tool_timeouts: TimeoutSettings = Field(
+        default_factory=lambda: TimeoutSettings(start_to_close=300.0, max_attempts=3)
+    )
+
+    @model_validator(mode="after")
+    def _known_overrides(self) -> AgentSettings:
+        unknown = set(self.overrides) - ALL_OVERRIDES
+        if unknown:
+            raise ValueError(
+                f"unknown override(s) {sorted(unknown)}; choose from {sorted(ALL_OVERRIDES)}"
+            )
+        return self
+
+
+# Errors don't quote input: a bad value anywhere in the file could be a key or token.
+class Settings(_SecretSettings):
+    default_model: str | None = None
+    task_queue: str = "turnkeep"
+    mcp: McpSettings = Field(default_factory=McpSettings)
+    # server name -> "package.module:function" import paths, served by an in-process FastMCP
+    # server under that name.
+    function_tools: dict[str, list[str]] = Field(default_factory=dict)
+    # hook name -> "package.module:function"; agents enable hooks by name per hook point.
+    hooks: dict[str, str] = Field(default_factory=dict)
+    agents: dict[str, AgentSettings] = Field(default_factory=dict)
+    # Tool results above this many bytes are truncated with a visible note. Unset (the default):
+    # with payload_storage on, never (a large result is stored whole and the model gets all of
+    # it); with it off, at 256 KiB, so one huge result cannot push a workflow payload past
+    # Temporal's 2 MB limit. Set it to cap what a model is shown even with storage on.
+    max_tool_result_bytes: int | None = Field(default=None, gt=0)
+    # Large payloads (tool results, the turn's result) in external storage, not in history.
+    payload_storage: PayloadStorageSettings = Field(default_factory=PayloadStorageSettings)
+    # Long turns continue as new past these history sizes.
+    continue_as_new: ContinueAsNewSettings = Field(default_factory=ContinueAsNewSettings)
+    visibility: VisibilitySettings = Field(default_factory=VisibilitySettings)
+    # Payload encryption (AES-256-GCM) with rotating keys; off when absent.
+    encryption: EncryptionSettings | None = None
+    anthropic: ProviderSettings | None = None
+    openai: ProviderSettings | None = None
+    generic: ProviderSettings | None = None
+    # Where relative paths in the file (cwd, playback) are resolved from.
+    base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
+
+    def unknown_servers(self, known: set[str]) -> dict[str, list[str]]:
+        """Per agent, the servers it names that are not among ``known``."""
+        return {
+            name: missing
+            for name, agent in self.agents.items()
+            if (missing := [s for s in agent.servers if s not in known])
+        }
+
+    def unknown_hooks(self, known: set[str]) -> dict[str, list[str]]:
+        """Per agent, the hooks it enables that are not among ``known``."""
+        return {
+            name: missing
+            for name, agent in self.agents.items()
+            if (missing := sorted({h for hs in agent.hooks.values() for h in hs} - known))
+        }
+
+    def agent(self, name: str) -> AgentSettings:
+        """The agent a request names: every activity looks its agent up here, so a request
+        naming an agent this worker doesn't configure is refused wherever it comes from."""
+        agent = self.agents.get(name)
+        if agent is None:
+            raise config_error(
+                "UnknownAgent",
+                f"Unknown agent {name!r}. This worker's agents: {known(self.agents)}.",
+            )
+        return agent
+
+    def path(self, p: Path) -> Path:
+        return p if p.is_absolute() else self.base_dir / p

@@ -1,0 +1,197 @@
+"""Client helpers: start a turn, watch its messages as they are produced, get its result.
+
+Any Temporal client can do the same by hand: start workflow type ``TurnWorkflow`` on task queue
+``turnkeep`` with a ``TurnInput`` as JSON. These helpers add the long-poll that makes watching
+cheap, and reading the repaired conversation of a cancelled turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.exceptions import CancelledError
+from temporalio.service import RPCError, RPCStatusCode
+
+from turnkeep.worker.search_attributes import present_search_attributes
+from turnkeep.worker.turn_history import read_turn
+from turnkeep.workflows import visibility
+from turnkeep.workflows.messages import Message
+from turnkeep.workflows.turn_io import TurnInput, TurnProgress, TurnResult
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
+
+DEFAULT_TASK_QUEUE = "turnkeep"
+_QUERY_ATTEMPTS = 3
+_RETRYABLE_QUERY = (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE)
+
+
+class TurnCancelledError(Exception):
+    """The turn was cancelled; ``result`` holds the repaired conversation to continue from."""
+
+    def __init__(self, result: TurnResult | None) -> None:
+        super().__init__("the turn was cancelled")
+        self.result = result
+
+
+def summarize(turn: TurnInput, limit: int = 120) -> str:
+    """The Web UI's one-line summary of a turn: its prompt, shortened."""
+    text = " ".join(turn.messages[-1].text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+async def start_turn(
+    client: Client,
+    turn: TurnInput,
+    *,
+    workflow_id: str | None = None,
+    task_queue: str = DEFAULT_TASK_QUEUE,
+) -> TurnHandle:
+    # The search attributes the starter knows go with the start request: the workflow then
+    # need not upsert them in its first task, one write to the server's visibility store less
+    # per turn (5-9 ms of the dev server's CPU, measured with bench's throughput batches).
+    present = await present_search_attributes(client)
+    handle = await client.start_workflow(
+        WORKFLOW_NAME,
+        turn,
+        id=workflow_id or f"turn-{turn.agent}-{uuid.uuid4().hex[:12]}",
+        task_queue=task_queue,
+        result_type=TurnResult,
+        static_summary=summarize(turn),
+        search_attributes=visibility.start_search_attributes(turn.agent, present),
+        # When a worker of this client polls the task queue (`turnkeep run`, an app that
+        # embeds its worker), the server hands it the turn's first workflow task in the start
+        # response instead of through a poll: 14 ms less per turn on the dev server (bench's
+        # harness, median of 12 pairs). Any other starter gets a normal start.
+        request_eager_start=True,
+    )
+    return TurnHandle(handle, client)
+
+
+def get_turn(client: Client, workflow_id: str, run_id: str | None = None) -> TurnHandle:
+    """A turn by workflow id. A long turn continues as new (several runs, one workflow id), so
+    updates, queries and cancel go to whichever run is current; ``run_id`` only says where
+    ``result()`` starts following the chain of runs."""
+    return TurnHandle(
+        WorkflowHandle(client, workflow_id, result_run_id=run_id, result_type=TurnResult), client
+    )
+
+
+class TurnHandle:
+    def __init__(self, handle: WorkflowHandle[Any, TurnResult], client: Client) -> None:
+        self.handle = handle
+        self.client = client
+
+    @property
+    def workflow_id(self) -> str:
+        return self.handle.id
+
+    async def messages(
+        self, start: int = 0, *, include_tool_results: bool = False
+    ) -> AsyncIterator[Message]:
+        """Each message of ``TurnResult.messages`` from index ``start`` on, as soon as the
+        workflow has it: assistant messages, plus tool-result messages when asked for."""
+        index = start
+        while True:
+            try:
+                progress = await self.handle.execute_update(
+                    "wait_for_messages", index, result_type=TurnProgress
+                )
+            except WorkflowUpdateRPCTimeoutOrCancelledError as err:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # The SDK turns our cancellation into this error; give it back as one.
+                    raise asyncio.CancelledError() from err
+                continue  # only the long-poll timed out: poll again
+            except (RPCError, WorkflowUpdateFailedError):
+                if await self._running():
+                    raise
+                progress = None
+            if progress is None:  # the run has closed: read what it ended with
+                closed = await self._closed()
+                new = closed.messages[index:] if closed else []
+            elif progress.count > index:
+                new = await self._transcript(index)
+            else:
+                # Nothing new: the run let its watchers go to continue as new. The next
+                # update reaches the new run, which carries the same messages.
+                new = []
+            for message in new:
+                index += 1
+                if message.role == "assistant" or (include_tool_results and message.tool_results):
+                    yield message
+            if progress is None or (progress.done and index >= progress.count):
+                return
+
+    async def result(self) -> TurnResult:
+        """The turn's result; raises ``TurnCancelledError`` (with the repaired conversation)
+        when it was cancelled."""
+        try:
+            return await self.handle.result()
+        except WorkflowFailureError as err:
+            if isinstance(err.cause, CancelledError):
+                raise TurnCancelledError(await self.current()) from err
+            raise
+
+    async def current(self) -> TurnResult | None:
+        """The turn as it stands, on a running or a closed (including cancelled) workflow.
+
+        A running turn is asked by query, which a worker for its task queue answers; a closed
+        one is read without any worker (see ``_closed``)."""
+        if not await self._running():
+            return await self._closed()
+        attempt = 1
+        while True:
+            try:
+                return await self.handle.query(TurnWorkflow.turn)
+            except RPCError as err:
+                if not await self._running():
+                    return await self._closed()  # it closed meanwhile
+                # A busy worker may not answer before the server gives up on the query.
+                if err.status not in _RETRYABLE_QUERY or attempt >= _QUERY_ATTEMPTS:
+                    raise
+                attempt += 1
+
+    async def cancel(self) -> None:
+        await self.handle.cancel()
+
+    async def _transcript(self, start: int) -> list[Message]:
+        """``TurnResult.messages[start:]`` from the current run (every run of the turn holds
+        them all, so which one answers does not matter)."""
+        attempt = 1
+        while True:
+            try:
+                return await self.handle.query(TurnWorkflow.transcript, start)
+            except RPCError as err:
+                # A run that has just continued as new answers once a worker has run its
+                # first task; a busy worker may not get there before the server gives up.
+                if err.status not in _RETRYABLE_QUERY or attempt >= _QUERY_ATTEMPTS:
+                    raise
+                attempt += 1
+
+    async def _running(self) -> bool:
+        return (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING
+
+    async def _closed(self) -> TurnResult | None:
+        """What a closed turn ended with: its result if it completed, else the turn as its
+        history has it (a cancelled turn's repaired conversation; as far as a failed one got),
+        replayed here (``worker.turn_history``), so no worker has to be running."""
+        try:
+            return await self.handle.result()
+        except WorkflowFailureError:
+            pass
+        # Any run the handle knows of pins the turn (should its workflow id be reused);
+        # read_turn follows the chain from it to the run the turn ended in. None: the latest.
+        # (The SDK's handle keeps its client private.)
+        h = self.handle
+        run_id = h.result_run_id or h.run_id or h.first_execution_run_id
+        return (await read_turn(self.client, self.workflow_id, run_id)).result

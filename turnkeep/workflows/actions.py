@@ -1,0 +1,215 @@
+"""The loop's *actions* as seen from workflow code: each one schedules activities by name and
+turns their failures into what the loop expects (SPEC §3): a failed model call becomes an
+assistant ``error`` message, a failed tool call an isError result. Nothing here decides
+when to call what; that is ``turnkeep/workflows/loop.py``."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import TypeVar
+
+from pydantic import BaseModel
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
+
+from turnkeep.workflows import visibility
+from turnkeep.workflows.activity_io import (
+    CALL_TOOL,
+    COMPACT_HISTORY,
+    LIST_TOOLS,
+    LLM_STEP,
+    PREPARE_TURN,
+    RUN_HOOK,
+    CompactRequest,
+    HookChange,
+    HookContext,
+    HookRequest,
+    LlmRequest,
+    LlmStepRequest,
+    MessageJson,
+    PrepareTurnRequest,
+    Timeouts,
+    ToolCallOutcome,
+    ToolCallRequest,
+    ToolCatalog,
+    ToolSpec,
+    ToolsRequest,
+    TurnPlan,
+)
+from turnkeep.workflows.loop import ToolBatch
+from turnkeep.workflows.messages import CallToolResult, Message, StopReason, TextContent
+from turnkeep.workflows.turn_io import TurnInput
+
+T = TypeVar("T")
+
+# Preparing a turn only reads configuration; a few attempts cover a worker dying mid-way,
+# while configuration errors are non-retryable anyway.
+SETUP = Timeouts(start_to_close=120.0, heartbeat=15.0, max_attempts=3)
+# Hooks are the worker owner's own code: quick, and retried a little in case of I/O hiccups.
+_HOOK = Timeouts(start_to_close=60.0, heartbeat=None, max_attempts=3)
+
+
+async def execute(name: str, arg: BaseModel, result_type: type[T], summary: str, t: Timeouts) -> T:
+    """Schedule one of the turn's activities by name, with ``t``'s timeouts and retry policy,
+    and await its result."""
+    try:
+        result: T = await workflow.execute_activity(
+            name,
+            arg,
+            result_type=result_type,
+            summary=summary,
+            start_to_close_timeout=timedelta(seconds=t.start_to_close),
+            heartbeat_timeout=timedelta(seconds=t.heartbeat) if t.heartbeat else None,
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=t.initial_interval),
+                backoff_coefficient=t.backoff,
+                maximum_interval=timedelta(seconds=t.max_interval),
+                maximum_attempts=t.max_attempts,
+            ),
+        )
+    except ActivityError as err:
+        # A cancelled activity surfaces as an ActivityError; the loop must see a cancellation
+        # (and repair the conversation), not a failure to report to the model.
+        if isinstance(err.cause, CancelledError):
+            raise asyncio.CancelledError() from err
+        raise
+    return result
+
+
+def failure_text(err: ActivityError) -> str:
+    """What went wrong, in the activity's own words: the failure under the activity wrapper
+    (its own causes are detail a user doesn't need, and may be host-specific)."""
+    cause = err.cause or err
+    kind = cause.type if isinstance(cause, ApplicationError) and cause.type else None
+    message = cause.message if isinstance(cause, FailureError) else str(cause)
+    return f"{kind}: {message}" if kind else message
+
+
+async def prepare_turn(turn: TurnInput) -> TurnPlan:
+    request = PrepareTurnRequest(agent=turn.agent, overrides=turn.overrides())
+    summary = visibility.prepare_summary(turn.agent)
+    return await execute(PREPARE_TURN, request, TurnPlan, summary, SETUP)
+
+
+async def list_tools(plan: TurnPlan) -> list[ToolSpec]:
+    if not plan.has_tools:
+        return []
+    catalog = await execute(
+        LIST_TOOLS,
+        ToolsRequest(agent=plan.agent),
+        ToolCatalog,
+        visibility.LIST_TOOLS_SUMMARY,
+        # A tool server that is briefly down (an HTTP server restarting) is retried as a tool
+        # call would be; one that cannot start fails at once (non-retryable).
+        plan.tools,
+    )
+    return catalog.tools
+
+
+async def call_model(request: LlmRequest, plan: TurnPlan, messages: MessageJson) -> Message:
+    """One model call. The workflow must answer ``MODEL_INPUT_QUERY`` with ``request`` while
+    this runs: the activity reads the request from there (see ``LlmStepRequest``).
+    ``messages`` is the turn's, kept from call to call."""
+    info = workflow.info()
+    step = LlmStepRequest.referencing(
+        request, workflow_id=info.workflow_id, run_id=info.run_id, messages=messages
+    )
+    try:
+        summary = visibility.llm_summary(request.call_index, request.model)
+        return await execute(LLM_STEP, step, Message, summary, plan.llm)
+    except ActivityError as err:
+        text = failure_text(err)
+        return Message(
+            role="assistant",
+            content=[TextContent(text=f"The model call failed: {text}")],
+            channels={"error": [TextContent(text=text)]},
+            stop_reason=StopReason.ERROR,
+        )
+
+
+async def run_tools(
+    batch: ToolBatch, plan: TurnPlan, completed: dict[str, CallToolResult]
+) -> tuple[dict[str, CallToolResult], dict[str, float]]:
+    """Run a batch; ``completed`` fills in as calls finish, so a cancellation keeps them."""
+    timing: dict[str, float] = {}
+    completed.update(batch.answered)
+    for call_id in batch.answered:
+        timing[call_id] = 0.0
+
+    async def run_one(call: ToolCallRequest) -> None:
+        started = workflow.time()
+        try:
+            summary = visibility.tool_summary(call)
+            outcome = await execute(CALL_TOOL, call, ToolCallOutcome, summary, plan.tools)
+            completed[call.call_id] = outcome.result
+            timing[call.call_id] = outcome.duration_ms
+        except ActivityError as err:
+            completed[call.call_id] = CallToolResult.error(f"Error: {failure_text(err)}")
+            timing[call.call_id] = (workflow.time() - started) * 1000
+
+    async def run_all() -> None:
+        if plan.parallel_tool_calls and len(batch.to_run) > 1:
+            await asyncio.gather(*(run_one(call) for call in batch.to_run))
+        else:
+            for call in batch.to_run:
+                await run_one(call)
+
+    # Shielded so that cancelling the turn cannot reach an activity whose result arrived in
+    # the same workflow task as the cancel: the SDK would turn that result into a
+    # CancelledError, and a tool that really ran would be reported as interrupted.
+    work = asyncio.ensure_future(run_all())
+    try:
+        await asyncio.shield(work)
+    except asyncio.CancelledError:
+        # A condition is checked only once every ready task has run: by then results that
+        # came with the cancel are in `completed`, and only calls still running get cancelled.
+        await workflow.wait_condition(lambda: True)
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        raise
+    return dict(completed), timing
+
+
+async def run_hook(hook: str, context: HookContext) -> HookChange:
+    """Raises ``ActivityError`` if the hook fails; what that means depends on the hook point."""
+    request = HookRequest(hook=hook, context=context)
+    summary = visibility.hook_summary(context.hook_point, hook)
+    return await execute(RUN_HOOK, request, HookChange, summary, _HOOK)
+
+
+async def compact_history(messages: list[Message], plan: TurnPlan) -> str:
+    """A summary of ``messages`` by the agent's model; raises ``ActivityError`` on failure."""
+    request = CompactRequest(agent=plan.agent, model=plan.model, messages=messages)
+    summary = await execute(COMPACT_HISTORY, request, Message, visibility.COMPACT_SUMMARY, plan.llm)
+    return summary.text
+
+
+# Longer than the tools of one answer take, as a rule; if one fires all the same, nothing waits
+# on it. Not longer: a server keeps the timer's task in its queue until then, cancelled or not.
+OUTCOME_TIMER = timedelta(days=1)
+
+
+def outcome_timer(summary: str) -> asyncio.Task[None]:
+    """Record ``summary`` in the history as the summary of a timer that nobody waits for, which
+    the Web UI shows like an activity's: its TimerStarted event goes out with the workflow
+    task's other commands, so it costs no activation, unlike ``note``. Cancel the task once
+    the server has the timer (a timer cancelled in the workflow task that started it is never
+    sent, and its summary would be lost)."""
+    return asyncio.ensure_future(workflow.sleep(OUTCOME_TIMER, summary=visibility.clip(summary)))
+
+
+async def note(summary: str) -> None:
+    """Record ``summary`` in the history as a no-op local activity's marker: the way to show
+    something learnt after an activity was scheduled, such as a model call's outcome, in the
+    Web UI's Event History. It adds no round trip to the server; failing, it only logs."""
+    try:
+        await workflow.execute_local_activity(
+            visibility.NOTE_ACTIVITY,
+            summary=visibility.clip(summary),
+            start_to_close_timeout=timedelta(seconds=10),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+        )
+    except ActivityError as err:
+        workflow.logger.warning("could not record %r in the history: %s", summary, err)

@@ -1,0 +1,371 @@
+"""Loop *control* for one turn: when to call the model, which tool calls to run, when to stop.
+
+Pure and synchronous — no Temporal, no I/O — so every rule of SPEC §3 is testable without a
+server. ``TurnWorkflow`` owns the *actions* (model and tool activities) and feeds their results
+back here; this is fast-agent's ``ToolRunner`` with the agent callbacks taken out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from turnkeep.workflows.activity_io import (
+    HookChange,
+    HookContext,
+    HookPoint,
+    LlmRequest,
+    ToolCallRequest,
+    ToolSpec,
+    TurnPlan,
+)
+from turnkeep.workflows.messages import (
+    CallToolResult,
+    Message,
+    StopReason,
+    TextContent,
+    estimate_tokens,
+    json_channel,
+)
+from turnkeep.workflows.repair import repair_dangling_tool_calls
+from turnkeep.workflows.turn_io import RollbackState, TurnInput, TurnResult, Usage
+
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n\n"
+STRUCTURED_FINALIZATION_PROMPT = (
+    "Now produce the final answer as structured JSON matching the requested schema. "
+    "Do not call any tools."
+)
+
+
+class ToolBatch(BaseModel):
+    """The tool calls of one assistant message, split into what runs and what is answered now."""
+
+    to_run: list[ToolCallRequest]
+    answered: dict[str, CallToolResult]  # unknown tool, invalid arguments
+
+
+class TurnState(BaseModel):
+    """Everything the loop knows; a pydantic model so it can be queried and carried over."""
+
+    plan: TurnPlan
+    tools: list[ToolSpec] = Field(default_factory=list)
+    history: list[Message]
+    messages: list[Message] = Field(default_factory=list)  # appended this turn
+    iteration: int = 0
+    model_calls: int = 0
+    finalizing: bool = False  # the deferred structured-output call has been asked for
+    done: bool = False
+    stop_reason: StopReason | None = None
+    usage: dict[str, Usage] = Field(default_factory=dict)
+    rollback: RollbackState | None = None
+    # Compaction replaces `(history + messages)[:compacted_upto]` with one summary message in
+    # what the model sees; `messages` itself keeps everything the turn appended.
+    summary: Message | None = None
+    compacted_upto: int = 0
+    compaction_failed: bool = False
+    # Only in the state a run hands to its continuation (continue-as-new): it was cut after the
+    # model asked for tools and before they ran, so the next run starts by running them.
+    cut_before_tools: bool = False
+
+    # -- starting -------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, turn: TurnInput, plan: TurnPlan) -> TurnState:
+        """Auto-heal a history left dangling by an interrupted turn, then add the new input.
+
+        As in fast-agent, the history is healed only when it is used and none of the new
+        messages carries tool results: those answer the dangling calls themselves, and a
+        second, contradictory result for the same call id is refused by strict providers."""
+        state = cls(plan=plan, history=list(turn.history))
+        if plan.use_history and not any(m.tool_results for m in turn.messages):
+            state._heal(turn.history)
+        state.messages.extend(turn.messages)
+        # A tool request at the end of the new messages has nobody to answer it either: left
+        # open, the model would be sent (and the next turn inherit) an unanswered call.
+        state._heal(turn.messages)
+        return state
+
+    def _heal(self, conversation: list[Message]) -> None:
+        heal, rollback = repair_dangling_tool_calls(conversation, completed={})
+        if heal is not None:
+            self.messages.append(heal)
+            self.rollback = rollback
+
+    # -- continuing as new ----------------------------------------------------------------
+
+    def carry(self, *, before_tools: bool) -> TurnState:
+        """The state a run hands to the next one when it continues as new. ``history`` is left
+        out: the next run gets the same ``TurnInput``, so it is not recorded twice."""
+        return self.model_copy(update={"history": [], "cut_before_tools": before_tools})
+
+    @classmethod
+    def resume(cls, turn: TurnInput, carried: TurnState) -> TurnState:
+        """The state a continued run starts from: what its predecessor carried over."""
+        return carried.model_copy(update={"history": list(turn.history), "cut_before_tools": False})
+
+    # -- asking the model -----------------------------------------------------------------
+
+    def conversation(self) -> list[Message]:
+        """The conversation as the model sees it (and as the next turn's history)."""
+        # use_history=false: the model sees only the instruction plus this turn's delta.
+        if not self.plan.use_history:
+            return self.messages
+        full = self.history + self.messages
+        return [self.summary, *full[self.compacted_upto :]] if self.summary else full
+
+    def model_request(self) -> LlmRequest:
+        """The one place the model's input is assembled."""
+        conversation = self.conversation()
+        return LlmRequest(
+            agent=self.plan.agent,
+            model=self.plan.model,
+            call_index=self.model_calls + 1,
+            instruction=self.plan.instruction,
+            messages=conversation,
+            tools=[] if self.finalizing else self.tools,
+            # With tools on offer the schema waits for the deferred final call, as in fast-agent.
+            structured_output=self.plan.structured_output
+            if self.finalizing or not self.tools
+            else None,
+            temperature=self.plan.temperature,
+            max_tokens=self.plan.max_tokens,
+        )
+
+    def on_assistant(self, assistant: Message) -> None:
+        """Record a model answer and decide: run tools, ask for the final JSON, or stop."""
+        self.model_calls += 1
+        self.messages.append(assistant)
+        self._add_usage(assistant)
+        if self.finalizing:
+            # The deferred structured-output call offered no tools: it ends the turn whatever
+            # it says, and calls it makes anyway are answered rather than run.
+            self._close_pending("Not run: no tools are available for the final answer.")
+            self._finish(assistant.stop_reason or StopReason.END_TURN)
+            return
+        if self.awaiting_tools:
+            return
+        if self.plan.structured_output and self.tools and not self.finalizing:
+            self.finalizing = True
+            self.messages.append(Message.user(STRUCTURED_FINALIZATION_PROMPT))
+            return
+        self._finish(assistant.stop_reason or StopReason.END_TURN)
+
+    @property
+    def awaiting_tools(self) -> bool:
+        """The only signal that continues the loop: the last answer stopped for tool use.
+
+        Even with no tool calls, as in fast-agent: the batch is empty, its results message
+        too, and the iteration still counts, so ``max_iterations`` bounds such a loop."""
+        last = self._last()
+        return (
+            not self.done
+            and last is not None
+            and last.role == "assistant"
+            and last.stop_reason == StopReason.TOOL_USE
+        )
+
+    # -- running tools --------------------------------------------------------------------
+
+    def tool_batch(self) -> ToolBatch:
+        """Plan the pending calls; unknown tools are answered here while the others still run."""
+        calls = self.messages[-1].tool_calls or {}
+        available = {tool.name for tool in self.tools}
+        to_run: list[ToolCallRequest] = []
+        answered: dict[str, CallToolResult] = {}
+        for call_id, call in calls.items():
+            if call.name not in available:
+                answered[call_id] = CallToolResult.error(_not_available(call.name, available))
+            elif call.invalid_arguments is not None:
+                answered[call_id] = CallToolResult.error(
+                    f"Tool '{call.name}' was called with arguments that are not a JSON object: "
+                    f"{call.invalid_arguments[:500]}"
+                )
+            else:
+                to_run.append(
+                    ToolCallRequest(
+                        agent=self.plan.agent,
+                        call_id=call_id,
+                        name=call.name,
+                        arguments=call.arguments,
+                    )
+                )
+        return ToolBatch(to_run=to_run, answered=answered)
+
+    def runs_every_pending_call(self) -> bool:
+        """Whether each call of the pending tool request runs as a tool activity (none is
+        answered without running: an unknown tool, arguments that are not an object). A
+        request without calls runs none: nothing else would tell that it was made."""
+        if not self.awaiting_tools:
+            return False
+        batch = self.tool_batch()
+        return bool(batch.to_run) and not batch.answered
+
+    def on_tool_results(
+        self, results: dict[str, CallToolResult], timing_ms: dict[str, float]
+    ) -> None:
+        """Append the results as one user message (in call order); then count and cap."""
+        calls = self.messages[-1].tool_calls or {}
+        ordered = {call_id: results[call_id] for call_id in calls}
+        timing = {call_id: {"timing_ms": round(ms, 3)} for call_id, ms in timing_ms.items()}
+        # A request without calls gets fast-agent's empty results message: nothing was timed.
+        channels = {"tool_timing": json_channel(timing)} if timing else None
+        self.messages.append(Message(role="user", tool_results=ordered, channels=channels))
+        self.iteration += 1
+        # Checked after the batch ran, so a cap of N allows N+1 model calls and the history
+        # never ends on a call without its result.
+        if self.iteration > self.plan.max_iterations:
+            # Replaced, not changed in place: a message in the conversation never changes
+            # (model calls' digests rely on it, see activity_io.MessageJson).
+            self.messages[-2] = self.messages[-2].model_copy(
+                update={"stop_reason": StopReason.MAX_ITERATIONS}
+            )
+            self._finish(StopReason.MAX_ITERATIONS)
+
+    # -- compaction -----------------------------------------------------------------------
+
+    def compaction_cut(
+        self, estimate: Callable[[list[Message]], int] = estimate_tokens
+    ) -> int | None:
+        """Where to split the conversation for a summary before the next model call, or None.
+
+        Only before a follow-up call (the last message holds tool results), once the estimated
+        context (``estimate``: ``estimate_tokens`` or the same number worked out faster)
+        reaches the agent's threshold; the pending tool exchange and the last few exchanges
+        are kept, so the cut falls just before an assistant message."""
+        compaction = self.plan.compaction
+        last = self._last()
+        if (
+            compaction is None
+            or self.compaction_failed
+            or not self.plan.use_history
+            or last is None
+            or not last.tool_results
+        ):
+            return None
+        request = self.model_request()
+        if estimate(request.messages) < compaction.threshold_tokens:
+            return None
+        conversation = request.messages
+        starts = [i for i, m in enumerate(conversation) if m.role == "assistant"]
+        keep = compaction.keep_exchanges + 1  # + the pending tool exchange
+        if len(starts) < keep:
+            return None
+        cut = starts[-keep]
+        # Nothing worth summarising: at most an earlier summary and one message.
+        return cut if cut >= 2 else None
+
+    def on_compacted(self, cut: int, summary: str) -> None:
+        """Replace the conversation before ``cut`` (an index into ``conversation()``)."""
+        # With a summary in place, conversation()[i] is (history + messages)[compacted_upto+i-1].
+        self.compacted_upto = self.compacted_upto + cut - 1 if self.summary else cut
+        self.summary = Message.user(SUMMARY_PREFIX + summary)
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def hook_context(self, point: HookPoint) -> HookContext:
+        # fast-agent hands after_llm_call the model's answer and after_turn_complete the final
+        # one, even when messages were appended after it (the results of a capped turn's last
+        # batch, the structured-output prompt, calls answered as not run).
+        answered = point in (HookPoint.AFTER_LLM_CALL, HookPoint.AFTER_TURN_COMPLETE)
+        return HookContext(
+            hook_point=point,
+            agent=self.plan.agent,
+            model=self.plan.model,
+            iteration=self.iteration,
+            messages=self.messages,
+            last_message=self._final() if answered else self._last(),
+            usage=self.usage,
+        )
+
+    def on_hook(self, hook: str, change: HookChange) -> None:
+        if change.replace is not None:
+            self.messages = list(change.replace)
+        if change.stop_reason is not None:
+            self._close_pending(f"Not run: hook '{hook}' ended the turn.")
+        self.messages.extend(change.append)
+        if change.stop_reason is not None:
+            self._finish(change.stop_reason)
+
+    def fail(self, text: str) -> None:
+        """End the turn with an ``error`` assistant message (e.g. a hook that must not fail)."""
+        self._close_pending("Not run: the turn ended with an error.")
+        self.messages.append(
+            Message(
+                role="assistant",
+                content=[TextContent(text=text)],
+                channels={"error": [TextContent(text=text)]},
+                stop_reason=StopReason.ERROR,
+            )
+        )
+        self._finish(StopReason.ERROR)
+
+    def _close_pending(self, text: str) -> None:
+        # A turn that stops while tool calls wait must not leave them unanswered.
+        calls = self.messages[-1].tool_calls if self.awaiting_tools else None
+        if calls:
+            results = {call_id: CallToolResult.error(text) for call_id in calls}
+            self.messages.append(Message(role="user", tool_results=results))
+
+    # -- ending ---------------------------------------------------------------------------
+
+    def cancel(self, completed: dict[str, CallToolResult]) -> None:
+        """Repair the conversation the way fast-agent does when a turn is interrupted."""
+        if not self.plan.use_history:
+            self.rollback = RollbackState.HISTORY_DISABLED
+        else:
+            repair, rollback = repair_dangling_tool_calls(
+                self.history + self.messages, completed=completed
+            )
+            if repair is not None:
+                self.messages.append(repair)
+            self.rollback = rollback
+        self._finish(StopReason.CANCELLED)
+
+    def result(self) -> TurnResult:
+        final = self._final()
+        return TurnResult(
+            final=final,
+            messages=self.messages,
+            history=self.conversation() if self.plan.use_history else self.history,
+            stop_reason=self.stop_reason or StopReason.END_TURN,
+            iterations=self.iteration,
+            usage=self.usage,
+            rollback=self.rollback,
+            structured=_parse_json(final.text) if final and self.plan.structured_output else None,
+        )
+
+    def _last(self) -> Message | None:
+        return self.messages[-1] if self.messages else None
+
+    def _final(self) -> Message | None:
+        """The turn's last assistant message: its answer so far."""
+        return next((m for m in reversed(self.messages) if m.role == "assistant"), None)
+
+    def _finish(self, stop_reason: StopReason) -> None:
+        self.done = True
+        self.stop_reason = stop_reason
+
+    def _add_usage(self, assistant: Message) -> None:
+        reported = assistant.channel_json("usage")
+        if reported is None:
+            return
+        usage = Usage.model_validate(reported) + Usage(calls=1)
+        model = self.plan.model
+        self.usage[model] = self.usage.get(model, Usage()) + usage
+
+
+def _not_available(name: str, available: set[str]) -> str:
+    """fast-agent's answer to a call of a tool the agent does not have."""
+    if not available:
+        return f"Tool '{name}' is not available. No tools are currently available."
+    return f"Tool '{name}' is not available. Available tools: {', '.join(sorted(available))}."
+
+
+def _parse_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None

@@ -1,0 +1,102 @@
+"""What a client sends to start a turn and what it gets back (SPEC §2)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from turnkeep.workflows.messages import Message, StopReason
+
+DEFAULT_MAX_ITERATIONS = 199
+
+# Names a client or a model hands over (agent, model, tool names) are short in any real
+# configuration. A bound keeps a megabyte-long one out of summaries, error texts and histories.
+NAME_MAX_CHARS = 200
+
+
+def _bare_text_is_a_user_message(value: Any) -> Any:
+    # `temporal workflow start --input '{"agent": "demo", "messages": ["hi"]}'` should just work.
+    return Message.user(value) if isinstance(value, str) else value
+
+
+InputMessage = Annotated[Message, BeforeValidator(_bare_text_is_a_user_message)]
+
+
+class TurnOverrides(BaseModel):
+    """Per-turn settings; the worker applies only those the agent's config allows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(default=None, max_length=NAME_MAX_CHARS)
+    max_iterations: int | None = Field(default=None, ge=0)
+    use_history: bool | None = None
+    parallel_tool_calls: bool | None = None
+    structured_output: dict[str, Any] | None = None  # a JSON Schema
+    temperature: float | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, gt=0)
+
+    def given(self) -> set[str]:
+        return {name for name, value in self if value is not None}
+
+
+class TurnInput(TurnOverrides):
+    """Input of ``TurnWorkflow``. Unknown keys are rejected: a turn can name an agent, never a
+    command, URL or file; everything the worker may touch comes from its own configuration."""
+
+    agent: str = Field(min_length=1, max_length=NAME_MAX_CHARS)
+    messages: list[InputMessage] = Field(min_length=1)
+    history: list[Message] = Field(default_factory=list)
+
+    def overrides(self) -> TurnOverrides:
+        return TurnOverrides.model_validate(
+            self.model_dump(include=set(TurnOverrides.model_fields))
+        )
+
+
+class Usage(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    calls: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            **{name: getattr(self, name) + getattr(other, name) for name in Usage.model_fields}
+        )
+
+
+class RollbackState(StrEnum):
+    """What repairing the conversation did (fast-agent's ``HistoryRollbackState``)."""
+
+    APPENDED_INTERRUPTED_TOOL_RESULT = "appended_interrupted_tool_result"
+    APPENDED_COMPLETED_TOOL_RESULT = "appended_completed_tool_result"
+    HISTORY_UNCHANGED = "history_unchanged"
+    HISTORY_EMPTY = "history_empty"
+    HISTORY_DISABLED = "history_disabled"
+
+
+class TurnResult(BaseModel):
+    # None only for a turn cancelled before the model ever answered.
+    final: Message | None
+    # Everything the turn appended to `history` it was given: an auto-heal message if one was
+    # needed, the input messages, then what the loop produced. Watchers index into this list.
+    messages: list[Message]
+    # The whole conversation after the turn: the next turn's `history`.
+    history: list[Message]
+    stop_reason: StopReason
+    iterations: int
+    usage: dict[str, Usage] = Field(default_factory=dict)
+    # Set when the conversation was repaired: auto-heal at the start, or a cancellation.
+    rollback: RollbackState | None = None
+    # The final answer parsed as JSON when the turn asked for structured output.
+    structured: Any = None
+
+
+class TurnProgress(BaseModel):
+    """Answer of the long-poll update watchers use: how far the turn has got."""
+
+    count: int  # len(TurnResult.messages) so far
+    done: bool

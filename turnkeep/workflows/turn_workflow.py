@@ -1,0 +1,415 @@
+"""``TurnWorkflow``: one agent turn as one Temporal workflow (SPEC §3, §4, §7).
+
+The history of this workflow *is* the checkpoint: every model call and tool call is an
+activity, so a worker that dies mid-turn is replaced by another that replays to the same point
+and carries on without repeating what already completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, NamedTuple, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from temporalio import workflow
+from temporalio.api.common.v1 import Payloads
+from temporalio.exceptions import ActivityError, ApplicationError
+
+from turnkeep.workflows import actions, visibility
+from turnkeep.workflows.activity_io import (
+    MODEL_INPUT_QUERY,
+    ContinueAsNewPlan,
+    HookPoint,
+    LlmRequest,
+    MessageJson,
+    ModelInputPage,
+    model_input_page,
+)
+from turnkeep.workflows.loop import TurnState
+from turnkeep.workflows.messages import CallToolResult, Message
+from turnkeep.workflows.turn_io import TurnInput, TurnProgress, TurnResult
+
+WORKFLOW_NAME = "TurnWorkflow"
+
+# As in fast-agent: a failing after_tool_call (or after_turn_complete, once the answer stands)
+# is logged and ignored; any other hook failing ends the turn with an `error` message.
+_HOOKS_THAT_MAY_FAIL = (HookPoint.AFTER_TOOL_CALL, HookPoint.AFTER_TURN_COMPLETE)
+
+
+# The patch under which a turn that fails before its plan says so in its search attributes.
+_FAILED_BEFORE_START = "turnkeep-failed-before-start"
+
+
+# A query whose arguments fail to decode as its parameters' types is answered with pydantic's
+# explanation (rather than the SDK's bare "Failed decoding arguments").
+@workflow.defn(name=WORKFLOW_NAME, failure_exception_types=[ValidationError])
+class TurnWorkflow:
+    # Any client may start this workflow with any arguments, so they are taken as they come and
+    # checked here: the SDK calls ``__init__`` and ``run`` with whatever the start carried, and
+    # a wrong count (or one it cannot decode) would fail the first workflow task for ever.
+    @workflow.init
+    def __init__(self, *args: Any) -> None:
+        # A bad start fails the workflow from `run` (the same first workflow task): raised
+        # here, the SDK would leave `run`'s coroutine created and never awaited.
+        self._start: _Start | ApplicationError
+        try:
+            self._start = _start_arguments(args)
+        except ApplicationError as err:
+            self._start = err
+        # A run continued from an earlier one (continue-as-new) starts from the state that
+        # run carried over, so watchers and queries see the whole turn from its first moment.
+        self._state: TurnState | None = None
+        if isinstance(self._start, _Start) and self._start.carried is not None:
+            self._state = TurnState.resume(self._start.turn, self._start.carried)
+        # Results of the current tool batch as they arrive, so a cancellation keeps them.
+        self._completed: dict[str, CallToolResult] = {}
+        # The request of the model call in flight, which `llm_step` reads by query.
+        self._model_input: LlmRequest | None = None
+        # Each message's JSON, digest and size, so a model call dumps (and the compaction
+        # check measures) only the messages new since the last (derived from the messages
+        # alone: the same on replay).
+        self._message_json = MessageJson()
+        # Set once this run is about to continue as new: long-polling watchers return, and
+        # ask again, which reaches the next run.
+        self._continuing = False
+        # Set when the conversation got too big to carry inline (payload storage off).
+        self._cannot_continue = False
+        # The search attribute values last upserted, so only changes are sent, and when.
+        self._published: visibility.SearchAttributeValues = {}
+        self._published_at: datetime | None = None
+        # Those the run's start request set: ``start_turn`` sets what it knows, and a run
+        # continued from another inherits that run's.
+        self._start_attributes = visibility.published_values(
+            workflow.info().typed_search_attributes
+        )
+        # Outcome timers not yet cancelled, with the history length when each was started.
+        self._outcome_timers: list[tuple[asyncio.Task[None], int]] = []
+
+    @workflow.run
+    async def run(self, *args: Any) -> TurnResult:
+        """One turn, possibly over several runs: a run whose history grows past the plan's
+        limits continues as new between two steps, handing its state to the next run (the
+        second argument), which needs neither ``prepare_turn`` nor ``list_tools`` again (their
+        answers are carried). ``__init__`` has checked ``args``."""
+        del args
+        if isinstance(self._start, ApplicationError):
+            self._failed_before_start()
+            raise self._start
+        turn, carried = self._start
+        if self._state is None:
+            try:
+                plan = await actions.prepare_turn(turn)
+            except ActivityError:  # an unknown agent or model, a bad override...
+                self._failed_before_start()
+                raise
+            self._state = TurnState.start(turn, plan)
+        state = self._state
+        if state.plan.visibility.start_attributes and self._start_attributes:
+            # They count as published: the rest follows when next due, not in this task, as
+            # each upsert is a visibility-store write. (Plans from before this upsert here.)
+            self._published = dict(self._start_attributes)
+            self._published_at = workflow.info().start_time
+        self._show(visibility.STARTING, publish=self._publish_due())
+        try:
+            if carried is None:
+                state.tools = await actions.list_tools(state.plan)
+            # Cut between the model's tool request and the tools: this run starts with them.
+            tools_next = carried is not None and carried.cut_before_tools
+            while not state.done:
+                if not tools_next:
+                    await self._maybe_compact()
+                    await self._hooks(HookPoint.BEFORE_LLM_CALL)
+                    if not state.done:
+                        await self._ask_model()
+                    if state.awaiting_tools:
+                        await self._continue_as_new_if_due(turn, before_tools=True)
+                tools_next = False
+                if state.awaiting_tools:
+                    await self._hooks(HookPoint.BEFORE_TOOL_CALL)
+                if state.awaiting_tools:
+                    await self._run_tools()
+                if not state.done:
+                    await self._continue_as_new_if_due(turn, before_tools=False)
+        except asyncio.CancelledError:
+            # fast-agent's interrupted-tool repair; after_turn_complete never runs here.
+            state.cancel(completed=self._completed)
+            self._show(visibility.ended(state), publish=True)
+            await self._release_watchers()
+            raise
+        await self._hooks(HookPoint.AFTER_TURN_COMPLETE)
+        self._show(visibility.ended(state), publish=True)
+        await self._release_watchers()
+        return state.result()
+
+    async def _release_watchers(self) -> None:
+        # Long-polling watchers see the end (state.done) before the run closes.
+        await workflow.wait_condition(workflow.all_handlers_finished)
+
+    async def _continue_as_new_if_due(self, turn: TurnInput, *, before_tools: bool) -> None:
+        """Hand the turn to a fresh run once this one's history is big enough. Called only
+        between steps, with no activity in flight: whatever a step did is in ``state``."""
+        state = self._require_state()
+        limits = state.plan.continue_as_new
+        if self._cannot_continue or not _history_full(limits):
+            return
+        carried = state.carry(before_tools=before_tools)
+        if limits.max_carried_bytes is not None:
+            size = _payload_bytes(turn, carried)
+            if size > limits.max_carried_bytes:
+                # Messages are only appended from here: no later step could carry it either.
+                self._cannot_continue = True
+                workflow.logger.warning(
+                    "not continuing as new: the turn's state (%d bytes) is over Temporal's "
+                    "payload limit and payload storage is off; the turn goes on in this run",
+                    size,
+                )
+                return
+        self._continuing = True
+        await self._release_watchers()
+        workflow.continue_as_new(args=[turn, carried])
+
+    async def _ask_model(self) -> None:
+        state = self._require_state()
+        request = self._model_input = state.model_request()
+        self._show(visibility.waiting_on_model(request))
+        answer = await actions.call_model(request, state.plan, self._message_json)
+        state.on_assistant(answer)
+        if not (state.plan.visibility.skip_told_outcomes and state.runs_every_pending_call()):
+            await self._note_outcome(visibility.outcome_summary(request, answer))
+        self._show(visibility.answered(answer), publish=self._publish_due())
+        await self._hooks(HookPoint.AFTER_LLM_CALL)
+
+    async def _note_outcome(self, summary: str) -> None:
+        plan = self._require_state().plan.visibility
+        if not plan.outcome_notes:
+            return
+        if not plan.outcome_timers:  # plans recorded before outcome timers existed
+            await actions.note(summary)
+            return
+        self._cancel_outcome_timers()
+        length = workflow.info().get_current_history_length()
+        self._outcome_timers.append((actions.outcome_timer(summary), length))
+
+    def _cancel_outcome_timers(self) -> None:
+        """Cancel the outcome timers started in an earlier workflow task, which the server has
+        (the history has grown since); a newer one is kept for a later step to cancel."""
+        length = workflow.info().get_current_history_length()
+        for timer, started_at in self._outcome_timers:
+            if started_at < length:
+                timer.cancel()
+        self._outcome_timers = [(t, at) for t, at in self._outcome_timers if at >= length]
+
+    async def _run_tools(self) -> None:
+        state = self._require_state()
+        batch = state.tool_batch()
+        self._show(visibility.waiting_on_tools(batch.to_run))
+        self._completed = {}
+        results, timing = await actions.run_tools(batch, state.plan, self._completed)
+        # The outcome that asked for these tools spans them in the Web UI's timeline.
+        self._cancel_outcome_timers()
+        state.on_tool_results(results, timing)
+        await self._hooks(HookPoint.AFTER_TOOL_CALL)
+
+    async def _maybe_compact(self) -> None:
+        """Summarise older exchanges when the context is near full; never breaks the loop."""
+        state = self._require_state()
+        # The turn's own measure: only messages new since the last check are measured.
+        cut = state.compaction_cut(self._message_json.estimate_tokens)
+        if cut is None:
+            return
+        self._show(visibility.compacting(state.plan.model))
+        try:
+            summary = await actions.compact_history(state.conversation()[:cut], state.plan)
+        except ActivityError as err:
+            workflow.logger.warning("compaction failed, history unchanged: %s", err)
+            state.compaction_failed = True
+            return
+        state.on_compacted(cut, summary)
+
+    async def _hooks(self, point: HookPoint) -> None:
+        """Run the agent's hooks for ``point`` as activities; none configured, none run."""
+        state = self._require_state()
+        for hook in state.plan.hooks.get(point, []):
+            self._show(visibility.waiting_on_hook(point, hook))
+            try:
+                change = await actions.run_hook(hook, state.hook_context(point))
+            except ActivityError as err:
+                text = f"Hook '{hook}' ({point}) failed: {actions.failure_text(err)}"
+                if point in _HOOKS_THAT_MAY_FAIL:
+                    workflow.logger.warning("%s (ignored)", text)
+                    continue
+                state.fail(text)
+                return
+            state.on_hook(hook, change)
+
+    def _failed_before_start(self) -> None:
+        """A turn that fails before it has a plan publishes nothing of its own; if its start
+        request said ``Running``, it now says ``Failed``, or filters for running turns would
+        find it for ever."""
+        running = (
+            self._start_attributes.get(visibility.STATUS.name) == visibility.TurnStatus.RUNNING
+        )
+        # Turns that failed so before this release did not upsert: their histories replay.
+        if running and workflow.patched(_FAILED_BEFORE_START):
+            workflow.upsert_search_attributes(
+                [visibility.STATUS.value_set(visibility.TurnStatus.FAILED.value)]
+            )
+
+    def _require_state(self) -> TurnState:
+        assert self._state is not None, "the loop runs only after prepare_turn"
+        return self._state
+
+    # Arguments are taken as they come and checked by the validator: with a typed parameter, a
+    # call missing it (or with one too many) would reach the handler as a TypeError, which
+    # fails the workflow task, for ever, instead of rejecting the call.
+    # A turn that fails (a bad start, an unknown agent) ends with watchers still waiting: they
+    # learn of the end from the workflow's outcome, with nothing lost, so no warning is due.
+    @workflow.update(unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON)
+    async def wait_for_messages(self, *args: Any) -> TurnProgress:
+        """Long-poll with one argument, ``after``: returns once the turn has more than
+        ``after`` messages, or has ended, or this run is about to continue as new (the caller
+        asks again and reaches the next run)."""
+        after: int = args[0]
+        await workflow.wait_condition(
+            lambda: self._progress().count > after or self._progress().done or self._continuing
+        )
+        return self._progress()
+
+    @wait_for_messages.validator
+    def _check_wait_for_messages(self, *args: Any) -> None:
+        if len(args) != 1 or type(args[0]) is not int:  # JSON's true is a bool, not a count
+            got = f"{len(args)} arguments" if len(args) != 1 else type(args[0]).__name__
+            raise ApplicationError(
+                "wait_for_messages takes one argument, how many of the turn's messages the "
+                f"caller has (an integer); got {got}",
+                type="InvalidUpdate",
+                non_retryable=True,
+            )
+
+    @workflow.query(name=MODEL_INPUT_QUERY)
+    def model_input(self, call_index: int, start: int = 0) -> ModelInputPage | None:
+        """A page of the request of model call ``call_index``, while it is in flight."""
+        request = self._model_input
+        if request is None or request.call_index != call_index:
+            return None
+        return model_input_page(request, start)
+
+    @workflow.query
+    def transcript(self, start: int = 0) -> list[Message]:
+        """``TurnResult.messages[start:]`` as they stand."""
+        return self._state.messages[start:] if self._state else []
+
+    @workflow.query
+    def turn(self) -> TurnResult | None:
+        """The turn as it stands; after a cancellation, the repaired conversation."""
+        return self._state.result() if self._state else None
+
+    def _progress(self) -> TurnProgress:
+        state = self._state
+        return TurnProgress(
+            count=len(state.messages) if state else 0, done=bool(state and state.done)
+        )
+
+    def _publish_due(self) -> bool:
+        """Whether search attributes may be upserted before the turn ends: at most once per
+        the plan's interval since the last publish (or since the start request set some), as
+        each upsert is a history event and a visibility-store write."""
+        interval = self._require_state().plan.visibility.search_attribute_interval
+        if self._published_at is None or not interval:
+            return True
+        return (workflow.now() - self._published_at).total_seconds() >= interval
+
+    def _show(self, doing: str, *, publish: bool = False) -> None:
+        """Current details for the Web UI: where the turn is, in one glance. With ``publish``,
+        the search attributes too: at the start and after a model answer when due
+        (``_publish_due``), and at the end, as each upsert is an event in the history (current
+        details are not)."""
+        state = self._state
+        if state is None:
+            return
+        workflow.set_current_details(visibility.details(state, doing))
+        if not publish:
+            return
+        values = visibility.search_attribute_values(state)
+        allowed = state.plan.visibility.search_attributes
+        updates = visibility.search_attribute_updates(values, self._published, allowed)
+        if updates:
+            workflow.upsert_search_attributes(updates)
+            self._published, self._published_at = values, workflow.now()
+
+
+_START_USAGE = (
+    'TurnWorkflow takes one argument, a TurnInput such as {"agent": "demo", "messages": ["hello"]}'
+)
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+class _Start(NamedTuple):
+    turn: TurnInput
+    carried: TurnState | None  # the state a continued run starts from
+
+
+def _start_arguments(args: Sequence[Any]) -> _Start:
+    """The turn's input and the state a continued run carries, from a start's arguments as
+    they came (plain JSON from any client). Raises a non-retryable ``ApplicationError``
+    saying what is wrong: retrying a start with the same arguments cannot help."""
+    if not 1 <= len(args) <= 2:
+        raise _bad_start(f"{_START_USAGE}; got {len(args)}")
+    turn = _validated(TurnInput, args[0])
+    carried = args[1] if len(args) == 2 else None
+    if carried is None:
+        return _Start(turn, None)
+    if not _continued_as_new():
+        # A state from a client would skip prepare_turn: its own model, system prompt and
+        # plan, with no hook or iteration cap the agent's configuration sets.
+        raise _bad_start(
+            f"{_START_USAGE}; got 2: only a run continued from an earlier one "
+            "(continue-as-new) may carry a turn's state"
+        )
+    return _Start(turn, _validated(TurnState, carried))
+
+
+def _continued_as_new() -> bool:
+    """Whether this run was started by its predecessor continuing as new, which only the
+    workflow itself can do. Retries and cron runs also name the run before them, but start
+    with the arguments a client gave the first one."""
+    info = workflow.info()
+    return info.continued_run_id is not None and info.attempt == 1 and not info.cron_schedule
+
+
+def _validated(model: type[_M], value: Any) -> _M:
+    try:
+        return model.model_validate(value)
+    except ValidationError as err:
+        # pydantic's text names each bad field and shortens the values it quotes.
+        raise _bad_start(str(err)) from None
+
+
+def _bad_start(message: str) -> ApplicationError:
+    return ApplicationError(message, type="InvalidTurnInput", non_retryable=True)
+
+
+def _history_full(limits: ContinueAsNewPlan) -> bool:
+    """Whether this run's history has reached a limit (values of the current workflow task,
+    the same on replay)."""
+    info = workflow.info()
+    return (
+        (limits.when_suggested and info.is_continue_as_new_suggested())
+        or (
+            limits.history_bytes is not None
+            and info.get_current_history_size() >= limits.history_bytes
+        )
+        or (
+            limits.history_events is not None
+            and info.get_current_history_length() >= limits.history_events
+        )
+    )
+
+
+def _payload_bytes(*values: object) -> int:
+    """The size of ``values`` as the SDK will record them inline."""
+    return Payloads(payloads=workflow.payload_converter().to_payloads(list(values))).ByteSize()
