@@ -243,6 +243,6 @@ async def _pending_tool(handle: Any) -> bool:
 def test_the_sdk_still_says_which_command_a_payload_belongs_to() -> None:
     # Without this private context variable of temporalio's (another SDK version), every
     # undecodable payload fails the workflow task again, retried for ever: upgrade with care.
-    from turnkeep.worker import payload_converter
+    from turnkeep.payloads import converter as payload_converter
 
     assert payload_converter.current_command_info is not None

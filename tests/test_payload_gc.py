@@ -29,7 +29,7 @@ from tests.test_payload_storage import (
     tool_texts,
 )
 from tests.test_payload_storage import turnkeep as harness_for
-from turnkeep.activities import payload_storage
+from turnkeep.payloads import storage as payload_storage
 from turnkeep.payloads.storage import (
     LocalDirectoryDriver,
     MissingPayloadError,
