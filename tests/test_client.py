@@ -213,7 +213,7 @@ async def test_ctrl_c_in_cli_run_cancels_the_turn_and_shows_the_repair(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "turnkeep.worker.cli",
+        "turnkeep.cli",
         "run",
         '***CALL_TOOL srv__slow {"seconds": 120}',
         "--worker",
@@ -255,7 +255,7 @@ async def test_cli_exit_codes_survive_leaving_without_finalization(tmp_path: Pat
 
     def code(*args: str) -> int:
         done = subprocess.run(
-            [sys.executable, "-m", "turnkeep.worker.cli", *args],
+            [sys.executable, "-m", "turnkeep.cli", *args],
             cwd=tmp_path,
             capture_output=True,
             check=False,

@@ -353,7 +353,7 @@ def cli(tmp_path: Path, secrets_env: None) -> Iterator[Any]:
         log = tmp_path / f"cli-{len(started)}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "turnkeep.worker.cli", *args],
+                [sys.executable, "-m", "turnkeep.cli", *args],
                 cwd=tmp_path,
                 env={**os.environ, "COLUMNS": "200"},
                 stdout=out,

@@ -1,6 +1,6 @@
 """Run ``turnkeep worker`` as a separate OS process, so tests can SIGKILL it like a crash would.
 
-Each worker runs ``python -m turnkeep.worker.cli worker --config FILE --address ADDR``. ``kill()``
+Each worker runs ``python -m turnkeep.cli worker --config FILE --address ADDR``. ``kill()``
 SIGKILLs only the worker process itself, as an OOM kill or a crash would: its stdio MCP servers
 (in sessions of their own) see their stdin close and exit by themselves. ``close()`` SIGKILLs
 the workers still running and any MCP server they started that is still alive, found by a
@@ -67,7 +67,7 @@ class WorkerProcesses:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"worker-{self.started}.log"
         self.started += 1
-        argv = [sys.executable, "-m", "turnkeep.worker.cli", "worker", "--config", str(self.config)]
+        argv = [sys.executable, "-m", "turnkeep.cli", "worker", "--config", str(self.config)]
         argv += ["--address", self.address, "--namespace", self.namespace]
         with log.open("ab") as out:
             proc = subprocess.Popen(

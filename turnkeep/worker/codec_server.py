@@ -560,7 +560,7 @@ async def _start_background_codec_server(
 ) -> str:
     log_file = state_dir() / "codec-server.log"
     log_file.write_bytes(b"")
-    argv = [sys.executable, "-m", "turnkeep.worker.cli", "codec-server", "--config", str(config)]
+    argv = [sys.executable, "-m", "turnkeep.cli", "codec-server", "--config", str(config)]
     for origin in origins:
         argv += ["--origin", origin]
     pid = spawn_detached(argv, log_file)

@@ -1,0 +1,86 @@
+"""The commands that set up and serve a namespace: ``setup`` registers turnkeep's search
+attributes on it, ``worker`` runs a worker for its turns until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+
+import typer
+from rich.markup import escape
+
+from turnkeep.cli.connect import client_for
+from turnkeep.cli.console import console
+from turnkeep.cli.options import Address, ConfigPath, Namespace
+from turnkeep.cli.process import in_process_worker, until_signalled
+from turnkeep.worker.build import freeze_startup_heap
+from turnkeep.worker.config import find_config, load_settings
+from turnkeep.worker.connection import connect
+from turnkeep.worker.search_attributes import WANTED, Registration, register, type_name
+
+app = typer.Typer()
+
+
+@app.command()
+def setup(address: Address = None, namespace: Namespace = None, config: ConfigPath = None) -> None:
+    """Register turnkeep's search attributes (TurnkeepAgent, TurnkeepModel, TurnkeepStatus,
+    TurnkeepStopReason, TurnkeepIterations, TurnkeepTokens) on the namespace, so turns can be
+    filtered by them. Once per namespace; running it again changes nothing."""
+    settings = load_settings(config)
+
+    async def go() -> Registration:
+        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+        console.print(f"namespace [bold]{escape(client.namespace)}[/]")
+        return await register(client)
+
+    found = asyncio.run(go())
+    for name in found.present:
+        verb = "added" if name in found.added else "already registered"
+        console.print(f"{verb}: {name} ({type_name(WANTED[name])})")
+    for name, kind in found.conflicting.items():
+        console.print(
+            f"[red]conflict:[/] {name} is registered as {kind} but turnkeep needs "
+            f"{type_name(WANTED[name])}, so turns will not set it. Temporal cannot change the "
+            f"type: remove it (`temporal operator search-attribute remove --name {name}`) and "
+            "run `turnkeep setup` again."
+        )
+    if found.conflicting:
+        raise typer.Exit(1)
+
+
+@app.command("worker")
+def run_worker(
+    address: Address = None, namespace: Namespace = None, config: ConfigPath = None
+) -> None:
+    """Run a worker for TurnWorkflow against a Temporal server (connection from the env)."""
+    settings = load_settings(config)
+
+    async def go() -> None:
+        client = await connect(address, namespace, settings=settings)
+        async with in_process_worker(client, settings, config):
+            console.print(
+                f"worker on task queue [bold]{settings.task_queue}[/] · agents: "
+                + ", ".join(settings.agents)
+            )
+            freeze_startup_heap()
+            _release_large_blocks()
+            await until_signalled()
+
+    asyncio.run(go())
+
+
+# glibc's mallopt parameter for the size from which a block gets its own mapping.
+_M_MMAP_THRESHOLD = -3
+
+
+def _release_large_blocks() -> None:
+    """Give every block of 128 KiB or more its own mapping, returned to the system when freed.
+
+    By default glibc raises that threshold to the size of each large block freed, up to
+    32 MB, so after one large tool result every later result, model input and payload of that
+    size is carved from the heap, which it does not give back: the worker would keep its peak
+    memory for good. Fixing the threshold turns the adjustment off. Only on glibc; elsewhere
+    nothing changes."""
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is not None:
+        mallopt(_M_MMAP_THRESHOLD, 128 * 1024)

@@ -1,0 +1,78 @@
+"""The ``turnkeep`` command line: run a turn and stream it, run workers and the dev server,
+watch, show and cancel turns. Each group of commands is a module of ``commands/``; this one
+merges them into one app and runs it, with ``--debug`` and the one-line error report.
+
+With no server address (no ``--address``, ``TEMPORAL_ADDRESS`` or ``TEMPORAL_PROFILE``), the
+commands that talk to Temporal use an embedded dev server with its Web UI, started in the
+background on a SQLite file under the state directory so turns and the UI outlive the command
+(``turnkeep/cli/connect.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from turnkeep.cli.commands import payloads, server, turns, worker
+from turnkeep.cli.errors import exit_code, report
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Durable agent turns on Temporal: fast-agent's tool loop as a workflow.",
+)
+# Without a name, each group's commands become top-level commands, listed in this order.
+for group in (turns, payloads, worker, server):
+    app.add_typer(group.app)
+
+
+class _Options:
+    debug = False  # `--debug`: a traceback instead of the one-line error
+
+
+@app.callback()
+def _global_options(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="On an error, print the traceback too.")
+    ] = False,
+) -> None:
+    _Options.debug = debug
+    _log_to_stderr(debug)
+
+
+def _log_to_stderr(debug: bool) -> None:
+    """Warnings and errors logged by the SDK or an in-process worker (an activity that failed,
+    with its traceback) as one line each; with ``--debug``, whole and from level INFO."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        logging.Formatter("%(levelname)s %(name)s: %(message)s") if debug else _OneLine()
+    )
+    logging.basicConfig(level=logging.INFO if debug else logging.WARNING, handlers=[handler])
+    logging.captureWarnings(True)  # the SDK's warnings too (a workflow's unfinished handlers)
+
+
+class _OneLine(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage().partition(chr(10))[0]}"
+
+
+def main() -> None:
+    code = 0
+    try:
+        app()  # ends with SystemExit, as click does in standalone mode
+    except SystemExit as done:
+        code = exit_code(done)
+    except Exception as err:
+        code = report(err, debug=_Options.debug)
+    # Leave without interpreter finalization, whatever the outcome: the Temporal client's Rust
+    # threads can still hold callbacks into Python when a command returns, and finalizing
+    # under them aborts the process ("PyGILState_Release … finalizing", SIGABRT) instead of
+    # exiting with the command's code. Everything a command opened is closed by now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,16 @@
+"""The options several commands share: which Temporal server and which configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+Address = Annotated[
+    str | None, typer.Option(help="Temporal frontend host:port (default: TEMPORAL_ADDRESS).")
+]
+Namespace = Annotated[str | None, typer.Option(help="Temporal namespace.")]
+ConfigPath = Annotated[
+    Path | None, typer.Option("--config", "-c", help="turnkeep.yaml (default: ./turnkeep.yaml).")
+]
