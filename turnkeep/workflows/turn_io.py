@@ -6,6 +6,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from temporalio.exceptions import CancelledError
 
 from turnkeep.workflows.messages import Message, StopReason
 
@@ -100,3 +101,15 @@ class TurnProgress(BaseModel):
 
     count: int  # len(TurnResult.messages) so far
     done: bool
+
+
+class TurnCancelledError(CancelledError):
+    """The turn was cancelled; ``result`` holds the repaired conversation to continue from
+    (None for a turn cancelled before it had a plan). Raised by ``TurnHandle.result()`` in a
+    client and by ``turnkeep.workflow.run_turn`` in a workflow. It is Temporal's cancellation
+    error: a cancelled workflow that lets it through ends cancelled, as its turn did (one whose
+    turn alone was cancelled, from the Web UI say, fails)."""
+
+    def __init__(self, result: TurnResult | None) -> None:
+        super().__init__("the turn was cancelled")
+        self.result = result
