@@ -111,7 +111,7 @@ class CarryFloor:
                 call_index=call,
                 workflow_id=info.workflow_id,
                 run_id=info.run_id,
-                digest="v2:" + "0" * 64,
+                digest="0" * 64,
             )
             summary = visibility.llm_summary(call, plan.model)
             answer = await execute(MODEL, step, Message, summary, plan.llm)

@@ -5,9 +5,8 @@ a workflow, and this one must import nothing but temporalio.
 - ``Floor``: awaits ``activities`` activities one after another. With the ``noop`` activity it
   is the floor of the loop; the other activities add one thing a turn's activity does (a
   heartbeat, a query of its workflow, a 5 KB result) to measure what that one thing costs, and
-  ``local_activity`` adds a no-op local activity after each step (as turns before outcome
-  timers recorded a model call's outcome), ``outcome_timer`` a long timer started after each
-  step and cancelled after the next (as a turn records one now).
+  ``outcome_timer`` adds a long timer started after each step and cancelled after the next
+  (as a turn records a model call's outcome).
 - ``TimerFloor``: sleeps ``timers`` short timers one after another (dev-server flags).
 - ``Floor`` with the ``wait`` activity: a workflow waiting on a slow activity (worker memory).
 """
@@ -71,7 +70,6 @@ class FloorInput:
     activities: int
     activity: str = NOOP
     heartbeat_seconds: float | None = None
-    local_activity: bool = False
     outcome_timer: bool = False
 
 
@@ -95,10 +93,6 @@ class Floor:
                 if timer is not None:
                     timer.cancel()
                 timer = asyncio.ensure_future(workflow.sleep(timedelta(days=1), summary="step"))
-            if spec.local_activity:
-                await workflow.execute_local_activity(
-                    NOOP, start_to_close_timeout=timedelta(seconds=10)
-                )
 
     @workflow.query(name=STEP_QUERY)
     def step(self) -> int:

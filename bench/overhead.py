@@ -10,9 +10,9 @@ And where the difference goes:
   which splits the overhead into carrying a turn's data and turnkeep's own work;
 - floor variants that each add one thing a turn does to every activity step — turnkeep's data
   converter (pydantic JSON, external payload storage), a heartbeat, a query of the workflow
-  (how ``llm_step`` reads its input when it runs on another worker), a 5 KB result, a local
-  activity (how turns recorded a model call's outcome before), an outcome timer (how they do
-  now) — and one without the workflow sandbox, to show the sandbox's share of a step;
+  (how ``llm_step`` reads its input when it runs on another worker), a 5 KB result, an outcome
+  timer (how a turn records a model call's outcome) — and one without the workflow sandbox,
+  to show the sandbox's share of a step;
 - the turn with the model input read by query (``build_worker(model_input_handoff=False)``),
   with external payload storage off, and with its tool declared ``async`` (no thread hop).
 
@@ -52,7 +52,7 @@ from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
 
 K = 20
 # Runs of the headline pair per round (the other variants run once): more pairs for the figure
-# the target is read off, for a fraction of a round's time (a round runs 14 variants).
+# the target is read off, for a fraction of a round's time (a round runs 13 variants).
 HEADLINE_PAIRS = 3
 BY_QUERY = "bench-turns-by-query"
 NO_STORAGE = "bench-turns-no-storage"
@@ -67,14 +67,12 @@ TURN_BY_QUERY = "turn, 5 KB, model input read by query"
 TURN_NO_STORAGE = "turn, 5 KB, payload storage off"
 FLOOR_BARE = "floor: no-op activities"
 FLOOR_CARRY = "floor carrying a turn's data (no turnkeep code)"
-LOCAL = "local"  # not an activity: the floor's noop, followed by a local activity
 TIMER = "timer"  # not an activity: the floor's noop, and an outcome timer (see bench/floor.py)
 ABLATIONS = {
     "floor + turnkeep's data converter": (FLOOR_CONVERTER, NOOP),
     "floor + a heartbeat per activity": (FLOOR, HEARTBEAT),
     "floor + a query of the workflow per activity": (FLOOR, QUERY),
     "floor + a 5 KB result per activity": (FLOOR, BLOB),
-    "floor + a no-op local activity per activity": (FLOOR, LOCAL),
     "floor + an outcome timer per activity": (FLOOR, TIMER),
     "floor without the workflow sandbox": (FLOOR_UNSANDBOXED, NOOP),
 }
@@ -162,9 +160,7 @@ async def loop_overhead(env: Environment, repeats: int) -> tuple[list[Table], Ov
             heartbeat = 10.0 if activity == HEARTBEAT else None
 
             async def go() -> float:
-                if activity == LOCAL:
-                    spec = FloorInput(activities, NOOP, local_activity=True)
-                elif activity == TIMER:
+                if activity == TIMER:
                     spec = FloorInput(activities, NOOP, outcome_timer=True)
                 else:
                     spec = FloorInput(activities, activity, heartbeat)

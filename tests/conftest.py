@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,14 +20,8 @@ import pytest
 from temporalio.client import Client, WorkflowHistory
 
 from tests.fake_provider import FakeProvider
-from turnkeep.activities.hook_activity import Hook
-from turnkeep.settings import Settings
-from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import TurnHandle, start_turn
-from turnkeep.worker.connection import connect
+from turnkeep import Settings, TurnHandle, TurnInput, TurnResult, build_worker, connect, start_turn
 from turnkeep.worker.embedded import EmbeddedServer, ServerInfo
-from turnkeep.worker.plugin import FunctionTools
-from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 
 @pytest.fixture(scope="session")
@@ -93,8 +87,8 @@ HarnessFactory = Callable[..., Any]
 def harness(client: Client, tmp_path: Path) -> HarnessFactory:
     @asynccontextmanager
     async def make(
-        function_tools: FunctionTools | None = None,
-        hook_functions: Mapping[str, Hook] | None = None,
+        function_tools: Mapping[str, Sequence[Callable[..., Any]]] | None = None,
+        hook_functions: Mapping[str, Callable[..., Any]] | None = None,
         **config: Any,
     ) -> AsyncIterator[Harness]:
         settings = make_settings(tmp_path, **config)
@@ -155,7 +149,7 @@ def turnkeep(*args: str, temporal: ServerInfo, cwd: Path) -> subprocess.Complete
     """Run the `turnkeep` CLI against the test server, as a user would."""
     env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address, "COLUMNS": "200"}
     return subprocess.run(
-        [sys.executable, "-m", "turnkeep.worker.cli", *args],
+        [sys.executable, "-m", "turnkeep.cli", *args],
         cwd=cwd,
         env=env,
         capture_output=True,

@@ -5,6 +5,7 @@ are refused unless the agent lists them, but a turn may always lower its limits.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -220,6 +221,19 @@ async def test_llm_step_holds_a_call_to_the_agents_limits(
     assert Message.model_validate(answer).text == "Once upon a time."
     (sent,) = fake.requests_for("anthropic")
     assert sent.body["max_tokens"] == 500
+
+
+async def test_llm_step_sends_only_the_request_its_digest_names(
+    h: Harness, crafted_queue: str, fake: FakeProvider
+) -> None:
+    """A digest in any other form, such as the sha256 of the whole request's JSON, names no
+    request: the step is refused before the model is called."""
+    request = llm_request(500)
+    whole = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+    step = {**llm_step(request), "digest": whole}
+    error = await refused(h, crafted_queue, LLM_STEP, step, model_input=request)
+    assert error.type == "ModelInputMismatch"
+    assert fake.requests == []
 
 
 async def test_compact_history_runs_only_the_agents_models(

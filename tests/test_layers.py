@@ -1,8 +1,8 @@
-"""turnkeep's packages import one way (README, Architecture): ``worker`` may use everything,
-``activities`` and ``payloads`` the configuration and the workflow code, ``settings`` the
-workflow code, ``workflows`` nothing of turnkeep's but itself, and any of them ``errors``.
-Checked by parsing every module's imports, so a wrong turn fails here rather than as an import
-cycle later."""
+"""turnkeep's packages import one way (README, Architecture): ``cli`` may use everything and
+nothing uses it, ``worker`` everything else, ``activities`` and ``payloads`` the configuration
+and the workflow code, ``settings`` the workflow code, ``workflows`` nothing of turnkeep's but
+itself, and any of them ``errors``. Checked by parsing every module's imports, so a wrong turn
+fails here rather than as an import cycle later."""
 
 from __future__ import annotations
 
@@ -17,10 +17,16 @@ ROOT = Path(__file__).resolve().parent.parent / "turnkeep"
 MAY_IMPORT = {
     "errors": set(),
     "workflows": set(),
+    # A turn as a step of any workflow: runs in the sandbox, so workflow code only.
+    "workflow": {"workflows"},
     "settings": {"errors", "workflows"},
     "payloads": {"errors", "settings", "workflows"},
     "activities": {"errors", "settings", "workflows"},
-    "worker": {"activities", "errors", "payloads", "settings", "workflows"},
+    # Python agents and servers: the configuration, with functions in it.
+    "agents": {"errors", "settings", "workflows"},
+    "worker": {"activities", "agents", "errors", "payloads", "settings", "workflows"},
+    # The command line: no other part lists it, so nothing in turnkeep may import it.
+    "cli": {"activities", "agents", "errors", "payloads", "settings", "worker", "workflows"},
 }
 
 
@@ -37,18 +43,43 @@ def imported(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module)
+            # `from turnkeep import cli` imports the part as surely as `import turnkeep.cli`.
+            if node.module == "turnkeep":
+                names.update(f"turnkeep.{a.name}" for a in node.names if a.name in MAY_IMPORT)
     return names
 
 
 MODULES = sorted(p for p in ROOT.rglob("*.py") if p.parent != ROOT or p.stem in MAY_IMPORT)
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT.parent)))
-def test_imports_go_one_way(path: Path) -> None:
-    own = path.relative_to(ROOT).parts[0].removesuffix(".py")
-    wrong = {
+def wrong_imports(own: str, path: Path) -> set[str]:
+    """What the module at ``path``, part of ``own``, imports from parts it may not use."""
+    return {
         name
         for name in imported(path)
         if (part := part_of(name)) is not None and part != own and part not in MAY_IMPORT[own]
     }
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT.parent)))
+def test_imports_go_one_way(path: Path) -> None:
+    own = path.relative_to(ROOT).parts[0].removesuffix(".py")
+    wrong = wrong_imports(own, path)
     assert not wrong, f"{own} must not import {sorted(wrong)}"
+
+
+def test_no_part_may_import_the_cli(tmp_path: Path) -> None:
+    """However it is spelled: the command line sits on top of everything else."""
+    module = tmp_path / "module.py"
+    module.write_text(
+        "import turnkeep.cli.main\n"
+        "from turnkeep import cli\n"
+        "from turnkeep.cli.errors import report\n",
+        encoding="utf-8",
+    )
+    for own in MAY_IMPORT.keys() - {"cli"}:
+        assert wrong_imports(own, module) == {
+            "turnkeep.cli.main",
+            "turnkeep.cli",
+            "turnkeep.cli.errors",
+        }, own

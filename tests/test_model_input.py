@@ -4,7 +4,6 @@ request the workflow's digest names."""
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ from turnkeep.workflows.activity_io import (
     LlmStepRequest,
     MessageJson,
     RequestJson,
-    digest_matches,
     request_digest,
 )
 from turnkeep.workflows.messages import Message, estimate_tokens
@@ -102,16 +100,6 @@ def test_a_turns_token_estimate_measures_each_message_once(
     replaced = [first[0], Message.assistant("hi")]  # equal, but another object: measured
     assert turn.estimate_tokens(replaced) == estimate_tokens(replaced)
     assert measured[-1] is replaced[1]
-
-
-def test_a_digest_from_before_the_digest_form_changed_still_matches() -> None:
-    # A step scheduled by an older worker and retried after an upgrade names the sha256 of
-    # the whole request's JSON.
-    req = request()
-    legacy = hashlib.sha256(req.model_dump_json().encode()).hexdigest()
-    assert digest_matches(req, legacy) and digest_matches(req, request_digest(req))
-    other = request(text="something else")
-    assert not digest_matches(other, legacy) and not digest_matches(other, request_digest(req))
 
 
 def test_the_scheduling_process_hands_over_an_equal_request() -> None:

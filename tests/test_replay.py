@@ -1,9 +1,9 @@
 """Determinism guard: turn histories replay against the current workflow code.
 
 Histories under ``tests/histories/`` were recorded from representative turns by an earlier
-version of the code; replaying them here makes a non-deterministic change to ``turnkeep/workflows/``
-fail CI. After an intended, versioned change (see README, "Changing the workflow safely"),
-refresh them with ``TURNKEEP_RECORD_HISTORIES=1 pytest tests/test_replay.py``.
+version of the code; replaying them here makes an unguarded change to ``turnkeep/workflows/``
+fail CI. Refresh them with ``TURNKEEP_RECORD_HISTORIES=1 pytest tests/test_replay.py`` only
+once the old path a guarded change kept is gone (README, "Changing the workflow safely").
 """
 
 from __future__ import annotations

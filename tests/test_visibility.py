@@ -29,8 +29,7 @@ from tests.conftest import (
     write_script,
 )
 from tests.fake_provider import FakeProvider, Reply, Tokens
-from tests.test_replay import HISTORIES, replayer, replays_fresh_and_recorded
-from turnkeep.activities import turn_setup
+from tests.test_replay import replayer, replays_fresh_and_recorded
 from turnkeep.activities.turn_setup import TurnSetupActivities
 from turnkeep.settings import Settings
 from turnkeep.worker.build import build_worker
@@ -254,38 +253,14 @@ def test_search_attribute_definitions_for_the_dev_server() -> None:
     )
 
 
-def test_a_plan_recorded_before_visibility_publishes_nothing() -> None:
-    """Histories from before this feature replay without the new commands."""
-    old = plan().model_dump(mode="json")
-    del old["visibility"]
-    assert TurnPlan.model_validate(old).visibility == VisibilityPlan()
-    assert VisibilityPlan().search_attributes == [] and not VisibilityPlan().outcome_notes
-    # Plans recorded before outcome timers and the upsert interval keep markers and upserts
-    # after every answer, so those histories replay with the commands they recorded.
-    recorded = plan().model_dump(mode="json")
-    recorded["visibility"] = {"search_attributes": ["TurnkeepAgent"], "outcome_notes": True}
-    visibility_plan = TurnPlan.model_validate(recorded).visibility
-    assert not visibility_plan.outcome_timers
-    assert visibility_plan.search_attribute_interval == 0
-    # ... and an upsert at the start, whatever the start request set, and every outcome.
-    assert not visibility_plan.start_attributes
-    assert not visibility_plan.skip_told_outcomes
-
-
-def test_new_plans_use_outcome_timers_start_attributes_and_the_configured_interval() -> None:
+def test_plans_take_the_configured_interval_and_publish_nothing_unchecked() -> None:
+    """Until the worker has checked the namespace's search attributes, turns upsert none."""
     config = {"agents": {"a": {"model": "passthrough"}}}
     setup = TurnSetupActivities(Settings.model_validate(config))
-    assert setup.visibility.outcome_notes and setup.visibility.outcome_timers
-    assert setup.visibility.skip_told_outcomes
-    assert setup.visibility.start_attributes
-    assert setup.visibility.search_attribute_interval == 60
+    assert setup.visibility == VisibilityPlan(search_attribute_interval=60)
     config["visibility"] = {"search_attribute_interval": 0.5}
     assert TurnSetupActivities(Settings.model_validate(config)).visibility == VisibilityPlan(
-        outcome_notes=True,
-        outcome_timers=True,
-        skip_told_outcomes=True,
-        start_attributes=True,
-        search_attribute_interval=0.5,
+        search_attribute_interval=0.5
     )
     with pytest.raises(ValidationError, match="search_attribute_interval"):
         Settings.model_validate({**config, "visibility": {"search_attribute_interval": -1}})
@@ -326,14 +301,13 @@ def one_round_agent(tmp_path: Path) -> dict[str, Any]:
 
 
 async def history_summaries(client: Client, history: WorkflowHistory) -> list[str]:
-    """Every summary in the history, in order: activities' (scheduled) and outcomes' (timers,
-    or markers in histories from before), decoded as the Web UI decodes them."""
+    """Every summary in the history, in order: activities' (scheduled) and outcomes' (timers),
+    decoded as the Web UI decodes them."""
     summaries: list[str] = []
     for event in history.events:
         if event.user_metadata.HasField("summary") and event.event_type in (
             EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
             EventType.EVENT_TYPE_TIMER_STARTED,
-            EventType.EVENT_TYPE_MARKER_RECORDED,
         ):
             [text] = await client.data_converter.decode([event.user_metadata.summary], [str])
             summaries.append(text)
@@ -435,30 +409,6 @@ async def test_history_shows_each_outcome_its_tool_rows_do_not(
     assert details.startswith("**test** · iteration 2 of ")
     assert "· finished" in details and "model calls: 3" in details
     assert "last stop: `endTurn`" in details
-
-
-async def test_a_plan_from_before_records_every_outcome(
-    harness: HarnessFactory, tmp_path: Path, client: Client, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A turn whose plan predates skipping told outcomes (as every recorded history's does)
-    records a row for each answer, as it did, so its history replays command for command."""
-
-    def older_plan(**fields: Any) -> VisibilityPlan:
-        return VisibilityPlan(**{**fields, "skip_told_outcomes": False})
-
-    monkeypatch.setattr(turn_setup, "VisibilityPlan", older_plan)
-    async with harness(TOOLS, agents={"test": one_round_agent(tmp_path)}) as h:
-        handle = await h.start("go")
-        await handle.result()
-        history = await handle.handle.fetch_history()
-    assert (await history_summaries(client, history))[-5:] == [
-        "llm #1 · playback",
-        "llm #1 · playback → toolUse(1)",
-        "tool local__add · c1",
-        "llm #2 · playback",
-        "llm #2 · playback → endTurn",
-    ]
-    await replayer().replay_workflow(history)
 
 
 async def test_an_outcome_whose_tools_need_no_activity_is_still_recorded(
@@ -633,29 +583,6 @@ async def test_start_turn_sets_what_it_knows_so_a_quick_turn_upserts_once(
         await replayer().replay_workflow(history)
 
 
-async def test_a_plan_from_before_start_attributes_still_upserts_at_the_start(
-    harness: HarnessFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A rolling upgrade: a turn started by the new ``start_turn`` but prepared by a worker
-    whose plans predate start attributes upserts at its start, as that worker did, so its
-    history replays on the new one."""
-
-    def older_plan(**fields: Any) -> VisibilityPlan:
-        return VisibilityPlan(**{**fields, "start_attributes": False})
-
-    monkeypatch.setattr(turn_setup, "VisibilityPlan", older_plan)
-    script = write_script(tmp_path / "script.json", "Hello.")
-    agent = {"model": "playback", "playback": str(script)}
-    async with harness(None, agents={"test": agent}) as h:
-        handle = await h.start("go")
-        await handle.result()
-        history = await handle.handle.fetch_history()
-    started = history.events[0].workflow_execution_started_event_attributes
-    assert "TurnkeepAgent" in started.search_attributes.indexed_fields
-    assert len(upserts(history)) == 2
-    await replayer().replay_workflow(history)
-
-
 async def test_a_turn_that_fails_before_its_plan_does_not_stay_running(
     harness: HarnessFactory,
 ) -> None:
@@ -826,8 +753,7 @@ async def test_a_turn_with_visibility_replays_fresh_and_recorded(
 ) -> None:
     """Upserts and outcome timers replay deterministically, from this code and from the
     recorded history (tests/histories/visibility_timers.json; refresh as tests/test_replay.py
-    says). So does a turn recorded when outcomes were local activity markers
-    (tests/histories/visibility.json, kept as it was): its plan says so."""
+    says)."""
     # One call runs, one names no tool: the answer's outcome gets a timer, cancelled later.
     mixed = calls(("c1", 1, 2))
     mixed["tool_calls"]["c2"] = {"name": "local__nope", "arguments": {}}
@@ -842,8 +768,3 @@ async def test_a_turn_with_visibility_replays_fresh_and_recorded(
     assert EventType.EVENT_TYPE_TIMER_STARTED in kinds
     assert EventType.EVENT_TYPE_TIMER_CANCELED in kinds
     await replays_fresh_and_recorded("visibility_timers", fresh)
-
-    legacy = (HISTORIES / "visibility.json").read_text(encoding="utf-8")
-    with_markers = WorkflowHistory.from_json("recorded-visibility", legacy)
-    assert any(e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED for e in with_markers.events)
-    await replayer().replay_workflow(with_markers)

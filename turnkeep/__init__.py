@@ -1,1 +1,71 @@
-"""turnkeep: durable agent turns on Temporal."""
+"""turnkeep: durable agent turns on Temporal.
+
+The public API. Names are imported on first use (PEP 562), so importing a submodule, as the
+workflow sandbox does with ``turnkeep.workflows``, loads none of the SDKs or I/O code behind
+the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from turnkeep.agents import Agent, McpServer
+    from turnkeep.settings import Settings
+    from turnkeep.worker.build import build_worker
+    from turnkeep.worker.client import TurnHandle, get_turn, start_turn
+    from turnkeep.worker.connection import connect
+    from turnkeep.worker.plugin import TurnkeepClientPlugin, TurnkeepPlugin
+    from turnkeep.workflows.messages import Message, StopReason
+    from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnResult
+
+# name -> the module that defines it
+_EXPORTS = {
+    "Agent": "turnkeep.agents",
+    "McpServer": "turnkeep.agents",
+    "Settings": "turnkeep.settings",
+    "build_worker": "turnkeep.worker.build",
+    "TurnHandle": "turnkeep.worker.client",
+    "get_turn": "turnkeep.worker.client",
+    "start_turn": "turnkeep.worker.client",
+    "connect": "turnkeep.worker.connection",
+    "TurnkeepClientPlugin": "turnkeep.worker.plugin",
+    "TurnkeepPlugin": "turnkeep.worker.plugin",
+    "Message": "turnkeep.workflows.messages",
+    "StopReason": "turnkeep.workflows.messages",
+    "TurnCancelledError": "turnkeep.workflows.turn_io",
+    "TurnInput": "turnkeep.workflows.turn_io",
+    "TurnResult": "turnkeep.workflows.turn_io",
+}
+
+__all__ = [
+    "Agent",
+    "McpServer",
+    "Message",
+    "Settings",
+    "StopReason",
+    "TurnCancelledError",
+    "TurnHandle",
+    "TurnInput",
+    "TurnResult",
+    "TurnkeepClientPlugin",
+    "TurnkeepPlugin",
+    "build_worker",
+    "connect",
+    "get_turn",
+    "start_turn",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'turnkeep' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

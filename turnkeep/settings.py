@@ -52,6 +52,9 @@ class McpServerSettings(_Settings):
     description: str | None = None
     # Seconds to wait for the server to start and answer `initialize`.
     init_timeout: float = 30.0
+    # Its tools are listed and called by the workers polling this task queue (a host with a
+    # GPU, a private network, a desktop), whatever the agent's `task_queue` says.
+    task_queue: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _infer_transport(self) -> McpServerSettings:
@@ -289,12 +292,12 @@ class EncryptionSettings(_SecretSettings):
 ALL_OVERRIDES = frozenset(TurnOverrides.model_fields) - {"model"}
 
 
-class AgentSettings(_Settings):
+class AgentOptions(_Settings):
+    """What a YAML ``agents:`` entry (``AgentSettings``) and a Python ``turnkeep.Agent`` share:
+    all but how they name tools and hooks."""
+
     model: str | None = None  # falls back to default_model
     instruction: str | None = None
-    servers: list[str] = Field(default_factory=list)
-    # fast-agent's tool filter: server -> tool names (fnmatch patterns) the agent may see.
-    tools: dict[str, list[str]] | None = None
     max_iterations: int = DEFAULT_MAX_ITERATIONS
     use_history: bool = True
     parallel_tool_calls: bool = True
@@ -307,22 +310,33 @@ class AgentSettings(_Settings):
     models: list[str] = Field(default_factory=list)
     # Scripted assistant messages for the `playback` model (a JSON file).
     playback: Path | None = None
-    # Hook names (from the top-level `hooks`) to run at each of fast-agent's hook points.
-    hooks: dict[HookPoint, list[str]] = Field(default_factory=dict)
     compaction: CompactionSettings = Field(default_factory=CompactionSettings)
     llm_timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
     tool_timeouts: TimeoutSettings = Field(
         default_factory=lambda: TimeoutSettings(start_to_close=300.0, max_attempts=3)
     )
+    # The task queue its tools are listed and called on (a server's own `task_queue` wins);
+    # unset: the turn's own, where its model calls run.
+    task_queue: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
-    def _known_overrides(self) -> AgentSettings:
+    def _known_overrides(self) -> AgentOptions:
         unknown = set(self.overrides) - ALL_OVERRIDES
         if unknown:
             raise ValueError(
                 f"unknown override(s) {sorted(unknown)}; choose from {sorted(ALL_OVERRIDES)}"
             )
         return self
+
+
+class AgentSettings(AgentOptions):
+    """One entry of ``agents:``."""
+
+    servers: list[str] = Field(default_factory=list)
+    # fast-agent's tool filter: server -> tool names (fnmatch patterns) the agent may see.
+    tools: dict[str, list[str]] | None = None
+    # Hook names (from the top-level `hooks`) to run at each of fast-agent's hook points.
+    hooks: dict[HookPoint, list[str]] = Field(default_factory=dict)
 
 
 # Errors don't quote input: a bad value anywhere in the file could be a key or token.
@@ -369,6 +383,11 @@ class Settings(_SecretSettings):
             for name, agent in self.agents.items()
             if (missing := sorted({h for hs in agent.hooks.values() for h in hs} - known))
         }
+
+    def tool_task_queue(self, agent: AgentSettings, server: str) -> str | None:
+        """The task queue ``agent``'s calls to ``server`` run on (None: the turn's own)."""
+        config = self.mcp.servers.get(server)
+        return (config.task_queue if config else None) or agent.task_queue
 
     def agent(self, name: str) -> AgentSettings:
         """The agent a request names: every activity looks its agent up here, so a request

@@ -22,18 +22,15 @@ from temporalio.worker import (
 from turnkeep.activities.compaction import summary_request
 from turnkeep.activities.heartbeat import heartbeating
 from turnkeep.activities.models import (
-    PROVIDERS,
     ModelRef,
+    ProviderRegistry,
     allowed_models,
-    default_model,
-    resolve_model,
+    installed_providers,
 )
 from turnkeep.activities.parsed_messages import PARSED_MESSAGES, ParsedMessages
 from turnkeep.activities.providers import ModelProvider
-from turnkeep.activities.providers.passthrough import PassthroughProvider
-from turnkeep.activities.providers.playback import PlaybackProvider
 from turnkeep.activities.turn_setup import check_overrides
-from turnkeep.errors import config_error, require_workflow
+from turnkeep.errors import require_workflow
 from turnkeep.settings import AgentSettings, Settings
 from turnkeep.workflows.activity_io import (
     COMPACT_HISTORY,
@@ -44,24 +41,24 @@ from turnkeep.workflows.activity_io import (
     LlmStepRequest,
     ModelInputPage,
     RequestJson,
-    digest_matches,
+    request_digest,
 )
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.turn_io import TurnOverrides
 
 
 class ModelActivities:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, providers: ProviderRegistry | None = None) -> None:
         self._settings = settings
-        # SDK clients hold connection pools: one per provider per worker process.
-        self._providers: dict[str, ModelProvider] = {"passthrough": PassthroughProvider()}
-        # Build the SDK clients the agents will need now: importing an SDK takes seconds, and
+        self._registry = providers or installed_providers()
+        # SDK clients hold connection pools: one instance per provider per worker process.
+        self._providers: dict[str, ModelProvider] = {}
+        # Build the providers the agents will need now: importing an SDK takes seconds, and
         # doing it inside the first model call would stall every activity on this worker. A
         # provider that can't be built yet (no key) is reported by the turns that use it.
         for ref in self._configured_models():
-            if ref.provider in PROVIDERS and ref.provider not in self._providers:
-                with contextlib.suppress(ApplicationError):
-                    self._providers[ref.provider] = self._make_sdk_provider(ref.provider)
+            with contextlib.suppress(ApplicationError):
+                self._provider(ref)
 
     @activity.defn(name=LLM_STEP)
     async def llm_step(self, step: LlmStepRequest) -> Message:
@@ -76,15 +73,16 @@ class ModelActivities:
             request = await heartbeating(model_input(step), "reading model input")
         # The workflow that answered the query chose the parameters: hold them to the agent.
         agent = self._settings.agent(step.agent)
-        check_overrides(self._settings, step.agent, call_overrides(agent, step.model, request))
-        provider = self._provider(ref, step.agent)
+        overrides = call_overrides(agent, step.model, request)
+        check_overrides(self._settings, step.agent, overrides, self._registry)
+        provider = self._provider(ref)
         return await heartbeating(provider.complete(request, ref.name), f"llm #{step.call_index}")
 
     @activity.defn(name=COMPACT_HISTORY)
     async def compact_history(self, request: CompactRequest) -> Message:
         require_workflow()
         ref = self._allowed_model(request.agent, request.model)
-        provider = self._provider(ref, request.agent)
+        provider = self._provider(ref)
         summary_call = summary_request(request)
         return await heartbeating(provider.complete(summary_call, ref.name), "compacting")
 
@@ -94,42 +92,26 @@ class ModelActivities:
             await provider.aclose()
 
     def _configured_models(self) -> list[ModelRef]:
-        names = {default_model(self._settings)}
+        names = {self._registry.default_model(self._settings)}
         for agent in self._settings.agents.values():
-            names.update(allowed_models(self._settings, agent))
+            names.update(allowed_models(self._settings, agent, self._registry))
         refs = []
         for name in sorted(names):
             with contextlib.suppress(ApplicationError):  # reported per turn, with context
-                refs.append(resolve_model(name))
+                refs.append(self._registry.resolve(name))
         return refs
 
     def _allowed_model(self, agent: str, model: str) -> ModelRef:
-        check_overrides(self._settings, agent, TurnOverrides.model_construct(model=model))
-        return resolve_model(model)
+        overrides = TurnOverrides.model_construct(model=model)
+        check_overrides(self._settings, agent, overrides, self._registry)
+        return self._registry.resolve(model)
 
-    def _provider(self, ref: ModelRef, agent: str) -> ModelProvider:
-        if ref.provider == "playback":
-            script = self._settings.agents[agent].playback
-            if script is None:
-                raise config_error(
-                    "UnknownModel", f"agent {agent!r} uses playback but names no playback script"
-                )
-            return PlaybackProvider(self._settings.path(script))
-        if ref.provider not in self._providers:
-            self._providers[ref.provider] = self._make_sdk_provider(ref.provider)
-        return self._providers[ref.provider]
-
-    def _make_sdk_provider(self, provider: str) -> ModelProvider:
-        # Imported here so a worker that only runs offline models never loads the SDKs.
-        if provider == "anthropic":
-            from turnkeep.activities.providers.anthropic import AnthropicProvider
-
-            return AnthropicProvider(self._settings.anthropic)
-        from turnkeep.activities.providers.openai import OpenAIProvider
-
-        if provider == "generic":
-            return OpenAIProvider(self._settings.generic, generic=True)
-        return OpenAIProvider(self._settings.openai, generic=False)
+    def _provider(self, ref: ModelRef) -> ModelProvider:
+        provider = self._providers.get(ref.provider)
+        if provider is None:
+            provider = self._registry[ref.provider].from_settings(self._settings)
+            self._providers[ref.provider] = provider
+        return provider
 
 
 # Larger than any agent's max_tokens: what a model call without one asks for when its agent
@@ -169,7 +151,7 @@ async def model_input(step: LlmStepRequest) -> LlmRequest:
         messages += (await page(len(messages))).request.messages
     request = first.request.model_copy(update={"messages": messages})
     # A mismatch can only be a bug (or a changed workflow): never send the model something else.
-    if not digest_matches(request, step.digest):
+    if request_digest(request) != step.digest:
         raise _input_mismatch(step)
     return request
 

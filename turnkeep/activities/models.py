@@ -1,112 +1,161 @@
-"""Model strings → providers (SPEC §5), the way fast-agent spells them.
+"""Model strings → providers (SPEC §5), the way fast-agent spells them, through a registry of
+provider classes (``turnkeep/activities/providers/__init__.py``).
 
 ``passthrough`` and ``playback`` are offline; ``anthropic.<model>``, ``openai.<model>`` and
 ``generic.<model>`` name a provider and the provider's own model id; ``sonnet``, ``haiku``,
-``opus`` and a few OpenAI names are aliases.
+``opus`` and a few OpenAI names are aliases. Other providers come from installed packages
+(the ``turnkeep.providers`` entry-point group) or from the worker's plugin
+(``TurnkeepPlugin(providers=[...])``). A model string resolves to a registered provider or to
+nothing: a turn cannot make a worker load code or reach an API its operator did not install.
 """
 
 from __future__ import annotations
 
-import os
+import functools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 
+from turnkeep.activities.providers import ModelProvider
+from turnkeep.activities.providers.anthropic import AnthropicProvider
+from turnkeep.activities.providers.openai import GenericProvider, OpenAIProvider
+from turnkeep.activities.providers.passthrough import PassthroughProvider
+from turnkeep.activities.providers.playback import PlaybackProvider
 from turnkeep.errors import config_error
-from turnkeep.settings import AgentSettings, ProviderSettings, Settings
+from turnkeep.settings import AgentSettings, Settings
 
-OFFLINE = ("passthrough", "playback")
-PROVIDERS = ("anthropic", "openai", "generic")
-
-ALIASES = {
-    "sonnet": "anthropic.claude-sonnet-4-5",
-    "haiku": "anthropic.claude-haiku-4-5",
-    "opus": "anthropic.claude-opus-4-1",
-    "gpt-4.1": "openai.gpt-4.1",
-    "gpt-4.1-mini": "openai.gpt-4.1-mini",
-    "gpt-4o": "openai.gpt-4o",
-    "gpt-5": "openai.gpt-5",
-    "gpt-5-mini": "openai.gpt-5-mini",
-    "o3": "openai.o3",
-}
-
-
-# Context windows in tokens, for deciding when to compact; a config value wins.
-CONTEXT_WINDOWS = {
-    "anthropic": 200_000,
-    "openai": 128_000,
-    "openai.gpt-4.1": 1_047_576,
-    "openai.gpt-4.1-mini": 1_047_576,
-    "openai.gpt-5": 400_000,
-    "openai.gpt-5-mini": 400_000,
-    "openai.o3": 200_000,
-    "generic": 32_768,
-    "passthrough": 200_000,
-    "playback": 200_000,
-}
-
-
-# What a model call asks for when neither the turn nor its agent sets max_tokens: the Messages
-# API requires a value (fast-agent's default for Anthropic models); OpenAI-compatible APIs need
-# none and stop at the model's own output limit, as do the offline models.
-PROVIDER_MAX_TOKENS = {"anthropic": 4096}
+ENTRY_POINT_GROUP = "turnkeep.providers"
+# In this order: the first whose `default_model` answers is a config's default model.
+BUILTIN_PROVIDERS: tuple[type[ModelProvider], ...] = (
+    PassthroughProvider,
+    PlaybackProvider,
+    AnthropicProvider,
+    OpenAIProvider,
+    GenericProvider,
+)
 
 
 @dataclass(frozen=True)
 class ModelRef:
-    provider: str  # passthrough | playback | anthropic | openai | generic
-    name: str  # the provider's model id ("" for offline models)
+    provider: str  # a registered provider's name
+    name: str  # the provider's model id ("" for a bare provider)
 
 
-def resolve_model(model: str) -> ModelRef:
-    spelled = ALIASES.get(model, model)
-    if spelled in OFFLINE:
-        return ModelRef(provider=spelled, name="")
-    provider, _, name = spelled.partition(".")
-    if provider in PROVIDERS and name:
-        return ModelRef(provider=provider, name=name)
-    raise config_error(
-        "UnknownModel",
-        f"Unknown model {model!r}. Use passthrough, playback, anthropic.<model>, "
-        f"openai.<model>, generic.<model> or an alias ({', '.join(sorted(ALIASES))}).",
-    )
+class ProviderRegistry:
+    """Provider classes by name, and their aliases. Registering is all-or-nothing per class: a
+    name or alias another provider has is refused, never silently taken over."""
+
+    def __init__(self, providers: Iterable[type[ModelProvider]] = ()) -> None:
+        self._providers: dict[str, type[ModelProvider]] = {}
+        self._aliases: dict[str, ModelRef] = {}
+        for provider in providers:
+            self.register(provider)
+
+    def register(self, provider: type[ModelProvider]) -> None:
+        if not (isinstance(provider, type) and issubclass(provider, ModelProvider)):
+            raise TypeError(f"{provider!r} is not a ModelProvider subclass")
+        name = getattr(provider, "name", "")
+        if not isinstance(name, str) or not name or "." in name:
+            raise ValueError(f"{provider.__name__}.name must be a non-empty string without '.'")
+        known = self._providers.get(name)
+        if known is provider:
+            return
+        if known is not None:
+            raise ValueError(
+                f"two model providers are named {name!r}: {known.__qualname__} and "
+                f"{provider.__qualname__}"
+            )
+        bare = {p.name for p in self if p.bare} | ({name} if provider.bare else set())
+        clashes = sorted(a for a in provider.aliases if a in self._aliases or a in bare)
+        if provider.bare and name in self._aliases:
+            clashes.append(name)
+        if clashes:
+            raise ValueError(f"{provider.__qualname__}'s model string(s) {clashes} are taken")
+        self._providers[name] = provider
+        for alias, model in provider.aliases.items():
+            self._aliases[alias] = ModelRef(provider=name, name=model)
+
+    def with_providers(self, providers: Iterable[type[ModelProvider]]) -> ProviderRegistry:
+        """This registry and ``providers`` (a worker's own), leaving this one unchanged."""
+        registry = ProviderRegistry(self)
+        for provider in providers:
+            registry.register(provider)
+        return registry
+
+    def __iter__(self) -> Iterator[type[ModelProvider]]:
+        return iter(self._providers.values())
+
+    def resolve(self, model: str) -> ModelRef:
+        ref = self._aliases.get(model)
+        if ref is not None:
+            return ref
+        name, dot, model_id = model.partition(".")
+        provider = self._providers.get(name)
+        if provider is not None and (not dot if provider.bare else bool(model_id)):
+            return ModelRef(provider=name, name=model_id)
+        spelled = [p.name if p.bare else f"{p.name}.<model>" for p in self]
+        raise config_error(
+            "UnknownModel",
+            f"Unknown model {model!r}. Use {', '.join(spelled)} or an alias "
+            f"({', '.join(sorted(self._aliases))}).",
+        )
+
+    def __getitem__(self, name: str) -> type[ModelProvider]:
+        """The provider named ``name`` (a ``ModelRef.provider``)."""
+        return self._providers[name]
+
+    def check(self, settings: Settings, model: str) -> None:
+        """Fail now if ``model`` is unknown, or its provider unusable with ``settings``."""
+        self[self.resolve(model).provider].check(settings)
+
+    def default_model(self, settings: Settings) -> str:
+        """fast-agent's precedence: config, then whichever provider has a key, then offline."""
+        if settings.default_model:
+            return settings.default_model
+        for provider in self:
+            if (model := provider.default_model(settings)) is not None:
+                return model
+        return PassthroughProvider.name
+
+    def context_window(self, model: str) -> int:
+        ref = self.resolve(model)
+        provider = self[ref.provider]
+        return provider.context_windows.get(ref.name, provider.context_window)
+
+    def max_tokens(self, model: str) -> int | None:
+        return self[self.resolve(model).provider].max_tokens
 
 
-def default_model(settings: Settings) -> str:
-    """fast-agent's precedence: config, then whichever provider has a key, then offline."""
-    if settings.default_model:
-        return settings.default_model
-    if os.environ.get("ANTHROPIC_API_KEY") or (settings.anthropic and settings.anthropic.api_key):
-        return "sonnet"
-    if os.environ.get("OPENAI_API_KEY") or (settings.openai and settings.openai.api_key):
-        return "openai.gpt-4.1-mini"
-    return "passthrough"
+@functools.cache
+def installed_providers() -> ProviderRegistry:
+    """The built-in providers and those of installed packages, whose distributions declare
+    ``[project.entry-points."turnkeep.providers"] myllm = "mypackage.provider:MyProvider"``.
+    Loaded once per process; a broken entry point stops the worker with its name."""
+    registry = ProviderRegistry(BUILTIN_PROVIDERS)
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            registry.register(entry.load())
+        except Exception as err:
+            raise ValueError(
+                f"model provider entry point {entry.name!r} ({entry.value}) of group "
+                f"{ENTRY_POINT_GROUP!r} could not be registered: {err}"
+            ) from err
+    return registry
 
 
-def allowed_models(settings: Settings, agent: AgentSettings) -> list[str]:
+def allowed_models(
+    settings: Settings, agent: AgentSettings, providers: ProviderRegistry | None = None
+) -> list[str]:
     """The models a turn of ``agent`` may run on: its model (else the worker's default) and
     its ``models``. Both prepare_turn and the model activities hold requests to this."""
-    return [agent.model or default_model(settings), *agent.models]
+    registry = providers or installed_providers()
+    return [agent.model or registry.default_model(settings), *agent.models]
 
 
-def max_tokens_limit(agent: AgentSettings, model: str) -> int | None:
+def max_tokens_limit(
+    agent: AgentSettings, model: str, providers: ProviderRegistry | None = None
+) -> int | None:
     """The most output tokens a turn of ``agent`` on ``model`` asks for unless the agent lets
     turns set ``max_tokens``: the agent's own, else the provider's default (None: no limit is
     sent, so the model's own applies and any value is lower)."""
-    return agent.max_tokens or PROVIDER_MAX_TOKENS.get(resolve_model(model).provider)
-
-
-def generic_base_url(settings: ProviderSettings | None) -> str:
-    """Where ``generic.<model>`` calls go: only ever the URL the worker's config names, so no
-    turn can make the worker open one it doesn't (there is no default, not even localhost)."""
-    if settings is None or not settings.base_url:
-        raise config_error(
-            "ModelNotConfigured",
-            "generic.<model> needs `generic: {base_url: ...}` in turnkeep.yaml "
-            "(e.g. http://localhost:11434/v1 for Ollama).",
-        )
-    return settings.base_url
-
-
-def context_window(model: str) -> int:
-    ref = resolve_model(model)
-    spelled = f"{ref.provider}.{ref.name}" if ref.name else ref.provider
-    return CONTEXT_WINDOWS.get(spelled, CONTEXT_WINDOWS[ref.provider])
+    return agent.max_tokens or (providers or installed_providers()).max_tokens(model)

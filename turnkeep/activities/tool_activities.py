@@ -58,18 +58,21 @@ class ToolActivities:
     async def list_tools(self, req: ToolsRequest) -> ToolCatalog:
         require_workflow()
         agent = self._settings.agent(req.agent)
+        servers = agent.servers if req.servers is None else req.servers
+        for server in servers:
+            self._check_server(req.agent, agent, server)
         # Servers start in parallel: several stdio servers each taking seconds to boot should
         # not add up. Failures are collected so one error names every server that is down.
         listings = await heartbeating(
             asyncio.gather(
-                *(self._pool.list_tools(server) for server in agent.servers),
+                *(self._pool.list_tools(server) for server in servers),
                 return_exceptions=True,
             ),
             "listing tools",
         )
         failures: list[tuple[str, BaseException]] = []
         specs: list[ToolSpec] = []
-        for server, listing in zip(agent.servers, listings, strict=True):
+        for server, listing in zip(servers, listings, strict=True):
             if isinstance(listing, BaseException):
                 failures.append((server, listing))
                 continue
@@ -93,6 +96,7 @@ class ToolActivities:
                 type="ToolNotAllowed",
                 non_retryable=True,
             )
+        self._check_server(req.agent, agent, server)
         info = activity.info()
         # A standalone activity (no workflow) is keyed by its own id, also stable across retries.
         key = idempotency_key(info.workflow_id or info.activity_id, req.call_id)
@@ -114,6 +118,23 @@ class ToolActivities:
         if self._max_result_bytes is not None:
             result = truncate_result(result, self._max_result_bytes)
         return ToolCallOutcome(result=result, duration_ms=duration_ms)
+
+    def _check_server(self, name: str, agent: AgentSettings, server: str) -> None:
+        """Refuse a server the agent lacks, or one the config puts on another task queue than
+        this activity's: its tools run only on the workers meant to host it."""
+        if server not in agent.servers:
+            raise ApplicationError(
+                f"Agent {name!r} has no tool server {server!r}.",
+                type="ToolNotAllowed",
+                non_retryable=True,
+            )
+        queue = self._settings.tool_task_queue(agent, server)
+        if queue is not None and queue != activity.info().task_queue:
+            raise ApplicationError(
+                f"The tools of server {server!r} run on task queue {queue!r}, not here.",
+                type="ToolWrongTaskQueue",
+                non_retryable=True,
+            )
 
 
 def idempotency_key(workflow_id: str, call_id: str) -> str:

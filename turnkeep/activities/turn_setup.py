@@ -6,11 +6,10 @@ from __future__ import annotations
 from temporalio import activity
 
 from turnkeep.activities.models import (
+    ProviderRegistry,
     allowed_models,
-    context_window,
-    generic_base_url,
+    installed_providers,
     max_tokens_limit,
-    resolve_model,
 )
 from turnkeep.errors import config_error, known, require_workflow
 from turnkeep.settings import AgentSettings, Settings, TimeoutSettings
@@ -28,31 +27,32 @@ from turnkeep.workflows.turn_io import TurnOverrides
 
 
 class TurnSetupActivities:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, providers: ProviderRegistry | None = None) -> None:
         self._settings = settings
+        self._providers = providers or installed_providers()
         # Which search attributes turns may upsert: none until the worker has checked the
         # namespace at start (turnkeep/worker/search_attributes.py), which replaces this before
         # it polls.
         self.visibility = VisibilityPlan(
-            outcome_notes=True,
-            outcome_timers=True,
-            skip_told_outcomes=True,
-            start_attributes=True,
-            search_attribute_interval=settings.visibility.search_attribute_interval,
+            search_attribute_interval=settings.visibility.search_attribute_interval
         )
 
     @activity.defn(name=PREPARE_TURN)
     async def prepare_turn(self, request: PrepareTurnRequest) -> TurnPlan:
         require_workflow()
-        return plan_turn(self._settings, request, self.visibility)
+        return plan_turn(self._settings, request, self.visibility, self._providers)
 
 
 def plan_turn(
-    settings: Settings, request: PrepareTurnRequest, visibility: VisibilityPlan | None = None
+    settings: Settings,
+    request: PrepareTurnRequest,
+    visibility: VisibilityPlan | None = None,
+    providers: ProviderRegistry | None = None,
 ) -> TurnPlan:
+    providers = providers or installed_providers()
     agent = settings.agent(request.agent)
     overrides = request.overrides
-    model = check_overrides(settings, request.agent, overrides)
+    model = check_overrides(settings, request.agent, overrides, providers)
 
     def pick(name: str) -> object:
         value = getattr(overrides, name)
@@ -66,22 +66,29 @@ def plan_turn(
             **{name: pick(name) for name in TurnOverrides.model_fields if name != "model"},
             "has_tools": bool(agent.servers),
             "hooks": {point: names for point, names in agent.hooks.items() if names},
-            "compaction": _compaction(agent, model),
+            "compaction": _compaction(agent, providers.context_window(model)),
             "continue_as_new": _continue_as_new(settings),
             "visibility": visibility or VisibilityPlan(),
             "llm": _timeouts(agent.llm_timeouts),
             "tools": _timeouts(agent.tool_timeouts),
+            "tool_task_queues": _tool_task_queues(settings, agent),
         }
     )
 
 
-def check_overrides(settings: Settings, name: str, overrides: TurnOverrides) -> str:
+def check_overrides(
+    settings: Settings,
+    name: str,
+    overrides: TurnOverrides,
+    providers: ProviderRegistry | None = None,
+) -> str:
     """The model a turn (or one model call) of agent ``name`` runs on, once ``overrides`` are
     checked against the agent: a model from ``allowed_models``, only the overrides the agent
     lists, and always lower (never higher) ``max_iterations`` and ``max_tokens``. The model
     activities hold each call to this same rule."""
+    providers = providers or installed_providers()
     agent = settings.agent(name)
-    allowed = allowed_models(settings, agent)
+    allowed = allowed_models(settings, agent, providers)
     model = overrides.model or allowed[0]
     if model not in allowed:
         raise config_error(
@@ -89,11 +96,13 @@ def check_overrides(settings: Settings, name: str, overrides: TurnOverrides) -> 
             f"Agent {name!r} does not let a turn use model {model!r} "
             f"(it allows: {known(set(allowed))}).",
         )
-    # An unknown model string, or a generic one with no generic server configured, fails the
-    # turn here, before any model call.
-    if resolve_model(model).provider == "generic":
-        generic_base_url(settings.generic)
-    limits = {"max_iterations": agent.max_iterations, "max_tokens": max_tokens_limit(agent, model)}
+    # An unknown model string, or one whose provider the config leaves unusable (generic with
+    # no server), fails the turn here, before any model call.
+    providers.check(settings, model)
+    limits = {
+        "max_iterations": agent.max_iterations,
+        "max_tokens": max_tokens_limit(agent, model, providers),
+    }
     lowered = {
         field
         for field, limit in limits.items()
@@ -133,11 +142,19 @@ def _continue_as_new(settings: Settings) -> ContinueAsNewPlan:
     )
 
 
-def _compaction(agent: AgentSettings, model: str) -> CompactionPlan | None:
+def _tool_task_queues(settings: Settings, agent: AgentSettings) -> dict[str, str | None]:
+    """Where each of the agent's servers is called, when any is called elsewhere than on the
+    turn's own task queue (None: there); empty when none is, so the turn's tool activities
+    are scheduled as they always were."""
+    queues = {server: settings.tool_task_queue(agent, server) for server in agent.servers}
+    return queues if any(queues.values()) else {}
+
+
+def _compaction(agent: AgentSettings, model_window: int) -> CompactionPlan | None:
     settings = agent.compaction
     if not settings.enabled:
         return None
-    window = settings.context_window or context_window(model)
+    window = settings.context_window or model_window
     return CompactionPlan(
         threshold_tokens=int(window * settings.threshold), keep_exchanges=settings.keep_exchanges
     )

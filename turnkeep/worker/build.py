@@ -1,49 +1,49 @@
-"""Building a turnkeep worker: the one place the CLI, tests and benchmarks get one from."""
+"""Building a turnkeep worker that turnkeep owns (``turnkeep worker``, the tests, the
+benchmarks): a Temporal ``Worker`` with ``TurnkeepPlugin``, as an application builds one."""
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Mapping
-from datetime import timedelta
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker
 
 from turnkeep.activities.hook_activity import Hook
-from turnkeep.activities.model_activity import ModelInputHandoffInterceptor
+from turnkeep.agents import Agent, McpServer
 from turnkeep.settings import Settings
 from turnkeep.worker.plugin import FunctionTools, TurnkeepPlugin
+from turnkeep.worker.workflow_runner import WORKFLOW_RUNNER
 
 
 def build_worker(
     client: Client,
     settings: Settings,
     *,
+    agents: Sequence[Agent] = (),
+    servers: Sequence[McpServer] = (),
     function_tools: FunctionTools | None = None,
     hooks: Mapping[str, Hook] | None = None,
     task_queue: str | None = None,
     model_input_handoff: bool = True,
     **worker_options: Any,
 ) -> Worker:
-    """``model_input_handoff=False`` makes every model call read its input by query, as one
-    running on another worker does (benchmarks compare the two)."""
-    # A turn's next step (and the query a model call reads its input by) waits on the worker
-    # that last ran it for this long before any worker may take it: after a crash, that is dead
-    # time. Temporal's default is 10 s.
-    worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))
-    # A model call that runs on this worker takes its input from the workflow in memory
-    # instead of by query (turnkeep/activities/model_activity.py): a round trip less per iteration.
-    if model_input_handoff:
-        worker_options["interceptors"] = [
-            *worker_options.get("interceptors", ()),
-            ModelInputHandoffInterceptor(),
-        ]
+    """A worker serving turns only, on ``task_queue`` (else ``settings.task_queue``).
+    ``worker_options`` go to ``Worker``; the rest to ``TurnkeepPlugin``."""
+    # The worker runs no one else's workflows, so it may share turnkeep's workflow modules on
+    # turnkeep's faster runner (turnkeep/worker/workflow_runner.py).
+    worker_options.setdefault("workflow_runner", WORKFLOW_RUNNER)
+    plugin = TurnkeepPlugin(
+        settings,
+        agents=agents,
+        servers=servers,
+        function_tools=function_tools,
+        hooks=hooks,
+        model_input_handoff=model_input_handoff,
+    )
     return Worker(
-        client,
-        task_queue=task_queue or settings.task_queue,
-        plugins=[TurnkeepPlugin(settings, function_tools=function_tools, hooks=hooks)],
-        **worker_options,
+        client, task_queue=task_queue or settings.task_queue, plugins=[plugin], **worker_options
     )
 
 

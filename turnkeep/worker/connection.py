@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from temporalio.client import Client
+from temporalio.converter import DataConverter
 from temporalio.envconfig import ClientConfig
 from temporalio.plugin import SimplePlugin
 
@@ -27,16 +28,21 @@ async def connect(
     profile: str | None = None,
     plugin: SimplePlugin | None = None,
     settings: Settings | None = None,
+    data_converter: DataConverter | None = None,
 ) -> Client:
     """A client with turnkeep's data converter. ``settings`` (the workers' turnkeep.yaml) give
     it their payload storage, so it reads the large payloads they store; without them it uses
-    the default storage. ``plugin`` replaces turnkeep's client plugin altogether."""
+    the default storage. ``data_converter``, an application's own, keeps its payload codec
+    under turnkeep's (``turnkeep/worker/composition.py``). ``plugin`` replaces turnkeep's client
+    plugin altogether."""
     config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
     if address:
         config["target_host"] = address
     if namespace:
         config["namespace"] = namespace
     config.setdefault("target_host", "localhost:7233")
+    if data_converter is not None:
+        config["data_converter"] = data_converter
     try:
         return await Client.connect(**config, plugins=[plugin or TurnkeepClientPlugin(settings)])
     except RuntimeError as err:  # what the SDK raises when it cannot connect

@@ -1,18 +1,22 @@
-"""``TurnkeepPlugin``: turnkeep's client and worker set-up through Temporal's plugin API.
+"""``TurnkeepPlugin``: turnkeep's client and worker set-up through Temporal's plugin API, the
+one way a worker gets turnkeep (``build_worker`` and ``turnkeep worker`` use it too).
 
-Every payload is a pydantic model as JSON (the pydantic data converter), and payloads above
+It adds to an application's set-up rather than replacing it (``turnkeep/worker/composition.py``):
+every payload is a pydantic model as JSON, and payloads above
 ``payload_storage.threshold_bytes`` go to external storage with only a reference in the history
-(``turnkeep/payloads/storage.py``). A worker's plugin also registers ``TurnWorkflow`` and the
-activities built from the worker's settings, and closes pooled MCP connections when the worker
-stops.
+(``turnkeep/payloads/storage.py``), while the application's payload codec keeps encoding them.
+A worker's plugin also registers ``TurnWorkflow`` and the activities built from the worker's
+settings and its Python agents (``turnkeep/agents.py``), beside the application's own; adds the
+model-input hand-off interceptor; and closes pooled MCP connections when the worker stops.
 
 With ``encryption`` in the settings, every payload also goes through ``turnkeep.payloads.codec``'s
 ``EncryptionCodec`` (AES-256-GCM); the SDK encodes before it stores, so stored payloads are
 encrypted too.
 
-A Temporal worker encodes payloads with its *client's* data converter, so a worker must be built
-from a client connected with the same payload storage and encryption as its settings
-(``worker.connection.connect(settings=...)``); ``TurnkeepPlugin`` checks this at start-up.
+A Temporal worker encodes payloads with its *client's* data converter. A client turnkeep made
+(``turnkeep.connect(settings=...)``) must have the storage and encryption of the worker's
+settings, which the plugin checks at start-up; any other client is given turnkeep's converter
+for this worker, on the same connection.
 """
 
 from __future__ import annotations
@@ -23,12 +27,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payloads
-from temporalio.converter import (
-    DataConverter,
-    DefaultFailureConverterWithEncodedAttributes,
-    ExternalStorage,
-    PayloadCodec,
-)
+from temporalio.converter import DataConverter, ExternalStorage
 from temporalio.exceptions import ApplicationError
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import (
@@ -41,25 +40,29 @@ from temporalio.worker import (
     WorkflowRunner,
 )
 
+from turnkeep.activities.child_turn import read_child_turn
 from turnkeep.activities.hook_activity import Hook, HookActivities
 from turnkeep.activities.mcp_pool import McpPool, import_callable
-from turnkeep.activities.model_activity import ModelActivities
-from turnkeep.activities.note import note
+from turnkeep.activities.model_activity import ModelActivities, ModelInputHandoffInterceptor
+from turnkeep.activities.models import installed_providers
+from turnkeep.activities.providers import ModelProvider
 from turnkeep.activities.tool_activities import ToolActivities, tool_result_limit
 from turnkeep.activities.turn_setup import TurnSetupActivities
+from turnkeep.agents import Agent, McpServer, declare
 from turnkeep.errors import known
-from turnkeep.payloads.codec import describe_codec, payload_codec, same_codec
-from turnkeep.payloads.converter import TurnkeepDataConverter, TurnkeepPayloadConverter
-from turnkeep.payloads.storage import (
-    describe_storage,
-    external_storage,
-    payload_sweeper,
-    same_storage,
-)
+from turnkeep.payloads.codec import payload_codec
+from turnkeep.payloads.storage import external_storage, payload_sweeper
 from turnkeep.settings import Settings
+from turnkeep.worker.composition import (
+    data_converter,
+    shorter_sticky_timeout,
+    turnkeep_converter,
+    with_converter,
+    with_passthrough,
+)
 from turnkeep.worker.search_attributes import usable_search_attributes
 from turnkeep.worker.workflow_runner import WORKFLOW_RUNNER
-from turnkeep.workflows.turn_workflow import TurnWorkflow
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
 FunctionTools = Mapping[str, Sequence[Callable[..., Any]]]
 
@@ -72,31 +75,9 @@ _ENVELOPE_BYTES = 64 * 1024
 RESULT_TOO_LARGE = "TurnResultTooLarge"
 
 
-def data_converter(
-    storage: ExternalStorage | None, codec: PayloadCodec | None = None
-) -> DataConverter:
-    """turnkeep's data converter: pydantic JSON payloads, large ones in ``storage``, all of them
-    through ``codec`` (encryption) when there is one. The one place it is made.
-
-    The SDK runs the codec before external storage, so what is stored is encoded too. With a
-    codec, failures' messages and stack traces go into an encoded payload as well (Temporal's
-    encoded failure attributes): an error can quote a prompt or a tool's output."""
-    if codec is None:
-        # No codec at all, not a pass-through one: the SDK then skips a pass over every
-        # payload. An encrypted payload is refused by the payload converter instead.
-        return TurnkeepDataConverter(
-            payload_converter_class=TurnkeepPayloadConverter, external_storage=storage
-        )
-    return TurnkeepDataConverter(
-        payload_converter_class=TurnkeepPayloadConverter,
-        external_storage=storage,
-        payload_codec=codec,
-        failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
-    )
-
-
 class TurnkeepClientPlugin(SimplePlugin):
-    """For clients that start and watch turns: the data converter, nothing else.
+    """For clients that start and watch turns: turnkeep's data converter, added to the
+    client's own (``turnkeep/worker/composition.py``), nothing else.
 
     Payload storage comes from ``storage`` if given, else from ``settings.payload_storage``
     (default settings when none are given: the ``local`` driver under the state directory),
@@ -110,34 +91,59 @@ class TurnkeepClientPlugin(SimplePlugin):
         settings = settings or Settings()
         self.storage = storage if storage is not None else external_storage(settings)
         self.codec = payload_codec(settings)
-        super().__init__("turnkeep-client", data_converter=data_converter(self.storage, self.codec))
+        super().__init__("turnkeep-client", data_converter=self._converter)
+
+    def _converter(self, existing: DataConverter | None) -> DataConverter:
+        return turnkeep_converter(existing, self.storage, self.codec)
 
 
 class TurnkeepPlugin(SimplePlugin):
-    """For workers (or a client that workers are built from): everything a turn needs."""
+    """Everything a turn needs, for a worker (or a client that workers are built from):
+    ``Worker(client, task_queue="my-app", workflows=[MyWorkflow], activities=[my_activity],
+    plugins=[TurnkeepPlugin(agents=[Agent(...)])])`` runs turns beside the application's own
+    workflows, on its task queue.
+
+    ``settings`` (a turnkeep.yaml's; default: no agents, payload storage under the state
+    directory) are merged with ``agents`` and ``servers`` (``turnkeep/agents.py``);
+    ``function_tools`` and ``hooks`` register more functions by server and hook name, over the
+    settings' hooks of the same name; ``storage`` replaces what ``settings.payload_storage``
+    describes. ``model_input_handoff=False`` makes every model call read its input by query,
+    as one running on another worker does (benchmarks compare the two).
+    """
 
     def __init__(
         self,
-        settings: Settings,
+        settings: Settings | None = None,
         *,
+        agents: Sequence[Agent] = (),
+        servers: Sequence[McpServer] = (),
         function_tools: FunctionTools | None = None,
         hooks: Mapping[str, Hook] | None = None,
         storage: ExternalStorage | None = None,
+        providers: Sequence[type[ModelProvider]] = (),
+        model_input_handoff: bool = True,
     ) -> None:
-        # `storage`, when given, replaces what `settings.payload_storage` describes.
+        settings = settings or Settings()
+        named_hooks: dict[str, Hook] = {
+            name: import_callable(path, settings.base_dir) for name, path in settings.hooks.items()
+        }
+        declared = declare(
+            settings, agents, servers, function_tools, {**named_hooks, **(hooks or {})}
+        )
+        # YAML and Python agents alike: what every activity re-checks requests against.
+        settings = declared.settings
         self.storage = storage if storage is not None else external_storage(settings)
         self.codec = payload_codec(settings)
         _check_tool_result_limit(settings, self.storage)
         self._payload_retention = settings.payload_storage.retention
-        pool = McpPool(settings, function_tools)
-        all_hooks: dict[str, Hook] = {
-            name: import_callable(path, settings.base_dir) for name, path in settings.hooks.items()
-        }
-        all_hooks.update(hooks or {})
+        pool = McpPool(settings, declared.function_tools)
+        all_hooks = declared.hooks
         _check_names(settings, set(pool.servers), set(all_hooks))
         tools = ToolActivities(settings, pool, storage_on=self.storage is not None)
-        models = ModelActivities(settings)
-        self._setup = TurnSetupActivities(settings)
+        # Model strings resolve to the built-in and installed providers, and these.
+        registry = installed_providers().with_providers(providers)
+        models = ModelActivities(settings, registry)
+        self._setup = TurnSetupActivities(settings, registry)
         activities: list[Callable[..., Any]] = [
             self._setup.prepare_turn,
             models.llm_step,
@@ -145,7 +151,8 @@ class TurnkeepPlugin(SimplePlugin):
             tools.list_tools,
             tools.call_tool,
             HookActivities(settings, all_hooks).run_hook,
-            note,
+            # A parent workflow's `turnkeep.workflow.run_turn` reads a cancelled turn with it.
+            read_child_turn,
         ]
 
         @asynccontextmanager
@@ -156,22 +163,33 @@ class TurnkeepPlugin(SimplePlugin):
                 await pool.aclose()
                 await models.aclose()
 
+        interceptors = _interceptors(self.storage)
+        if model_input_handoff:
+            # A model call that runs on this worker takes its input from the workflow in
+            # memory instead of by query (turnkeep/activities/model_activity.py): a round trip
+            # less per iteration.
+            interceptors.append(ModelInputHandoffInterceptor())
         super().__init__(
             "turnkeep",
-            data_converter=data_converter(self.storage, self.codec),
+            data_converter=self._converter,
             workflows=[TurnWorkflow],
             activities=activities,
-            workflow_runner=WORKFLOW_RUNNER,
-            interceptors=_interceptors(self.storage),
+            workflow_runner=with_passthrough,
+            interceptors=interceptors,
             run_context=close_connections,
         )
 
+    def _converter(self, existing: DataConverter | None) -> DataConverter:
+        return turnkeep_converter(existing, self.storage, self.codec)
+
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
-        # A worker takes its data converter from its client, never from a worker plugin.
+        # A worker converts payloads with its client's converter, and a worker plugin cannot
+        # change that client: the worker gets one with turnkeep's converter added, on the same
+        # connection (the client itself when turnkeep made it).
         client = config.get("client")
         if client is not None:
-            _check_client_storage(client.data_converter.external_storage, self.storage)
-            _check_client_codec(client.data_converter.payload_codec, self.codec)
+            config["client"] = with_converter(client, self._converter(client.data_converter))
+        shorter_sticky_timeout(config)
         return super().configure_worker(config)
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
@@ -186,29 +204,6 @@ class TurnkeepPlugin(SimplePlugin):
         # settings, and several workers sweeping one directory is safe.
         async with payload_sweeper(self.storage, self._payload_retention, worker.client):
             await super().run_worker(worker, next)
-
-
-def _check_client_storage(client: ExternalStorage | None, worker: ExternalStorage | None) -> None:
-    if not same_storage(client, worker):
-        raise ValueError(
-            "the worker's client and its settings disagree on payload storage: the client has "
-            f"{describe_storage(client)}, payload_storage in the settings gives "
-            f"{describe_storage(worker)}. Connect the client with the same settings "
-            "(worker.connection.connect(..., settings=settings)) so it can read what the "
-            "worker stores; every other client of these turns needs the same storage too."
-        )
-
-
-def _check_client_codec(client: PayloadCodec | None, worker: PayloadCodec | None) -> None:
-    # A worker whose client lacks the codec would write every payload in clear.
-    if not same_codec(client, worker):
-        raise ValueError(
-            "the worker's client and its settings disagree on payload encryption: the client has "
-            f"{describe_codec(client)}, encryption in the settings gives "
-            f"{describe_codec(worker)}. Connect the client with the same settings "
-            "(worker.connection.connect(..., settings=settings)): the worker writes payloads "
-            "with its client's converter."
-        )
 
 
 def _check_tool_result_limit(settings: Settings, storage: ExternalStorage | None) -> None:
@@ -245,6 +240,9 @@ class _ResultSizeGuard(Interceptor):
 class _ResultSizeInbound(WorkflowInboundInterceptor):
     async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
         result = await super().execute_workflow(input)
+        # The application's workflows on the same worker are none of turnkeep's business.
+        if workflow.info().workflow_type != WORKFLOW_NAME:
+            return result
         # The bytes the SDK is about to send; the conversion is deterministic, so replay agrees.
         size = Payloads(payloads=workflow.payload_converter().to_payloads([result])).ByteSize()
         if size > PAYLOAD_LIMIT_BYTES - 1024:

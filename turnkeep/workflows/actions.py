@@ -22,6 +22,7 @@ from turnkeep.workflows.activity_io import (
     LLM_STEP,
     PREPARE_TURN,
     RUN_HOOK,
+    TOOL_SEPARATOR,
     CompactRequest,
     HookChange,
     HookContext,
@@ -51,14 +52,22 @@ SETUP = Timeouts(start_to_close=120.0, heartbeat=15.0, max_attempts=3)
 _HOOK = Timeouts(start_to_close=60.0, heartbeat=None, max_attempts=3)
 
 
-async def execute(name: str, arg: BaseModel, result_type: type[T], summary: str, t: Timeouts) -> T:
+async def execute(
+    name: str,
+    arg: BaseModel,
+    result_type: type[T],
+    summary: str,
+    t: Timeouts,
+    task_queue: str | None = None,
+) -> T:
     """Schedule one of the turn's activities by name, with ``t``'s timeouts and retry policy,
-    and await its result."""
+    on ``task_queue`` (None: the turn's own), and await its result."""
     try:
         result: T = await workflow.execute_activity(
             name,
             arg,
             result_type=result_type,
+            task_queue=task_queue,
             summary=summary,
             start_to_close_timeout=timedelta(seconds=t.start_to_close),
             heartbeat_timeout=timedelta(seconds=t.heartbeat) if t.heartbeat else None,
@@ -96,16 +105,29 @@ async def prepare_turn(turn: TurnInput) -> TurnPlan:
 async def list_tools(plan: TurnPlan) -> list[ToolSpec]:
     if not plan.has_tools:
         return []
-    catalog = await execute(
-        LIST_TOOLS,
-        ToolsRequest(agent=plan.agent),
-        ToolCatalog,
-        visibility.LIST_TOOLS_SUMMARY,
-        # A tool server that is briefly down (an HTTP server restarting) is retried as a tool
-        # call would be; one that cannot start fails at once (non-retryable).
-        plan.tools,
+    if not plan.tool_task_queues:
+        return (await _list_tools(ToolsRequest(agent=plan.agent), plan, None)).tools
+    # Each task queue lists its own servers, at once; the tools keep the agent's server order.
+    servers: dict[str | None, list[str]] = {}
+    for server, queue in plan.tool_task_queues.items():
+        servers.setdefault(queue, []).append(server)
+    catalogs = await asyncio.gather(
+        *(
+            _list_tools(ToolsRequest(agent=plan.agent, servers=names), plan, queue)
+            for queue, names in servers.items()
+        )
     )
-    return catalog.tools
+    by_server: dict[str, list[ToolSpec]] = {}
+    for tool in (tool for catalog in catalogs for tool in catalog.tools):
+        by_server.setdefault(tool.name.partition(TOOL_SEPARATOR)[0], []).append(tool)
+    return [tool for server in plan.tool_task_queues for tool in by_server.get(server, [])]
+
+
+async def _list_tools(request: ToolsRequest, plan: TurnPlan, queue: str | None) -> ToolCatalog:
+    # A tool server that is briefly down (an HTTP server restarting) is retried as a tool call
+    # would be; one that cannot start fails at once (non-retryable).
+    summary = visibility.LIST_TOOLS_SUMMARY
+    return await execute(LIST_TOOLS, request, ToolCatalog, summary, plan.tools, queue)
 
 
 async def call_model(request: LlmRequest, plan: TurnPlan, messages: MessageJson) -> Message:
@@ -142,7 +164,8 @@ async def run_tools(
         started = workflow.time()
         try:
             summary = visibility.tool_summary(call)
-            outcome = await execute(CALL_TOOL, call, ToolCallOutcome, summary, plan.tools)
+            queue = plan.tool_task_queue(call.name)
+            outcome = await execute(CALL_TOOL, call, ToolCallOutcome, summary, plan.tools, queue)
             completed[call.call_id] = outcome.result
             timing[call.call_id] = outcome.duration_ms
         except ActivityError as err:
@@ -194,22 +217,7 @@ OUTCOME_TIMER = timedelta(days=1)
 def outcome_timer(summary: str) -> asyncio.Task[None]:
     """Record ``summary`` in the history as the summary of a timer that nobody waits for, which
     the Web UI shows like an activity's: its TimerStarted event goes out with the workflow
-    task's other commands, so it costs no activation, unlike ``note``. Cancel the task once
-    the server has the timer (a timer cancelled in the workflow task that started it is never
-    sent, and its summary would be lost)."""
+    task's other commands, so it costs no activation of its own (a local activity's marker
+    would). Cancel the task once the server has the timer (a timer cancelled in the workflow
+    task that started it is never sent, and its summary would be lost)."""
     return asyncio.ensure_future(workflow.sleep(OUTCOME_TIMER, summary=visibility.clip(summary)))
-
-
-async def note(summary: str) -> None:
-    """Record ``summary`` in the history as a no-op local activity's marker: the way to show
-    something learnt after an activity was scheduled, such as a model call's outcome, in the
-    Web UI's Event History. It adds no round trip to the server; failing, it only logs."""
-    try:
-        await workflow.execute_local_activity(
-            visibility.NOTE_ACTIVITY,
-            summary=visibility.clip(summary),
-            start_to_close_timeout=timedelta(seconds=10),
-            retry_policy=RetryPolicy(maximum_attempts=1),
-        )
-    except ActivityError as err:
-        workflow.logger.warning("could not record %r in the history: %s", summary, err)

@@ -80,31 +80,18 @@ class ContinueAsNewPlan(BaseModel):
 
 class VisibilityPlan(BaseModel):
     """What the turn publishes for operators beyond activity summaries
-    (turnkeep/workflows/visibility.py).
-
-    Decided by the worker that prepared the turn and recorded with the plan, so the commands
-    it implies replay identically. The defaults, which plans recorded before this existed
-    get, publish nothing: such histories replay without the new commands."""
+    (turnkeep/workflows/visibility.py): decided by the worker that prepared the turn and
+    recorded with the plan, so the commands it implies replay identically."""
 
     # Turnkeep search attributes the namespace has registered (checked at worker start); only
     # these are upserted, as upserting an unknown one would fail the workflow task.
     search_attributes: list[str] = Field(default_factory=list)
-    # Record each model call's outcome (`llm #3 · sonnet → toolUse(2)`) in the history ...
-    outcome_notes: bool = False
-    # ... as the summary of a day-long timer nothing waits for (started with the next step's
-    # commands, cancelled once that step is done) rather than of a no-op local activity's
-    # marker: a local activity costs a workflow activation of its own and holds the workflow
-    # task open until it is done.
-    outcome_timers: bool = False
-    # ... and only the outcomes the rows after them do not tell: not a toolUse answer whose
-    # every call runs as a tool activity, as its `tool …` rows say it (a timer is two events
-    # and a timer task, the largest of a turn's costs per iteration over the floor's, bench/).
-    skip_told_outcomes: bool = False
     # Seconds of workflow time between two upserts in the middle of a turn (0: every answer).
     search_attribute_interval: float = 0.0
-    # Search attributes the turn's start request set (``start_turn`` sets those it knows)
-    # count as published: the turn's first task upserts nothing when they are all there is.
-    start_attributes: bool = False
+
+
+# Tools are named `server__tool` and split on the first separator.
+TOOL_SEPARATOR = "__"
 
 
 class TurnPlan(BaseModel):
@@ -126,9 +113,16 @@ class TurnPlan(BaseModel):
     # Hook names per point, in the order they run; empty means no hook activity at all.
     hooks: dict[HookPoint, list[str]] = Field(default_factory=dict)
     compaction: CompactionPlan | None = None
-    # Plans recorded before this field existed get the defaults.
     continue_as_new: ContinueAsNewPlan = Field(default_factory=ContinueAsNewPlan)
     visibility: VisibilityPlan = Field(default_factory=VisibilityPlan)
+    # The task queue each of the agent's tool servers is listed and called on (None: the
+    # turn's own), in the agent's order; empty when every server is on the turn's queue (and in
+    # plans recorded before this existed), which schedules the tool activities as before.
+    tool_task_queues: dict[str, str | None] = Field(default_factory=dict)
+
+    def tool_task_queue(self, tool: str) -> str | None:
+        """Where a call of ``tool`` (``server__tool``) runs (None: the turn's own queue)."""
+        return self.tool_task_queues.get(tool.partition(TOOL_SEPARATOR)[0])
 
 
 class ToolSpec(BaseModel):
@@ -139,6 +133,8 @@ class ToolSpec(BaseModel):
 
 class ToolsRequest(BaseModel):
     agent: str
+    # Which of the agent's servers to list (those on the task queue it was sent to); None: all.
+    servers: list[str] | None = None
 
 
 class ToolCatalog(BaseModel):
@@ -160,11 +156,6 @@ class LlmRequest(BaseModel):
     max_tokens: int | None = None
 
 
-# Digests before this form were the sha256 of the whole request's JSON; a step scheduled
-# then and retried after an upgrade still names one (``digest_matches``).
-DIGEST_PREFIX = "v2:"
-
-
 @dataclass(frozen=True)
 class RequestJson:
     """An ``LlmRequest`` as JSON: everything but the messages, and each message on its own
@@ -180,7 +171,7 @@ class RequestJson:
 
     def digest(self) -> str:
         parts = [self.header, *(sha for sha, _ in self.messages)]
-        return DIGEST_PREFIX + _sha256("\n".join(parts))
+        return _sha256("\n".join(parts))
 
     def chars(self) -> int:
         return len(self.header) + sum(len(text) for _, text in self.messages)
@@ -296,13 +287,6 @@ class LlmStepRequest(BaseModel):
 
 def request_digest(request: LlmRequest) -> str:
     return RequestJson.of(request).digest()
-
-
-def digest_matches(request: LlmRequest, digest: str) -> bool:
-    """Whether ``digest`` names ``request``, in either digest form."""
-    if digest.startswith(DIGEST_PREFIX):
-        return request_digest(request) == digest
-    return _sha256(request.model_dump_json()) == digest
 
 
 def _sha256(text: str) -> str:

@@ -1,5 +1,5 @@
 """What crosses between a parent workflow's ``turnkeep.workflow.run_turn`` and the activity that
-reads a cancelled child turn's repaired conversation (``turnkeep/worker/child_turn.py``).
+reads a cancelled child turn's repaired conversation (``turnkeep/activities/child_turn.py``).
 
 A cancelled workflow closes with no result and no details, and a workflow cannot query
 another, so the parent asks an activity to query the closed child."""

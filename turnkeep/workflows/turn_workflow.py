@@ -38,10 +38,6 @@ WORKFLOW_NAME = "TurnWorkflow"
 _HOOKS_THAT_MAY_FAIL = (HookPoint.AFTER_TOOL_CALL, HookPoint.AFTER_TURN_COMPLETE)
 
 
-# The patch under which a turn that fails before its plan says so in its search attributes.
-_FAILED_BEFORE_START = "turnkeep-failed-before-start"
-
-
 # A query whose arguments fail to decode as its parameters' types is answered with pydantic's
 # explanation (rather than the SDK's bare "Failed decoding arguments").
 @workflow.defn(name=WORKFLOW_NAME, failure_exception_types=[ValidationError])
@@ -106,9 +102,9 @@ class TurnWorkflow:
                 raise
             self._state = TurnState.start(turn, plan)
         state = self._state
-        if state.plan.visibility.start_attributes and self._start_attributes:
+        if self._start_attributes:
             # They count as published: the rest follows when next due, not in this task, as
-            # each upsert is a visibility-store write. (Plans from before this upsert here.)
+            # each upsert is a visibility-store write.
             self._published = dict(self._start_attributes)
             self._published_at = workflow.info().start_time
         self._show(visibility.STARTING, publish=self._publish_due())
@@ -176,18 +172,16 @@ class TurnWorkflow:
         self._show(visibility.waiting_on_model(request))
         answer = await actions.call_model(request, state.plan, self._message_json)
         state.on_assistant(answer)
-        if not (state.plan.visibility.skip_told_outcomes and state.runs_every_pending_call()):
-            await self._note_outcome(visibility.outcome_summary(request, answer))
+        # An outcome gets a row of its own only when the rows after it do not tell it: not a
+        # toolUse answer whose every call runs as a tool activity (its `tool …` rows say it).
+        if not state.runs_every_pending_call():
+            self._record_outcome(visibility.outcome_summary(request, answer))
         self._show(visibility.answered(answer), publish=self._publish_due())
         await self._hooks(HookPoint.AFTER_LLM_CALL)
 
-    async def _note_outcome(self, summary: str) -> None:
-        plan = self._require_state().plan.visibility
-        if not plan.outcome_notes:
-            return
-        if not plan.outcome_timers:  # plans recorded before outcome timers existed
-            await actions.note(summary)
-            return
+    def _record_outcome(self, summary: str) -> None:
+        """Record a model call's outcome in the history, as the summary of a timer nobody
+        waits for (``actions.outcome_timer``), started with this workflow task's commands."""
         self._cancel_outcome_timers()
         length = workflow.info().get_current_history_length()
         self._outcome_timers.append((actions.outcome_timer(summary), length))
@@ -248,11 +242,7 @@ class TurnWorkflow:
         """A turn that fails before it has a plan publishes nothing of its own; if its start
         request said ``Running``, it now says ``Failed``, or filters for running turns would
         find it for ever."""
-        running = (
-            self._start_attributes.get(visibility.STATUS.name) == visibility.TurnStatus.RUNNING
-        )
-        # Turns that failed so before this release did not upsert: their histories replay.
-        if running and workflow.patched(_FAILED_BEFORE_START):
+        if self._start_attributes.get(visibility.STATUS.name) == visibility.TurnStatus.RUNNING:
             workflow.upsert_search_attributes(
                 [visibility.STATUS.value_set(visibility.TurnStatus.FAILED.value)]
             )

@@ -35,11 +35,6 @@ from turnkeep.workflows.activity_io import HookPoint, LlmRequest, ToolCallReques
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import Message, StopReason
 
-# The no-op local activity whose summary carried a model call's outcome into the history in
-# turns whose plan predates outcome timers (one MarkerRecorded event, but a workflow activation
-# of its own each time). Still registered: such turns may be running when a worker upgrades.
-NOTE_ACTIVITY = "turnkeep_note"
-
 # -- search attributes --------------------------------------------------------------------
 
 AGENT = SearchAttributeKey.for_keyword("TurnkeepAgent")

@@ -1,20 +1,67 @@
-"""Model providers: one module each, all answering an ``LlmRequest`` with an assistant
-``Message`` (stop reason, tool calls, and a ``usage`` channel)."""
+"""Model providers: one class each, answering an ``LlmRequest`` with an assistant ``Message``
+(stop reason, tool calls, and a ``usage`` channel).
+
+A provider class declares the model strings it answers (``name.<model>``, or ``name`` alone
+for a ``bare`` one, plus ``aliases``) and how it is built from the worker's settings; the
+registry (``turnkeep/activities/models.py``) resolves model strings to registered classes
+only. The built-in providers register the same way a third party's does (the plugin's
+``providers=`` or the ``turnkeep.providers`` entry-point group). A provider module must not
+import its SDK at the top: registering it, which every worker and ``prepare_turn`` does,
+would otherwise load the SDK on workers that never call it.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import ClassVar
 
+from turnkeep.settings import Settings
 from turnkeep.workflows.activity_io import LlmRequest
 from turnkeep.workflows.messages import Message, json_channel
 from turnkeep.workflows.turn_io import Usage
 
 
-class ModelProvider(Protocol):
+class ModelProvider(ABC):
+    # The provider's prefix: model strings `name.<model>` (`name` alone when `bare`).
+    name: ClassVar[str]
+    # The name alone is the model string and there is no `.<model>` (the offline models).
+    bare: ClassVar[bool] = False
+    # Short model strings (`sonnet`) -> this provider's own model id.
+    aliases: ClassVar[Mapping[str, str]] = {}
+    # Tokens, for deciding when to compact (a config value wins): per model id, else the default.
+    context_window: ClassVar[int] = 128_000
+    context_windows: ClassVar[Mapping[str, int]] = {}
+    # What a call asks for when neither the turn nor its agent sets max_tokens; None: nothing
+    # is sent and the model's own limit applies.
+    max_tokens: ClassVar[int | None] = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ModelProvider:
+        """The worker's one instance (it may hold a connection pool). May raise a
+        ``config_error`` (no key): the turns that use the provider report it."""
+        del settings
+        return cls()
+
+    @classmethod
+    def check(cls, settings: Settings) -> None:
+        """Raise a ``config_error`` if a turn could not use this provider with ``settings``:
+        ``prepare_turn`` calls it, so such a turn fails before any model call."""
+        del settings
+
+    @classmethod
+    def default_model(cls, settings: Settings) -> str | None:
+        """The model string a worker whose config names no ``default_model`` uses, if this
+        provider should be it (fast-agent's precedence: the first provider with a key)."""
+        del settings
+        return None
+
+    @abstractmethod
     async def complete(self, request: LlmRequest, model_name: str) -> Message: ...
 
     async def aclose(self) -> None:
-        """Release connections (at worker shutdown)."""
+        """Release connections (at worker shutdown); the default holds none."""
+        return None
 
 
 def with_usage(message: Message, usage: Usage) -> Message:

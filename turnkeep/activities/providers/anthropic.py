@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
-from anthropic import AsyncAnthropic
-from anthropic.types import Message as AnthropicMessage
-from anthropic.types import TextBlock, ThinkingBlock, ToolUseBlock
-
-from turnkeep.activities.models import PROVIDER_MAX_TOKENS
-from turnkeep.activities.providers import with_usage
+from turnkeep.activities.providers import ModelProvider, with_usage
 from turnkeep.activities.providers.convert import (
     bounded_call_id,
     plain_blocks,
@@ -25,7 +20,7 @@ from turnkeep.activities.providers.errors import (
     request_timeout,
     response_invalid,
 )
-from turnkeep.settings import ProviderSettings
+from turnkeep.settings import ProviderSettings, Settings
 from turnkeep.workflows.activity_io import LlmRequest, ToolSpec
 from turnkeep.workflows.messages import (
     ContentBlock,
@@ -38,8 +33,8 @@ from turnkeep.workflows.messages import (
 from turnkeep.workflows.turn_io import Usage
 
 PROVIDER = "anthropic"
-# The Messages API requires max_tokens.
-DEFAULT_MAX_TOKENS = PROVIDER_MAX_TOKENS[PROVIDER]
+# The Messages API requires max_tokens: fast-agent's default.
+DEFAULT_MAX_TOKENS = 4096
 
 STOP_REASONS = {
     "end_turn": StopReason.END_TURN,
@@ -57,10 +52,22 @@ STRUCTURED_OUTPUT_INSTRUCTION = (
 )
 
 
-class AnthropicProvider:
+class AnthropicProvider(ModelProvider):
+    name = PROVIDER
+    aliases: ClassVar[Mapping[str, str]] = {
+        "sonnet": "claude-sonnet-4-5",
+        "haiku": "claude-haiku-4-5",
+        "opus": "claude-opus-4-1",
+    }
+    context_window = 200_000
+    max_tokens = DEFAULT_MAX_TOKENS
+
     def __init__(self, settings: ProviderSettings | None, *, timeout: float | None = None) -> None:
         """``timeout`` fixes the per-request timeout (tests); by default it follows the
         activity's start-to-close timeout."""
+        # Here, not at the top: registering the provider must not load the SDK (seconds).
+        from anthropic import AsyncAnthropic
+
         settings = settings or ProviderSettings()
         key = (
             settings.api_key.get_secret_value()
@@ -77,6 +84,17 @@ class AnthropicProvider:
             max_retries=0,  # Temporal's retry policy does the retrying
             default_headers=settings.default_headers,
         )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AnthropicProvider:
+        return cls(settings.anthropic)
+
+    @classmethod
+    def default_model(cls, settings: Settings) -> str | None:
+        has_key = os.environ.get("ANTHROPIC_API_KEY") or (
+            settings.anthropic and settings.anthropic.api_key
+        )
+        return "sonnet" if has_key else None
 
     async def complete(self, request: LlmRequest, model_name: str) -> Message:
         timeout = self._timeout or request_timeout()
@@ -154,6 +172,9 @@ def content_blocks(blocks: Sequence[ContentBlock]) -> list[dict[str, Any]]:
 def from_response(response: object) -> Message:
     """The assistant message for an API response; anything unexpected in its shape is a
     non-retryable ``ProviderResponseInvalid`` (asking again would get the same answer)."""
+    from anthropic.types import Message as AnthropicMessage
+    from anthropic.types import TextBlock, ThinkingBlock, ToolUseBlock
+
     if not isinstance(response, AnthropicMessage):
         raise response_invalid(PROVIDER, f"expected a message, got {str(response)[:200]!r}")
     try:

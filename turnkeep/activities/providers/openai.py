@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from openai import AsyncOpenAI
-from openai.types.chat import ChatCompletion, ChatCompletionMessageFunctionToolCall
-from openai.types.completion_usage import CompletionUsage
-
-from turnkeep.activities.models import generic_base_url
-from turnkeep.activities.providers import with_usage
+from turnkeep.activities.providers import ModelProvider, with_usage
 from turnkeep.activities.providers.convert import (
     bounded_call_id,
     plain_blocks,
@@ -28,7 +24,8 @@ from turnkeep.activities.providers.errors import (
     request_timeout,
     response_invalid,
 )
-from turnkeep.settings import ProviderSettings
+from turnkeep.errors import config_error
+from turnkeep.settings import ProviderSettings, Settings
 from turnkeep.workflows.activity_io import LlmRequest
 from turnkeep.workflows.messages import (
     ContentBlock,
@@ -39,6 +36,9 @@ from turnkeep.workflows.messages import (
     ToolCall,
 )
 from turnkeep.workflows.turn_io import Usage
+
+if TYPE_CHECKING:
+    from openai.types.completion_usage import CompletionUsage
 
 # Local servers ignore the key, but the SDK refuses to run without one.
 PLACEHOLDER_GENERIC_KEY = "ollama"
@@ -54,12 +54,28 @@ FINISH_REASONS = {
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
-class OpenAIProvider:
+class OpenAIProvider(ModelProvider):
+    name = "openai"
+    aliases: ClassVar[Mapping[str, str]] = {
+        m: m for m in ("gpt-4.1", "gpt-4.1-mini", "gpt-4o", "gpt-5", "gpt-5-mini", "o3")
+    }
+    context_window = 128_000
+    context_windows: ClassVar[Mapping[str, int]] = {
+        "gpt-4.1": 1_047_576,
+        "gpt-4.1-mini": 1_047_576,
+        "gpt-5": 400_000,
+        "gpt-5-mini": 400_000,
+        "o3": 200_000,
+    }
+
     def __init__(
         self, settings: ProviderSettings | None, *, generic: bool, timeout: float | None = None
     ) -> None:
         """``timeout`` fixes the per-request timeout (tests); by default it follows the
         activity's start-to-close timeout."""
+        # Here, not at the top: registering the provider must not load the SDK.
+        from openai import AsyncOpenAI
+
         settings = settings or ProviderSettings()
         self._name = "generic" if generic else "openai"
         self._generic = generic
@@ -82,6 +98,15 @@ class OpenAIProvider:
             default_headers=settings.default_headers,
         )
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> OpenAIProvider:
+        return cls(settings.openai, generic=False)
+
+    @classmethod
+    def default_model(cls, settings: Settings) -> str | None:
+        has_key = os.environ.get("OPENAI_API_KEY") or (settings.openai and settings.openai.api_key)
+        return "openai.gpt-4.1-mini" if has_key else None
+
     async def complete(self, request: LlmRequest, model_name: str) -> Message:
         timeout = self._timeout or request_timeout()
         completion = await guarded(
@@ -96,6 +121,40 @@ class OpenAIProvider:
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+class GenericProvider(OpenAIProvider):
+    """``generic.<model>``: the same API on the OpenAI-compatible server the config names."""
+
+    name = "generic"
+    aliases: ClassVar[Mapping[str, str]] = {}
+    context_window = 32_768
+    context_windows: ClassVar[Mapping[str, int]] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> OpenAIProvider:
+        return cls(settings.generic, generic=True)
+
+    @classmethod
+    def check(cls, settings: Settings) -> None:
+        generic_base_url(settings.generic)
+
+    @classmethod
+    def default_model(cls, settings: Settings) -> str | None:
+        del settings
+        return None
+
+
+def generic_base_url(settings: ProviderSettings | None) -> str:
+    """Where ``generic.<model>`` calls go: only ever the URL the worker's config names, so no
+    turn can make the worker open one it doesn't (there is no default, not even localhost)."""
+    if settings is None or not settings.base_url:
+        raise config_error(
+            "ModelNotConfigured",
+            "generic.<model> needs `generic: {base_url: ...}` in turnkeep.yaml "
+            "(e.g. http://localhost:11434/v1 for Ollama).",
+        )
+    return settings.base_url
 
 
 def request_params(request: LlmRequest, model_name: str, *, generic: bool) -> dict[str, Any]:
@@ -198,6 +257,8 @@ def content_part(block: TextContent | ImageContent) -> dict[str, Any]:
 def from_completion(completion: object, provider: str) -> Message:
     """The assistant message for a completion; anything unexpected in its shape is a
     non-retryable ``ProviderResponseInvalid`` (asking again would get the same answer)."""
+    from openai.types.chat import ChatCompletion, ChatCompletionMessageFunctionToolCall
+
     if not isinstance(completion, ChatCompletion):
         raise response_invalid(provider, f"expected a completion, got {str(completion)[:200]!r}")
     try:

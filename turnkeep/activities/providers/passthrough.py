@@ -14,7 +14,7 @@ the latest such line of a user message the model is sent, which every worker see
 from __future__ import annotations
 
 from turnkeep.activities.parsed_messages import estimate_tokens
-from turnkeep.activities.providers import with_usage
+from turnkeep.activities.providers import ModelProvider, with_usage
 from turnkeep.activities.providers.convert import tool_call
 from turnkeep.workflows.activity_io import LlmRequest
 from turnkeep.workflows.messages import Message, StopReason, ToolCall
@@ -71,13 +71,14 @@ def trailing_user_text(conversation: list[Message]) -> str:
     return "\n".join(reversed(trailing))
 
 
-class PassthroughProvider:
+class PassthroughProvider(ModelProvider):
+    name = "passthrough"
+    bare = True
+    context_window = 200_000
+
     async def complete(self, request: LlmRequest, model_name: str) -> Message:
         reply = answer(request)
         usage = Usage(
             input_tokens=estimate_tokens(request.messages), output_tokens=estimate_tokens([reply])
         )
         return with_usage(reply, usage)
-
-    async def aclose(self) -> None:
-        pass  # no connections

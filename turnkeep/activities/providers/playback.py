@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from turnkeep.activities.parsed_messages import estimate_tokens
-from turnkeep.activities.providers import with_usage
+from turnkeep.activities.providers import ModelProvider, with_usage
 from turnkeep.activities.providers.passthrough import PassthroughProvider
 from turnkeep.errors import config_error
+from turnkeep.settings import Settings
 from turnkeep.workflows.activity_io import LlmRequest
 from turnkeep.workflows.messages import Message, StopReason
 from turnkeep.workflows.turn_io import Usage
@@ -59,16 +60,25 @@ def _entry(item: Any) -> Message:
     return message
 
 
-class PlaybackProvider:
-    def __init__(self, script: Path) -> None:
-        self._script = script
+class PlaybackProvider(ModelProvider):
+    name = "playback"
+    bare = True
+    context_window = 200_000
+
+    def __init__(self, scripts: Path | Settings) -> None:
+        """``scripts``: one script for every call, or the settings whose agents name theirs."""
+        self._scripts = scripts
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PlaybackProvider:
+        return cls(settings)
 
     async def complete(self, request: LlmRequest, model_name: str) -> Message:
         if request.call_index < 1:
             # Not one of the turn's calls (a compaction summary): the script is for the turn,
             # so answer as passthrough does, which echoes the request.
             return await PassthroughProvider().complete(request, model_name)
-        script = cached_script(self._script)
+        script = cached_script(self._script(request.agent))
         index = request.call_index - 1
         reply = (
             script[index]
@@ -80,5 +90,12 @@ class PlaybackProvider:
         )
         return with_usage(reply, usage)
 
-    async def aclose(self) -> None:
-        pass  # no connections
+    def _script(self, agent: str) -> Path:
+        if isinstance(self._scripts, Path):
+            return self._scripts
+        script = self._scripts.agent(agent).playback
+        if script is None:
+            raise config_error(
+                "UnknownModel", f"agent {agent!r} uses playback but names no playback script"
+            )
+        return self._scripts.path(script)
