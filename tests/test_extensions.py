@@ -1,6 +1,6 @@
-"""Extension points (#22 item 5): model providers registered by name (built in, by the plugin,
-by an installed package's entry point), and tools whose calls run on a task queue of their own,
-on other workers than the turn's model calls."""
+"""Extension points (#22 item 5): model providers registered by name and kinds of tool source
+registered by kind (built in, by the plugin, by an installed package's entry point), and tools
+whose calls run on a task queue of their own, on other workers than the turn's model calls."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import mcp.types
 import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
@@ -21,11 +22,18 @@ from temporalio.worker import Worker
 
 from tests.conftest import make_settings
 from tests.mcp_servers.launch import STDIO_SCRIPT
-from turnkeep.activities.mcp_pool import McpPool
+from turnkeep.activities.mcp_pool import (
+    McpPool,
+    StdioSource,
+    ToolSourceRegistry,
+    installed_tool_sources,
+)
 from turnkeep.activities.models import ProviderRegistry, installed_providers
 from turnkeep.activities.providers import ModelProvider
-from turnkeep.activities.tool_activities import ToolActivities
-from turnkeep.settings import Settings
+from turnkeep.activities.tool_activities import IDEMPOTENCY_KEY_META, ToolActivities
+from turnkeep.activities.tool_sources import ToolSource
+from turnkeep.agents import Agent, McpServer
+from turnkeep.settings import McpServerSettings, Settings
 from turnkeep.worker.build import build_worker
 from turnkeep.worker.client import start_turn
 from turnkeep.worker.plugin import TurnkeepPlugin
@@ -144,12 +152,14 @@ def installed_package(tmp_path: Path) -> Iterator[Path]:
     )
     sys.path.insert(0, str(site))
     installed_providers.cache_clear()
+    installed_tool_sources.cache_clear()
     try:
         yield site / "shoutpkg-1.0.dist-info" / "entry_points.txt"
     finally:
         sys.path.remove(str(site))
         sys.modules.pop("shoutpkg", None)
         installed_providers.cache_clear()
+        installed_tool_sources.cache_clear()
 
 
 def test_installed_packages_register_through_the_entry_point_group(
@@ -177,6 +187,128 @@ def test_registering_the_built_ins_loads_no_sdk() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+# --- tool sources ------------------------------------------------------------------------------
+
+
+class Dice(ToolSource):
+    """A third party's kind of tool server: a die whose faces its entry's `args` name, with
+    one tool, `roll`, that tells the face and the request's idempotency key."""
+
+    kind = "dice"
+
+    def __init__(self, faces: list[str]) -> None:
+        self.faces = faces
+        self.closed = False
+
+    @classmethod
+    def from_config(cls, name: str, config: McpServerSettings, settings: Settings) -> Dice:
+        if not config.args:
+            raise ValueError(f"die {name!r} has no faces")
+        return cls(config.args)
+
+    async def list_tools(self) -> list[mcp.types.Tool]:
+        schema = {"type": "object", "properties": {"face": {"type": "integer"}}}
+        return [mcp.types.Tool(name="roll", description="Roll the die.", input_schema=schema)]
+
+    async def call_tool(
+        self, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None
+    ) -> mcp.types.CallToolResult:
+        key = (meta or {}).get(IDEMPOTENCY_KEY_META)
+        text = f"{self.faces[arguments['face']]} ({key})"
+        return mcp.types.CallToolResult(content=[mcp.types.TextContent(type="text", text=text)])
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_a_plugins_tool_source_serves_a_real_turn(client: Client, tmp_path: Path) -> None:
+    task_queue = queue("dice")
+    plugin = TurnkeepPlugin(
+        servers=[McpServer(name="die", transport="dice", args=["one", "two", "three"])],
+        agents=[Agent(name="test", model="passthrough", tools=["die"])],
+        tool_sources=[Dice],
+    )
+    async with Worker(client, task_queue=task_queue, plugins=[plugin]):
+        turn = TurnInput(agent="test", messages=['***CALL_TOOL die__roll {"face": 1}'])
+        handle = await start_turn(client, turn, task_queue=task_queue)
+        result = await handle.result()
+        history = await handle.handle.fetch_history()
+    assert result.final is not None
+    # The tool's answer, told the key that is the same for every attempt of this call.
+    assert result.final.text.startswith(f"two ({handle.handle.id}/")
+    assert [name for name, _ in scheduled_queues(list(history.events))] == [
+        "prepare_turn",
+        "list_tools",
+        "llm_step",
+        "call_tool",
+        "llm_step",
+    ]
+
+
+async def test_build_worker_passes_providers_and_tool_sources_on(
+    client: Client, tmp_path: Path
+) -> None:
+    settings = make_settings(
+        tmp_path,
+        mcp={"servers": {"die": {"transport": "dice", "args": ["six"]}}},
+        agents={"test": {"model": "toolnames", "servers": ["die"]}},
+    )
+    task_queue = queue("built")
+    worker = build_worker(
+        client, settings, task_queue=task_queue, providers=[ToolNames], tool_sources=[Dice]
+    )
+    async with worker:
+        handle = await start_turn(
+            client, TurnInput(agent="test", messages=["?"]), task_queue=task_queue
+        )
+        result = await handle.result()
+    assert result.final is not None and result.final.text == "die__roll"
+
+
+async def test_a_server_of_an_unregistered_kind_stops_the_worker(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, mcp={"servers": {"die": {"transport": "dice"}}})
+    with pytest.raises(ValueError, match=r"'die' has transport 'dice'.*known: http, sse, stdio"):
+        TurnkeepPlugin(settings)
+    # A kind's own check of its entry stops it too.
+    with pytest.raises(ValueError, match="no faces"):
+        TurnkeepPlugin(settings, tool_sources=[Dice])
+    # The pool closes every source it holds.
+    pool = McpPool(
+        make_settings(tmp_path, mcp={"servers": {"die": {"transport": "dice", "args": ["1"]}}}),
+        sources=installed_tool_sources().with_sources([Dice]),
+    )
+    die = pool.source("die")
+    assert isinstance(die, Dice) and not die.closed
+    await pool.aclose()
+    assert die.closed
+
+
+def test_tool_source_kinds_are_registered_once() -> None:
+    registry = installed_tool_sources().with_sources([Dice])
+    assert [source.kind for source in registry] == ["stdio", "http", "sse", "dice"]
+    # Adding to a registry leaves the installed one as it was.
+    assert Dice not in list(installed_tool_sources())
+
+    class Impostor(Dice):
+        kind = "stdio"
+
+    with pytest.raises(ValueError, match="two tool sources are of kind 'stdio'"):
+        registry.register(Impostor)
+    with pytest.raises(TypeError):
+        ToolSourceRegistry([StdioSource, object])  # type: ignore[list-item]
+
+
+def test_installed_packages_register_tool_sources_through_the_entry_point_group(
+    installed_package: Path,
+) -> None:
+    installed_package.write_text("[turnkeep.tool_sources]\ndice = tests.test_extensions:Dice\n")
+    assert Dice in list(installed_tool_sources())
+    installed_tool_sources.cache_clear()
+    installed_package.write_text("[turnkeep.tool_sources]\nbroken = shoutpkg:Missing\n")
+    with pytest.raises(ValueError, match="entry point 'broken'"):
+        installed_tool_sources()
 
 
 # --- tools on a task queue of their own ---------------------------------------------------------

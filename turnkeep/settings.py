@@ -42,7 +42,9 @@ class _Settings(BaseModel):
 class McpServerSettings(_Settings):
     """One entry of fast-agent's ``mcp.servers``."""
 
-    transport: Literal["stdio", "http", "sse"] | None = None  # inferred when omitted
+    # stdio, http or sse (inferred when omitted), or another registered tool-source kind
+    # (turnkeep/activities/tool_sources.py), which the worker checks when it starts.
+    transport: str | None = Field(default=None, min_length=1)
     command: str | None = None
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] | None = None

@@ -1,11 +1,12 @@
-"""MCP connections pooled per worker process.
+"""The worker's tool sources (``turnkeep/activities/tool_sources.py``): the built-in kinds, their
+registry, and ``McpPool``, which holds one source per server for the life of a worker process.
 
-One long-lived ``fastmcp.Client`` per configured server, opened on first use and shared by every
-concurrent call (MCP multiplexes requests over one session). A connection that fails is thrown
-away so the next call opens a fresh one; a tool that merely reports an error is not a failure.
-Failures name a server by its config name and transport only: they reach the workflow history,
-the model and the CLI. How it is started (command, URL) and what it wrote to stderr go to the
-worker's log, with its secrets redacted (``Redactor``).
+An MCP server (``stdio``, ``http``, ``sse``) keeps one long-lived ``fastmcp.Client``, opened on
+first use and shared by every concurrent call (MCP multiplexes requests over one session). A
+connection that fails is thrown away so the next call opens a fresh one; a tool that merely
+reports an error is not a failure. Failures name a server by its config name and transport
+only: they reach the workflow history, the model and the CLI. How it is started (command, URL)
+and what it wrote to stderr go to the worker's log, with its secrets redacted (``Redactor``).
 Function tools are served by an in-process FastMCP server that is called directly, without an
 MCP session, unless a tool asks for FastMCP's ``Context``.
 """
@@ -23,8 +24,10 @@ import re
 import shlex
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from abc import abstractmethod
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -45,6 +48,13 @@ from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec, dedupe_with_versions
 from mcp.shared.exceptions import MCPError
 
+from turnkeep.activities.tool_sources import (
+    ServerConnectionError,
+    ServerUnavailable,
+    ToolSource,
+    UnknownServer,
+)
+from turnkeep.errors import known
 from turnkeep.settings import McpServerSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -64,31 +74,6 @@ _SECRET_NAME = re.compile(r"token|key|secret|passw|auth|credential|cookie", re.I
 _MIN_SECRET_CHARS = 4
 # Anything URL-like in free text: HTTP libraries quote the URL they failed on.
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
-
-
-class ServerUnavailable(Exception):
-    """An MCP server could not be started or did not complete initialization.
-
-    ``transient``: trying again may help (a refused connection, no answer in time), unlike a
-    command that cannot run or a server that exits while starting."""
-
-    def __init__(self, server: str, transport: str, reason: str, *, transient: bool) -> None:
-        self.server = server
-        self.reason = reason
-        self.transient = transient
-        super().__init__(f"MCP server {server!r} ({transport}) could not be started: {reason}")
-
-
-class ServerConnectionError(Exception):
-    """An open MCP connection failed mid-request (process died, HTTP dropped, session closed).
-
-    The pooled connection has been discarded; retrying opens a new one. Whether the tool ran is
-    unknown."""
-
-    def __init__(self, server: str, transport: str, reason: str) -> None:
-        self.server = server
-        self.reason = reason
-        super().__init__(f"connection to MCP server {server!r} ({transport}) failed: {reason}")
 
 
 @dataclass(frozen=True)
@@ -175,19 +160,6 @@ def _redact_url(url: str) -> str:
         f"{key}={REDACTED}" for key, _ in parse_qsl(parts.query, keep_blank_values=True)
     )
     return urlunsplit((parts.scheme, netloc, parts.path, query, REDACTED if parts.fragment else ""))
-
-
-class UnknownServer(KeyError):
-    def __init__(self, server: str, known: Sequence[str]) -> None:
-        self.server = server
-        super().__init__(
-            f"no MCP server named {server!r} in this worker's configuration "
-            f"(known: {', '.join(sorted(known)) or 'none'})"
-        )
-
-    def __str__(self) -> str:
-        # KeyError would repr() the message, quotes and all.
-        return str(self.args[0])
 
 
 def _is_connection_failure(err: BaseException) -> bool:
@@ -383,6 +355,7 @@ class _FunctionServer:
     # request: they keep going through the pooled in-memory client. (A tool that fetches the
     # context itself with ``get_context()`` is not detected; it runs without a request.)
     session_tools: frozenset[str]
+    session: _FunctionSession
 
 
 async def list_function_tools(server: FastMCP) -> list[mcp.types.Tool]:
@@ -454,138 +427,64 @@ def _error_result(text: str) -> mcp.types.CallToolResult:
     )
 
 
-class McpPool:
-    """Lazily opened, shared MCP clients, one per server, for the life of a worker process."""
+# --- the tool sources ---------------------------------------------------------------------------
 
-    def __init__(
-        self,
-        settings: Settings,
-        function_tools: Mapping[str, Sequence[Callable[..., Any]]] | None = None,
-    ) -> None:
-        self._settings = settings
-        self._mcp_servers: dict[str, McpServerSettings] = dict(settings.mcp.servers)
-        self._function_paths: dict[str, list[str]] = {
-            name: list(paths) for name, paths in settings.function_tools.items()
-        }
-        self._function_callables: dict[str, list[Callable[..., Any]]] = {
-            name: list(fns) for name, fns in (function_tools or {}).items()
-        }
-        names = self.servers
-        clashing = [n for n in self._mcp_servers if n in self._function_server_names()]
-        if clashing:
-            raise ValueError(f"server name(s) {clashing} are both MCP servers and function tools")
-        # Tool names are namespaced `server__tool` and split on the first `__`.
-        bad = [n for n in names if "__" in n or not n]
-        if bad:
-            raise ValueError(f"server name(s) {bad} must be non-empty and must not contain '__'")
 
-        self._redactors = {name: Redactor.of(cfg) for name, cfg in self._mcp_servers.items()}
-        self._clients: dict[str, Client[Any]] = {}
-        self._locks: dict[str, asyncio.Lock] = {name: asyncio.Lock() for name in names}
-        self._function_servers: dict[str, _FunctionServer] = {}
-        # A function server's tools are fixed when it is built, so it is listed once.
-        self._function_listings: dict[str, list[mcp.types.Tool]] = {}
-        self._stderr_dir: tempfile.TemporaryDirectory[str] | None = None
+class McpSource(ToolSource):
+    """A server reached over an MCP session: one long-lived ``fastmcp.Client``, opened on first
+    use and shared by every concurrent call (MCP multiplexes requests over one session). A
+    connection that fails is thrown away so the next call opens a fresh one."""
+
+    def __init__(self, name: str, *, init_timeout: float, redact: Redactor) -> None:
+        self.name = name
+        self.redact = redact
+        self._init_timeout = init_timeout
+        self._client: Client[Any] | None = None
+        self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
 
-    def _function_server_names(self) -> set[str]:
-        return set(self._function_paths) | set(self._function_callables)
+    @abstractmethod
+    def _transport(self) -> ClientTransport:
+        """A new transport for the next connection."""
 
-    @property
-    def servers(self) -> list[str]:
-        return sorted(set(self._mcp_servers) | self._function_server_names())
-
-    def transport(self, server: str) -> str:
-        """How a server is reached, in a word (``stdio``, ``http``...): all a failure says."""
-        if server in self._mcp_servers:
-            return self._mcp_servers[server].transport or "stdio"
-        if server in self._function_server_names():
-            return FUNCTION_TOOLS
-        raise UnknownServer(server, self.servers)
-
-    def describe(self, server: str) -> str:
-        """How a server is reached, for the worker's log, secrets redacted:
+    def describe(self) -> str:
+        """How the server is reached, for the worker's log, secrets redacted:
         ``stdio: python weather.py --token ***``."""
-        cfg = self._mcp_servers.get(server)
-        if cfg is None:
-            return self.transport(server)
-        if cfg.transport == "stdio":
-            where = shlex.join([cfg.command or "", *cfg.args])
-        else:
-            where = cfg.url or ""
-        return f"{cfg.transport}: {self.redact(server, where)}"
+        return self.kind
 
-    def redact(self, server: str, text: str) -> str:
-        """``text`` without ``server``'s secrets (see ``Redactor``)."""
-        return self._redactors.get(server, Redactor())(text)
+    def _stderr_tail(self) -> str:
+        """What the server wrote to stderr while the last connection was opened."""
+        return ""
 
-    # --- public API -----------------------------------------------------------------------
-
-    async def list_tools(self, server: str) -> list[mcp.types.Tool]:
-        if server in self._function_server_names():
-            listing = self._function_listings.get(server)
-            if listing is None:
-                listing = await list_function_tools(self._function_server(server).mcp)
-                self._function_listings[server] = listing
-            return list(listing)
+    async def list_tools(self) -> list[mcp.types.Tool]:
         try:
-            return await self._request(server, "tools/list", lambda c: c.list_tools())
+            return await self._request("tools/list", lambda c: c.list_tools())
         except ServerConnectionError:
             # Listing is idempotent, so one immediate retry on a fresh connection is safe; it
             # spares a stale pooled connection (server restarted since) from failing a turn.
-            return await self._request(server, "tools/list", lambda c: c.list_tools())
+            return await self._request("tools/list", lambda c: c.list_tools())
 
     async def call_tool(
-        self,
-        server: str,
-        tool: str,
-        arguments: dict[str, Any],
-        *,
-        meta: dict[str, Any] | None = None,
+        self, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None
     ) -> mcp.types.CallToolResult:
-        """Call a tool. An ``isError`` result is returned, not raised.
-
-        Raises ``ServerUnavailable`` (cannot open), ``ServerConnectionError`` (connection lost;
-        not retried here because the tool may already have run), ``MCPError`` (the server
-        answered with a JSON-RPC error) or ``CancelledError`` (the MCP client has sent the
-        server a cancel notification; the connection stays usable). A function tool is called
-        in process (``call_function_tool``): only ``ServerUnavailable`` or ``CancelledError``."""
-        if server in self._function_server_names():
-            functions = self._function_server(server)
-            if tool not in functions.session_tools:
-                # In process. ``meta`` is dropped: a plain callable has nowhere to receive it;
-                # a tool that wants the idempotency key declares a ``Context`` parameter and is
-                # called over MCP below.
-                return await call_function_tool(functions.mcp, tool, arguments)
+        """Raises ``ServerUnavailable`` (cannot open), ``ServerConnectionError`` (connection
+        lost; not retried here because the tool may already have run), ``MCPError`` (the
+        server answered with a JSON-RPC error) or ``CancelledError`` (the MCP client has sent
+        the server a cancel notification; the connection stays usable)."""
         return await self._request(
-            server,
-            f"tools/call {tool}",
-            lambda c: c.call_tool_mcp(tool, arguments, meta=meta),
+            f"tools/call {tool}", lambda c: c.call_tool_mcp(tool, arguments, meta=meta)
         )
 
     async def aclose(self) -> None:
-        """Close every open connection (ending stdio server processes). The pool stays usable:
-        a later call opens its server again."""
-        clients, self._clients = self._clients, {}
-        for client in clients.values():
+        client, self._client = self._client, None
+        if client is not None:
             self._close_soon(client)
         await asyncio.gather(*self._closing)
-        if self._stderr_dir is not None:
-            self._stderr_dir.cleanup()
-            self._stderr_dir = None
 
-    async def __aenter__(self) -> McpPool:
-        return self
+    # --- the connection ---------------------------------------------------------------------
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    # --- connections ----------------------------------------------------------------------
-
-    async def _request(
-        self, server: str, what: str, send: Callable[[Client[Any]], Awaitable[T]]
-    ) -> T:
-        client = await self._client(server)
+    async def _request(self, what: str, send: Callable[[Client[Any]], Awaitable[T]]) -> T:
+        client = await self._connected()
         try:
             return await send(client)
         except asyncio.CancelledError:
@@ -593,39 +492,36 @@ class McpPool:
         except Exception as err:
             if not _is_connection_failure(err):
                 raise
-            reason = self.redact(server, _reason(err))
+            reason = self.redact(_reason(err))
             log.warning(
                 "MCP server %r: %s failed, reconnecting next time: %s: %s",
-                server,
+                self.name,
                 what,
                 type(_root_cause(err)).__name__,
                 reason,
             )
-            await self._discard(server, client)
-            raise ServerConnectionError(server, self.transport(server), reason) from err
+            await self._discard(client)
+            raise ServerConnectionError(self.name, self.kind, reason) from err
 
-    async def _client(self, server: str) -> Client[Any]:
-        lock = self._locks.get(server)
-        if lock is None:
-            raise UnknownServer(server, self.servers)
-        client = self._clients.get(server)
+    async def _connected(self) -> Client[Any]:
+        client = self._client
         if client is not None and client.is_connected():
             return client
-        async with lock:
-            client = self._clients.get(server)
+        async with self._lock:
+            client = self._client
             if client is not None and client.is_connected():
                 return client
             if client is not None:
-                await self._discard(server, client)
-            client = await self._open(server)
-            self._clients[server] = client
+                await self._discard(client)
+            client = await self._open()
+            self._client = client
             return client
 
-    async def _discard(self, server: str, client: Client[Any]) -> None:
+    async def _discard(self, client: Client[Any]) -> None:
         # Concurrent failures on one connection all land here; only the first closes it, and a
         # connection that another call already replaced is left alone.
-        if self._clients.get(server) is client:
-            del self._clients[server]
+        if self._client is client:
+            self._client = None
             await asyncio.shield(self._close_soon(client))
 
     def _close_soon(self, client: Client[Any]) -> asyncio.Task[None]:
@@ -636,96 +532,343 @@ class McpPool:
         task.add_done_callback(self._closing.discard)
         return task
 
-    async def _open(self, server: str) -> Client[Any]:
-        stderr_log: Path | None = None
-        stderr_start = 0
-        if server in self._mcp_servers:
-            cfg = self._mcp_servers[server]
-            init_timeout = cfg.init_timeout
-            if cfg.transport == "stdio":
-                stderr_log = self._stderr_file(server)
-                stderr_start = stderr_log.stat().st_size
-            transport = self._transport(cfg, stderr_log)
-        else:
-            init_timeout = _FUNCTION_SERVER_INIT_TIMEOUT
-            transport = FastMCPTransport(self._function_server(server).mcp)
-
+    async def _open(self) -> Client[Any]:
         client: Client[Any] = Client(
-            transport, name=f"turnkeep:{server}", init_timeout=init_timeout
+            self._transport(), name=f"turnkeep:{self.name}", init_timeout=self._init_timeout
         )
         try:
-            async with asyncio.timeout(init_timeout):
+            async with asyncio.timeout(self._init_timeout):
                 await client.__aenter__()
         except asyncio.CancelledError:
             self._close_soon(client)
             raise
         except Exception as err:
             await asyncio.shield(self._close_soon(client))
-            transport_name = self.transport(server)
-            reason, transient = _start_failure(err, transport_name, init_timeout)
+            reason, transient = _start_failure(err, self.kind, self._init_timeout)
             # The whole story, for the worker's log only: the failure itself reaches history.
-            tail = _read_tail(stderr_log, stderr_start) if stderr_log else ""
+            tail = self._stderr_tail()
             stderr = f"\n--- server stderr (last lines) ---\n{tail}" if tail else ""
             log.warning(
                 "MCP server %r (%s) could not be started: %s (%s: %s)%s",
-                server,
-                self.describe(server),
+                self.name,
+                self.describe(),
                 reason,
                 type(_root_cause(err)).__name__,
-                self.redact(server, _reason(err)),
-                self.redact(server, stderr),
+                self.redact(_reason(err)),
+                self.redact(stderr),
             )
-            raise ServerUnavailable(server, transport_name, reason, transient=transient) from err
-        log.info("MCP server %r connected (%s)", server, self.describe(server))
+            raise ServerUnavailable(self.name, self.kind, reason, transient=transient) from err
+        log.info("MCP server %r connected (%s)", self.name, self.describe())
         return client
 
-    def _transport(self, cfg: McpServerSettings, stderr_log: Path | None) -> ClientTransport:
-        if cfg.transport == "stdio":
-            assert cfg.command is not None  # guaranteed by McpServerSettings
-            return StdioTransport(
-                cfg.command,
-                list(cfg.args),
-                env=dict(cfg.env) if cfg.env else None,
-                cwd=str(self._settings.path(cfg.cwd)) if cfg.cwd else None,
-                # The pool owns the lifetime: closing the client must end the process.
-                keep_alive=False,
-                log_file=stderr_log,
-            )
-        assert cfg.url is not None
-        if cfg.transport == "sse":
-            return SSETransport(cfg.url, headers=cfg.headers)
-        return StreamableHttpTransport(cfg.url, headers=cfg.headers)
 
-    def _function_server(self, server: str) -> _FunctionServer:
-        built = self._function_servers.get(server)
+class _ConfiguredSource(McpSource):
+    """An ``mcp.servers`` entry's MCP server."""
+
+    def __init__(self, name: str, config: McpServerSettings, settings: Settings) -> None:
+        super().__init__(name, init_timeout=config.init_timeout, redact=Redactor.of(config))
+        self._config = config
+        self._settings = settings
+
+    @classmethod
+    def from_config(cls, name: str, config: McpServerSettings, settings: Settings) -> ToolSource:
+        return cls(name, config, settings)
+
+    def describe(self) -> str:
+        cfg = self._config
+        where = shlex.join([cfg.command or "", *cfg.args]) if self.kind == "stdio" else cfg.url
+        return f"{self.kind}: {self.redact(where or '')}"
+
+
+class StdioSource(_ConfiguredSource):
+    """A server the worker runs as a subprocess, one per worker, talking over its stdio."""
+
+    kind = "stdio"
+
+    def __init__(self, name: str, config: McpServerSettings, settings: Settings) -> None:
+        super().__init__(name, config, settings)
+        assert config.command is not None  # guaranteed by McpServerSettings
+        self._command = config.command
+        # One append-only file for the source's lifetime: its tail explains a server that dies
+        # while starting, and the history of earlier crashes stays readable.
+        self._stderr_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._stderr_start = 0
+
+    def _transport(self) -> ClientTransport:
+        cfg = self._config
+        return StdioTransport(
+            self._command,
+            list(cfg.args),
+            env=dict(cfg.env) if cfg.env else None,
+            cwd=str(self._settings.path(cfg.cwd)) if cfg.cwd else None,
+            # The source owns the lifetime: closing the client must end the process.
+            keep_alive=False,
+            log_file=self._stderr_file(),
+        )
+
+    def _stderr_file(self) -> Path:
+        if self._stderr_dir is None:
+            self._stderr_dir = tempfile.TemporaryDirectory(prefix="turnkeep-mcp-")
+        path = Path(self._stderr_dir.name) / f"{self.name}.stderr.log"
+        path.touch()
+        self._stderr_start = path.stat().st_size
+        return path
+
+    def _stderr_tail(self) -> str:
+        if self._stderr_dir is None:
+            return ""
+        return _read_tail(
+            Path(self._stderr_dir.name) / f"{self.name}.stderr.log", self._stderr_start
+        )
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        if self._stderr_dir is not None:
+            self._stderr_dir.cleanup()
+            self._stderr_dir = None
+
+
+class HttpSource(_ConfiguredSource):
+    """A server at a URL, over MCP's streamable HTTP transport."""
+
+    kind = "http"
+
+    def __init__(self, name: str, config: McpServerSettings, settings: Settings) -> None:
+        super().__init__(name, config, settings)
+        assert config.url is not None  # guaranteed by McpServerSettings
+        self._url = config.url
+
+    def _transport(self) -> ClientTransport:
+        return StreamableHttpTransport(self._url, headers=self._config.headers)
+
+
+class SseSource(HttpSource):
+    """A server at a URL, over MCP's older SSE transport."""
+
+    kind = "sse"
+
+    def _transport(self) -> ClientTransport:
+        return SSETransport(self._url, headers=self._config.headers)
+
+
+class _FunctionSession(McpSource):
+    """A function-tool server over an in-memory MCP session, for its tools that need one."""
+
+    kind = FUNCTION_TOOLS
+
+    def __init__(self, name: str, server: FastMCP) -> None:
+        super().__init__(name, init_timeout=_FUNCTION_SERVER_INIT_TIMEOUT, redact=Redactor())
+        self._server = server
+
+    def _transport(self) -> ClientTransport:
+        return FastMCPTransport(self._server)
+
+
+class FunctionToolSource(ToolSource):
+    """Python functions served by an in-process FastMCP server, built on first use and called
+    directly (``call_function_tool``) unless a tool asks for FastMCP's ``Context``. Declared by
+    ``function_tools`` (import paths in the settings, functions through the plugin) rather than
+    by an ``mcp.servers`` entry."""
+
+    kind = FUNCTION_TOOLS
+
+    def __init__(
+        self,
+        name: str,
+        paths: Sequence[str] = (),
+        functions: Sequence[Callable[..., Any]] = (),
+        base_dir: Path | None = None,
+    ) -> None:
+        self.name = name
+        self._paths = list(paths)
+        self._functions = list(functions)
+        self._base_dir = base_dir
+        self._built: _FunctionServer | None = None
+        # Its tools are fixed when it is built, so it is listed once.
+        self._listing: list[mcp.types.Tool] | None = None
+
+    async def list_tools(self) -> list[mcp.types.Tool]:
+        if self._listing is None:
+            self._listing = await list_function_tools(self._server().mcp)
+        return list(self._listing)
+
+    async def call_tool(
+        self, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None
+    ) -> mcp.types.CallToolResult:
+        """Raises only ``ServerUnavailable`` (the functions cannot be imported) or
+        ``CancelledError``; what a tool raises is its result."""
+        functions = self._server()
+        if tool in functions.session_tools:
+            return await functions.session.call_tool(tool, arguments, meta)
+        # In process. ``meta`` is dropped: a plain callable has nowhere to receive it; a tool
+        # that wants the idempotency key declares a ``Context`` parameter and is called over
+        # MCP above.
+        return await call_function_tool(functions.mcp, tool, arguments)
+
+    async def aclose(self) -> None:
+        if self._built is not None:
+            await self._built.session.aclose()
+
+    def _server(self) -> _FunctionServer:
+        built = self._built
         if built is None:
             try:
-                functions = [
-                    import_callable(p, self._settings.base_dir)
-                    for p in self._function_paths.get(server, [])
-                ]
-                functions += self._function_callables.get(server, [])
-                mcp_server = build_function_server(server, functions)
+                functions = [import_callable(p, self._base_dir) for p in self._paths]
+                functions += self._functions
+                mcp_server = build_function_server(self.name, functions)
                 session_tools = frozenset(
                     fn.__name__ for fn in functions if without_injected_parameters(fn) is not fn
                 )
-                built = _FunctionServer(mcp_server, session_tools)
             except Exception as err:
                 # The owner's own code failing to import: nothing secret, and the reason helps.
                 raise ServerUnavailable(
-                    server, FUNCTION_TOOLS, _reason(err), transient=False
+                    self.name, FUNCTION_TOOLS, _reason(err), transient=False
                 ) from err
-            self._function_servers[server] = built
+            built = _FunctionServer(
+                mcp_server, session_tools, _FunctionSession(self.name, mcp_server)
+            )
+            self._built = built
         return built
 
-    def _stderr_file(self, server: str) -> Path:
-        # One append-only file per server for the pool's lifetime: its tail explains a server
-        # that dies while starting, and the history of earlier crashes stays readable.
-        if self._stderr_dir is None:
-            self._stderr_dir = tempfile.TemporaryDirectory(prefix="turnkeep-mcp-")
-        path = Path(self._stderr_dir.name) / f"{server}.stderr.log"
-        path.touch()
-        return path
+
+# --- the registry and the pool -----------------------------------------------------------------
+
+ENTRY_POINT_GROUP = "turnkeep.tool_sources"
+BUILTIN_TOOL_SOURCES: tuple[type[ToolSource], ...] = (StdioSource, HttpSource, SseSource)
+
+
+class ToolSourceRegistry:
+    """Tool-source classes by kind. A kind another class has is refused, never silently
+    taken over."""
+
+    def __init__(self, sources: Iterable[type[ToolSource]] = ()) -> None:
+        self._kinds: dict[str, type[ToolSource]] = {}
+        for source in sources:
+            self.register(source)
+
+    def register(self, source: type[ToolSource]) -> None:
+        if not (isinstance(source, type) and issubclass(source, ToolSource)):
+            raise TypeError(f"{source!r} is not a ToolSource subclass")
+        kind = getattr(source, "kind", "")
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"{source.__name__}.kind must be a non-empty string")
+        known_source = self._kinds.get(kind)
+        if known_source is source:
+            return
+        if known_source is not None:
+            raise ValueError(
+                f"two tool sources are of kind {kind!r}: {known_source.__qualname__} and "
+                f"{source.__qualname__}"
+            )
+        self._kinds[kind] = source
+
+    def with_sources(self, sources: Iterable[type[ToolSource]]) -> ToolSourceRegistry:
+        """This registry and ``sources`` (a worker's own), leaving this one unchanged."""
+        registry = ToolSourceRegistry(self)
+        for source in sources:
+            registry.register(source)
+        return registry
+
+    def __iter__(self) -> Iterator[type[ToolSource]]:
+        return iter(self._kinds.values())
+
+    def build(self, name: str, config: McpServerSettings, settings: Settings) -> ToolSource:
+        """Server ``name``'s source: the class of the kind its ``transport`` names."""
+        kind = config.transport or "stdio"
+        source = self._kinds.get(kind)
+        if source is None:
+            raise ValueError(
+                f"MCP server {name!r} has transport {kind!r}, which no registered tool source "
+                f"serves (known: {known(self._kinds)})"
+            )
+        return source.from_config(name, config, settings)
+
+
+@functools.cache
+def installed_tool_sources() -> ToolSourceRegistry:
+    """The built-in kinds and those of installed packages, whose distributions declare
+    ``[project.entry-points."turnkeep.tool_sources"] openapi = "mypackage.tools:OpenApi"``.
+    Loaded once per process; a broken entry point stops the worker with its name."""
+    registry = ToolSourceRegistry(BUILTIN_TOOL_SOURCES)
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            registry.register(entry.load())
+        except Exception as err:
+            raise ValueError(
+                f"tool source entry point {entry.name!r} ({entry.value}) of group "
+                f"{ENTRY_POINT_GROUP!r} could not be registered: {err}"
+            ) from err
+    return registry
+
+
+class McpPool:
+    """A worker's tool sources by server name, for the life of its process: each
+    ``mcp.servers`` entry's (built by the registered kind its ``transport`` names) and each
+    function-tool server's."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        function_tools: Mapping[str, Sequence[Callable[..., Any]]] | None = None,
+        sources: ToolSourceRegistry | None = None,
+    ) -> None:
+        paths = settings.function_tools
+        functions = function_tools or {}
+        function_servers = sorted(set(paths) | set(functions))
+        clashing = [n for n in settings.mcp.servers if n in function_servers]
+        if clashing:
+            raise ValueError(f"server name(s) {clashing} are both MCP servers and function tools")
+        # Tool names are namespaced `server__tool` and split on the first `__`.
+        bad = [n for n in [*settings.mcp.servers, *function_servers] if "__" in n or not n]
+        if bad:
+            raise ValueError(
+                f"server name(s) {sorted(bad)} must be non-empty and must not contain '__'"
+            )
+        registry = sources or installed_tool_sources()
+        self._sources: dict[str, ToolSource] = {
+            name: registry.build(name, config, settings)
+            for name, config in settings.mcp.servers.items()
+        }
+        for name in function_servers:
+            self._sources[name] = FunctionToolSource(
+                name, paths.get(name, ()), functions.get(name, ()), settings.base_dir
+            )
+
+    @property
+    def servers(self) -> list[str]:
+        return sorted(self._sources)
+
+    def source(self, server: str) -> ToolSource:
+        try:
+            return self._sources[server]
+        except KeyError:
+            raise UnknownServer(server, self.servers) from None
+
+    async def list_tools(self, server: str) -> list[mcp.types.Tool]:
+        return await self.source(server).list_tools()
+
+    async def call_tool(
+        self,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        meta: dict[str, Any] | None = None,
+    ) -> mcp.types.CallToolResult:
+        """Call a tool (``ToolSource.call_tool``). An ``isError`` result is returned, not
+        raised."""
+        return await self.source(server).call_tool(tool, arguments, meta)
+
+    async def aclose(self) -> None:
+        """Close every open connection (ending stdio server processes). The pool stays usable:
+        a later call opens its server again."""
+        await asyncio.gather(*(source.aclose() for source in self._sources.values()))
+
+    async def __aenter__(self) -> McpPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 async def _close_client(client: Client[Any]) -> None:

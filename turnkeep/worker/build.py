@@ -11,6 +11,8 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from turnkeep.activities.hook_activity import Hook
+from turnkeep.activities.providers import ModelProvider
+from turnkeep.activities.tool_sources import ToolSource
 from turnkeep.agents import Agent, McpServer
 from turnkeep.settings import Settings
 from turnkeep.worker.plugin import FunctionTools, TurnkeepPlugin
@@ -25,6 +27,8 @@ def build_worker(
     servers: Sequence[McpServer] = (),
     function_tools: FunctionTools | None = None,
     hooks: Mapping[str, Hook] | None = None,
+    providers: Sequence[type[ModelProvider]] = (),
+    tool_sources: Sequence[type[ToolSource]] = (),
     task_queue: str | None = None,
     model_input_handoff: bool = True,
     **worker_options: Any,
@@ -40,6 +44,8 @@ def build_worker(
         servers=servers,
         function_tools=function_tools,
         hooks=hooks,
+        providers=providers,
+        tool_sources=tool_sources,
         model_input_handoff=model_input_handoff,
     )
     return Worker(

@@ -42,11 +42,12 @@ from temporalio.worker import (
 
 from turnkeep.activities.child_turn import read_child_turn
 from turnkeep.activities.hook_activity import Hook, HookActivities
-from turnkeep.activities.mcp_pool import McpPool, import_callable
+from turnkeep.activities.mcp_pool import McpPool, import_callable, installed_tool_sources
 from turnkeep.activities.model_activity import ModelActivities, ModelInputHandoffInterceptor
 from turnkeep.activities.models import installed_providers
 from turnkeep.activities.providers import ModelProvider
 from turnkeep.activities.tool_activities import ToolActivities, tool_result_limit
+from turnkeep.activities.tool_sources import ToolSource
 from turnkeep.activities.turn_setup import TurnSetupActivities
 from turnkeep.agents import Agent, McpServer, declare
 from turnkeep.errors import known
@@ -107,7 +108,9 @@ class TurnkeepPlugin(SimplePlugin):
     directory) are merged with ``agents`` and ``servers`` (``turnkeep/agents.py``);
     ``function_tools`` and ``hooks`` register more functions by server and hook name, over the
     settings' hooks of the same name; ``storage`` replaces what ``settings.payload_storage``
-    describes. ``model_input_handoff=False`` makes every model call read its input by query,
+    describes. ``providers`` and ``tool_sources`` register model providers and kinds of tool
+    server (``mcp.servers`` entries whose ``transport`` names them) beside the built-in and
+    installed ones. ``model_input_handoff=False`` makes every model call read its input by query,
     as one running on another worker does (benchmarks compare the two).
     """
 
@@ -121,6 +124,7 @@ class TurnkeepPlugin(SimplePlugin):
         hooks: Mapping[str, Hook] | None = None,
         storage: ExternalStorage | None = None,
         providers: Sequence[type[ModelProvider]] = (),
+        tool_sources: Sequence[type[ToolSource]] = (),
         model_input_handoff: bool = True,
     ) -> None:
         settings = settings or Settings()
@@ -136,7 +140,12 @@ class TurnkeepPlugin(SimplePlugin):
         self.codec = payload_codec(settings)
         _check_tool_result_limit(settings, self.storage)
         self._payload_retention = settings.payload_storage.retention
-        pool = McpPool(settings, declared.function_tools)
+        # Server entries are served by the built-in and installed tool sources, and these.
+        pool = McpPool(
+            settings,
+            declared.function_tools,
+            installed_tool_sources().with_sources(tool_sources),
+        )
         all_hooks = declared.hooks
         _check_names(settings, set(pool.servers), set(all_hooks))
         tools = ToolActivities(settings, pool, storage_on=self.storage is not None)
