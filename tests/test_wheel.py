@@ -124,11 +124,13 @@ def worker(python: Path, app: Path, temporal: ServerInfo, tmp_path: Path) -> Ite
 async def test_an_app_runs_turns_from_the_wheel(
     python: Path, app: Path, worker: Path, temporal: ServerInfo, client: Client, tmp_path: Path
 ) -> None:
-    imported = run(python, "-c", "import turnkeep.workflow; print(turnkeep.__file__)", cwd=app)
+    env = app_env(temporal, tmp_path / "state")
+    check = "import turnkeep.workflow; print(turnkeep.__file__)"
+    imported = run(python, "-c", check, cwd=app, env=env)
     assert Path(imported.strip()).is_relative_to(python.parent.parent)
     await eventually(lambda: "polling" in worker.read_text(), "the app's worker polls")
 
-    out = run(python, "starter.py", cwd=app, env=app_env(temporal, tmp_path / "state"))
+    out = run(python, "starter.py", cwd=app, env=env)
     # The research turn called the app's function tool; the app's activity saved its answer.
     assert "findings: Paris has 2,102,650 inhabitants (INSEE, 2023)." in out
     assert "note:     saved 6 words to research-notes.md" in out
