@@ -28,23 +28,12 @@ cancelled too; catch it to carry on (say, to record the conversation) before end
 
 from __future__ import annotations
 
-from typing import Any
-
 from temporalio import workflow
-from temporalio.exceptions import CancelledError, ChildWorkflowError
 
-from turnkeep.workflows import actions, visibility
-from turnkeep.workflows.activity_io import Timeouts
-from turnkeep.workflows.child_turn import READ_CHILD_TURN, ChildTurnRef, ChildTurnState
+from turnkeep.workflows.child_turn import TurnChild, child_turn_result, start_child_turn
 from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnResult
-from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 __all__ = ["TurnCancelledError", "run_turn", "start_turn", "turn_result"]
-
-TurnChild = workflow.ChildWorkflowHandle[Any, TurnResult]
-
-# Querying a closed turn (a worker replays its history): quick, retried for a busy worker.
-_READ = Timeouts(start_to_close=120.0, heartbeat=None, max_attempts=5)
 
 
 async def run_turn(
@@ -68,33 +57,11 @@ async def start_turn(
 
     The default id is ``<parent id>/turn-<agent>-<8 hex digits>``, the digits from the
     workflow's seeded random numbers: the same on replay, new for every turn the parent runs."""
-    return await workflow.start_child_workflow(
-        WORKFLOW_NAME,
-        turn,
-        id=id or f"{workflow.info().workflow_id}/turn-{turn.agent}-{workflow.uuid4().hex[:8]}",
-        task_queue=task_queue,
-        result_type=TurnResult,
-        static_summary=visibility.clip(" ".join(turn.messages[-1].text.split())) or None,
-        # The default, said here because run_turn relies on it: a cancelled parent waits for the
-        # child to finish its repair, so the repaired conversation is in the child's history.
-        cancellation_type=workflow.ChildWorkflowCancellationType.WAIT_CANCELLATION_COMPLETED,
-    )
+    default_id = f"{workflow.info().workflow_id}/turn-{turn.agent}-{workflow.uuid4().hex[:8]}"
+    return await start_child_turn(turn, id=id or default_id, task_queue=task_queue)
 
 
 async def turn_result(child: TurnChild) -> TurnResult:
     """The result of a turn started with ``start_turn``; raises ``TurnCancelledError`` with
     the repaired conversation when it was cancelled."""
-    try:
-        return await child
-    except ChildWorkflowError as err:
-        if not isinstance(err.cause, CancelledError):
-            raise
-        ref = ChildTurnRef(workflow_id=child.id)
-        read = await actions.execute(
-            READ_CHILD_TURN,
-            ref,
-            ChildTurnState,
-            visibility.clip(f"read cancelled turn {child.id}"),
-            _READ,
-        )
-        raise TurnCancelledError(read.result) from err
+    return await child_turn_result(child)

@@ -1,14 +1,23 @@
-"""What crosses between a parent workflow's ``turnkeep.workflow.run_turn`` and the activity that
-reads a cancelled child turn's repaired conversation (``turnkeep/activities/child_turn.py``).
+"""A turn as a child workflow of another workflow (``turnkeep.workflow.run_turn``, and the
+turns of a ``SessionWorkflow``): starting it, awaiting its result, and what crosses to the
+activity that reads a cancelled child turn's repaired conversation
+(``turnkeep/activities/child_turn.py``).
 
 A cancelled workflow closes with no result and no details, and a workflow cannot query
 another, so the parent asks an activity to query the closed child."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Any
 
-from turnkeep.workflows.turn_io import NAME_MAX_CHARS, TurnResult
+from pydantic import BaseModel, Field
+from temporalio import workflow
+from temporalio.exceptions import CancelledError, ChildWorkflowError
+
+from turnkeep.workflows import actions, visibility
+from turnkeep.workflows.activity_io import Timeouts
+from turnkeep.workflows.turn_io import NAME_MAX_CHARS, TurnCancelledError, TurnInput, TurnResult
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 READ_CHILD_TURN = "read_child_turn"
 
@@ -23,3 +32,43 @@ class ChildTurnRef(BaseModel):
 class ChildTurnState(BaseModel):
     # None for a turn cancelled before it had a plan (no conversation to repair yet).
     result: TurnResult | None
+
+
+TurnChild = workflow.ChildWorkflowHandle[Any, TurnResult]
+
+# Querying a closed turn (a worker replays its history): quick, retried for a busy worker.
+_READ = Timeouts(start_to_close=120.0, heartbeat=None, max_attempts=5)
+
+
+async def start_child_turn(turn: TurnInput, *, id: str, task_queue: str | None) -> TurnChild:
+    """Start ``turn`` as a child workflow with id ``id`` and return its handle once started."""
+    return await workflow.start_child_workflow(
+        WORKFLOW_NAME,
+        turn,
+        id=id,
+        task_queue=task_queue,
+        result_type=TurnResult,
+        static_summary=visibility.clip(" ".join(turn.messages[-1].text.split())) or None,
+        # The default, said here because child_turn_result relies on it: a cancelled parent
+        # waits for the child to finish its repair, so the repaired conversation is in the
+        # child's history.
+        cancellation_type=workflow.ChildWorkflowCancellationType.WAIT_CANCELLATION_COMPLETED,
+    )
+
+
+async def child_turn_result(child: TurnChild) -> TurnResult:
+    """The result of a child turn; raises ``TurnCancelledError`` with the repaired
+    conversation (read by the ``read_child_turn`` activity) when it was cancelled."""
+    try:
+        return await child
+    except ChildWorkflowError as err:
+        if not isinstance(err.cause, CancelledError):
+            raise
+        read = await actions.execute(
+            READ_CHILD_TURN,
+            ChildTurnRef(workflow_id=child.id),
+            ChildTurnState,
+            visibility.clip(f"read cancelled turn {child.id}"),
+            _READ,
+        )
+        raise TurnCancelledError(read.result) from err

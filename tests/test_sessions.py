@@ -1,0 +1,230 @@
+"""Sessions (``SessionWorkflow``, ``turnkeep.open_session``): a conversation as one durable
+workflow whose turns are child ``TurnWorkflow``s, against the real dev server. The
+passthrough model echoes the last user message, so each answer says which prompt it answers
+and each turn's history shows what the session carried."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
+
+from tests.conftest import Harness, HarnessFactory, eventually
+from turnkeep import open_session
+from turnkeep.worker.client import get_turn
+from turnkeep.worker.embedded import ServerInfo
+from turnkeep.worker.session import SessionClosedError, SessionHandle, get_session
+from turnkeep.workflows.messages import Message
+from turnkeep.workflows.repair import INTERRUPTED_TEXT
+
+pytestmark = pytest.mark.asyncio
+
+gate = asyncio.Event()
+started: list[str] = []
+
+
+async def blocked(name: str) -> str:
+    """A slow tool: runs until the test opens the gate."""
+    started.append(name)
+    await gate.wait()
+    return f"{name} passed"
+
+
+SLOW_CALL = '***CALL_TOOL local__blocked {"name": "slow"}'
+AGENT = {"test": {"model": "passthrough", "servers": ["local"]}}
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    gate.clear()
+    started.clear()
+
+
+async def open_on(h: Harness, **kwargs: Any) -> SessionHandle:
+    return await open_session(h.client, agent="test", task_queue=h.task_queue, **kwargs)
+
+
+async def collect(session: SessionHandle, start: int = 0, **kwargs: Any) -> list[Message]:
+    return [m async for m in session.messages(start, **kwargs)]
+
+
+def texts(messages: list[Message]) -> list[str]:
+    return [m.text for m in messages]
+
+
+async def test_sends_are_answered_in_order_with_the_conversation_carried(
+    harness: HarnessFactory,
+) -> None:
+    async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
+        session = await open_on(h)
+        first = await session.send("first")
+        assert first.turn_id == f"{session.session_id}/turn-1" and not first.queued
+        assert texts(await collect(session, until_turn=first.turn)) == ["first", "first"]
+        second = await session.send("second")
+        assert second.turn_id == f"{session.session_id}/turn-2"
+        # Following from index 2 gives the second turn only.
+        assert texts(await collect(session, 2, until_turn=second.turn)) == ["second", "second"]
+        # The second turn, a workflow of its own, was given the first as its history.
+        turn = await get_turn(h.client, second.turn_id).result()
+        assert texts(turn.history) == ["first", "first", "second", "second"]
+        await session.close()
+        closed = await session.result()
+        assert texts(closed.transcript) == ["first", "first", "second", "second"]
+        assert closed.turns == 2
+        # A closed session stays readable, and a follower of it reads to the end and stops.
+        assert texts(await collect(session, 1)) == ["first", "second", "second"]
+
+
+async def test_messages_sent_during_a_turn_are_answered_together_next(
+    harness: HarnessFactory,
+) -> None:
+    async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
+        session = await open_on(h)
+        slow = await session.send(SLOW_CALL)
+        await eventually(lambda: started, "the slow tool ran")
+        a = await session.send("a")
+        b = await session.send("b")
+        # Both wait for the running turn, and are answered by the same next turn.
+        assert a.queued and b.queued and a.turn_id == b.turn_id == f"{session.session_id}/turn-2"
+        follower = asyncio.create_task(collect(session, until_turn=b.turn))
+        gate.set()
+        messages = await follower
+        # Passthrough echoes the user messages after the last answer: both, in one answer.
+        assert texts(messages)[-3:] == ["a", "b", "a\nb"]
+        assert messages[0].text == SLOW_CALL and slow.turn == 1
+        next_turn = await get_turn(h.client, b.turn_id).result()
+        assert texts(next_turn.messages) == ["a", "b", "a\nb"]
+
+
+async def test_a_cancelled_turn_is_repaired_and_the_session_goes_on(
+    harness: HarnessFactory,
+) -> None:
+    async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
+        session = await open_on(h)
+        await session.send(SLOW_CALL)
+        await eventually(lambda: started, "the slow tool ran")
+        assert await session.cancel_turn()
+        after = await session.send("still here?")
+        messages = await collect(session, until_turn=after.turn)
+        # The repaired conversation was kept: the interrupted call has its marker answer.
+        [repair] = [m for m in messages if m.tool_results]
+        assert repair.tool_results
+        [result] = repair.tool_results.values()
+        assert result.is_error and result.text == INTERRUPTED_TEXT
+        assert texts(messages)[-2:] == ["still here?", "still here?"], [
+            (m.role, m.text[:20], list(m.tool_results or {}), list(m.tool_calls or {}))
+            for m in messages
+        ]
+        turn = await get_turn(h.client, after.turn_id).result()
+        assert turn.history[: len(messages) - 2] == messages[:-2]
+
+
+async def test_bad_sends_are_refused_and_the_session_goes_on(harness: HarnessFactory) -> None:
+    async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
+        session = await open_on(h)
+        bad: list[tuple[Any, str]] = [
+            ("   ", "empty"),
+            (42, "send takes one argument"),
+            ({"role": "assistant", "content": []}, "user messages only"),
+            ({"role": "user", "content": "nope"}, "not a Message"),
+        ]
+        for arg, says in bad:
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await session.handle.execute_update("send", arg)
+            assert says in str(refused.value.cause)
+        with pytest.raises(WorkflowUpdateFailedError):
+            await session.handle.execute_update("send", args=["a", "b"])
+        with pytest.raises(WorkflowUpdateFailedError):
+            await session.handle.execute_update("wait_for_messages", True)
+        sent = await session.send(Message.user("fine"))
+        assert texts(await collect(session, until_turn=sent.turn)) == ["fine", "fine"]
+        await session.close()
+        with pytest.raises(SessionClosedError):
+            await session.send("too late")
+        assert (await session.result()).turns == 1
+        # Its id is not reused for an empty session.
+        with pytest.raises(SessionClosedError):
+            await open_on(h, session_id=session.session_id)
+
+
+async def test_continue_as_new_keeps_the_conversation(harness: HarnessFactory) -> None:
+    async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
+        session = await open_on(h, turns_per_run=2)
+        first_run = (await session.handle.describe()).run_id
+        for n in range(5):
+            sent = await session.send(f"m{n}")
+            await collect(session, 2 * n, until_turn=sent.turn)
+        # Five turns, two per run: the session is on its third run, with the whole
+        # conversation, and a follower from index 0 gets every message across runs.
+        assert (await session.handle.describe()).run_id != first_run
+        everything = await collect(session, until_turn=5)
+        assert texts(everything) == [t for n in range(5) for t in (f"m{n}", f"m{n}")]
+        last = await get_turn(h.client, f"{session.session_id}/turn-5").result()
+        assert len(last.history) == 10
+        await session.close()
+        assert (await session.result()).turns == 5
+
+
+async def test_an_idle_session_closes_itself(harness: HarnessFactory) -> None:
+    async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
+        session = await open_on(h, idle_timeout=1)
+        sent = await session.send("hi")
+        await collect(session, until_turn=sent.turn)
+        result = await session.result()
+        assert texts(result.transcript) == ["hi", "hi"]
+        described = await session.handle.describe()
+        assert described.status == WorkflowExecutionStatus.COMPLETED
+
+
+def chat(temporal: ServerInfo, cwd: Path, lines: str, *args: str) -> str:
+    """`turnkeep chat` with ``lines`` typed in, as a user would; its output."""
+    env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address, "COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-m", "turnkeep.cli", "chat", "--agent", "test", "--worker", *args],
+        input=lines,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+async def test_chat_answers_each_line_and_resumes(
+    temporal: ServerInfo, client: Client, tmp_path: Path
+) -> None:
+    config = {
+        "task_queue": f"chat-{uuid.uuid4().hex[:8]}",
+        "agents": {"test": {"model": "passthrough"}},
+    }
+    (tmp_path / "turnkeep.yaml").write_text(json.dumps(config), encoding="utf-8")
+    out = await asyncio.to_thread(chat, temporal, tmp_path, "hello there\n\nand again\n")
+    [session_id] = re.findall(r"session (session-test-\S+)", out)
+    # Each answer (the echo; typed lines are not printed back) after the one before.
+    assert out.index("hello there") < out.index("and again")
+    # A later chat resumes the session: its turn has the earlier two as history.
+    out = await asyncio.to_thread(chat, temporal, tmp_path, "once more\n", "--session", session_id)
+    assert "once more" in out
+    third = await get_turn(client, f"{session_id}/turn-3").result()
+    assert texts(third.history) == [
+        "hello there",
+        "hello there",
+        "and again",
+        "and again",
+        "once more",
+        "once more",
+    ]
+    # No worker is left to run its close: end it by hand.
+    await get_session(client, session_id).handle.terminate()

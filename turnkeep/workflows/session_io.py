@@ -1,0 +1,78 @@
+"""What crosses the boundary of ``SessionWorkflow``: its start input, what it carries from run
+to run, what its updates answer and what it ends with."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from turnkeep.workflows.messages import Message
+from turnkeep.workflows.turn_io import NAME_MAX_CHARS
+
+SESSION_WORKFLOW_NAME = "SessionWorkflow"
+
+# Turns a session runs before it continues as new (unless Temporal suggests it sooner): each
+# turn is a child workflow, a handful of events in the session's own history.
+DEFAULT_TURNS_PER_RUN = 50
+
+
+class SessionInput(BaseModel):
+    """Input of ``SessionWorkflow``. Any client may start one: it names an agent (which each
+    turn's ``prepare_turn`` checks against the worker's configuration) and its own limits,
+    never anything the worker would run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent: str = Field(min_length=1, max_length=NAME_MAX_CHARS)
+    # Seconds without a message (and no turn running) after which the session closes itself;
+    # None: it waits for ever, holding no worker slot meanwhile.
+    idle_timeout: float | None = Field(default=None, gt=0)
+    turns_per_run: int = Field(default=DEFAULT_TURNS_PER_RUN, ge=1)
+
+
+class SessionState(BaseModel):
+    """What one run of a session hands the next when it continues as new. Payload storage
+    keeps a long conversation out of the history, with only a reference in it."""
+
+    # The conversation: the next turn's `history` (compacted when a turn compacted it).
+    history: list[Message] = Field(default_factory=list)
+    # Every message of every turn, in order (each turn's `TurnResult.messages`): what
+    # followers index into, so indices stay valid across turns and runs.
+    transcript: list[Message] = Field(default_factory=list)
+    # Messages sent but not yet handed to a turn: the next turn's `messages`.
+    queued: list[Message] = Field(default_factory=list)
+    turns: int = 0  # turns started so far: the next one is `<session id>/turn-<turns + 1>`
+    tokens: int = 0  # input and output tokens of every turn
+    closing: bool = False
+
+
+class RunningTurn(BaseModel):
+    workflow_id: str
+    # Index in the session's transcript of the turn's first message.
+    start: int
+
+
+class SessionProgress(BaseModel):
+    """Answer of the session's long-poll update ``wait_for_messages``."""
+
+    count: int  # len(transcript): messages of the turns that have ended
+    turn: RunningTurn | None  # the turn running now, if any
+    turns_ended: int  # turn <n> has ended (and its messages are in the transcript) when n <= this
+    closed: bool  # no turn runs, none will: the session is ending
+
+
+class Sent(BaseModel):
+    """Answer of ``send``: the turn that will answer the message (running now, or the next
+    one, which starts when the running turn ends)."""
+
+    turn_id: str  # `<session id>/turn-<turn>`
+    turn: int
+    queued: bool  # whether it waits for the running turn to end
+
+
+class SessionResult(BaseModel):
+    """What a closed session ends with: its conversation, readable without a worker."""
+
+    history: list[Message]
+    transcript: list[Message]
+    turns: int
+    tokens: int

@@ -1,0 +1,292 @@
+"""``SessionWorkflow``: one conversation as one durable workflow, each of its turns a child
+``TurnWorkflow`` (readable on its own in the Web UI).
+
+``send`` queues a message; turns run one at a time, in order, each with the conversation so
+far as its ``history`` and everything queued since the last turn began as its ``messages``
+(messages that arrive while a turn runs are answered together by the next one). A cancelled
+turn's repaired conversation is kept, and the session goes on. Between turns the session
+continues as new every ``turns_per_run`` turns, or sooner when Temporal suggests it, carrying
+the conversation (payload storage keeps a big one out of the history). ``close`` or
+``idle_timeout`` seconds without a message end it; its result is the conversation.
+
+Followers long-poll ``wait_for_messages`` and read ``transcript``: every turn's messages in
+order, indexed across turns and runs, with the running turn's id so a client can follow it
+live (``turnkeep/worker/session.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from pydantic import ValidationError
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError, ChildWorkflowError
+
+from turnkeep.workflows import visibility
+from turnkeep.workflows.child_turn import child_turn_result, start_child_turn
+from turnkeep.workflows.messages import Message
+from turnkeep.workflows.session_io import (
+    SESSION_WORKFLOW_NAME,
+    RunningTurn,
+    Sent,
+    SessionInput,
+    SessionProgress,
+    SessionResult,
+    SessionState,
+)
+from turnkeep.workflows.starting import start_arguments
+from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnResult
+
+_SEND_USAGE = (
+    'send takes one argument: the text of a user message, or a user Message such as {"role": '
+    '"user", "content": [{"type": "text", "text": "hello"}]}'
+)
+
+
+@workflow.defn(name=SESSION_WORKFLOW_NAME)
+class SessionWorkflow:
+    # As TurnWorkflow: any client may start this with any arguments, so they are taken as they
+    # come and checked here, and a bad start fails the workflow from `run`.
+    @workflow.init
+    def __init__(self, *args: Any) -> None:
+        self._start: _Start | ApplicationError
+        try:
+            self._start = _start_arguments(args)
+        except ApplicationError as err:
+            self._start = err
+        self._state = (
+            self._start.carried
+            if isinstance(self._start, _Start) and self._start.carried
+            else SessionState()
+        )
+        self._turn: RunningTurn | None = None
+        self._started = self._state.turns  # turns whose child workflow has started
+        # Turns whose outcome the session has taken in: every carried one (a run continues as
+        # new between turns). Counted apart from `turns`, which goes up before a turn starts.
+        self._turns_ended = self._state.turns
+        self._ended = False  # no turn runs and none will: followers stop
+        self._continuing = False  # about to continue as new: followers ask the next run
+        # The session may upsert only the attributes its start request set (those are
+        # registered: a start naming an unknown one is refused); a run continued from another
+        # inherits them.
+        self._published = visibility.published_values(workflow.info().typed_search_attributes)
+        self._allowed = set(self._published)
+
+    @workflow.run
+    async def run(self, *args: Any) -> SessionResult:
+        del args
+        if isinstance(self._start, ApplicationError):
+            raise self._start
+        session = self._start.session
+        state = self._state
+        turns_this_run = 0
+        while True:
+            try:
+                await workflow.wait_condition(
+                    lambda: bool(state.queued) or state.closing,
+                    timeout=session.idle_timeout,
+                    timeout_summary="idle timeout",
+                )
+            except TimeoutError:
+                state.closing = True
+            if not state.queued:
+                break  # closing, with every message answered
+            await self._run_turn(session)
+            turns_this_run += 1
+            if _continue_as_new_due(turns_this_run, session) and not (
+                state.closing and not state.queued
+            ):
+                self._continuing = True
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(args=[session, self._state])
+        self._ended = True
+        self._publish(visibility.TurnStatus.COMPLETED)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return SessionResult(
+            history=state.history,
+            transcript=state.transcript,
+            turns=state.turns,
+            tokens=state.tokens,
+        )
+
+    async def _run_turn(self, session: SessionInput) -> None:
+        state = self._state
+        messages, state.queued = state.queued, []
+        state.turns += 1
+        turn_id = _turn_id(state.turns)
+        turn = TurnInput(agent=session.agent, messages=messages, history=state.history)
+        child = await start_child_turn(turn, id=turn_id, task_queue=None)
+        self._turn = RunningTurn(workflow_id=turn_id, start=len(state.transcript))
+        self._started = state.turns
+        self._publish(visibility.TurnStatus.RUNNING)
+        cancelled: TurnCancelledError | None = None
+        result: TurnResult | None = None
+        try:
+            result = await child_turn_result(child)
+        except TurnCancelledError as err:
+            result, cancelled = err.result, err
+        except ChildWorkflowError as err:
+            # An unknown agent, say: its messages go unanswered and the session goes on.
+            workflow.logger.warning("turn %s failed: %s", turn_id, err.cause or err)
+        if result is not None:
+            state.history = result.history
+            state.transcript += result.messages
+            state.tokens += sum(u.input_tokens + u.output_tokens for u in result.usage.values())
+        self._turn = None
+        self._turns_ended = state.turns
+        self._publish(visibility.TurnStatus.RUNNING)
+        task = asyncio.current_task()
+        if cancelled is not None and task is not None and task.cancelling():
+            # The session itself was cancelled (its turn with it): it ends cancelled, after
+            # keeping the repaired conversation above for its watchers.
+            self._ended = True
+            raise cancelled
+
+    def _publish(self, status: visibility.TurnStatus) -> None:
+        values: visibility.SearchAttributeValues = {
+            visibility.AGENT.name: self._agent(),
+            visibility.STATUS.name: status.value,
+            visibility.ITERATIONS.name: self._state.turns,
+            visibility.TOKENS.name: self._state.tokens,
+        }
+        updates = visibility.search_attribute_updates(values, self._published, self._allowed)
+        if updates:
+            workflow.upsert_search_attributes(updates)
+            self._published = {**self._published, **values}
+
+    def _agent(self) -> str:
+        return self._start.session.agent if isinstance(self._start, _Start) else ""
+
+    # Arguments are taken as they come and checked by the validators (see TurnWorkflow's
+    # wait_for_messages): a bad call is rejected and the session goes on unaffected.
+    @workflow.update
+    async def send(self, *args: Any) -> Sent:
+        """Queue one user message; returns once the turn that answers it has started, or, when
+        a turn is running, with the id of the next turn, which will answer it."""
+        state = self._state
+        number = state.turns + 1
+        queued = self._turn is not None
+        state.queued.append(_sent_message(args))
+        if not queued:
+            # A run about to continue as new carries the message to the next run's turn.
+            await workflow.wait_condition(lambda: self._started >= number or self._continuing)
+        return Sent(turn_id=_turn_id(number), turn=number, queued=queued)
+
+    @send.validator
+    def _check_send(self, *args: Any) -> None:
+        if self._state.closing or self._ended:
+            raise _invalid("the session is closed: it takes no more messages")
+        _sent_message(args)
+
+    @workflow.update
+    async def close(self, *args: Any) -> None:
+        """Answer what is queued, then end. A closed session's result is its conversation."""
+        del args
+        self._state.closing = True
+
+    @close.validator
+    def _check_close(self, *args: Any) -> None:
+        if args:
+            raise _invalid(f"close takes no arguments; got {len(args)}")
+
+    @workflow.update(unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON)
+    async def wait_for_messages(self, *args: Any) -> SessionProgress:
+        """Long-poll with ``after`` (how many transcript messages the caller has) and
+        ``seen`` (the id of the turn running when it last asked, or None): returns once the
+        transcript has more, another turn runs (or none does any more), the session ends, or
+        this run is about to continue as new (the caller asks again and reaches the next
+        run)."""
+        after: int = args[0]
+        seen: str | None = args[1] if len(args) > 1 else None
+        await workflow.wait_condition(
+            lambda: (
+                len(self._state.transcript) > after
+                or (self._turn.workflow_id if self._turn else None) != seen
+                or self._ended
+                or self._continuing
+            )
+        )
+        return self._progress()
+
+    @wait_for_messages.validator
+    def _check_wait_for_messages(self, *args: Any) -> None:
+        # JSON's true is a bool, not a count.
+        if not 1 <= len(args) <= 2 or type(args[0]) is not int:
+            raise _invalid(
+                "wait_for_messages takes how many of the session's messages the caller has "
+                "(an integer), and optionally the id of the last turn it followed"
+            )
+        if len(args) == 2 and not (args[1] is None or isinstance(args[1], str)):
+            raise _invalid("wait_for_messages: the turn id must be a string or null")
+
+    @workflow.query
+    def transcript(self, start: int = 0) -> list[Message]:
+        """Every ended turn's messages from index ``start`` on."""
+        return self._state.transcript[start:]
+
+    @workflow.query
+    def progress(self) -> SessionProgress:
+        return self._progress()
+
+    def _progress(self) -> SessionProgress:
+        state = self._state
+        return SessionProgress(
+            count=len(state.transcript),
+            turn=self._turn,
+            turns_ended=self._turns_ended,
+            closed=self._ended,
+        )
+
+
+class _Start(NamedTuple):
+    session: SessionInput
+    # A carried conversation from a client could claim any past: only the session's own
+    # earlier run hands one over.
+    carried: SessionState | None
+
+
+def _start_arguments(args: Sequence[Any]) -> _Start:
+    """The session's input and the state a continued run carries (``starting``)."""
+    return _Start(
+        *start_arguments(
+            args,
+            SessionInput,
+            SessionState,
+            usage='SessionWorkflow takes one argument, a SessionInput such as {"agent": "demo"}',
+            error_type="InvalidSessionInput",
+        )
+    )
+
+
+def _continue_as_new_due(turns_this_run: int, session: SessionInput) -> bool:
+    return turns_this_run >= session.turns_per_run or workflow.info().is_continue_as_new_suggested()
+
+
+def _turn_id(n: int) -> str:
+    return f"{workflow.info().workflow_id}/turn-{n}"
+
+
+def _sent_message(args: Sequence[Any]) -> Message:
+    """The user message a ``send`` carries, or an ``InvalidUpdate`` error saying what is wrong."""
+    if len(args) != 1:
+        raise _invalid(f"{_SEND_USAGE}; got {len(args)} arguments")
+    value = args[0]
+    if isinstance(value, str):
+        if not value.strip():
+            raise _invalid("send: the message is empty")
+        return Message.user(value)
+    if not isinstance(value, dict):
+        raise _invalid(f"{_SEND_USAGE}; got {type(value).__name__}")
+    try:
+        message = Message.model_validate(value)
+    except ValidationError as err:
+        raise _invalid(f"send: not a Message: {err}") from None
+    if message.role != "user" or message.tool_calls:
+        raise _invalid("send: a session takes user messages only")
+    return message
+
+
+def _invalid(message: str) -> ApplicationError:
+    return ApplicationError(message, type="InvalidUpdate", non_retryable=True)
