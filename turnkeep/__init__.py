@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from turnkeep.worker.client import TurnHandle, get_turn, start_turn
     from turnkeep.worker.connection import connect
     from turnkeep.worker.plugin import TurnkeepClientPlugin, TurnkeepPlugin
+    from turnkeep.worker.session import SessionHandle, open_session
     from turnkeep.workflows.messages import Message, StopReason
     from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnResult
 
@@ -32,6 +33,8 @@ _EXPORTS = {
     "connect": "turnkeep.worker.connection",
     "TurnkeepClientPlugin": "turnkeep.worker.plugin",
     "TurnkeepPlugin": "turnkeep.worker.plugin",
+    "SessionHandle": "turnkeep.worker.session",
+    "open_session": "turnkeep.worker.session",
     "Message": "turnkeep.workflows.messages",
     "StopReason": "turnkeep.workflows.messages",
     "TurnCancelledError": "turnkeep.workflows.turn_io",
@@ -43,6 +46,7 @@ __all__ = [
     "Agent",
     "McpServer",
     "Message",
+    "SessionHandle",
     "Settings",
     "StopReason",
     "TurnCancelledError",
@@ -54,6 +58,7 @@ __all__ = [
     "build_worker",
     "connect",
     "get_turn",
+    "open_session",
     "start_turn",
 ]
 

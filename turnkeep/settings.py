@@ -105,14 +105,19 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+def _duration(value: Any) -> Any:
+    """``1d``-style shorthands become seconds; anything else is left to pydantic."""
+    if isinstance(value, str) and (match := _DURATION.fullmatch(value.strip().lower())):
+        return float(match[1]) * _UNIT_SECONDS[match[2]]
+    return value
+
+
 def _retention(value: Any) -> Any:
     """``off``/``null`` (YAML reads a bare ``off`` as false) means never; ``7d``-style
     shorthands become seconds; anything else is left to pydantic's timedelta parsing."""
     if value is None or value is False or (isinstance(value, str) and value.lower() == "off"):
         return None
-    if isinstance(value, str) and (match := _DURATION.fullmatch(value.strip().lower())):
-        return float(match[1]) * _UNIT_SECONDS[match[2]]
-    return value
+    return _duration(value)
 
 
 def _positive(value: timedelta | None) -> timedelta | None:
@@ -179,6 +184,17 @@ class VisibilitySettings(_Settings):
     # per running turn (a fleet of 1,000 turns at 10 s was 100 visibility writes a second),
     # while the turn's own page shows its progress live through the current details.
     search_attribute_interval: float = Field(default=60.0, ge=0)
+
+
+class ApprovalSettings(_Settings):
+    """Tool calls that wait for a person's decision (the ``decide`` update) before they run."""
+
+    # fnmatch patterns on `server__tool`, e.g. `fs__write_*`, `shell__*`.
+    tools: list[str] = Field(min_length=1)
+    # How long a call waits: seconds or `1d`, `2h`, `30m`...
+    timeout: Annotated[float, BeforeValidator(_duration)] = Field(default=86400.0, gt=0)
+    # Then it is denied (by "timeout"); the model gets an isError result and can adapt.
+    on_timeout: Literal["deny"] = "deny"
 
 
 # -- payload encryption (turnkeep/payloads/codec.py, turnkeep/worker/codec_server.py) ------------
@@ -320,6 +336,8 @@ class AgentOptions(_Settings):
     # The task queue its tools are listed and called on (a server's own `task_queue` wins);
     # unset: the turn's own, where its model calls run.
     task_queue: str | None = Field(default=None, min_length=1)
+    # Tool calls that wait for a person's approval; none when absent.
+    approval: ApprovalSettings | None = None
 
     @model_validator(mode="after")
     def _known_overrides(self) -> AgentOptions:

@@ -23,6 +23,7 @@ from turnkeep.workflows.activity_io import (
     TurnPlan,
     VisibilityPlan,
 )
+from turnkeep.workflows.approval import ApprovalPlan
 from turnkeep.workflows.turn_io import TurnOverrides
 
 
@@ -72,6 +73,7 @@ def plan_turn(
             "llm": _timeouts(agent.llm_timeouts),
             "tools": _timeouts(agent.tool_timeouts),
             "tool_task_queues": _tool_task_queues(settings, agent),
+            "approval": _approval(agent),
         }
     )
 
@@ -148,6 +150,13 @@ def _tool_task_queues(settings: Settings, agent: AgentSettings) -> dict[str, str
     are scheduled as they always were."""
     queues = {server: settings.tool_task_queue(agent, server) for server in agent.servers}
     return queues if any(queues.values()) else {}
+
+
+def _approval(agent: AgentSettings) -> ApprovalPlan | None:
+    rules = agent.approval
+    if rules is None:
+        return None
+    return ApprovalPlan(tools=rules.tools, timeout=rules.timeout, on_timeout=rules.on_timeout)
 
 
 def _compaction(agent: AgentSettings, model_window: int) -> CompactionPlan | None:

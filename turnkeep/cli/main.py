@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from turnkeep.cli.commands import payloads, server, turns, worker
+from turnkeep.cli.commands import approvals, payloads, server, sessions, turns, worker
 from turnkeep.cli.errors import exit_code, report
 
 app = typer.Typer(
@@ -26,7 +26,7 @@ app = typer.Typer(
     help="Durable agent turns on Temporal: fast-agent's tool loop as a workflow.",
 )
 # Without a name, each group's commands become top-level commands, listed in this order.
-for group in (turns, payloads, worker, server):
+for group in (turns, sessions, approvals, payloads, worker, server):
     app.add_typer(group.app)
 
 

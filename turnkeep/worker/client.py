@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 from temporalio.client import (
@@ -26,6 +27,13 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkeep.worker.search_attributes import present_search_attributes
 from turnkeep.worker.turn_history import read_turn
 from turnkeep.workflows import visibility
+from turnkeep.workflows.approval import (
+    DECIDE_UPDATE,
+    PENDING_QUERY,
+    Decision,
+    DecisionRecord,
+    PendingCall,
+)
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.turn_io import (
     TurnCancelledError,
@@ -93,10 +101,11 @@ class TurnHandle:
         return self.handle.id
 
     async def messages(
-        self, start: int = 0, *, include_tool_results: bool = False
+        self, start: int = 0, *, include_tool_results: bool = False, every: bool = False
     ) -> AsyncIterator[Message]:
         """Each message of ``TurnResult.messages`` from index ``start`` on, as soon as the
-        workflow has it: assistant messages, plus tool-result messages when asked for."""
+        workflow has it: assistant messages, plus tool-result messages when asked for, or
+        with ``every`` all of them (the input too), for a follower that counts them."""
         index = start
         while True:
             try:
@@ -124,7 +133,11 @@ class TurnHandle:
                 new = []
             for message in new:
                 index += 1
-                if message.role == "assistant" or (include_tool_results and message.tool_results):
+                if (
+                    every
+                    or message.role == "assistant"
+                    or (include_tool_results and message.tool_results)
+                ):
                     yield message
             if progress is None or (progress.done and index >= progress.count):
                 return
@@ -160,6 +173,32 @@ class TurnHandle:
 
     async def cancel(self) -> None:
         await self.handle.cancel()
+
+    async def decide(
+        self,
+        call_id: str,
+        approve: bool,
+        reason: str | None = None,
+        by: str = "unknown",
+        arguments: dict[str, Any] | None = None,
+    ) -> DecisionRecord:
+        """Approve or deny a tool call awaiting approval (``arguments``: run it with these
+        instead). A refused decision (an unknown or already decided call, a turn that has
+        ended) raises ``WorkflowUpdateFailedError`` saying why; the turn goes on unaffected."""
+        decision = Decision(
+            call_id=call_id,
+            decision="approve" if approve else "deny",
+            reason=reason,
+            by=by,
+            arguments=arguments,
+        )
+        return await self.handle.execute_update(DECIDE_UPDATE, decision, result_type=DecisionRecord)
+
+    async def pending_approvals(self, rpc_timeout: timedelta | None = None) -> list[PendingCall]:
+        """The turn's calls waiting for a decision (a worker of its task queue answers)."""
+        return await self.handle.query(
+            PENDING_QUERY, result_type=list[PendingCall], rpc_timeout=rpc_timeout
+        )
 
     async def _transcript(self, start: int) -> list[Message]:
         """``TurnResult.messages[start:]`` from the current run (every run of the turn holds

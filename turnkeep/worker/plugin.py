@@ -63,6 +63,7 @@ from turnkeep.worker.composition import (
 )
 from turnkeep.worker.search_attributes import usable_search_attributes
 from turnkeep.worker.workflow_runner import WORKFLOW_RUNNER
+from turnkeep.workflows.session_workflow import SessionWorkflow
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
 FunctionTools = Mapping[str, Sequence[Callable[..., Any]]]
@@ -181,7 +182,8 @@ class TurnkeepPlugin(SimplePlugin):
         super().__init__(
             "turnkeep",
             data_converter=self._converter,
-            workflows=[TurnWorkflow],
+            # A session runs its turns as children, on the worker's task queue by default.
+            workflows=[TurnWorkflow, SessionWorkflow],
             activities=activities,
             workflow_runner=with_passthrough,
             interceptors=interceptors,

@@ -153,6 +153,14 @@ class TurnRenderer:
         )
         if result.rollback:
             self.console.print(f"[bold]history repair:[/] {result.rollback}")
+        for d in result.decisions:
+            edit = f" · edited to {json.dumps(d.arguments)}" if d.arguments is not None else ""
+            reason = f": {d.reason}" if d.reason else ""
+            self._line(
+                ("approval ", "bold"),
+                _visible(f"{d.decision} {d.tool} · call {d.call_id} by {d.by} at {_when(d.at)}")
+                + _visible(reason + edit),
+            )
 
     # -- a turn read from its history (`turnkeep show`) ------------------------------------
 

@@ -6,6 +6,7 @@ when to call what; that is ``turnkeep/workflows/loop.py``."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TypeVar
 
@@ -151,10 +152,17 @@ async def call_model(request: LlmRequest, plan: TurnPlan, messages: MessageJson)
         )
 
 
+# Waits for a person's decision on a call: the call to run (edited or not), or the result a
+# denial answers it with.
+Approver = Callable[[ToolCallRequest], Awaitable[ToolCallRequest | CallToolResult]]
+
+
 async def run_tools(
-    batch: ToolBatch, plan: TurnPlan, completed: dict[str, CallToolResult]
+    batch: ToolBatch, plan: TurnPlan, completed: dict[str, CallToolResult], approve: Approver
 ) -> tuple[dict[str, CallToolResult], dict[str, float]]:
-    """Run a batch; ``completed`` fills in as calls finish, so a cancellation keeps them."""
+    """Run a batch; ``completed`` fills in as calls finish, so a cancellation keeps them.
+    Gated calls wait for ``approve`` alongside the others, then run (or are answered) on their
+    own, whatever ``parallel_tool_calls`` says: one person's wait must not hold up the rest."""
     timing: dict[str, float] = {}
     completed.update(batch.answered)
     for call_id in batch.answered:
@@ -172,12 +180,26 @@ async def run_tools(
             completed[call.call_id] = CallToolResult.error(f"Error: {failure_text(err)}")
             timing[call.call_id] = (workflow.time() - started) * 1000
 
-    async def run_all() -> None:
+    async def run_approved(call: ToolCallRequest) -> None:
+        decided = await approve(call)
+        if isinstance(decided, CallToolResult):
+            completed[call.call_id] = decided
+            timing[call.call_id] = 0.0
+        else:
+            await run_one(decided)
+
+    async def run_ungated() -> None:
         if plan.parallel_tool_calls and len(batch.to_run) > 1:
             await asyncio.gather(*(run_one(call) for call in batch.to_run))
         else:
             for call in batch.to_run:
                 await run_one(call)
+
+    async def run_all() -> None:
+        if not batch.gated:
+            await run_ungated()
+            return
+        await asyncio.gather(run_ungated(), *(run_approved(call) for call in batch.gated))
 
     # Shielded so that cancelling the turn cannot reach an activity whose result arrived in
     # the same workflow task as the cancel: the SDK would turn that result into a

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, PrivateAttr
 
+from turnkeep.workflows.approval import ApprovalPlan
 from turnkeep.workflows.messages import CallToolResult, Message, StopReason, estimate_chars
 from turnkeep.workflows.turn_io import TurnOverrides, Usage
 
@@ -119,6 +120,8 @@ class TurnPlan(BaseModel):
     # turn's own), in the agent's order; empty when every server is on the turn's queue (and in
     # plans recorded before this existed), which schedules the tool activities as before.
     tool_task_queues: dict[str, str | None] = Field(default_factory=dict)
+    # Which tool calls wait for a person's decision; None: none do.
+    approval: ApprovalPlan | None = None
 
     def tool_task_queue(self, tool: str) -> str | None:
         """Where a call of ``tool`` (``server__tool``) runs (None: the turn's own queue)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -21,6 +22,13 @@ from turnkeep.workflows.activity_io import (
     ToolCallRequest,
     ToolSpec,
     TurnPlan,
+)
+from turnkeep.workflows.approval import (
+    TIMEOUT_DECIDER,
+    Decision,
+    DecisionRecord,
+    PendingCall,
+    format_seconds,
 )
 from turnkeep.workflows.messages import (
     CallToolResult,
@@ -45,6 +53,8 @@ class ToolBatch(BaseModel):
 
     to_run: list[ToolCallRequest]
     answered: dict[str, CallToolResult]  # unknown tool, invalid arguments
+    # Calls the agent's approval rules hold until a person decides (or the timeout passes).
+    gated: list[ToolCallRequest] = Field(default_factory=list)
 
 
 class TurnState(BaseModel):
@@ -69,6 +79,10 @@ class TurnState(BaseModel):
     # Only in the state a run hands to its continuation (continue-as-new): it was cut after the
     # model asked for tools and before they ran, so the next run starts by running them.
     cut_before_tools: bool = False
+    # Tool calls of the current batch waiting for a person's decision, by call id.
+    pending_approvals: dict[str, PendingCall] = Field(default_factory=dict)
+    # Every decision taken on this turn's calls, in order: the audit trail.
+    decisions: list[DecisionRecord] = Field(default_factory=list)
 
     # -- starting -------------------------------------------------------------------------
 
@@ -174,7 +188,9 @@ class TurnState(BaseModel):
         calls = self.messages[-1].tool_calls or {}
         available = {tool.name for tool in self.tools}
         to_run: list[ToolCallRequest] = []
+        gated: list[ToolCallRequest] = []
         answered: dict[str, CallToolResult] = {}
+        approval = self.plan.approval
         for call_id, call in calls.items():
             if call.name not in available:
                 answered[call_id] = CallToolResult.error(_not_available(call.name, available))
@@ -184,15 +200,12 @@ class TurnState(BaseModel):
                     f"{call.invalid_arguments[:500]}"
                 )
             else:
-                to_run.append(
-                    ToolCallRequest(
-                        agent=self.plan.agent,
-                        call_id=call_id,
-                        name=call.name,
-                        arguments=call.arguments,
-                    )
+                request = ToolCallRequest(
+                    agent=self.plan.agent, call_id=call_id, name=call.name, arguments=call.arguments
                 )
-        return ToolBatch(to_run=to_run, answered=answered)
+                gate = approval is not None and approval.needs_approval(call.name)
+                (gated if gate else to_run).append(request)
+        return ToolBatch(to_run=to_run, answered=answered, gated=gated)
 
     def runs_every_pending_call(self) -> bool:
         """Whether each call of the pending tool request runs as a tool activity (none is
@@ -201,7 +214,64 @@ class TurnState(BaseModel):
         if not self.awaiting_tools:
             return False
         batch = self.tool_batch()
-        return bool(batch.to_run) and not batch.answered
+        return bool(batch.to_run) and not batch.answered and not batch.gated
+
+    # -- approvals --------------------------------------------------------------------------
+
+    def await_approval(self, call: ToolCallRequest, now: datetime) -> None:
+        self.pending_approvals[call.call_id] = PendingCall(
+            call_id=call.call_id, name=call.name, arguments=call.arguments, since=now
+        )
+
+    def decision_problem(self, decision: Decision) -> str | None:
+        """Why ``decision`` cannot be taken now, or None: the update's validator refuses it
+        with this text and the turn goes on unaffected."""
+        call = decision.call_id
+        if self.done:
+            return f"the turn has ended ({self.stop_reason}); no call waits for a decision"
+        if call not in self.pending_approvals and self.decision(call) is not None:
+            return f"call {call!r} has already been decided"
+        if call not in self.pending_approvals:
+            waiting = ", ".join(sorted(self.pending_approvals)) or "none"
+            return f"no call {call!r} is waiting for approval (waiting: {waiting})"
+        if decision.arguments is not None and decision.decision != "approve":
+            return "arguments (an edit) go only with an approval"
+        return None
+
+    def decide(self, decision: Decision, now: datetime) -> DecisionRecord:
+        """Record a person's decision on a waiting call (checked by ``decision_problem``)."""
+        pending = self.pending_approvals.pop(decision.call_id)
+        edited = decision.arguments is not None and decision.arguments != pending.arguments
+        record = DecisionRecord(
+            call_id=pending.call_id,
+            tool=pending.name,
+            decision=decision.decision,
+            by=decision.by,
+            reason=decision.reason,
+            at=now,
+            original_arguments=pending.arguments if edited else None,
+            arguments=decision.arguments if edited else None,
+        )
+        self.decisions.append(record)
+        return record
+
+    def time_out(self, call_id: str, now: datetime) -> DecisionRecord:
+        """Deny a call nobody decided on in time (``on_timeout: deny``)."""
+        pending = self.pending_approvals.pop(call_id)
+        timeout = self.plan.approval.timeout if self.plan.approval else 0.0
+        record = DecisionRecord(
+            call_id=call_id,
+            tool=pending.name,
+            decision="timeout",
+            by=TIMEOUT_DECIDER,
+            reason=f"no decision within {format_seconds(timeout)}",
+            at=now,
+        )
+        self.decisions.append(record)
+        return record
+
+    def decision(self, call_id: str) -> DecisionRecord | None:
+        return next((r for r in reversed(self.decisions) if r.call_id == call_id), None)
 
     def on_tool_results(
         self, results: dict[str, CallToolResult], timing_ms: dict[str, float]
@@ -313,6 +383,8 @@ class TurnState(BaseModel):
 
     def cancel(self, completed: dict[str, CallToolResult]) -> None:
         """Repair the conversation the way fast-agent does when a turn is interrupted."""
+        # Calls awaiting approval are repaired as interrupted, like any other unanswered call.
+        self.pending_approvals.clear()
         if not self.plan.use_history:
             self.rollback = RollbackState.HISTORY_DISABLED
         else:
@@ -335,6 +407,7 @@ class TurnState(BaseModel):
             usage=self.usage,
             rollback=self.rollback,
             structured=_parse_json(final.text) if final and self.plan.structured_output else None,
+            decisions=self.decisions,
         )
 
     def _last(self) -> Message | None:

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from temporalio.exceptions import CancelledError
 
+from turnkeep.workflows.approval import DecisionRecord
 from turnkeep.workflows.messages import Message, StopReason
 
 DEFAULT_MAX_ITERATIONS = 199
@@ -94,6 +95,8 @@ class TurnResult(BaseModel):
     rollback: RollbackState | None = None
     # The final answer parsed as JSON when the turn asked for structured output.
     structured: Any = None
+    # Every approval decision on the turn's tool calls (who, what, when, edits), in order.
+    decisions: list[DecisionRecord] = Field(default_factory=list)
 
 
 class TurnProgress(BaseModel):

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.api.common.v1 import Payloads
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -25,10 +25,19 @@ from turnkeep.workflows.activity_io import (
     LlmRequest,
     MessageJson,
     ModelInputPage,
+    ToolCallRequest,
     model_input_page,
+)
+from turnkeep.workflows.approval import (
+    DECIDE_UPDATE,
+    PENDING_QUERY,
+    Decision,
+    DecisionRecord,
+    PendingCall,
 )
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import CallToolResult, Message
+from turnkeep.workflows.starting import start_arguments
 from turnkeep.workflows.turn_io import TurnInput, TurnProgress, TurnResult
 
 WORKFLOW_NAME = "TurnWorkflow"
@@ -61,6 +70,8 @@ class TurnWorkflow:
             self._state = TurnState.resume(self._start.turn, self._start.carried)
         # Results of the current tool batch as they arrive, so a cancellation keeps them.
         self._completed: dict[str, CallToolResult] = {}
+        # What the current tool batch is doing, for current details while calls await approval.
+        self._doing_tools = ""
         # The request of the model call in flight, which `llm_step` reads by query.
         self._model_input: LlmRequest | None = None
         # Each message's JSON, digest and size, so a model call dumps (and the compaction
@@ -198,13 +209,43 @@ class TurnWorkflow:
     async def _run_tools(self) -> None:
         state = self._require_state()
         batch = state.tool_batch()
-        self._show(visibility.waiting_on_tools(batch.to_run))
+        self._doing_tools = visibility.waiting_on_tools(batch.to_run + batch.gated)
+        self._show(self._doing_tools)
         self._completed = {}
-        results, timing = await actions.run_tools(batch, state.plan, self._completed)
+        results, timing = await actions.run_tools(batch, state.plan, self._completed, self._approve)
         # The outcome that asked for these tools spans them in the Web UI's timeline.
         self._cancel_outcome_timers()
         state.on_tool_results(results, timing)
         await self._hooks(HookPoint.AFTER_TOOL_CALL)
+
+    async def _approve(self, call: ToolCallRequest) -> ToolCallRequest | CallToolResult:
+        """Hold ``call`` until the ``decide`` update (or the agent's timeout) settles it. A
+        durable wait in the workflow itself: no activity runs and no worker slot is held, and
+        a worker or server restart replays to this same wait."""
+        state = self._require_state()
+        rules = state.plan.approval
+        assert rules is not None, "only calls the approval rules name are gated"
+        state.await_approval(call, workflow.now())
+        # Published at once, whatever the interval: an operator's query for turns awaiting
+        # approval must find this one now.
+        self._show(self._doing_tools, publish=True)
+        try:
+            await workflow.wait_condition(
+                lambda: call.call_id not in state.pending_approvals,
+                timeout=rules.timeout,
+                timeout_summary=visibility.approval_timeout_summary(call),
+            )
+        except TimeoutError:
+            if call.call_id in state.pending_approvals:  # not decided in this same task
+                state.time_out(call.call_id, workflow.now())
+        self._show(self._doing_tools, publish=True)
+        record = state.decision(call.call_id)
+        assert record is not None
+        if not record.approved:
+            return record.denial()
+        if record.arguments is not None:
+            return call.model_copy(update={"arguments": record.arguments})
+        return call
 
     async def _maybe_compact(self) -> None:
         """Summarise older exchanges when the context is near full; never breaks the loop."""
@@ -278,6 +319,34 @@ class TurnWorkflow:
                 non_retryable=True,
             )
 
+    # Sync: it only records the decision; the call's waiting coroutine carries on from there.
+    @workflow.update(name=DECIDE_UPDATE)
+    def decide(self, *args: Any) -> DecisionRecord:
+        """A person's decision on a call awaiting approval: one argument, a ``Decision``."""
+        return self._require_state().decide(Decision.model_validate(args[0]), workflow.now())
+
+    @decide.validator
+    def _check_decide(self, *args: Any) -> None:
+        if len(args) != 1:
+            raise _bad_decision(f"decide takes one argument, a Decision; got {len(args)}")
+        try:
+            decision = Decision.model_validate(args[0])
+        except ValidationError as err:
+            raise _bad_decision(f"not a Decision: {err}") from None
+        state = self._state
+        problem = (
+            "the turn has not reached its tool calls yet"
+            if state is None
+            else state.decision_problem(decision)
+        )
+        if problem is not None:
+            raise _bad_decision(problem)
+
+    @workflow.query(name=PENDING_QUERY)
+    def pending_approvals(self) -> list[PendingCall]:
+        """The calls waiting for a decision, oldest first."""
+        return list(self._state.pending_approvals.values()) if self._state else []
+
     @workflow.query(name=MODEL_INPUT_QUERY)
     def model_input(self, call_index: int, start: int = 0) -> ModelInputPage | None:
         """A page of the request of model call ``call_index``, while it is in flight."""
@@ -335,52 +404,24 @@ _START_USAGE = (
 )
 
 
-_M = TypeVar("_M", bound=BaseModel)
-
-
 class _Start(NamedTuple):
     turn: TurnInput
-    carried: TurnState | None  # the state a continued run starts from
+    # The state a continued run starts from. A state from a client would skip prepare_turn:
+    # its own model, system prompt and plan, with no hook or iteration cap the agent sets.
+    carried: TurnState | None
 
 
 def _start_arguments(args: Sequence[Any]) -> _Start:
-    """The turn's input and the state a continued run carries, from a start's arguments as
-    they came (plain JSON from any client). Raises a non-retryable ``ApplicationError``
-    saying what is wrong: retrying a start with the same arguments cannot help."""
-    if not 1 <= len(args) <= 2:
-        raise _bad_start(f"{_START_USAGE}; got {len(args)}")
-    turn = _validated(TurnInput, args[0])
-    carried = args[1] if len(args) == 2 else None
-    if carried is None:
-        return _Start(turn, None)
-    if not _continued_as_new():
-        # A state from a client would skip prepare_turn: its own model, system prompt and
-        # plan, with no hook or iteration cap the agent's configuration sets.
-        raise _bad_start(
-            f"{_START_USAGE}; got 2: only a run continued from an earlier one "
-            "(continue-as-new) may carry a turn's state"
+    """The turn's input and the state a continued run carries (``starting``)."""
+    return _Start(
+        *start_arguments(
+            args, TurnInput, TurnState, usage=_START_USAGE, error_type="InvalidTurnInput"
         )
-    return _Start(turn, _validated(TurnState, carried))
+    )
 
 
-def _continued_as_new() -> bool:
-    """Whether this run was started by its predecessor continuing as new, which only the
-    workflow itself can do. Retries and cron runs also name the run before them, but start
-    with the arguments a client gave the first one."""
-    info = workflow.info()
-    return info.continued_run_id is not None and info.attempt == 1 and not info.cron_schedule
-
-
-def _validated(model: type[_M], value: Any) -> _M:
-    try:
-        return model.model_validate(value)
-    except ValidationError as err:
-        # pydantic's text names each bad field and shortens the values it quotes.
-        raise _bad_start(str(err)) from None
-
-
-def _bad_start(message: str) -> ApplicationError:
-    return ApplicationError(message, type="InvalidTurnInput", non_retryable=True)
+def _bad_decision(message: str) -> ApplicationError:
+    return ApplicationError(message, type="InvalidDecision", non_retryable=True)
 
 
 def _history_full(limits: ContinueAsNewPlan) -> bool:

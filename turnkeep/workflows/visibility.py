@@ -68,6 +68,7 @@ class TurnStatus(StrEnum):
     its iteration cap, still *completes* as a workflow."""
 
     RUNNING = "Running"
+    AWAITING_APPROVAL = "AwaitingApproval"  # running, with tool calls waiting for a person
     COMPLETED = "Completed"  # the model gave its final answer (endTurn, stopSequence)
     STOPPED = "Stopped"  # a limit or the provider ended it early: the stop reason says which
     FAILED = "Failed"  # stop reason `error`: a model call or a hook failed for good
@@ -79,7 +80,7 @@ _COMPLETED = {StopReason.END_TURN, StopReason.STOP_SEQUENCE}
 
 def turn_status(state: TurnState) -> TurnStatus:
     if not state.done:
-        return TurnStatus.RUNNING
+        return TurnStatus.AWAITING_APPROVAL if state.pending_approvals else TurnStatus.RUNNING
     if state.stop_reason == StopReason.CANCELLED:
         return TurnStatus.CANCELLED
     if state.stop_reason == StopReason.ERROR:
@@ -234,6 +235,11 @@ def hook_summary(point: HookPoint, hook: str) -> str:
     return clip(f"hook {point.value} · {hook}")
 
 
+def approval_timeout_summary(call: ToolCallRequest) -> str:
+    """The summary of the timer a call awaiting approval is denied at, should nobody decide."""
+    return clip(f"approval {call.name} · {call.call_id}")
+
+
 # -- current details ----------------------------------------------------------------------
 
 # Names listed in "waiting on tools …" before the rest is counted.
@@ -271,6 +277,7 @@ STARTING = "starting"
 
 _ENDED = {
     TurnStatus.RUNNING: "running",
+    TurnStatus.AWAITING_APPROVAL: "awaiting approval",
     TurnStatus.COMPLETED: "finished",
     TurnStatus.STOPPED: "stopped early",
     TurnStatus.FAILED: "failed",
@@ -298,7 +305,21 @@ def details(state: TurnState, doing: str) -> str:
         totals += f" · last stop: `{state.stop_reason.value}`"
     elif state.messages and (last := _last_answer(state.messages)) is not None:
         totals += f" · last stop: `{outcome(last)}`"
-    return f"{where}\n\n{totals}"
+    return f"{where}\n\n{totals}{_awaiting(state)}"
+
+
+def _awaiting(state: TurnState) -> str:
+    """Which calls wait for a person's decision, and since when: a list under the totals."""
+    if not state.pending_approvals:
+        return ""
+    lines = [
+        f"- `{call.name}` · call `{call.call_id}` · since {call.since:%Y-%m-%d %H:%M:%S} UTC"
+        for call in list(state.pending_approvals.values())[:_NAMES_SHOWN]
+    ]
+    more = len(state.pending_approvals) - _NAMES_SHOWN
+    if more > 0:
+        lines.append(f"- and {more} more")
+    return "\n\n**awaiting approval** (`turnkeep approve TURN CALL`):\n\n" + "\n".join(lines)
 
 
 def _last_answer(messages: list[Message]) -> Message | None:

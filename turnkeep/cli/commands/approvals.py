@@ -1,0 +1,135 @@
+"""The commands about tool calls awaiting a person's approval: ``pending`` lists them (every
+turn whose ``TurnkeepStatus`` is ``AwaitingApproval``, with its calls' arguments), ``approve``
+decides one."""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+from datetime import timedelta
+from typing import Annotated, Any
+
+import typer
+from pydantic import BaseModel
+from rich.markup import escape
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from turnkeep.cli.connect import client_for
+from turnkeep.cli.console import console
+from turnkeep.cli.options import Address, ConfigPath, Namespace
+from turnkeep.worker.client import get_turn
+from turnkeep.worker.config import find_config, load_settings
+from turnkeep.workflows import visibility
+from turnkeep.workflows.approval import PendingCall
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
+
+app = typer.Typer()
+
+AWAITING_QUERY = (
+    f"WorkflowType = '{WORKFLOW_NAME}' AND ExecutionStatus = 'Running' AND "
+    f"{visibility.STATUS.name} = '{visibility.TurnStatus.AWAITING_APPROVAL.value}'"
+)
+# A query is answered by a worker of the turn's task queue; without one, say so and go on.
+_QUERY_TIMEOUT = timedelta(seconds=10)
+
+
+class AwaitingTurn(BaseModel):
+    """One turn ``pending`` lists: its calls waiting, or why they could not be read."""
+
+    workflow_id: str
+    agent: str | None = None
+    calls: list[PendingCall]
+    error: str | None = None
+
+
+async def awaiting_turns(client: Client) -> list[AwaitingTurn]:
+    """Every turn waiting for approval (by search attribute), with its waiting calls."""
+    turns: list[AwaitingTurn] = []
+    async for execution in client.list_workflows(AWAITING_QUERY):
+        agent = execution.typed_search_attributes.get(visibility.AGENT)
+        turn = AwaitingTurn(workflow_id=execution.id, agent=agent, calls=[])
+        try:
+            handle = get_turn(client, execution.id)
+            turn.calls = await handle.pending_approvals(rpc_timeout=_QUERY_TIMEOUT)
+        except RPCError as err:
+            turn.error = f"its calls could not be read (is a worker running?): {err.message}"
+        turns.append(turn)
+    return turns
+
+
+@app.command()
+def pending(
+    address: Address = None,
+    namespace: Namespace = None,
+    config: ConfigPath = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the turns as JSON.")] = False,
+) -> None:
+    """List the turns with tool calls awaiting approval, and those calls' arguments."""
+    settings = load_settings(config)
+
+    async def go() -> list[AwaitingTurn]:
+        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+        return await awaiting_turns(client)
+
+    turns = asyncio.run(go())
+    if json_out:
+        print(json.dumps([turn.model_dump(mode="json") for turn in turns], indent=2))
+        return
+    if not turns:
+        console.print("no turn is awaiting approval")
+    for turn in turns:
+        agent = f" · agent {escape(turn.agent)}" if turn.agent else ""
+        console.print(f"[bold]turn[/] {escape(turn.workflow_id)}{agent}")
+        if turn.error:
+            console.print(f"  [yellow]{escape(turn.error)}[/]")
+        for call in turn.calls:
+            console.print(
+                f"  call {escape(call.call_id)} · {escape(call.name)} · waiting since "
+                f"{call.since:%Y-%m-%d %H:%M:%S} UTC"
+            )
+            console.print(f"    {escape(json.dumps(call.arguments, ensure_ascii=False))}")
+
+
+@app.command()
+def approve(
+    workflow_id: Annotated[str, typer.Argument(help="The turn (workflow id).")],
+    call_id: Annotated[str, typer.Argument(help="The tool call awaiting approval.")],
+    deny: Annotated[bool, typer.Option("--deny", help="Deny the call instead.")] = False,
+    reason: Annotated[str | None, typer.Option(help="Why; the model sees it on a denial.")] = None,
+    by: Annotated[str | None, typer.Option(help="Who decides (default: the user name).")] = None,
+    arguments: Annotated[
+        str | None,
+        typer.Option(help="Run the call with these arguments instead (a JSON object)."),
+    ] = None,
+    address: Address = None,
+    namespace: Namespace = None,
+    config: ConfigPath = None,
+) -> None:
+    """Approve (or with --deny, deny) a tool call awaiting approval."""
+    settings = load_settings(config)
+    edited = _arguments(arguments)
+
+    async def go() -> None:
+        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+        record = await get_turn(client, workflow_id).decide(
+            call_id, not deny, reason=reason, by=by or getpass.getuser(), arguments=edited
+        )
+        edit = " with edited arguments" if record.arguments is not None else ""
+        verb = "approved" if record.approved else "denied"
+        console.print(f"{verb} call {escape(record.call_id)} ({escape(record.tool)}){edit}")
+
+    asyncio.run(go())
+
+
+def _arguments(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise typer.BadParameter(f"--arguments is not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter("--arguments must be a JSON object")
+    return value
