@@ -27,7 +27,6 @@ import tempfile
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -48,6 +47,7 @@ from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec, dedupe_with_versions
 from mcp.shared.exceptions import MCPError
 
+from turnkeep.activities.entry_points import register_installed
 from turnkeep.activities.tool_sources import (
     ServerConnectionError,
     ServerUnavailable,
@@ -790,14 +790,7 @@ def installed_tool_sources() -> ToolSourceRegistry:
     ``[project.entry-points."turnkeep.tool_sources"] openapi = "mypackage.tools:OpenApi"``.
     Loaded once per process; a broken entry point stops the worker with its name."""
     registry = ToolSourceRegistry(BUILTIN_TOOL_SOURCES)
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            registry.register(entry.load())
-        except Exception as err:
-            raise ValueError(
-                f"tool source entry point {entry.name!r} ({entry.value}) of group "
-                f"{ENTRY_POINT_GROUP!r} could not be registered: {err}"
-            ) from err
+    register_installed(registry.register, ENTRY_POINT_GROUP, "tool source")
     return registry
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 
+from turnkeep.activities.entry_points import register_installed
 from turnkeep.activities.providers import ModelProvider
 from turnkeep.activities.providers.anthropic import AnthropicProvider
 from turnkeep.activities.providers.openai import GenericProvider, OpenAIProvider
@@ -132,14 +132,7 @@ def installed_providers() -> ProviderRegistry:
     ``[project.entry-points."turnkeep.providers"] myllm = "mypackage.provider:MyProvider"``.
     Loaded once per process; a broken entry point stops the worker with its name."""
     registry = ProviderRegistry(BUILTIN_PROVIDERS)
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            registry.register(entry.load())
-        except Exception as err:
-            raise ValueError(
-                f"model provider entry point {entry.name!r} ({entry.value}) of group "
-                f"{ENTRY_POINT_GROUP!r} could not be registered: {err}"
-            ) from err
+    register_installed(registry.register, ENTRY_POINT_GROUP, "model provider")
     return registry
 
 
