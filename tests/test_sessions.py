@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
 
-from tests.conftest import Harness, HarnessFactory, eventually
+from tests.conftest import Harness, HarnessFactory, eventually, turnkeep
 from turnkeep import open_session
-from turnkeep.worker.client import get_turn
+from turnkeep.worker.client import TurnCancelledError, get_turn
 from turnkeep.worker.embedded import ServerInfo
 from turnkeep.worker.session import SessionClosedError, SessionHandle, get_session
 from turnkeep.workflows.messages import Message
@@ -126,6 +126,65 @@ async def test_a_cancelled_turn_is_repaired_and_the_session_goes_on(
         ]
         turn = await get_turn(h.client, after.turn_id).result()
         assert turn.history[: len(messages) - 2] == messages[:-2]
+
+
+async def test_interrupt_cancels_the_running_turn_and_answers_everything_queued(
+    harness: HarnessFactory,
+) -> None:
+    async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
+        session = await open_on(h, on_new_message="interrupt")
+        slow = await session.send(SLOW_CALL)
+        await eventually(lambda: started, "the slow tool ran")
+        sent = await session.send("stop that")
+        assert sent.queued and sent.turn == 2
+        # The gate stays shut: only the interrupt can end the slow turn.
+        messages = await collect(session, until_turn=sent.turn)
+        with pytest.raises(TurnCancelledError):
+            await get_turn(h.client, slow.turn_id).result()
+        # The repaired conversation was kept, and the next turn answered the new message.
+        [repair] = [m for m in messages if m.tool_results]
+        [result] = (repair.tool_results or {}).values()
+        assert result.is_error and result.text == INTERRUPTED_TEXT
+        assert texts(messages)[-2:] == ["stop that", "stop that"]
+        turn = await get_turn(h.client, sent.turn_id).result()
+        assert turn.history[: len(messages) - 2] == messages[:-2]
+        assert started == ["slow"]
+
+
+async def test_show_prints_a_session_open_and_closed(
+    harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path
+) -> None:
+    async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
+        session = await open_on(h)
+        for prompt in ("first question", "second question"):
+            sent = await session.send(prompt)
+            await collect(session, until_turn=sent.turn)
+        shown = await asyncio.to_thread(
+            turnkeep, "show", session.session_id, temporal=temporal, cwd=tmp_path
+        )
+        assert shown.returncode == 0, shown.stderr
+        out = shown.stdout
+        assert f"session {session.session_id} · running · 2 turns" in out
+        assert out.index(f"turn {session.session_id}/turn-1") < out.index("first question")
+        assert out.index("first question") < out.index(f"turn {session.session_id}/turn-2")
+        assert out.index(f"turn {session.session_id}/turn-2") < out.index("second question")
+        await session.close()
+        await session.result()
+    # Closed, with no worker left: still readable, also as JSON.
+    shown = await asyncio.to_thread(
+        turnkeep, "show", session.session_id, "--json", temporal=temporal, cwd=tmp_path
+    )
+    assert shown.returncode == 0, shown.stderr
+    view = json.loads(shown.stdout)
+    assert view["status"] == "completed"
+    assert [t["workflow_id"] for t in view["turns"]] == [
+        f"{session.session_id}/turn-1",
+        f"{session.session_id}/turn-2",
+    ]
+    assert [m["content"][0]["text"] for m in view["turns"][1]["result"]["messages"]] == [
+        "second question",
+        "second question",
+    ]
 
 
 async def test_bad_sends_are_refused_and_the_session_goes_on(harness: HarnessFactory) -> None:

@@ -32,6 +32,7 @@ from turnkeep.workflows.activity_io import (
     DEFAULT_CONTINUE_AS_NEW_EVENTS,
     HookPoint,
 )
+from turnkeep.workflows.session_io import NewMessageMode
 from turnkeep.workflows.turn_io import DEFAULT_MAX_ITERATIONS, TurnOverrides
 
 
@@ -338,6 +339,9 @@ class AgentOptions(_Settings):
     task_queue: str | None = Field(default=None, min_length=1)
     # Tool calls that wait for a person's approval; none when absent.
     approval: ApprovalSettings | None = None
+    # In a session, what a message sent while a turn runs does (`queue`: answered by the next
+    # turn; `interrupt`: cancels the running one first). `open_session` passes it in.
+    on_new_message: NewMessageMode = "queue"
 
     @model_validator(mode="after")
     def _known_overrides(self) -> AgentOptions:

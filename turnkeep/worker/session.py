@@ -12,10 +12,12 @@ async for message in session.messages(until_turn=sent.turn):
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from pydantic import BaseModel
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -25,15 +27,17 @@ from temporalio.client import (
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.worker.client import DEFAULT_TASK_QUEUE, get_turn
 from turnkeep.worker.search_attributes import present_search_attributes
+from turnkeep.worker.turn_history import TurnHistoryError, TurnView, read_turn
 from turnkeep.workflows import visibility
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.session_io import (
     DEFAULT_TURNS_PER_RUN,
     SESSION_WORKFLOW_NAME,
+    NewMessageMode,
     Sent,
     SessionInput,
     SessionProgress,
@@ -54,11 +58,21 @@ async def open_session(
     task_queue: str = DEFAULT_TASK_QUEUE,
     idle_timeout: float | None = None,
     turns_per_run: int = DEFAULT_TURNS_PER_RUN,
+    on_new_message: NewMessageMode = "queue",
 ) -> SessionHandle:
     """Start a session with ``agent``, or attach to the running session ``session_id`` (its
-    own agent and limits stay). Raises ``SessionClosedError`` for a session that has ended:
-    it stays readable (``get_session``), and is never restarted empty under the same id."""
-    session = SessionInput(agent=agent, idle_timeout=idle_timeout, turns_per_run=turns_per_run)
+    own agent, limits and mode stay). Raises ``SessionClosedError`` for a session that has
+    ended: it stays readable (``get_session``), and is never restarted empty under the same id.
+
+    ``on_new_message`` is what a message sent while a turn runs does: ``queue`` waits for the
+    turn, ``interrupt`` cancels it. Pass the agent's own setting
+    (``AgentOptions.on_new_message``): the session cannot read the worker's config."""
+    session = SessionInput(
+        agent=agent,
+        idle_timeout=idle_timeout,
+        turns_per_run=turns_per_run,
+        on_new_message=on_new_message,
+    )
     present = await present_search_attributes(client)
     workflow_id = session_id or f"session-{agent}-{uuid.uuid4().hex[:12]}"
     try:
@@ -189,6 +203,50 @@ class SessionHandle:
 
     async def _running(self) -> bool:
         return (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING
+
+
+class SessionView(BaseModel):
+    """A session as its turns' histories record it: what ``turnkeep show SESSION`` prints."""
+
+    session_id: str
+    status: str  # the session workflow's: running, completed, cancelled, terminated...
+    turns: list[TurnView]
+
+
+async def read_session(client: Client, session_id: str) -> SessionView | None:
+    """The session ``session_id``, open or closed, read from its turns' histories (no worker
+    needed, as for ``read_turn``); None when no session has that id."""
+    try:
+        described = await client.get_workflow_handle(session_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    if described.workflow_type != SESSION_WORKFLOW_NAME:
+        return None
+    turns: list[TurnView] = []
+    # Turn ids are `<session id>/turn-<n>` from 1 up, without gaps: read them until one is
+    # missing (the next turn, not started yet).
+    for n in itertools.count(1):
+        turn_id = f"{session_id}/turn-{n}"
+        try:
+            turns.append(await read_turn(client, turn_id))
+        except TurnHistoryError:
+            if await _exists(client, turn_id):
+                raise
+            break
+    status = described.status.name.lower() if described.status else "unknown"
+    return SessionView(session_id=session_id, status=status, turns=turns)
+
+
+async def _exists(client: Client, workflow_id: str) -> bool:
+    try:
+        await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
 
 
 def _reraise_if_cancelled(err: Exception) -> None:

@@ -3,6 +3,8 @@ to run, what its updates answer and what it ends with."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from turnkeep.workflows.messages import Message
@@ -13,6 +15,11 @@ SESSION_WORKFLOW_NAME = "SessionWorkflow"
 # Turns a session runs before it continues as new (unless Temporal suggests it sooner): each
 # turn is a child workflow, a handful of events in the session's own history.
 DEFAULT_TURNS_PER_RUN = 50
+
+# What a message sent while a turn runs does: `queue` (the default) waits for that turn to end
+# and is answered by the next; `interrupt` cancels the running turn (its conversation repaired
+# and kept, as for any cancelled turn) so the next one answers everything queued at once.
+NewMessageMode = Literal["queue", "interrupt"]
 
 
 class SessionInput(BaseModel):
@@ -27,6 +34,9 @@ class SessionInput(BaseModel):
     # None: it waits for ever, holding no worker slot meanwhile.
     idle_timeout: float | None = Field(default=None, gt=0)
     turns_per_run: int = Field(default=DEFAULT_TURNS_PER_RUN, ge=1)
+    # The agent's `on_new_message`, passed in by whoever opens the session: the workflow
+    # cannot read the worker's config. Either mode only affects this session's own turns.
+    on_new_message: NewMessageMode = "queue"
 
 
 class SessionState(BaseModel):

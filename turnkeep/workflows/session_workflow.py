@@ -3,7 +3,8 @@
 
 ``send`` queues a message; turns run one at a time, in order, each with the conversation so
 far as its ``history`` and everything queued since the last turn began as its ``messages``
-(messages that arrive while a turn runs are answered together by the next one). A cancelled
+(messages that arrive while a turn runs are answered together by the next one; with
+``on_new_message: interrupt`` such a message first cancels the running turn). A cancelled
 turn's repaired conversation is kept, and the session goes on. Between turns the session
 continues as new every ``turns_per_run`` turns, or sooner when Temporal suggests it, carrying
 the conversation (payload storage keeps a big one out of the history). ``close`` or
@@ -25,7 +26,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
 
 from turnkeep.workflows import visibility
-from turnkeep.workflows.child_turn import child_turn_result, start_child_turn
+from turnkeep.workflows.child_turn import TurnChild, child_turn_result, start_child_turn
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.session_io import (
     SESSION_WORKFLOW_NAME,
@@ -62,6 +63,11 @@ class SessionWorkflow:
             else SessionState()
         )
         self._turn: RunningTurn | None = None
+        # The running turn's child workflow, until an interrupting message cancels it.
+        self._child: TurnChild | None = None
+        self._interrupts = (
+            isinstance(self._start, _Start) and self._start.session.on_new_message == "interrupt"
+        )
         self._started = self._state.turns  # turns whose child workflow has started
         # Turns whose outcome the session has taken in: every carried one (a run continues as
         # new between turns). Counted apart from `turns`, which goes up before a turn starts.
@@ -119,6 +125,7 @@ class SessionWorkflow:
         turn = TurnInput(agent=session.agent, messages=messages, history=state.history)
         child = await start_child_turn(turn, id=turn_id, task_queue=None)
         self._turn = RunningTurn(workflow_id=turn_id, start=len(state.transcript))
+        self._child = child
         self._started = state.turns
         self._publish(visibility.TurnStatus.RUNNING)
         cancelled: TurnCancelledError | None = None
@@ -135,6 +142,7 @@ class SessionWorkflow:
             state.transcript += result.messages
             state.tokens += sum(u.input_tokens + u.output_tokens for u in result.usage.values())
         self._turn = None
+        self._child = None
         self._turns_ended = state.turns
         self._publish(visibility.TurnStatus.RUNNING)
         task = asyncio.current_task()
@@ -169,6 +177,11 @@ class SessionWorkflow:
         number = state.turns + 1
         queued = self._turn is not None
         state.queued.append(_sent_message(args))
+        if self._child is not None and self._interrupts:
+            # Cancel once: the turn repairs its conversation and ends, then the next turn
+            # answers this message with any others queued meanwhile.
+            self._child.cancel()
+            self._child = None
         if not queued:
             # A run about to continue as new carries the message to the next run's turn.
             await workflow.wait_condition(lambda: self._started >= number or self._continuing)

@@ -54,11 +54,14 @@ def chat(
             in_process_worker(client, settings, config) if in_process else contextlib.nullcontext()
         )
         async with runner:
+            name = agent or _default_agent(settings)
+            options = settings.agents.get(name)
             session = await open_session(
                 client,
-                agent=agent or _default_agent(settings),
+                agent=name,
                 session_id=session_id,
                 task_queue=settings.task_queue,
+                on_new_message=options.on_new_message if options else "queue",
             )
             console.print(f"[bold]session[/] {session.session_id}")
             await _repl(session)

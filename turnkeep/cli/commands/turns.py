@@ -9,6 +9,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
@@ -19,6 +20,7 @@ from turnkeep.worker.client import TurnCancelledError, TurnHandle, get_turn, sta
 from turnkeep.worker.config import find_config, load_settings
 from turnkeep.worker.embedded import ServerInfo
 from turnkeep.worker.render import TurnRenderer
+from turnkeep.worker.session import SessionView, read_session
 from turnkeep.worker.turn_history import TurnView, read_turn
 from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
@@ -158,18 +160,37 @@ def show(
     config: ConfigPath = None,
 ) -> None:
     """Print a turn from its history: messages, tool calls and results, timings, usage, stop
-    reason and any repair. Running, completed, cancelled or failed; no worker needed."""
+    reason and any repair. Running, completed, cancelled or failed; no worker needed. Given a
+    session's id, print each of its turns so, open or closed."""
     settings = load_settings(config)
 
-    async def go() -> TurnView:
+    async def go() -> TurnView | SessionView:
         client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
-        return await read_turn(client, workflow_id, run_id)
+        session = None if run_id else await read_session(client, workflow_id)
+        return session or await read_turn(client, workflow_id, run_id)
 
     view = asyncio.run(go())
+    if isinstance(view, SessionView):
+        _show_session(view, json_out=json_out, full=full)
+        return
     if json_out:
         sys.stdout.write(view.model_dump_json(indent=2, exclude=_REPEATED) + "\n")
         return
     TurnRenderer(console, full=full).view(view)
+
+
+def _show_session(view: SessionView, *, json_out: bool, full: bool) -> None:
+    if json_out:
+        exclude = {"turns": {"__all__": _REPEATED}}
+        sys.stdout.write(view.model_dump_json(indent=2, exclude=exclude) + "\n")
+        return
+    console.print(
+        f"[bold]session[/] {escape(view.session_id)} · {view.status} · {len(view.turns)} turns"
+    )
+    renderer = TurnRenderer(console, full=full)
+    for turn in view.turns:
+        console.print()
+        renderer.view(turn)
 
 
 # What `show --json` leaves out of a turn's result: the next turn's `history` ends with the
