@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from turnkeep.cli.connect import client_for
 from turnkeep.settings import Settings
 from turnkeep.worker.build import build_worker
 from turnkeep.worker.config import ConfigError, find_config
+from turnkeep.worker.embedded import ServerInfo
 
 
 def in_process_worker(client: Client, settings: Settings, config: Path | None) -> Worker:
@@ -33,3 +37,25 @@ async def until_signalled() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopped.set)
     await stopped.wait()
+
+
+@asynccontextmanager
+async def client_and_worker(
+    address: str | None,
+    namespace: str | None,
+    settings: Settings,
+    config: Path | None,
+    *,
+    worker: bool | None,
+) -> AsyncIterator[tuple[Client, ServerInfo | None]]:
+    """The client a command that runs turns talks through, with a worker in this process while
+    it runs when asked (``--worker``), or by default on the embedded server, where no other
+    worker would be polling."""
+    client, embedded = await client_for(
+        address, namespace, settings, config_file=find_config(config)
+    )
+    if not (worker if worker is not None else embedded is not None):
+        yield client, embedded
+        return
+    async with in_process_worker(client, settings, config):
+        yield client, embedded

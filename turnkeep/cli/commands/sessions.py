@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import sys
 from typing import Annotated
@@ -15,7 +14,7 @@ from turnkeep.cli.commands.turns import _default_agent
 from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
-from turnkeep.cli.process import in_process_worker
+from turnkeep.cli.process import client_and_worker
 from turnkeep.worker.config import find_config, load_settings
 from turnkeep.worker.render import TurnRenderer
 from turnkeep.worker.session import SessionHandle, open_session
@@ -46,14 +45,10 @@ def chat(
     settings = load_settings(config)
 
     async def go() -> None:
-        client, embedded = await client_for(
-            address, namespace, settings, config_file=find_config(config)
-        )
-        in_process = worker if worker is not None else embedded is not None
-        runner = (
-            in_process_worker(client, settings, config) if in_process else contextlib.nullcontext()
-        )
-        async with runner:
+        async with client_and_worker(address, namespace, settings, config, worker=worker) as (
+            client,
+            _,
+        ):
             name = agent or _default_agent(settings)
             options = settings.agents.get(name)
             session = await open_session(

@@ -4,7 +4,6 @@ started elsewhere, ``show`` prints one from its history, ``cancel`` cancels one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 from typing import Annotated
 
@@ -14,7 +13,7 @@ from rich.markup import escape
 from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
-from turnkeep.cli.process import in_process_worker
+from turnkeep.cli.process import client_and_worker
 from turnkeep.settings import Settings
 from turnkeep.worker.client import TurnCancelledError, TurnHandle, get_turn, start_turn
 from turnkeep.worker.config import find_config, load_settings
@@ -59,14 +58,10 @@ def run(
     )
 
     async def go() -> None:
-        client, embedded = await client_for(
-            address, namespace, settings, config_file=find_config(config)
-        )
-        in_process = worker if worker is not None else embedded is not None
-        runner = (
-            in_process_worker(client, settings, config) if in_process else contextlib.nullcontext()
-        )
-        async with runner:
+        async with client_and_worker(address, namespace, settings, config, worker=worker) as (
+            client,
+            embedded,
+        ):
             handle = await start_turn(
                 client, turn, workflow_id=workflow_id, task_queue=settings.task_queue
             )
