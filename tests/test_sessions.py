@@ -287,3 +287,14 @@ async def test_chat_answers_each_line_and_resumes(
     ]
     # No worker is left to run its close: end it by hand.
     await get_session(client, session_id).handle.terminate()
+
+
+async def test_a_session_input_bounds_what_a_client_may_ask_for() -> None:
+    # Any client may start a session: a run may not be asked to hold a billion turns.
+    from pydantic import ValidationError
+
+    from turnkeep.workflows.session_io import SessionInput
+
+    assert SessionInput.model_validate({"agent": "a", "turns_per_run": 1_000}).turns_per_run
+    with pytest.raises(ValidationError, match="turns_per_run"):
+        SessionInput.model_validate({"agent": "a", "turns_per_run": 10**9})

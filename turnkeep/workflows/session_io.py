@@ -33,7 +33,9 @@ class SessionInput(BaseModel):
     # Seconds without a message (and no turn running) after which the session closes itself;
     # None: it waits for ever, holding no worker slot meanwhile.
     idle_timeout: float | None = Field(default=None, gt=0)
-    turns_per_run: int = Field(default=DEFAULT_TURNS_PER_RUN, ge=1)
+    # Turns per run before it continues as new (sooner when Temporal suggests it). Bounded:
+    # a client's huge number would let one run's history grow to the server's limits.
+    turns_per_run: int = Field(default=DEFAULT_TURNS_PER_RUN, ge=1, le=1_000)
     # The agent's `on_new_message`, passed in by whoever opens the session: the workflow
     # cannot read the worker's config. Either mode only affects this session's own turns.
     on_new_message: NewMessageMode = "queue"
