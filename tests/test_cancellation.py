@@ -460,11 +460,15 @@ TURNS = 12
 
 
 def random_script(rng: random.Random, turn: int) -> list[Any]:
-    """Three iterations of 1–3 parallel naps (0–300 ms), then a final answer."""
+    """Three iterations of 1–3 parallel naps (300–600 ms), then a final answer.
+
+    The naps make a turn last at least 0.9 s on any machine, so that most random moments
+    below fall inside its loop rather than after it ended.
+    """
     entries: list[Any] = []
     for iteration in range(3):
         specs = [
-            (f"t{turn}i{iteration}c{k}", "local__nap", {"name": f"n{k}", "ms": rng.randint(0, 300)})
+            (f"t{turn}i{iteration}c{k}", "local__nap", {"name": f"n{k}", "ms": rng.randint(300, 600)})
             for k in range(rng.randint(1, 3))
         ]
         entries.append(calls(*specs))
@@ -521,7 +525,7 @@ async def test_turns_cancelled_at_random_moments_always_leave_a_well_formed_hist
     agents = {
         f"p{n}": playback(tmp_path, *random_script(rng, n), agent=f"p{n}") for n in range(TURNS)
     }
-    delays = [rng.uniform(0.0, 5.0) for _ in range(TURNS)]
+    delays = [rng.uniform(0.0, 2.0) for _ in range(TURNS)]
 
     async def one(h: Any, n: int) -> tuple[str, TurnResult | None]:
         turn = await h.start("go", agent=f"p{n}")
