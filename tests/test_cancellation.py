@@ -468,7 +468,11 @@ def random_script(rng: random.Random, turn: int) -> list[Any]:
     entries: list[Any] = []
     for iteration in range(3):
         specs = [
-            (f"t{turn}i{iteration}c{k}", "local__nap", {"name": f"n{k}", "ms": rng.randint(300, 600)})
+            (
+                f"t{turn}i{iteration}c{k}",
+                "local__nap",
+                {"name": f"n{k}", "ms": rng.randint(300, 600)},
+            )
             for k in range(rng.randint(1, 3))
         ]
         entries.append(calls(*specs))
