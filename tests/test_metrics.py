@@ -1,0 +1,244 @@
+"""Prometheus metrics (issue 24): a worker on a Temporal runtime serving Prometheus on a free
+loopback port, real turns on the dev server through the real Anthropic SDK and the fake API
+(a tool call, a tool that fails, a model error that is retried, a call awaiting approval,
+a payload stored externally), then a scrape of the endpoint, checked value by value."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+
+from tests.conftest import eventually, make_settings
+from tests.fake_provider import FakeProvider, Reply, Tokens
+from turnkeep import TurnInput, build_worker, start_turn
+from turnkeep.observability.setup import metrics_runtime
+from turnkeep.worker.embedded import ServerInfo
+from turnkeep.worker.plugin import TurnkeepClientPlugin
+from turnkeep.workflows.metrics import CATALOGUE, MetricKind
+
+pytestmark = pytest.mark.asyncio
+
+Labels = dict[str, str]
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def explode(reason: str) -> str:
+    """Always fails."""
+    raise RuntimeError(f"boom: {reason}")
+
+
+def big(size: int, seed: str) -> str:
+    """A long text."""
+    return seed + "x" * size
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Scrape:
+    """One scrape of /metrics: samples by name, each with its labels."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.samples: list[tuple[str, Labels, float]] = []
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            head, _, value = line.rpartition(" ")
+            name, _, rest = head.partition("{")
+            pairs = (p.partition("=") for p in rest.rstrip("}").split('",') if p)
+            labels = {k: v.strip('"') for k, _, v in pairs}
+            self.samples.append((name, labels, float(value)))
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sum of the samples of ``name`` whose labels include ``labels``."""
+        return sum(
+            v
+            for n, have, v in self.samples
+            if n == name and all(have.get(k) == want for k, want in labels.items())
+        )
+
+    def names(self) -> set[str]:
+        return {n for n, _, _ in self.samples}
+
+
+@pytest.fixture(scope="module")
+async def metered(temporal: ServerInfo) -> AsyncIterator[tuple[Client, str]]:
+    """A client on a runtime serving Prometheus, and the endpoint's URL."""
+    address = f"127.0.0.1:{free_port()}"
+    runtime = metrics_runtime(address)
+    # As `turnkeep worker` connects: turnkeep's client plugin, on the runtime serving metrics.
+    client = await Client.connect(
+        temporal.address,
+        namespace=temporal.namespace,
+        runtime=runtime,
+        plugins=[TurnkeepClientPlugin()],
+    )
+    yield client, f"http://{address}/metrics"
+
+
+def scrape(url: str) -> Scrape:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return Scrape(response.read().decode())
+
+
+def settings_for(fake: FakeProvider) -> dict[str, Any]:
+    llm = {"start_to_close": 30, "heartbeat": 5, "max_attempts": 3}
+    agent = {
+        "model": "anthropic.test-model",
+        "servers": ["math"],
+        "llm_timeouts": llm,
+        "tool_timeouts": {"start_to_close": 30, "heartbeat": 5, "max_attempts": 1},
+    }
+    return {
+        "anthropic": {"api_key": "sk-test", "base_url": fake.base_url_anthropic},
+        "agents": {
+            "metered": agent,
+            "gated": {**agent, "approval": {"tools": ["math__add"], "timeout": "1h"}},
+        },
+    }
+
+
+async def test_turns_model_calls_tools_tokens_and_approvals_are_counted(
+    metered: tuple[Client, str], client: Client, fake: FakeProvider, tmp_path: Path
+) -> None:
+    worker_client, url = metered
+    settings = make_settings(tmp_path, **settings_for(fake))
+    queue = f"metrics-{uuid.uuid4().hex[:10]}"
+    tools: dict[str, list[Callable[..., Any]]] = {"math": [add, explode, big]}
+    worker = build_worker(worker_client, settings, function_tools=tools, task_queue=queue)
+
+    async def run(agent: str, prompt: str) -> Any:
+        turn = TurnInput(agent=agent, messages=[prompt])
+        return await start_turn(client, turn, task_queue=queue)
+
+    fake.script(
+        # Turn 1: a tool call, a failing tool and a large result (stored externally).
+        Reply.tool_calls(
+            ("c1", "math__add", {"a": 2, "b": 3}),
+            ("c2", "math__explode", {"reason": "test"}),
+            # New content each run: stored content is not written (or counted) again.
+            ("c3", "math__big", {"size": 300_000, "seed": uuid.uuid4().hex}),
+            usage=Tokens(input=100, output=10),
+        ),
+        Reply.text("5", usage=Tokens(input=120, output=8, cache_read=30, cache_write=7)),
+        # Turn 2: the model fails once (retryable), then answers.
+        Reply.error(529, "overloaded"),
+        Reply.text("fine", usage=Tokens(input=50, output=4)),
+        api="anthropic",
+    )
+    async with worker:
+        first = await (await run("metered", "add")).result()
+        second = await (await run("metered", "hello")).result()
+        assert first.final is not None and first.final.text == "5"
+        assert second.final is not None and second.final.text == "fine"
+
+        fake.script(
+            Reply.tool_calls(("g1", "math__add", {"a": 1, "b": 1}), usage=Tokens(20, 2)),
+            Reply.text("2", usage=Tokens(30, 3)),
+            api="anthropic",
+        )
+        gated = await run("gated", "add, carefully")
+        await eventually(gated.pending_approvals, "g1 awaits approval")
+        waiting = scrape(url)
+        await gated.decide("g1", True, by="alice")
+        await gated.result()
+        after = scrape(url)
+
+    # While g1 waited: one call awaiting approval (requested minus resolved).
+    assert waiting.value("turnkeep_approvals_requested", agent="gated") == 1
+    assert waiting.value("turnkeep_approvals_resolved", agent="gated") == 0
+    assert after.value("turnkeep_approvals_resolved", agent="gated", decision="approve") == 1
+
+    assert after.value("turnkeep_turns_started", agent="metered", task_queue=queue) == 2
+    assert after.value("turnkeep_turns_ended", agent="metered", stop_reason="endTurn") == 2
+    assert after.value("turnkeep_turns_ended", agent="gated", stop_reason="endTurn") == 1
+    # Iterations per turn: 1 and 0 for `metered`.
+    assert after.value("turnkeep_turn_iterations_count", agent="metered") == 2
+    assert after.value("turnkeep_turn_iterations_sum", agent="metered") == 1
+    assert after.value("turnkeep_turn_iterations_bucket", agent="metered", le="0") == 1
+
+    # Tokens: exactly what the fake API reported, by kind.
+    model = {"model": "anthropic.test-model"}
+    assert after.value("turnkeep_tokens", kind="input", **model) == 100 + 120 + 50 + 20 + 30
+    assert after.value("turnkeep_tokens", kind="output", **model) == 10 + 8 + 4 + 2 + 3
+    assert after.value("turnkeep_tokens", kind="cache_read", **model) == 30
+    assert after.value("turnkeep_tokens", kind="cache_write", **model) == 7
+
+    # Model calls: 6 attempts, one of which failed with the provider error's class.
+    assert after.value("turnkeep_model_call_latency_count", **model) == 6
+    assert after.value("turnkeep_model_call_errors", error="ProviderOverloaded", **model) == 1
+    assert after.value("turnkeep_model_call_errors", **model) == 1
+
+    # Tool calls by tool; only the failing one counted as an error.
+    assert after.value("turnkeep_tool_call_latency_count", tool="math__add") == 2
+    assert after.value("turnkeep_tool_call_latency_count", tool="math__explode") == 1
+    assert after.value("turnkeep_tool_call_errors", tool="math__explode") == 1
+    assert after.value("turnkeep_tool_call_errors", tool="math__add") == 0
+    # The 300 KB result went to payload storage, and at least that many bytes were written.
+    assert after.value("turnkeep_payload_bytes_stored", driver="local") >= 300_000
+
+    # The SDK's own metrics are served too, beside turnkeep's.
+    names = after.names()
+    assert "temporal_workflow_completed" in names
+    assert "temporal_activity_execution_latency_bucket" in names
+    # Every catalogue entry is exposed under its catalogued name.
+    for spec in CATALOGUE:
+        scraped = spec.name + ("_count" if spec.kind == MetricKind.HISTOGRAM else "")
+        assert scraped in names, spec.name
+
+
+async def test_turnkeep_worker_serves_metrics_from_its_config(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    """`turnkeep worker` with `observability.metrics`: the endpoint comes up with the SDK's
+    metrics of the polling worker."""
+    port = free_port()
+    (tmp_path / "turnkeep.yaml").write_text(
+        f'task_queue: metrics-cli\nobservability:\n  metrics: "127.0.0.1:{port}"\n',
+        encoding="utf-8",
+    )
+    env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "turnkeep.cli",
+        "worker",
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+    def polling() -> Scrape | None:
+        try:
+            found = scrape(f"http://127.0.0.1:{port}/metrics")
+        except OSError:
+            return None
+        return found if found.value("temporal_num_pollers", task_queue="metrics-cli") else None
+
+    try:
+        found = await eventually(polling, "the worker's metrics show it polling", within=90)
+        assert "temporal_worker_task_slots_available" in found.names()
+    finally:
+        process.terminate()
+        output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert f"metrics at http://127.0.0.1:{port}/metrics" in output.decode()
