@@ -1,0 +1,209 @@
+"""The health endpoint of ``turnkeep worker --health HOST:PORT``, for an orchestrator's probes.
+
+- ``GET /healthz``: 200 while the process lives and its event loop answers (the loop itself
+  serves the request, so a blocked loop is a probe that times out). For a liveness probe.
+- ``GET /readyz``: 200 only while the worker polls its task queue and Temporal answers;
+  otherwise 503 with a short JSON reason: starting, connecting, shutting down, or Temporal
+  unreachable. It turns 503 the moment SIGTERM arrives, before the worker has drained. For a
+  readiness probe.
+
+Served like the codec server (``turnkeep/worker/codec_server.py``): uvicorn on a socket bound
+here, in the worker's own event loop, leaving signals to the worker. The answers hold no
+configuration, only states and SDK error class names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections.abc import Generator
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from turnkeep.worker.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+# A readiness answer reuses the last check of the Temporal connection for this long, so probes
+# from several places (kubelet, a load balancer) cost the frontend one call a second at most.
+CHECK_REUSE_SECONDS = 1.0
+# A frontend that takes longer than this to answer counts as unreachable.
+CHECK_TIMEOUT = timedelta(seconds=3)
+
+
+class HealthError(ConfigError):
+    """The health endpoint cannot start: a bad address, or one that is taken."""
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6; an empty host is every IPv4 address)."""
+    host, sep, port = value.strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise HealthError(f"the health address must be HOST:PORT, e.g. 0.0.0.0:8080, not {value!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+class WorkerState:
+    """What the probes report: the worker's phase, set by ``turnkeep/worker/shutdown.py``."""
+
+    def __init__(self, *, reuse_check_for: float = CHECK_REUSE_SECONDS) -> None:
+        self.phase = "starting"
+        self._reuse_check_for = reuse_check_for
+        self._worker: Worker | None = None
+        self._client: Client | None = None
+        self._checked_at = float("-inf")
+        self._reachable: str | None = None  # None: reachable; else why not
+        self._check: asyncio.Task[str | None] | None = None
+
+    def connecting(self) -> None:
+        self.phase = "connecting to Temporal"
+
+    def polling(self, worker: Worker) -> None:
+        self._worker = worker
+        self._client = worker.client
+        self.phase = "polling"
+
+    def shutting_down(self) -> None:
+        self.phase = "shutting down"
+
+    async def readiness(self) -> str | None:
+        """None when ready, else the reason it is not."""
+        if self.phase != "polling":
+            return self.phase
+        if self._worker is None or not self._worker.is_running:
+            return "worker not running"
+        return await self._temporal_reachable()
+
+    async def _temporal_reachable(self) -> str | None:
+        if time.monotonic() - self._checked_at < self._reuse_check_for:
+            return self._reachable
+        if self._check is None:  # probes that arrive together share one call
+            self._check = asyncio.create_task(self._ask_temporal())
+            self._check.add_done_callback(self._checked)
+        # Shielded: a probe that hangs up must not cancel the call the others wait for.
+        return await asyncio.shield(self._check)
+
+    def _checked(self, check: asyncio.Task[str | None]) -> None:
+        self._check = None
+        if not check.cancelled():
+            self._reachable, self._checked_at = check.result(), time.monotonic()
+
+    async def _ask_temporal(self) -> str | None:
+        assert self._client is not None
+        try:
+            await self._client.workflow_service.get_system_info(
+                GetSystemInfoRequest(), timeout=CHECK_TIMEOUT
+            )
+        except Exception as err:
+            # The class only: an RPC error's text may name the server's address or namespace.
+            return f"Temporal unreachable ({type(err).__name__})"
+        return None
+
+
+class _App:
+    """The ASGI app: two GET routes, JSON answers, nothing cached by proxies."""
+
+    def __init__(self, state: WorkerState) -> None:
+        self.state = state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["method"] not in ("GET", "HEAD"):
+            await _answer(send, scope, 405, {"status": "method not allowed"})
+        elif scope["path"] == "/healthz":
+            await _answer(send, scope, 200, {"status": "ok"})
+        elif scope["path"] == "/readyz":
+            reason = await self.state.readiness()
+            if reason is None:
+                await _answer(send, scope, 200, {"status": "ready"})
+            else:
+                await _answer(send, scope, 503, {"status": "not ready", "reason": reason})
+        else:
+            await _answer(send, scope, 404, {"status": "not found"})
+
+
+async def _answer(send: Any, scope: Any, status: int, body: dict[str, str]) -> None:
+    data = (json.dumps(body) + "\n").encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(data)).encode()),
+        (b"cache-control", b"no-store"),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else data})
+
+
+class _Uvicorn(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # The worker owns SIGINT/SIGTERM: they start its graceful shutdown.
+        yield
+
+
+class HealthServer:
+    """The endpoint in the running event loop; ``async with`` serves it, port 0 picks a free
+    port (``url`` then says which)."""
+
+    def __init__(self, address: str, state: WorkerState) -> None:
+        self.host, self.port = parse_address(address)
+        self.state = state
+        self.url: str | None = None
+        self._server: _Uvicorn | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> HealthServer:
+        # Bound here rather than by uvicorn, whose bind failure exits the whole process.
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as err:
+            sock.close()
+            raise HealthError(
+                f"the health endpoint cannot listen on {self.host}:{self.port}: {err}"
+            ) from None
+        config = uvicorn.Config(
+            _App(self.state),
+            log_level="warning",
+            # No logging set-up of uvicorn's own: its lines go through the CLI's handler
+            # (text or JSON) like every other line.
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+        )
+        self._server = _Uvicorn(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+                raise HealthError("the health endpoint stopped while starting")
+            await asyncio.sleep(0.01)
+        port = sock.getsockname()[1]
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{host}:{port}"
+        log.info("health endpoint on %s (/healthz, /readyz)", self.url)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        server, task, self._server, self._task = self._server, self._task, None, None
+        if server is not None and task is not None:
+            server.should_exit = True
+            await task
