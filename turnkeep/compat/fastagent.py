@@ -1,0 +1,208 @@
+"""fast-agent's decorator form, as a thin collector of ``turnkeep.Agent``s: a fast-agent
+``agent.py`` keeps its ``fast = FastAgent(...)`` and ``@fast.agent(...)`` lines with one import
+changed, and a worker serves the agents it declares::
+
+    from turnkeep.compat.fastagent import FastAgent, RequestParams
+
+    fast = FastAgent("researcher")
+
+    @fast.agent(
+        name="researcher",
+        instruction="Answer from the web, citing sources.",
+        servers=["fetch"],
+        model="sonnet",
+        request_params=RequestParams(maxTokens=4096, max_iterations=20),
+    )
+    async def main() -> None: ...
+
+    worker = Worker(client, task_queue="turnkeep", plugins=[fast.plugin()])
+
+The decorated function is returned unchanged: turnkeep runs the agent's turns on a worker
+rather than in the function, so ``fast.run()`` and the interactive console have no
+counterpart; start turns with ``turnkeep.start_turn`` or ``turnkeep run``. Workflows
+(``chain``, ``router``, ``parallel``, ``orchestrator``, ``evaluator_optimizer``...) are
+refused with a message, not collected wrongly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+from turnkeep.agents import Agent, Tool
+from turnkeep.fastagent.request_params import RequestParams
+from turnkeep.settings import Settings
+
+__all__ = ["FastAgent", "RequestParams"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# fast-agent's default instruction, without its `{{serverInstructions}}`-style templates, which
+# turnkeep does not expand.
+DEFAULT_INSTRUCTION = "You are a helpful AI Agent."
+
+# `@fast.agent` arguments turnkeep has no counterpart for, with their "off" value: accepted at
+# it, refused otherwise.
+_UNSUPPORTED: dict[str, Any] = {
+    "agents": None,  # agents as tools: give the child agent's turn as a tool (run_turn)
+    "resources": None,
+    "prompts": None,
+    "skills": None,
+    "save_trajectory": False,
+    "human_input": False,
+    "shell": False,
+    "cwd": None,
+    "subagents": None,
+    "subagent_model": None,
+    "harness_tools": False,
+    "elicitation_handler": None,
+    "api_key": None,  # keys live in the worker's configuration only
+    "history_source": None,
+    "history_merge_target": None,
+    "max_parallel": None,
+    "child_timeout_sec": None,
+    "max_display_instances": None,
+}
+
+
+class FastAgent:
+    """fast-agent's application object, collecting the agents its decorators declare.
+    ``config_path`` is the configuration file, as ``turnkeep worker --config`` takes it
+    (default: ``./turnkeep.yaml``, else fast-agent's own files, found as fast-agent finds
+    them); fast-agent's other constructor arguments steer its command line and console and
+    are accepted and ignored."""
+
+    def __init__(self, name: str = "fast-agent", config_path: str | Path | None = None, **_: Any):
+        self.name = name
+        self.config_path = Path(config_path) if config_path is not None else None
+        # Agent arguments, built into Agents when asked for: `@fast.tool`s registered after
+        # an agent still reach it, as in fast-agent.
+        self._declared: dict[str, tuple[dict[str, Any], bool]] = {}
+        self._tools: list[Tool] = []
+
+    @property
+    def agents(self) -> list[Agent]:
+        """The agents declared so far; those without ``function_tools`` get the ``@fast.tool``
+        functions, as in fast-agent."""
+        return [
+            Agent(**arguments) if explicit else Agent(**{**arguments, "tools": self._tools})
+            for arguments, explicit in self._declared.values()
+        ]
+
+    def tool(
+        self, function: F | None = None, *, name: str | None = None, description: str | None = None
+    ) -> Any:
+        """``@fast.tool``: a Python function every agent without ``function_tools`` gets. The
+        model sees it by its ``__name__`` and docstring (``name``/``description`` overrides are
+        not supported)."""
+        if name is not None or description is not None:
+            raise ValueError("@fast.tool(name=..., description=...) is not supported by turnkeep")
+
+        def register(fn: F) -> F:
+            self._tools.append(fn)
+            return fn
+
+        return register(function) if function is not None else register
+
+    def agent(
+        self,
+        name: str = "default",
+        instruction_or_kwarg: str | Path | None = None,
+        *,
+        instruction: str | Path = DEFAULT_INSTRUCTION,
+        servers: Sequence[str] | None = None,
+        tools: dict[str, list[str]] | None = None,
+        function_tools: Sequence[Tool] | None = None,
+        model: str | None = None,
+        use_history: bool = True,
+        request_params: RequestParams | None = None,
+        default: bool = False,
+        **unsupported: Any,
+    ) -> Callable[[F], F]:
+        """``@fast.agent(...)``: an agent with fast-agent's arguments and meanings. ``tools``
+        is fast-agent's filter (server -> tool names); ``function_tools`` are Python
+        functions; an ``instruction`` given as a ``Path`` is read from that file. ``default``
+        has no meaning here (a turn names its agent)."""
+        for key, value in unsupported.items():
+            if key not in _UNSUPPORTED:
+                raise TypeError(f"@fast.agent() got an unexpected argument {key!r}")
+            if value != _UNSUPPORTED[key]:
+                raise ValueError(f"@fast.agent({key}=...) is not supported by turnkeep")
+        text = instruction_or_kwarg if instruction_or_kwarg is not None else instruction
+        if isinstance(text, Path):
+            text = text.read_text(encoding="utf-8")
+        options: dict[str, Any] = {}
+        if not use_history:  # the default, True, leaves request_params' say
+            options["use_history"] = False
+        if model is not None:
+            options["model"] = model
+        arguments: dict[str, Any] = dict(
+            name=name,
+            instruction=text,
+            servers=list(servers or []),
+            tools=list(function_tools or []),
+            tool_filter=tools,
+            request_params=request_params,
+            **options,
+        )
+        Agent(**arguments)  # its errors now, at the decorator
+        if name in self._declared:
+            raise ValueError(f"agent {name!r} is declared twice")
+        self._declared[name] = (arguments, function_tools is not None)
+
+        def register(function: F) -> F:
+            return function
+
+        return register
+
+    def settings(self) -> Settings:
+        """The worker's configuration, loaded as ``turnkeep worker`` loads it."""
+        from turnkeep.worker.config import load_settings
+
+        return load_settings(self.config_path)
+
+    def plugin(self, settings: Settings | None = None, **options: Any) -> Any:
+        """A ``TurnkeepPlugin`` serving these agents, from ``settings`` (default:
+        ``self.settings()``); ``options`` go to ``TurnkeepPlugin``."""
+        from turnkeep.worker.plugin import TurnkeepPlugin
+
+        return TurnkeepPlugin(settings or self.settings(), agents=self.agents, **options)
+
+    # fast-agent's workflows and runtime, which turnkeep does not have.
+
+    def _refuse(self, what: str) -> NoReturn:
+        raise NotImplementedError(
+            f"turnkeep does not implement fast-agent's {what}; see docs/fast-agent.md"
+        )
+
+    def chain(self, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse("chain workflow")
+
+    def router(self, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse("router workflow")
+
+    def parallel(self, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse("parallel workflow")
+
+    def orchestrator(self, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse("orchestrator workflow")
+
+    def iterative_planner(self, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse("iterative planner workflow")
+
+    def evaluator_optimizer(self, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse("evaluator-optimizer workflow")
+
+    def maker(self, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse("MAKER workflow")
+
+    def custom(self, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse("custom agent classes")
+
+    def run(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(
+            "turnkeep runs agents on a worker, not in fast.run(): serve them with "
+            "`Worker(client, task_queue=..., plugins=[fast.plugin()])` and start turns with "
+            "turnkeep.start_turn or `turnkeep run`"
+        )
