@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import ClassVar
 
+from turnkeep.activities.model_strings import ModelRef
 from turnkeep.settings import Settings
 from turnkeep.workflows.activity_io import LlmRequest
 from turnkeep.workflows.messages import Message, json_channel
@@ -29,12 +30,19 @@ class ModelProvider(ABC):
     bare: ClassVar[bool] = False
     # Short model strings (`sonnet`) -> this provider's own model id.
     aliases: ClassVar[Mapping[str, str]] = {}
-    # Tokens, for deciding when to compact (a config value wins): per model id, else the default.
-    context_window: ClassVar[int] = 128_000
+    # Tokens, for deciding when to compact (a config value wins): per model id, else the
+    # default. None: unknown, and turns are not compacted until the config gives a window.
+    context_window: ClassVar[int | None] = 128_000
     context_windows: ClassVar[Mapping[str, int]] = {}
+    # The kinds of reasoning setting (`?reasoning=high`: "effort", on/off: "toggle", tokens:
+    # "budget") `complete_model` takes; a model string with another is refused before any call.
+    reasoning: ClassVar[frozenset[str]] = frozenset()
     # What a call asks for when neither the turn nor its agent sets max_tokens; None: nothing
     # is sent and the model's own limit applies.
     max_tokens: ClassVar[int | None] = None
+    # ``complete_model`` streams to ``delta_sink()`` when there is one
+    # (turnkeep/activities/streaming.py); a provider that doesn't gets no live stream opened.
+    streams: ClassVar[bool] = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ModelProvider:
@@ -58,6 +66,11 @@ class ModelProvider(ABC):
 
     @abstractmethod
     async def complete(self, request: LlmRequest, model_name: str) -> Message: ...
+
+    async def complete_model(self, request: LlmRequest, model: ModelRef) -> Message:
+        """The call the model activities make: ``complete`` with the model's own id, plus its
+        reasoning setting for a provider that takes one (it overrides this)."""
+        return await self.complete(request, model.name)
 
     async def aclose(self) -> None:
         """Release connections (at worker shutdown); the default holds none."""

@@ -1,4 +1,5 @@
-"""Anthropic's Messages API through the official ``anthropic`` SDK (one non-streaming call)."""
+"""Anthropic's Messages API through the official ``anthropic`` SDK (one call; streamed when the
+worker serves live text, ``turnkeep/activities/streaming.py``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,15 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from turnkeep.activities.model_strings import (
+    ANTHROPIC_ADAPTIVE_THINKING,
+    ANTHROPIC_NO_THINKING,
+    KNOWN_MODELS,
+    ModelRef,
+    Reasoning,
+    anthropic_thinking_budget,
+)
+from turnkeep.activities.model_strings import aliases as model_aliases
 from turnkeep.activities.providers import ModelProvider, with_usage
 from turnkeep.activities.providers.convert import (
     bounded_call_id,
@@ -20,6 +30,7 @@ from turnkeep.activities.providers.errors import (
     request_timeout,
     response_invalid,
 )
+from turnkeep.activities.streaming import DeltaSink, delta_sink
 from turnkeep.settings import ProviderSettings, Settings
 from turnkeep.workflows.activity_io import LlmRequest, ToolSpec
 from turnkeep.workflows.messages import (
@@ -35,6 +46,13 @@ from turnkeep.workflows.turn_io import Usage
 PROVIDER = "anthropic"
 # The Messages API requires max_tokens: fast-agent's default.
 DEFAULT_MAX_TOKENS = 4096
+# fast-agent's: room for the answer beyond a thinking budget max_tokens does not exceed.
+THINKING_ANSWER_TOKENS = 8192
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+# The thinking blocks of an answer as the API sent them (signature included), one JSON text
+# each: the API wants them back, unchanged, ahead of the tool calls they led to. fast-agent's
+# channel name.
+THINKING_BLOCKS = "anthropic-thinking-raw"
 
 STOP_REASONS = {
     "end_turn": StopReason.END_TURN,
@@ -54,13 +72,13 @@ STRUCTURED_OUTPUT_INSTRUCTION = (
 
 class AnthropicProvider(ModelProvider):
     name = PROVIDER
-    aliases: ClassVar[Mapping[str, str]] = {
-        "sonnet": "claude-sonnet-4-5",
-        "haiku": "claude-haiku-4-5",
-        "opus": "claude-opus-4-1",
-    }
-    context_window = 200_000
+    aliases: ClassVar[Mapping[str, str]] = model_aliases("anthropic")
+    context_window: ClassVar[int | None] = 200_000
+    context_windows: ClassVar[Mapping[str, int]] = KNOWN_MODELS["anthropic"]
     max_tokens = DEFAULT_MAX_TOKENS
+    streams = True
+    # Extended thinking: an effort level, on/off, or a budget in tokens.
+    reasoning: ClassVar[frozenset[str]] = frozenset({"effort", "toggle", "budget"})
 
     def __init__(self, settings: ProviderSettings | None, *, timeout: float | None = None) -> None:
         """``timeout`` fixes the per-request timeout (tests); by default it follows the
@@ -78,6 +96,10 @@ class AnthropicProvider(ModelProvider):
             raise missing_api_key("Anthropic", "anthropic.api_key", "ANTHROPIC_API_KEY")
         self._key = key
         self._timeout = timeout
+        # fast-agent's anthropic.thinking_enabled / thinking_budget_tokens (a plain
+        # ProviderSettings has neither: thinking off).
+        self._thinking = bool(getattr(settings, "thinking_enabled", False))
+        self._thinking_budget = int(getattr(settings, "thinking_budget_tokens", 10_000))
         self._client = AsyncAnthropic(
             api_key=key,
             base_url=settings.base_url or os.environ.get("ANTHROPIC_BASE_URL") or None,
@@ -97,14 +119,39 @@ class AnthropicProvider(ModelProvider):
         return "sonnet" if has_key else None
 
     async def complete(self, request: LlmRequest, model_name: str) -> Message:
+        return await self.complete_model(request, ModelRef(PROVIDER, model_name))
+
+    async def complete_model(self, request: LlmRequest, model: ModelRef) -> Message:
         timeout = self._timeout or request_timeout()
-        response = await guarded(
-            self._client.messages.create(**request_params(request, model_name), timeout=timeout),
-            provider=PROVIDER,
-            secret=self._key,
-            timeout_s=timeout,
+        params = request_params(request, model.name)
+        params.update(
+            thinking_params(
+                model,
+                params["max_tokens"],
+                enabled=self._thinking,
+                budget=self._thinking_budget,
+                tools=bool(request.tools),
+            )
         )
+        sink = delta_sink()
+        call = (
+            self._client.messages.create(**params, timeout=timeout)
+            if sink is None
+            else self._streamed(params, timeout, sink)
+        )
+        response = await guarded(call, provider=PROVIDER, secret=self._key, timeout_s=timeout)
         return from_response(response)
+
+    async def _streamed(self, params: dict[str, Any], limit_s: float, sink: DeltaSink) -> object:
+        """The same call, streamed: each text delta and tool call goes to ``sink`` as it comes;
+        the answer is the SDK's assembled message, the one ``create`` would have returned."""
+        async with self._client.messages.stream(**params, timeout=limit_s) as stream:
+            async for event in stream:
+                if event.type == "text":
+                    sink.text(event.text)
+                elif event.type == "content_block_start" and event.content_block.type == "tool_use":
+                    sink.tool_call(event.content_block.name, event.content_block.id)
+            return await stream.get_final_message()
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -131,6 +178,40 @@ def request_params(request: LlmRequest, model_name: str) -> dict[str, Any]:
     return params
 
 
+def thinking_params(
+    model: ModelRef, max_tokens: int, *, enabled: bool, budget: int, tools: bool
+) -> dict[str, Any]:
+    """The call's extended thinking, as fast-agent asks for it: the model string's reasoning
+    setting, else the config's ``thinking_enabled`` with ``thinking_budget_tokens``. Adaptive
+    models (Claude 4.6 and later) take an effort level; the others a budget (an effort level
+    maps to fast-agent's budget presets), with max_tokens raised past it when it is not
+    larger already. Claude models without thinking get none."""
+    reasoning = model.reasoning
+    if model.name in ANTHROPIC_NO_THINKING or (reasoning is None and not enabled):
+        return {}
+    reasoning = reasoning or Reasoning(kind="toggle", value=True)
+    off = reasoning.value is False or reasoning.value == "none"
+    if model.name in ANTHROPIC_ADAPTIVE_THINKING and reasoning.kind != "budget":
+        if off:
+            return {"thinking": {"type": "disabled"}}
+        params: dict[str, Any] = {"thinking": {"type": "adaptive"}}
+        if reasoning.kind == "effort" and reasoning.value != "auto":
+            effort = "low" if reasoning.value == "minimal" else reasoning.value
+            params["output_config"] = {"effort": effort}
+        return params
+    tokens = anthropic_thinking_budget(reasoning, budget)
+    if tokens is None:
+        return {}
+    params = {
+        "thinking": {"type": "enabled", "budget_tokens": tokens},
+        "max_tokens": max_tokens if max_tokens > tokens else tokens + THINKING_ANSWER_TOKENS,
+    }
+    if tools:
+        # Thinking between tool calls, not only before the first.
+        params["extra_headers"] = {"anthropic-beta": INTERLEAVED_THINKING_BETA}
+    return params
+
+
 def tool_param(tool: ToolSpec) -> dict[str, Any]:
     param: dict[str, Any] = {"name": tool.name, "input_schema": tool.input_schema}
     if tool.description:
@@ -150,12 +231,28 @@ def to_anthropic(message: Message) -> dict[str, Any]:
         if result.is_error:
             block["is_error"] = True
         blocks.append(block)
+    if message.role == "assistant":
+        blocks += thinking_blocks(message)
     blocks += content_blocks(message.content)
     for call_id, call in (message.tool_calls or {}).items():
         # The API only takes an object; arguments the model garbled are sent as none at all.
         arguments = call.arguments if call.invalid_arguments is None else {}
         blocks.append({"type": "tool_use", "id": call_id, "name": call.name, "input": arguments})
     return {"role": message.role, "content": blocks}
+
+
+def thinking_blocks(message: Message) -> list[dict[str, Any]]:
+    """An assistant message's thinking blocks as the API sent them, to send back."""
+    out: list[dict[str, Any]] = []
+    for block in (message.channels or {}).get(THINKING_BLOCKS, []):
+        if isinstance(block, TextContent):
+            try:
+                raw = json.loads(block.text)
+            except ValueError:
+                continue
+            if isinstance(raw, dict) and raw.get("type") in ("thinking", "redacted_thinking"):
+                out.append(raw)
+    return out
 
 
 def content_blocks(blocks: Sequence[ContentBlock]) -> list[dict[str, Any]]:
@@ -173,27 +270,36 @@ def from_response(response: object) -> Message:
     """The assistant message for an API response; anything unexpected in its shape is a
     non-retryable ``ProviderResponseInvalid`` (asking again would get the same answer)."""
     from anthropic.types import Message as AnthropicMessage
-    from anthropic.types import TextBlock, ThinkingBlock, ToolUseBlock
+    from anthropic.types import RedactedThinkingBlock, TextBlock, ThinkingBlock, ToolUseBlock
 
     if not isinstance(response, AnthropicMessage):
         raise response_invalid(PROVIDER, f"expected a message, got {str(response)[:200]!r}")
     try:
         content: list[ContentBlock] = []
         reasoning: list[ContentBlock] = []
+        raw_thinking: list[ContentBlock] = []
         calls: dict[str, ToolCall] = {}
         for block in response.content:  # block kinds not handled here (server tools) are skipped
             if isinstance(block, TextBlock):
                 content.append(TextContent(text=block.text))
             elif isinstance(block, ThinkingBlock):
                 reasoning.append(TextContent(text=block.thinking))
+                raw = {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+                raw_thinking.append(TextContent(text=json.dumps(raw)))
+            elif isinstance(block, RedactedThinkingBlock):
+                raw = {"type": "redacted_thinking", "data": block.data}
+                raw_thinking.append(TextContent(text=json.dumps(raw)))
             elif isinstance(block, ToolUseBlock):
                 calls[bounded_call_id(block.id)] = tool_call(block.name, block.input)
         usage = response.usage
+        channels = {"reasoning": reasoning} if reasoning else {}
+        if raw_thinking:
+            channels[THINKING_BLOCKS] = raw_thinking
         message = Message(
             role="assistant",
             content=content,
             tool_calls=calls or None,
-            channels={"reasoning": reasoning} if reasoning else None,
+            channels=channels or None,
             stop_reason=STOP_REASONS.get(response.stop_reason or "", StopReason.END_TURN),
         )
         return with_usage(

@@ -1,4 +1,5 @@
-"""OpenAI's Chat Completions API through the official ``openai`` SDK (one non-streaming call).
+"""OpenAI's Chat Completions API through the official ``openai`` SDK (one call; streamed when the
+worker serves live text, ``turnkeep/activities/streaming.py``).
 
 ``generic`` is the same API on any OpenAI-compatible server (Ollama, vLLM, llama.cpp, LM Studio),
 as fast-agent's ``generic.<model>``.
@@ -11,6 +12,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from turnkeep.activities.model_strings import KNOWN_MODELS, ModelRef, Reasoning
+from turnkeep.activities.model_strings import aliases as model_aliases
 from turnkeep.activities.providers import ModelProvider, with_usage
 from turnkeep.activities.providers.convert import (
     bounded_call_id,
@@ -24,6 +27,7 @@ from turnkeep.activities.providers.errors import (
     request_timeout,
     response_invalid,
 )
+from turnkeep.activities.streaming import DeltaSink, delta_sink
 from turnkeep.errors import config_error
 from turnkeep.settings import ProviderSettings, Settings
 from turnkeep.workflows.activity_io import LlmRequest
@@ -56,17 +60,14 @@ REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 class OpenAIProvider(ModelProvider):
     name = "openai"
-    aliases: ClassVar[Mapping[str, str]] = {
-        m: m for m in ("gpt-4.1", "gpt-4.1-mini", "gpt-4o", "gpt-5", "gpt-5-mini", "o3")
-    }
-    context_window = 128_000
-    context_windows: ClassVar[Mapping[str, int]] = {
-        "gpt-4.1": 1_047_576,
-        "gpt-4.1-mini": 1_047_576,
-        "gpt-5": 400_000,
-        "gpt-5-mini": 400_000,
-        "o3": 200_000,
-    }
+    # fast-agent's aliases and model names (its `responses.` ones included: same key, same
+    # models, here through Chat Completions).
+    aliases: ClassVar[Mapping[str, str]] = model_aliases("openai")
+    context_window: ClassVar[int | None] = 128_000
+    context_windows: ClassVar[Mapping[str, int]] = KNOWN_MODELS["openai"]
+    # `?reasoning=<effort>` and on/off, sent as `reasoning_effort`.
+    reasoning: ClassVar[frozenset[str]] = frozenset({"effort", "toggle"})
+    streams = True
 
     def __init__(
         self, settings: ProviderSettings | None, *, generic: bool, timeout: float | None = None
@@ -108,16 +109,52 @@ class OpenAIProvider(ModelProvider):
         return "openai.gpt-4.1-mini" if has_key else None
 
     async def complete(self, request: LlmRequest, model_name: str) -> Message:
+        return await self.complete_model(request, ModelRef(self._name, model_name))
+
+    async def complete_model(self, request: LlmRequest, model: ModelRef) -> Message:
         timeout = self._timeout or request_timeout()
-        completion = await guarded(
-            self._client.chat.completions.create(
-                **request_params(request, model_name, generic=self._generic), timeout=timeout
-            ),
-            provider=self._name,
-            secret=self._key,
-            timeout_s=timeout,
+        params = request_params(request, model.name, generic=self._generic)
+        if model.reasoning is not None and (effort := self.effort(model.reasoning)):
+            params["reasoning_effort"] = effort
+        sink = delta_sink()
+        call = (
+            self._client.chat.completions.create(**params, timeout=timeout)
+            if sink is None
+            else self._streamed(params, timeout, sink)
         )
+        completion = await guarded(call, provider=self._name, secret=self._key, timeout_s=timeout)
         return from_completion(completion, self._name)
+
+    async def _streamed(self, params: dict[str, Any], limit_s: float, sink: DeltaSink) -> object:
+        """The same call, streamed: each text delta and tool call goes to ``sink`` as it comes;
+        the answer is the chunks assembled by the SDK's own accumulator into the completion
+        ``create`` would have returned (usage included: ``include_usage``)."""
+        from openai.lib.streaming.chat import ChatCompletionStreamState
+
+        stream = await self._client.chat.completions.create(
+            **params, stream=True, stream_options={"include_usage": True}, timeout=limit_s
+        )
+        state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
+        async with stream:
+            async for chunk in stream:
+                state.handle_chunk(chunk)
+                for choice in chunk.choices:
+                    if choice.index != 0:
+                        continue
+                    if choice.delta.content:
+                        sink.text(choice.delta.content)
+                    for call in choice.delta.tool_calls or []:
+                        if call.id and call.function and call.function.name:
+                            sink.tool_call(call.function.name, call.id)
+        return state.get_final_completion()
+
+    @staticmethod
+    def effort(reasoning: Reasoning) -> str | None:
+        """``reasoning_effort`` for a model string's setting (None: send none, the model's
+        default): the effort level as given, ``none`` for off."""
+        if reasoning.kind == "toggle":
+            return None if reasoning.value else "none"
+        return None if reasoning.value == "auto" else str(reasoning.value)
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -128,7 +165,8 @@ class GenericProvider(OpenAIProvider):
 
     name = "generic"
     aliases: ClassVar[Mapping[str, str]] = {}
-    context_window = 32_768
+    # Whatever the server runs: unknown until the config's `generic.context_window` says.
+    context_window: ClassVar[int | None] = None
     context_windows: ClassVar[Mapping[str, int]] = {}
 
     @classmethod
