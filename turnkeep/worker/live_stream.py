@@ -1,0 +1,527 @@
+"""Live text of in-flight model calls: the worker's server, and the client that follows it.
+
+Nothing of this goes through the workflow: a token in history would bring back the quadratic
+history turnkeep got rid of. Instead:
+
+- The worker (config ``streaming:``, ``turnkeep worker --stream``) serves its in-flight model
+  calls over HTTP as server-sent events: ``GET /v1/calls/<call key>`` with
+  ``Authorization: Bearer <token>``. Each attempt of ``llm_step`` opens a stream with a random
+  key and a random token, and heartbeats its ``LiveAddress`` (url, key, token, call index,
+  attempt) as its details, which only a client allowed to describe the turn's workflow reads
+  (through the data converter: with encryption on, encrypted at rest and in transit).
+- Each SSE ``delta`` event holds a ``temporal.api.common.v1.Payload`` (protobuf, base64) of a
+  ``LiveBatch``, encoded by the worker's payload converter and codec, so with encryption on
+  the text travels encrypted with the turn's key and the client decodes it with its own.
+  ``end`` closes a call's stream. A wrong or missing token, or an unknown key, gets 403.
+- A stream keeps every delta of its attempt, so a watcher that connects late gets the text
+  from the start; it is dropped ``LINGER_SECONDS`` after its call ends.
+- ``follow_live`` (behind ``TurnHandle.stream()``) finds the address by describing the
+  workflow (the running ``llm_step``'s heartbeat details), connects, and gives up silently
+  (debug log) on anything that goes wrong: the turn's messages still arrive, message by
+  message, as without streaming.
+
+Served like the health endpoint (``turnkeep/worker/health.py``): uvicorn on a socket bound
+here, in the worker's event loop; started by the first streamed model call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import json
+import logging
+import secrets
+import socket
+from collections.abc import AsyncIterator, Callable, Generator
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import uvicorn
+from pydantic import BaseModel
+from temporalio.api.common.v1 import Payload
+from temporalio.client import Client, WorkflowHandle
+from temporalio.converter import DataConverter
+
+from turnkeep.activities.streaming import LiveAddress, LiveBatch, LiveCallSink, LiveDelta
+from turnkeep.settings import StreamingSettings
+from turnkeep.worker.health import parse_address
+from turnkeep.workflows.activity_io import LLM_STEP
+from turnkeep.workflows.messages import Message
+
+log = logging.getLogger(__name__)
+
+PATH_PREFIX = "/v1/calls/"
+# A finished call's stream stays readable this long, for a watcher that connects late.
+LINGER_SECONDS = 30.0
+# How often a follower asks the server for a running model call's address while it has none:
+# at first, and at most this seldom (it backs off while no call streams, and starts again
+# quickly at each new message, after which a model call usually starts).
+POLL_SECONDS = 0.1
+MAX_POLL_SECONDS = 0.5
+# A live server that does not answer this fast is given up on (the messages still come).
+CONNECT_SECONDS = 3.0
+
+
+# --- the worker's side -------------------------------------------------------------------------
+
+
+class LiveCall:
+    """One attempt of a model call: the ``DeltaSink`` its provider streams into."""
+
+    def __init__(self, address: LiveAddress, converter: DataConverter) -> None:
+        self.address = address
+        self.converter = converter
+        self.deltas: list[LiveDelta] = []
+        self.done = False
+        self._changed = asyncio.get_running_loop().create_future()
+
+    def text(self, text: str) -> None:
+        self._add(LiveDelta(kind="text", text=text))
+
+    def tool_call(self, name: str, call_id: str) -> None:
+        self._add(LiveDelta(kind="tool_call", name=name, call_id=call_id))
+
+    def finish(self) -> None:
+        self.done = True
+        self._wake()
+
+    def changed(self) -> asyncio.Future[None]:
+        """Done at the next delta or at the end (await it shielded: it is shared)."""
+        return self._changed
+
+    def _add(self, delta: LiveDelta) -> None:
+        self.deltas.append(delta)
+        self._wake()
+
+    def _wake(self) -> None:
+        # One future per wait generation: every watcher of the call wakes, none polls.
+        if not self._changed.done():
+            self._changed.set_result(None)
+            self._changed = asyncio.get_running_loop().create_future()
+
+    async def encode(self, deltas: list[LiveDelta]) -> str:
+        """A batch as the SSE data line: the Payload the worker's converter (and codec) makes."""
+        payloads = self.converter.payload_converter.to_payloads([LiveBatch(deltas=deltas)])
+        if self.converter.payload_codec is not None:
+            payloads = await self.converter.payload_codec.encode(payloads)
+        return base64.b64encode(payloads[0].SerializeToString()).decode("ascii")
+
+
+class LiveStreams:
+    """The worker's in-flight model calls, and the server that serves their text (started by
+    the first call, in the running event loop)."""
+
+    def __init__(self, settings: StreamingSettings, *, linger: float = LINGER_SECONDS) -> None:
+        self.settings = settings
+        self.linger = linger
+        self.url: str | None = None
+        self._calls: dict[str, LiveCall] = {}
+        self._server: _Uvicorn | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._starting = asyncio.Lock()
+        self._failure: RuntimeError | None = None
+        # Compared against when the key is unknown, so a refusal takes the same time.
+        self._decoy = secrets.token_urlsafe(24)
+
+    async def open(self, converter: DataConverter, call_index: int, attempt: int) -> LiveCall:
+        url = await self._serving()
+        address = LiveAddress(
+            url=url,
+            call_key=secrets.token_urlsafe(16),
+            token=secrets.token_urlsafe(24),
+            call_index=call_index,
+            attempt=attempt,
+        )
+        call = LiveCall(address, converter)
+        self._calls[address.call_key] = call
+        return call
+
+    def close(self, call: LiveCallSink) -> None:
+        if isinstance(call, LiveCall):
+            call.finish()
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.linger, self._calls.pop, call.address.call_key, None)
+
+    def authorised(self, key: str, header: str | None) -> LiveCall | None:
+        call = self._calls.get(key)
+        scheme, _, token = (header or "").partition(" ")
+        expected = call.address.token if call is not None else self._decoy
+        good = hmac.compare_digest(token.encode(), expected.encode())
+        return call if call is not None and good and scheme.lower() == "bearer" else None
+
+    async def aclose(self) -> None:
+        for call in self._calls.values():
+            call.finish()
+        server, task, self._server, self._task = self._server, self._task, None, None
+        if server is not None and task is not None:
+            server.should_exit = True
+            await task
+
+    async def _serving(self) -> str:
+        async with self._starting:
+            if self._failure is not None:
+                raise self._failure
+            if self.url is None:
+                try:
+                    self.url = await self._start()
+                except OSError as err:  # once: every model call would fail the same way
+                    self._failure = RuntimeError(
+                        f"the live-stream server cannot listen on {self.settings.listen}: {err}"
+                    )
+                    raise self._failure from None
+            return self.url
+
+    async def _start(self) -> str:
+        host, port = parse_address(self.settings.listen)
+        # Bound here rather than by uvicorn, whose bind failure exits the whole process.
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        config = uvicorn.Config(
+            _App(self),
+            log_level="warning",
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+        )
+        self._server = _Uvicorn(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("the live-stream server stopped while starting")
+            await asyncio.sleep(0.01)
+        port = sock.getsockname()[1]
+        if self.settings.advertise:
+            url = self.settings.advertise.rstrip("/")
+        else:
+            shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+            url = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+        log.info("live-stream server on %s", url)
+        return url
+
+
+class _App:
+    """The ASGI app: one GET route, an SSE stream per authorised call."""
+
+    def __init__(self, streams: LiveStreams) -> None:
+        self.streams = streams
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        if scope["method"] != "GET" or not path.startswith(PATH_PREFIX):
+            await _plain(send, 404, "not found")
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        call = self.streams.authorised(path[len(PATH_PREFIX) :], headers.get("authorization"))
+        if call is None:
+            await _plain(send, 403, "forbidden")
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream"),
+                    (b"cache-control", b"no-store"),
+                    (b"x-accel-buffering", b"no"),  # proxies: pass each event on at once
+                ],
+            }
+        )
+        sent = 0
+        while True:
+            waiting = call.changed()  # before reading the state, so no wake-up is missed
+            if sent < len(call.deltas):
+                batch = call.deltas[sent:]
+                sent += len(batch)
+                data = await call.encode(batch)
+                event = f"event: delta\ndata: {data}\n\n"
+            elif call.done:
+                await send({"type": "http.response.body", "body": b"event: end\ndata:\n\n"})
+                return
+            else:
+                await asyncio.shield(waiting)
+                continue
+            await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
+
+
+async def _plain(send: Any, status: int, text: str) -> None:
+    data = json.dumps({"status": text}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"cache-control", b"no-store")],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
+class _Uvicorn(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield  # the worker owns SIGINT/SIGTERM
+
+
+# --- the client's side -------------------------------------------------------------------------
+
+
+class TextDelta(BaseModel):
+    """A piece of a model call's text, as the provider streamed it."""
+
+    kind: Literal["text"] = "text"
+    text: str
+    call_index: int
+    attempt: int
+
+
+class ToolCallStart(BaseModel):
+    """The model has started a tool call (its arguments come with the completed message)."""
+
+    kind: Literal["tool_call"] = "tool_call"
+    name: str
+    call_id: str
+    call_index: int
+
+
+class Restarted(BaseModel):
+    """A model call is being retried (its worker died, say): its live text starts over."""
+
+    kind: Literal["restarted"] = "restarted"
+    call_index: int
+    attempt: int
+
+
+class MessageEvent(BaseModel):
+    """A completed message, as the turn's history holds it."""
+
+    kind: Literal["message"] = "message"
+    message: Message
+
+
+StreamEvent = TextDelta | ToolCallStart | Restarted | MessageEvent
+
+
+async def live_address(client: Client, handle: WorkflowHandle[Any, Any]) -> LiveAddress | None:
+    """The address of the turn's running model call, from its heartbeat details; None when no
+    call is streaming (or the details are not a ``LiveAddress``)."""
+    description = await handle.describe()
+    for pending in description.raw_description.pending_activities:
+        if pending.activity_type.name != LLM_STEP or not pending.heartbeat_details.payloads:
+            continue
+        payloads = list(pending.heartbeat_details.payloads)
+        try:
+            address = (await client.data_converter.decode(payloads[:1], [LiveAddress]))[0]
+        except Exception as err:  # older worker's text details, a key we lack: no live text
+            log.debug("llm_step heartbeat details are not a live address: %s", type(err).__name__)
+            continue
+        if isinstance(address, LiveAddress):
+            return address
+    return None
+
+
+class LiveStreamRefused(ConnectionError):
+    """The live server answered something else than a stream (403: not authorised)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the live-stream server answered {status}")
+        self.status = status
+
+
+async def read_live(
+    client: Client, address: LiveAddress, *, connect_timeout: float = CONNECT_SECONDS
+) -> AsyncIterator[LiveDelta]:
+    """The deltas of one attempt, from its start, until its stream ends. Raises on a refused
+    or broken connection (the caller falls back)."""
+    event = ""
+    async for line in sse_lines(
+        f"{address.url}{PATH_PREFIX}{address.call_key}",
+        {"authorization": f"Bearer {address.token}"},
+        connect_timeout=connect_timeout,
+    ):
+        if line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:") and event == "delta":
+            for delta in await _decode(client, line[5:].strip()):
+                yield delta
+        elif line.startswith("data:") and event == "end":
+            return
+    raise ConnectionError("the live stream ended before its call did")
+
+
+async def sse_lines(
+    url: str, headers: dict[str, str], *, connect_timeout: float = CONNECT_SECONDS
+) -> AsyncIterator[str]:
+    """The lines of an event stream: a plain HTTP/1.1 GET on asyncio streams (http, or https
+    for an ``advertise`` URL behind a TLS proxy), so following a turn needs no HTTP library."""
+    parsed = urlsplit(url)
+    tls = parsed.scheme == "https"
+    host = parsed.hostname or "127.0.0.1"
+    port = parsed.port or (443 if tls else 80)
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(host, port, ssl=tls or None), connect_timeout
+    )
+    try:
+        lines = [
+            f"GET {parsed.path or '/'} HTTP/1.1",
+            f"host: {parsed.netloc}",
+            "accept: text/event-stream",
+            "connection: close",
+            *(f"{name}: {value}" for name, value in headers.items()),
+        ]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), connect_timeout)
+        parts = status_line.split()
+        status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+        chunked = False
+        while (header := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = header.decode("latin-1").partition(":")
+            if name.strip().lower() == "transfer-encoding" and "chunked" in value.lower():
+                chunked = True
+        if status != 200:
+            raise LiveStreamRefused(status)
+        pending = b""
+        while True:
+            if chunked:
+                size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    return
+                data = await reader.readexactly(size + 2)
+                data = data[:-2]
+            else:
+                data = await reader.read(65536)
+                if not data:
+                    return
+            pending += data
+            *complete, pending = pending.split(b"\n")
+            for line in complete:
+                yield line.rstrip(b"\r").decode("utf-8")
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+async def _decode(client: Client, data: str) -> list[LiveDelta]:
+    payload = Payload()
+    payload.ParseFromString(base64.b64decode(data))
+    # The codec and payload converter alone, as the worker encoded it (a batch is never in
+    # external storage, whose decoding costs more than the rest).
+    converter = client.data_converter
+    payloads = [payload]
+    if converter.payload_codec is not None:
+        payloads = await converter.payload_codec.decode(payloads)
+    batch = converter.payload_converter.from_payloads(payloads, [LiveBatch])[0]
+    return list(batch.deltas) if isinstance(batch, LiveBatch) else []
+
+
+async def follow_live(
+    client: Client,
+    handle: WorkflowHandle[Any, Any],
+    emit: Callable[[StreamEvent], None],
+    *,
+    poll: float = POLL_SECONDS,
+    nudge: asyncio.Event | None = None,
+) -> None:
+    """Emit the live deltas of each model call of the turn while it runs (until cancelled).
+    Every failure is logged at debug level and skipped: the caller's messages are the truth."""
+    followed: dict[int, int] = {}  # call index -> the attempt last followed
+    tried: set[str] = set()  # call keys already read (or given up on)
+    nudge = nudge or asyncio.Event()
+    delay = poll
+    while True:
+        # asyncio.wait_for can swallow a cancellation that lands as its wait ends (Python
+        # 3.11); the task still says it is being cancelled, so this loop cannot outlive it.
+        _raise_if_cancelled()
+        try:
+            address = await live_address(client, handle)
+        except Exception as err:
+            _raise_if_cancelled()  # a cancelled RPC raises an RPCError, not CancelledError
+            log.debug("cannot describe the turn for its live address: %s", type(err).__name__)
+            address = None
+        if address is None or address.call_key in tried:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(nudge.wait(), delay)
+            delay = poll if nudge.is_set() else min(delay * 1.5, MAX_POLL_SECONDS)
+            nudge.clear()
+            continue
+        delay = poll
+        tried.add(address.call_key)
+        previous = followed.get(address.call_index)
+        if previous is not None and address.attempt > previous:
+            emit(Restarted(call_index=address.call_index, attempt=address.attempt))
+        followed[address.call_index] = address.attempt
+        try:
+            async for delta in read_live(client, address):
+                if delta.kind == "text":
+                    emit(
+                        TextDelta(
+                            text=delta.text,
+                            call_index=address.call_index,
+                            attempt=address.attempt,
+                        )
+                    )
+                else:
+                    emit(
+                        ToolCallStart(
+                            name=delta.name or "",
+                            call_id=delta.call_id or "",
+                            call_index=address.call_index,
+                        )
+                    )
+        except Exception as err:
+            _raise_if_cancelled()
+            # Unreachable, refused, cut off (the worker died), undecodable: message-level.
+            log.debug("live stream of model call #%d: %s", address.call_index, repr(err)[:200])
+
+
+def _raise_if_cancelled() -> None:
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
+
+
+async def stream_turn(
+    client: Client,
+    handle: WorkflowHandle[Any, Any],
+    messages: AsyncIterator[Message],
+) -> AsyncIterator[StreamEvent]:
+    """``messages`` as ``MessageEvent``s, with the live deltas of each model call in between,
+    until ``messages`` ends."""
+    queue: asyncio.Queue[StreamEvent | BaseException | None] = asyncio.Queue()
+    nudge = asyncio.Event()
+
+    async def pump() -> None:
+        try:
+            async for message in messages:
+                queue.put_nowait(MessageEvent(message=message))
+                nudge.set()  # a model call is likely to start: look for it now
+        except BaseException as err:  # handed to the consumer, who raises it
+            queue.put_nowait(err)
+            return
+        queue.put_nowait(None)
+
+    tasks = [
+        asyncio.ensure_future(pump()),
+        asyncio.ensure_future(follow_live(client, handle, queue.put_nowait, nudge=nudge)),
+    ]
+    try:
+        while (event := await queue.get()) is not None:
+            if isinstance(event, BaseException):
+                raise event
+            yield event
+    finally:
+        for task in tasks:
+            task.cancel()
+        # Bounded: the turn's messages are all out, nothing here may hold the caller up.
+        await asyncio.wait(tasks, timeout=5)
