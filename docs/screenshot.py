@@ -1,25 +1,36 @@
-"""Take docs/web-ui-turn.png, the README's picture of the Web UI (not a test).
+"""Take the README's pictures of the Web UI (not a test)::
 
-    .venv/bin/python -m docs.screenshot [--out docs/web-ui-turn.png]
+    .venv/bin/python -m docs.screenshot [--only turn|approval] [--out-dir docs]
 
 On a fresh embedded dev server, runs the bundled `demo` agent (examples/turnkeep.yaml) offline
-on the passthrough model, with every payload encrypted and a prompt that asks for three tools.
-Then, in headless Chromium at 1400x900, signs in to turnkeep's codec server the way an operator
-does, opens the finished turn's Event History (Compact view: one row per activity, with its
-summary) and saves what it shows: decrypted input, result and summaries. Needs
-/usr/bin/chromium (`make test` installs it).
+on the passthrough model, with every payload encrypted, and looks at it in headless Chromium at
+1400x900, signed in to turnkeep's codec server the way an operator does:
+
+- ``web-ui-turn.png``: a prompt that asks for three tools; the finished turn's Event History
+  (Compact view: one row per activity, with its summary): decrypted input, result and
+  summaries.
+- ``web-ui-awaiting-approval.png``: the demo agent with ``approval`` on
+  ``toolbox__convert_*``, and a prompt that asks for a conversion and a calculation at once:
+  the calculation runs, the conversion waits. The running turn's User Metadata tab (its current
+  details list the call awaiting approval, and since when) above its Search Attributes tab
+  (``TurnkeepStatus`` is ``AwaitingApproval``), two views of one page put together.
+
+Needs /usr/bin/chromium (`make test` installs it).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import secrets
 import sys
 import tempfile
 from pathlib import Path
+
+from playwright.async_api import BrowserContext, Page, expect
 
 from tests.web_ui import (
     VIEWPORT,
@@ -33,11 +44,12 @@ from tests.web_ui import (
     sign_in_to_codec_server,
     web_ui_with_codec,
 )
-from turnkeep.settings import EncryptionSettings
+from turnkeep.settings import ApprovalSettings, EncryptionSettings, Settings
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import start_turn
+from turnkeep.worker.client import TurnHandle, start_turn
 from turnkeep.worker.config import load_settings
 from turnkeep.worker.connection import connect
+from turnkeep.workflows import visibility
 from turnkeep.workflows.turn_io import TurnInput
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,20 +61,44 @@ CALLS = [
 ]
 PROMPT = "\n".join([QUESTION, *(f"***CALL_TOOL {name} {json.dumps(args)}" for name, args in CALLS)])
 
+# The approval picture: one call of the batch gated, the other not.
+GATED = "toolbox__convert_*"
+APPROVAL_QUESTION = "Convert 451 °F to °C, and work out a marathon in km."
+APPROVAL_CALLS = [
+    ("toolbox__convert_units", {"value": 451, "from_unit": "fahrenheit", "to_unit": "celsius"}),
+    ("toolbox__calculate", {"expression": "26.2 * 1.609344"}),
+]
+APPROVAL_PROMPT = "\n".join(
+    [APPROVAL_QUESTION, *(f"***CALL_TOOL {name} {json.dumps(a)}" for name, a in APPROVAL_CALLS)]
+)
+# Seconds to wait for the turn to reach its approval wait (a loaded machine is slow).
+WAIT_SECONDS = 120.0
 
-async def take(out: Path) -> None:
+
+def demo_settings(token: str, *, approval: ApprovalSettings | None = None) -> Settings:
+    """The bundled demo config, offline, every payload encrypted (codec server with ``token``),
+    and optionally the demo agent's approval rules."""
     # The demo config picks a real model when a provider key is set; the picture must not
     # depend on one.
     os.environ["TURNKEEP_MODEL"] = "passthrough"
     # The demo's tool server is started as `python demo_tools.py`: this venv's python, as
     # `make demo` has it.
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    token = secrets.token_urlsafe(24)
     demo = load_settings(REPO / "examples" / "turnkeep.yaml")
     encryption = EncryptionSettings.model_validate(encryption_config(token))
-    settings = demo.model_copy(update={"encryption": encryption})
+    update: dict[str, object] = {"encryption": encryption}
+    if approval is not None:
+        agent = demo.agents["demo"].model_copy(update={"approval": approval})
+        update["agents"] = {**demo.agents, "demo": agent}
+    return demo.model_copy(update=update)
+
+
+async def take(out: Path) -> None:
+    token = secrets.token_urlsafe(24)
+    settings = demo_settings(token)
+    assert settings.encryption is not None
     with tempfile.TemporaryDirectory(prefix="turnkeep-screenshot-") as tmp:
-        async with web_ui_with_codec(encryption) as server:
+        async with web_ui_with_codec(settings.encryption) as server:
             client = await connect(server.address, server.namespace, settings=settings)
             async with build_worker(client, settings):
                 turn = await start_turn(client, TurnInput(agent="demo", messages=[PROMPT]))
@@ -94,10 +130,111 @@ async def take(out: Path) -> None:
     print(f"wrote {out}")
 
 
+async def awaiting_approval(turn: TurnHandle) -> str:
+    """Once ``turn`` waits for a decision and says so in ``TurnkeepStatus``: the waiting call's
+    id."""
+    deadline = asyncio.get_running_loop().time() + WAIT_SECONDS
+    while True:
+        pending = await turn.pending_approvals()
+        described = await turn.handle.describe()
+        if pending and described.typed_search_attributes.get(visibility.STATUS) == (
+            visibility.TurnStatus.AWAITING_APPROVAL.value
+        ):
+            return pending[0].call_id
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"{turn.workflow_id} did not await approval in {WAIT_SECONDS:g} s")
+        await asyncio.sleep(0.2)
+
+
+async def open_tab(page: Page, name: str) -> None:
+    """One of the workflow page's tabs (User Metadata, Search Attributes...)."""
+    await page.get_by_role("tab", name=name).click()
+
+
+async def take_approval(out: Path) -> None:
+    token = secrets.token_urlsafe(24)
+    settings = demo_settings(token, approval=ApprovalSettings(tools=[GATED]))
+    assert settings.encryption is not None
+    with tempfile.TemporaryDirectory(prefix="turnkeep-screenshot-") as tmp:
+        async with web_ui_with_codec(settings.encryption) as server:
+            client = await connect(server.address, server.namespace, settings=settings)
+            # The worker stays up while the picture is taken: the Web UI asks it for the
+            # running turn's current details.
+            async with build_worker(client, settings):
+                turn = await start_turn(client, TurnInput(agent="demo", messages=[APPROVAL_PROMPT]))
+                call_id = await awaiting_approval(turn)
+                url = server.workflow_url(turn.workflow_id, turn.handle.first_execution_run_id)
+                assert url is not None and server.codec_endpoint is not None
+                async with chromium(Path(tmp) / "profile") as browser:
+                    page = await browser.new_page()
+                    await sign_in_to_codec_server(page, server.codec_endpoint, token)
+                    await send_credentials_to_codec_server(page, server)
+                    await page.goto(url)
+                    await open_tab(page, "User Metadata")
+                    # The tab draws the summary and the current details (markdown) in iframes
+                    # of their own: the summary is the decrypted prompt, the details name the
+                    # call that waits.
+                    summary = page.frame_locator("iframe").first
+                    details_frame = page.frame_locator("iframe").last
+                    await expect(
+                        summary.get_by_text(APPROVAL_QUESTION, exact=False)
+                    ).to_be_visible()
+                    await expect(details_frame.get_by_text("awaiting approval")).to_be_visible()
+                    waiting = details_frame.get_by_text(call_id, exact=True)
+                    await expect(waiting).to_be_visible()
+                    await waiting.scroll_into_view_if_needed()
+                    await page.mouse.move(VIEWPORT["width"] - 5, VIEWPORT["height"] - 5)
+                    box = await waiting.bounding_box()
+                    assert box is not None
+                    details = await page.screenshot(
+                        clip={"x": 0, "y": 0, "width": VIEWPORT["width"], "height": box["y"] + 60}
+                    )
+                    await open_tab(page, "Search Attributes")
+                    await expect_shown(page, ['"AwaitingApproval"'], exact=False)
+                    heading = page.get_by_role("heading", name="Search Attributes", exact=True)
+                    last = shown(page, '"TurnkeepTokens"', exact=False)
+                    top, bottom = await heading.bounding_box(), await last.bounding_box()
+                    assert top is not None and bottom is not None
+                    # The page's content only (the navigation is in the picture above).
+                    left = top["x"] - 16
+                    attributes = await page.screenshot(
+                        clip={
+                            "x": left,
+                            "y": top["y"] - 16,
+                            "width": VIEWPORT["width"] - left,
+                            "height": bottom["y"] + bottom["height"] + 56 - top["y"],
+                        }
+                    )
+                    await _stack(browser, [(details, 0), (attributes, left)], out)
+    print(f"wrote {out}")
+
+
+async def _stack(browser: BrowserContext, pictures: list[tuple[bytes, float]], out: Path) -> None:
+    """``pictures`` (each with its left offset) one above the other, a rule between them,
+    saved as one PNG: drawn by the browser itself, so no imaging library is needed."""
+    images = "<hr>".join(
+        f'<img style="margin-left:{left:.0f}px" '
+        f'src="data:image/png;base64,{base64.b64encode(picture).decode()}">'
+        for picture, left in pictures
+    )
+    page = await browser.new_page()
+    await page.set_content(
+        "<style>body{margin:0;background:#fff}img{display:block}"
+        "hr{margin:0;border:0;border-top:2px solid #c9ced6}</style>" + images
+    )
+    await page.locator("img").last.wait_for()
+    await page.screenshot(path=out, full_page=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "web-ui-turn.png")
-    asyncio.run(take(parser.parse_args().out))
+    parser.add_argument("--only", choices=["turn", "approval"], help="one picture only")
+    parser.add_argument("--out-dir", type=Path, default=REPO / "docs")
+    args = parser.parse_args()
+    if args.only in (None, "turn"):
+        asyncio.run(take(args.out_dir / "web-ui-turn.png"))
+    if args.only in (None, "approval"):
+        asyncio.run(take_approval(args.out_dir / "web-ui-awaiting-approval.png"))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,440 @@
+"""Asking the person at the terminal about a turn's tool calls that await approval, for
+``turnkeep run``, ``watch`` and ``chat``.
+
+The command feeds each message it follows to an ``ApprovalPrompter``. From a model's answer with
+tool calls until their results arrive, the prompter asks the turn which calls wait for a
+decision (the ``pending_approvals`` query; a gated call waits inside the turn, so there is no
+message to see). On a terminal it shows each waiting call and asks; the answer goes through the
+``decide`` update, as ``turnkeep approve`` sends it, audited under the local user name. Without
+a terminal (a pipe, CI) it asks nothing: it says how to decide the call, and the command keeps
+following.
+
+A call decided elsewhere meanwhile (another terminal, the API) is noticed while the prompt
+waits, and the prompt is dropped; an answer given in the same instant is refused by the
+update's validator, whose reason is shown. Either way the command goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.exceptions import FailureError
+from temporalio.service import RPCError
+
+from turnkeep.cli.console import console
+from turnkeep.worker.client import TurnHandle, get_turn
+from turnkeep.worker.render import _visible
+from turnkeep.worker.session import SessionHandle
+from turnkeep.workflows.approval import PendingCall
+from turnkeep.workflows.messages import Message
+
+PROMPT = "Approve? [y]es / [n]o / [e]dit: "
+# How often the turn is asked which calls wait: soon after the model asked for tools, then
+# less often while a long tool runs (one query a second at most).
+_FIRST_POLL = 0.2
+_MAX_POLL = 1.0
+# A query is answered by a worker of the turn's task queue; a busy or absent one must not
+# hold the prompt up for the server's default minute.
+_QUERY_TIMEOUT = timedelta(seconds=10)
+
+
+class LineReader:
+    """Lines typed on a stream (stdin), read in a daemon thread, one read at a time.
+
+    A read that is given up (a prompt dropped, Ctrl-C) is not lost: the next ``readline``
+    takes its line, so a later prompt never races an orphaned thread for what the person
+    types. Daemon threads, unlike ``asyncio.to_thread``'s, do not hold the process up at exit
+    while they wait for a line that never comes."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._pending: asyncio.Future[str] | None = None
+
+    async def readline(self) -> str:
+        """The next line, with its newline; "" at end of input."""
+        loop = asyncio.get_running_loop()
+        if self._pending is None or self._pending.get_loop() is not loop:
+            future: asyncio.Future[str] = loop.create_future()
+            threading.Thread(
+                target=self._read, args=(loop, future), daemon=True, name="turnkeep-stdin"
+            ).start()
+            self._pending = future
+        pending = self._pending
+        # Shielded: a cancelled reader leaves the read going for the next one.
+        line = await asyncio.shield(pending)
+        if self._pending is pending:
+            self._pending = None
+        return line
+
+    def _read(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[str]) -> None:
+        try:
+            line = self._stream.readline()
+        except (OSError, ValueError):  # closed stdin
+            line = ""
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+            loop.call_soon_threadsafe(_settle, future, line)
+
+
+def _settle(future: asyncio.Future[str], line: str) -> None:
+    if not future.done():
+        future.set_result(line)
+
+
+_stdin: LineReader | None = None
+
+
+def stdin_lines() -> LineReader:
+    """The process's one reader of stdin, shared by every prompt of a command."""
+    global _stdin
+    if _stdin is None:
+        _stdin = LineReader(sys.stdin)
+    return _stdin
+
+
+def local_user() -> str:
+    """Who decides from this terminal, as the audit trail records it."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (some containers)
+        return "unknown"
+
+
+TurnSource = Callable[[], Awaitable[TurnHandle | None]]
+
+
+class ApprovalPrompter:
+    """Watches the turn whose messages the command follows for calls awaiting approval, and
+    asks about each once. Use as an async context manager around the following, and pass it
+    every message followed, before printing it (``saw``)."""
+
+    def __init__(
+        self,
+        turn: TurnSource,
+        *,
+        interactive: bool | None = None,
+        reader: LineReader | None = None,
+        out: Console = console,
+        by: str | None = None,
+    ) -> None:
+        self._turn = turn
+        self.interactive = sys.stdin.isatty() if interactive is None else interactive
+        self._reader = reader or stdin_lines()
+        self._out = out
+        self._by = by or local_user()
+        self._open: set[str] = set()  # tool calls asked for whose results have not come
+        self._handled: set[tuple[str, str]] = set()  # (turn, call) asked or told about
+        self._asking: tuple[TurnHandle, PendingCall] | None = None  # the prompt shown
+        self._settled = asyncio.Event()  # the call asked about has been answered meanwhile
+        self._closing = asyncio.Event()
+        self._draft: str | None = None  # arguments being edited, not yet a JSON object
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def for_turn(cls, handle: TurnHandle, **kwargs: Any) -> ApprovalPrompter:
+        async def turn() -> TurnHandle:
+            return handle
+
+        return cls(turn, **kwargs)
+
+    @classmethod
+    def for_session(cls, session: SessionHandle, **kwargs: Any) -> ApprovalPrompter:
+        """For a session's turns: whichever turn is running when a call comes up."""
+
+        async def turn() -> TurnHandle | None:
+            running = (await session.progress()).turn
+            return get_turn(session.client, running.workflow_id) if running else None
+
+        return cls(turn, **kwargs)
+
+    async def __aenter__(self) -> ApprovalPrompter:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def saw(self, message: Message) -> None:
+        """A message of the turn, as the command follows it, before it prints it."""
+        asking = self._asking
+        if asking and asking[1].call_id in (message.tool_results or {}):
+            # The call has been answered, so decided elsewhere: drop the prompt, and let the
+            # message start on a line of its own rather than after the prompt.
+            self._out.print()
+            self._settled.set()
+        if message.role == "assistant" and message.tool_calls:
+            self._open.update(message.tool_calls)
+        if message.tool_results:
+            self._open.difference_update(message.tool_results)
+        if self._open and (self._task is None or self._task.done()):
+            self._task = asyncio.create_task(self._watch(), name="turnkeep-approvals")
+
+    async def close(self) -> None:
+        """Stop watching (the turn has ended, or the command is leaving); a prompt still
+        waiting is dropped."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        # Let the watch end by itself rather than cancel it: a query cancelled in flight makes
+        # the worker log a warning, on this terminal when the worker runs in-process. A prompt
+        # up is dropped, saying what became of its call (decided elsewhere before the prompt
+        # noticed, or the turn was cancelled).
+        self._closing.set()
+        self._settled.set()
+        # Bounded: on time out, wait_for cancels it (an editor left open, a worker gone).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(task, _QUERY_TIMEOUT.total_seconds() * 2)
+
+    async def _watch(self) -> None:
+        """While tool calls are open: ask the turn which wait, and deal with each new one."""
+        delay = _FIRST_POLL
+        handle: TurnHandle | None = None
+        while self._open and not self._closing.is_set():
+            # The turn is looked up once it runs; tool calls do not outlive their turn.
+            handle = handle or await self._current_turn()
+            new: list[PendingCall] = []
+            if handle is not None:
+                waiting = await _pending(handle)
+                new = [c for c in waiting if (handle.workflow_id, c.call_id) not in self._handled]
+            for call in new:
+                assert handle is not None
+                if self._closing.is_set():
+                    return
+                self._handled.add((handle.workflow_id, call.call_id))
+                if self.interactive:
+                    await self._ask(handle, call)
+                else:
+                    self._tell(handle, call)
+            delay = _FIRST_POLL if new else min(delay * 2, _MAX_POLL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), delay)
+
+    async def _current_turn(self) -> TurnHandle | None:
+        try:
+            return await self._turn()
+        except RPCError:
+            return None  # a worker slow to answer the session's query: next round
+
+    def _tell(self, handle: TurnHandle, call: PendingCall) -> None:
+        self._out.print(
+            f"[yellow]call {escape(call.call_id)} ({escape(_visible(call.name))}) awaits "
+            f"approval[/]; decide with: turnkeep approve {escape(handle.workflow_id)} "
+            f"{escape(call.call_id)} [--deny]"
+        )
+
+    async def _ask(self, handle: TurnHandle, call: PendingCall) -> None:
+        self._show(call)
+        self._asking = (handle, call)
+        self._settled.clear()
+        self._draft = None
+        try:
+            while True:
+                answer = await self._line(PROMPT, handle, call)
+                choice = answer.strip().lower()
+                if choice in ("y", "yes"):
+                    await self._decide(handle, call, approve=True)
+                    return
+                if choice in ("n", "no"):
+                    reason = await self._line("Reason (optional): ", handle, call)
+                    await self._decide(handle, call, approve=False, reason=reason.strip())
+                    return
+                if choice in ("e", "edit"):
+                    edited = await self._edit(handle, call)
+                    if edited is None:
+                        continue  # kept as they were: ask again
+                    await self._decide(handle, call, approve=True, arguments=edited)
+                    return
+                self._out.print("answer y, n or e", markup=False)
+        except _NoLongerWaiting:
+            became = await _what_became_of(handle, call)
+            self._out.print()
+            self._out.print(f"[yellow]{escape(became)}[/]")
+        except _EndOfInput:
+            self.interactive = False  # nobody is left to answer: tell about the rest
+            self._out.print()
+            self._tell(handle, call)
+        finally:
+            self._asking = None
+
+    def _show(self, call: PendingCall) -> None:
+        self._out.print()
+        self._out.print(
+            Text.assemble(
+                ("approval needed", "bold yellow"),
+                " · ",
+                (_visible(call.name), "cyan"),
+                " · call ",
+                (_visible(call.call_id), "dim"),
+            )
+        )
+        arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False)
+        self._out.print(Text(_visible(arguments)))
+
+    async def _line(self, prompt: str, handle: TurnHandle, call: PendingCall) -> str:
+        """The line typed after ``prompt``, without its newline. Raises ``_NoLongerWaiting``
+        once the call no longer waits (decided elsewhere), ``_EndOfInput`` at end of input."""
+        self._out.print(prompt, end="", markup=False)
+        read = asyncio.ensure_future(self._reader.readline())
+        settled = asyncio.ensure_future(self._settled.wait())
+        try:
+            while True:
+                await asyncio.wait(
+                    {read, settled}, timeout=_MAX_POLL, return_when=asyncio.FIRST_COMPLETED
+                )
+                if read.done():
+                    break
+                # Between reads, not beside them: a query cancelled in flight would make the
+                # worker log a warning.
+                if settled.done() or not await _still_waits(handle, call):
+                    raise _NoLongerWaiting
+        finally:
+            read.cancel()  # the reader keeps a line being read for the next prompt
+            settled.cancel()
+        line = read.result()
+        if not line:
+            raise _EndOfInput
+        return line.rstrip("\r\n")
+
+    async def _edit(self, handle: TurnHandle, call: PendingCall) -> dict[str, Any] | None:
+        """Arguments to run the call with: from ``$VISUAL``/``$EDITOR`` when one is set, else
+        one line of JSON, asked again until it is a JSON object. None: keep them as they are
+        (and ask again whether to approve)."""
+        editor = os.environ.get("VISUAL") or os.environ.get("EDITOR")
+        original = json.dumps(call.arguments, indent=2, ensure_ascii=False)
+        if editor:
+            # After a draft that was not a JSON object, `e` again reopens that draft.
+            text = await asyncio.to_thread(_in_editor, editor, self._draft or original)
+            if text is None:
+                self._out.print(f"[red]the editor {escape(editor)} failed[/]")
+                return None
+            try:
+                return _object(text)
+            except ValueError as err:
+                self._draft = text
+                self._out.print(f"[red]{escape(str(err))} (e edits it again)[/]")
+                return None
+        while True:
+            text = await self._line(
+                "Arguments as one line of JSON (empty: keep them): ", handle, call
+            )
+            if not text.strip():
+                return None
+            try:
+                return _object(text)
+            except ValueError as err:
+                self._out.print(f"[red]{escape(str(err))}[/]")
+
+    async def _decide(
+        self,
+        handle: TurnHandle,
+        call: PendingCall,
+        *,
+        approve: bool,
+        reason: str | None = None,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        if arguments == call.arguments:
+            arguments = None  # not an edit
+        try:
+            record = await handle.decide(
+                call.call_id, approve, reason=reason or None, by=self._by, arguments=arguments
+            )
+        except WorkflowUpdateFailedError as err:
+            # Decided elsewhere in the same instant, or the turn ended: the validator says so.
+            cause = err.cause
+            why = cause.message if isinstance(cause, FailureError) else str(cause)
+            self._out.print(f"[yellow]not decided: {escape(why)}[/]")
+            return
+        except RPCError as err:  # the turn has gone, the server is unreachable
+            self._out.print(f"[yellow]not decided: {escape(err.message)}[/]")
+            return
+        edit = " with edited arguments" if record.arguments is not None else ""
+        verb = "approved" if record.approved else "denied"
+        self._out.print(f"{verb} call {escape(record.call_id)}{edit}")
+
+
+class _EndOfInput(Exception):
+    """stdin has ended: no one can answer a prompt."""
+
+
+class _NoLongerWaiting(Exception):
+    """The call being asked about has been decided elsewhere."""
+
+
+async def _pending(handle: TurnHandle) -> list[PendingCall]:
+    try:
+        return await handle.pending_approvals(rpc_timeout=_QUERY_TIMEOUT)
+    except RPCError:
+        # No worker answered in time, or the turn has gone: ask again on the next round.
+        return []
+
+
+async def _still_waits(handle: TurnHandle, call: PendingCall) -> bool:
+    try:
+        waiting = await handle.pending_approvals(rpc_timeout=_QUERY_TIMEOUT)
+    except RPCError:
+        return True  # a busy worker is no sign of a decision
+    return any(c.call_id == call.call_id for c in waiting)
+
+
+async def _what_became_of(handle: TurnHandle, call: PendingCall) -> str:
+    """Why ``call`` no longer waits, as the turn records it (best effort: a line to show)."""
+    said = f"call {call.call_id} no longer waits for approval"
+    try:
+        current = await asyncio.wait_for(handle.current(), _QUERY_TIMEOUT.total_seconds())
+    except (RPCError, TimeoutError):
+        return said
+    for record in current.decisions if current else []:
+        if record.call_id != call.call_id:
+            continue
+        if record.decision == "timeout":
+            return f"call {call.call_id} was denied: no decision came in time"
+        verb = "approved" if record.approved else "denied"
+        return f"call {call.call_id} was {verb} elsewhere, by {_visible(record.by)}"
+    return said
+
+
+def _object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise ValueError("the arguments must be a JSON object")
+    return value
+
+
+def _in_editor(editor: str, text: str) -> str | None:
+    """``text`` as edited in ``editor`` (a command line, as ``$EDITOR`` holds); None when the
+    editor fails."""
+    with tempfile.TemporaryDirectory(prefix="turnkeep-") as folder:
+        path = Path(folder) / "arguments.json"
+        path.write_text(text + "\n", encoding="utf-8")
+        try:
+            done = subprocess.run([*shlex.split(editor), str(path)], check=False)
+        except OSError:
+            return None
+        if done.returncode != 0:
+            return None
+        return path.read_text(encoding="utf-8")
