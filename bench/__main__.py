@@ -23,15 +23,26 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
-from bench import history, overhead, recovery, report, throughput
+from bench import approvals, history, overhead, recovery, report, sessions, throughput
 from bench.environment import Environment, environment
+from bench.live_stream import live_stream
 from bench.memory import worker_memory
 from bench.report import Table, Target
 from bench.server_flags import server_flags
 from bench.turns import Agent
 from tests.fake_provider import FakeProvider, Reply
 
-SECTIONS = ("history", "overhead", "throughput", "recovery", "memory", "flags")
+SECTIONS = (
+    "history",
+    "overhead",
+    "throughput",
+    "recovery",
+    "approvals",
+    "sessions",
+    "live",
+    "memory",
+    "flags",
+)
 OVERHEAD_MAX = 1.2
 OVERHEAD_TARGET = f"loop overhead ≤ {OVERHEAD_MAX}× floor ({overhead.K} iterations)"
 THROUGHPUT_TARGET = f"throughput ≥ {throughput.TARGET}× floor"
@@ -52,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, help="loop overhead: runs per variant")
     parser.add_argument("--memory-turns", type=int, help="worker memory: turns in flight")
     parser.add_argument("--recovery-runs", type=int, help="recovery: kills per line")
+    parser.add_argument(
+        "--approval-turns", type=int, help="approvals: turns awaiting approval at once"
+    )
+    parser.add_argument("--session-turns", type=int, help="sessions: turns of the long session")
+    parser.add_argument("--idle-sessions", type=int, help="sessions: idle sessions on a worker")
     return parser
 
 
@@ -60,6 +76,8 @@ class Results:
     tables: list[Table] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    # Issue #23's (approvals and sessions), in a table of their own.
+    session_targets: list[Target] = field(default_factory=list)
 
 
 # The targets each section checks, reported as not measured if it fails.
@@ -106,6 +124,9 @@ async def run(args: argparse.Namespace) -> Results:
     repeats = args.repeats or (2 if quick else 15)
     memory_turns = args.memory_turns or (200 if quick else 1000)
     recovery_runs = args.recovery_runs or (1 if quick else 2)
+    approval_turns = args.approval_turns or (200 if quick else 1000)
+    session_turns = args.session_turns or (200 if quick else 1000)
+    idle_sessions = args.idle_sessions or (200 if quick else 1000)
     out = Results()
     agents = {Agent(k) for k in iterations} | {
         Agent(overhead.K),
@@ -147,6 +168,19 @@ async def run(args: argparse.Namespace) -> Results:
             )
         out.tables.append(recovery.table(results, recovery_runs, 3.0))
 
+    async def approvals_section(env: Environment) -> None:
+        table, targets = await approvals.approvals(env, approval_turns, 20 if quick else 50)
+        out.tables.append(table)
+        out.session_targets += targets
+
+    async def sessions_section(env: Environment) -> None:
+        tables, targets = await sessions.sessions(env, session_turns, idle_sessions)
+        out.tables += tables
+        out.session_targets += targets
+
+    async def live_section(env: Environment) -> None:
+        out.tables.append(await live_stream(env.client, 5 if quick else 20))
+
     async def memory_section(env: Environment) -> None:
         with FakeProvider(default=Reply.delay(3600, then=Reply.text("done"))) as fake:
             table, _ = await worker_memory(env, fake, memory_turns)
@@ -158,6 +192,9 @@ async def run(args: argparse.Namespace) -> Results:
         "overhead": overhead_section,
         "throughput": throughput_section,
         "recovery": recovery_section,
+        "approvals": approvals_section,
+        "sessions": sessions_section,
+        "live": live_section,
         "memory": memory_section,
     }
     with tempfile.TemporaryDirectory(prefix="turnkeep-bench-") as name:
@@ -217,6 +254,9 @@ def main() -> None:
         print(table.render())
     if results.targets:
         print(report.targets_table(results.targets).render())
+    if results.session_targets:
+        table = report.targets_table(results.session_targets, "Targets (issue #23)")
+        print(table.render())
     for failure in results.failures:
         print(f"**Section failed** (traceback on stderr): {failure}\n")
     if results.failures:

@@ -47,8 +47,8 @@ class Target:
     met: bool | None  # None: not measured in this run
 
 
-def targets_table(targets: list[Target]) -> Table:
-    table = Table("Targets (issue #7)", ["target", "measured", "met"])
+def targets_table(targets: list[Target], title: str = "Targets (issue #7)") -> Table:
+    table = Table(title, ["target", "measured", "met"])
     for t in targets:
         verdict = "not measured" if t.met is None else ("met" if t.met else "NOT MET")
         table.add(t.what, t.measured, verdict)

@@ -1,7 +1,8 @@
 """A fake Anthropic / OpenAI API over real HTTP on 127.0.0.1, for tests and benchmarks.
 
 It speaks ``POST /v1/messages`` (Anthropic) and ``POST /v1/chat/completions`` (OpenAI), both
-non-streaming, answering from a script of steps, one per request, in order, per API::
+non-streaming and (a request with ``stream``) as server-sent events the way the real APIs
+stream, answering from a script of steps, one per request, in order, per API::
 
     with FakeProvider() as fake:
         fake.script(
@@ -15,6 +16,11 @@ non-streaming, answering from a script of steps, one per request, in order, per 
 
 It records every request (JSON body, headers, arrival time) for assertions.
 
+``mount`` serves an API under a provider's own path too, optionally only to requests carrying
+its auth header (others get a 401 in the API's shape, without using up a script step)::
+
+    base_url = fake.mount("/openai/deployments/", auth=("api-key", KEY))
+
 It is a tiny HTTP/1.1 server on asyncio streams rather than an ASGI app, because it must be able
 to hang up without answering (``Reply.drop()``), which ASGI servers turn into a 500. It runs on
 its own event loop in a daemon thread, so it works the same under any test loop scope, and a
@@ -24,8 +30,10 @@ its own event loop in a daemon thread, so it works the same under any test loop 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+import re
 import threading
 import time
 from collections import deque
@@ -37,6 +45,8 @@ from typing import Any, Literal
 Api = Literal["anthropic", "openai"]
 APIS: tuple[Api, ...] = ("anthropic", "openai")
 ROUTES: dict[str, Api] = {"/v1/messages": "anthropic", "/v1/chat/completions": "openai"}
+# What a mounted path ends with, per API.
+ROUTE_ENDINGS: dict[Api, str] = {"anthropic": "/messages", "openai": "/chat/completions"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,12 @@ class Answer:
     thinking: str | None = None  # an Anthropic thinking block / OpenAI-compatible reasoning
     stop: str | None = None  # the API's own stop_reason / finish_reason, if not the natural one
     usage: Tokens = Tokens()
+    # A streamed answer (the request asked for `stream`): seconds between its chunks, and an
+    # event its last text chunk waits for (a test sets it once it has seen the first deltas).
+    chunk_delay: float = 0.0
+    hold: threading.Event | None = None
+    # time.monotonic() as each text chunk is sent, appended here (benchmarks).
+    sent: list[float] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,14 +103,34 @@ class Drop:
 Step = Answer | Failure | Raw | Delay | Drop
 
 
+@dataclass(frozen=True)
+class Mount:
+    prefix: str
+    api: Api
+    auth: tuple[str, str] | None  # (lower-case header name, exact value)
+
+
 class Reply:
     """Constructors for script steps."""
 
     @staticmethod
     def text(
-        text: str, *, thinking: str | None = None, stop: str | None = None, usage: Tokens = Tokens()
+        text: str,
+        *,
+        thinking: str | None = None,
+        stop: str | None = None,
+        usage: Tokens = Tokens(),
+        chunk_delay: float = 0.0,
+        hold: threading.Event | None = None,
     ) -> Answer:
-        return Answer(text=text, thinking=thinking, stop=stop, usage=usage)
+        return Answer(
+            text=text,
+            thinking=thinking,
+            stop=stop,
+            usage=usage,
+            chunk_delay=chunk_delay,
+            hold=hold,
+        )
 
     @staticmethod
     def tool_calls(
@@ -156,6 +192,7 @@ class FakeProvider:
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._mounts: list[Mount] = []
         self.port = 0
 
     # --- public API -------------------------------------------------------------------------
@@ -167,6 +204,20 @@ class FakeProvider:
     @property
     def base_url_openai(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"  # the SDK appends /chat/completions
+
+    def mount(
+        self, prefix: str, *, api: Api = "openai", auth: tuple[str, str] | None = None
+    ) -> str:
+        """Serve ``api`` at any path under ``prefix`` that ends as its route does
+        (``/chat/completions``, ``/messages``), answering from the same script (the longest
+        prefix wins; mounting one again replaces it). With ``auth``
+        (header name, exact value), a request without it gets a 401 in the API's error shape
+        and uses up no step (it is still recorded). Returns the base URL of ``prefix``."""
+        mount = Mount(prefix, api, (auth[0].lower(), auth[1]) if auth else None)
+        with self._lock:  # mounting a prefix again replaces it
+            self._mounts = [m for m in self._mounts if (m.prefix, m.api) != (prefix, api)]
+            self._mounts.append(mount)
+        return f"http://127.0.0.1:{self.port}{prefix.rstrip('/')}"
 
     def script(self, *steps: Step, api: Api | None = None) -> None:
         """Append steps to the script of one API, or of both (each serves its own copy)."""
@@ -272,14 +323,27 @@ class FakeProvider:
         writer: asyncio.StreamWriter,
     ) -> bool:
         """Serve one request; False when the connection is to be closed."""
-        api = ROUTES.get(path.split("?")[0])
+        route = path.split("?")[0]
+        api = ROUTES.get(route)
+        mount = None if api is not None else self._mounted(route)
+        api = mount.api if mount is not None else api
         if api is None:
             await send(writer, 404, {"error": {"message": f"no route {path}"}})
             return True
+        refused = (
+            mount is not None
+            and mount.auth is not None
+            and headers.get(mount.auth[0]) != mount.auth[1]
+        )
         with self._lock:
             self._requests.append(Recorded(api, path, headers, body, time.monotonic()))
             script = self._scripts[api]
-            step = script.popleft() if script else self.default
+            step: Step | None
+            if refused:
+                # Never echoing what was sent: it could be a key.
+                step = Failure(401, "Invalid authentication credentials", code="invalid_api_key")
+            else:
+                step = script.popleft() if script else self.default
         if step is None:
             step = Failure(400, f"fake provider: the {api} script is exhausted")
         while isinstance(step, Delay):
@@ -292,6 +356,13 @@ class FakeProvider:
         match step:
             case Drop():
                 return False
+            case Answer() if isinstance(body, dict) and body.get("stream"):
+                events = (
+                    anthropic_events(step, model)
+                    if api == "anthropic"
+                    else openai_chunks(step, model, usage=bool(body.get("stream_options")))
+                )
+                return await stream(writer, reader, step, events, id_header)
             case Answer():
                 payload = (
                     anthropic_answer(step, model)
@@ -305,6 +376,14 @@ class FakeProvider:
             case Raw():
                 await send(writer, step.status, step.body, step.headers, step.content_type)
         return True
+
+    def _mounted(self, route: str) -> Mount | None:
+        with self._lock:  # the longest prefix wins
+            mounts = sorted(self._mounts, key=lambda m: len(m.prefix), reverse=True)
+        for mount in mounts:
+            if route.startswith(mount.prefix) and route.endswith(ROUTE_ENDINGS[mount.api]):
+                return mount
+        return None
 
 
 # --- HTTP ------------------------------------------------------------------------------------
@@ -336,6 +415,8 @@ async def sleep_unless_hung_up(seconds: float, reader: asyncio.StreamReader) -> 
         return not done
     finally:
         hangup.cancel()
+        # Awaited out, so the connection's next read does not find this one still waiting.
+        await asyncio.gather(hangup, return_exceptions=True)
 
 
 async def send(
@@ -358,6 +439,154 @@ async def send(
     ]
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
     await writer.drain()
+
+
+# A streamed event: (SSE event name or None, JSON body or the literal data, is a text chunk).
+Event = tuple[str | None, Any, bool]
+
+
+async def stream(
+    writer: asyncio.StreamWriter,
+    reader: asyncio.StreamReader,
+    answer: Answer,
+    events: list[Event],
+    headers: Mapping[str, str],
+) -> bool:
+    """Send ``events`` as server-sent events (chunked), ``answer.chunk_delay`` apart, the last
+    text chunk only once ``answer.hold`` is set; False when the client hung up meanwhile."""
+    lines = [
+        "HTTP/1.1 200 OK",
+        "content-type: text/event-stream",
+        "transfer-encoding: chunked",
+        *(f"{name}: {value}" for name, value in headers.items()),
+    ]
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+    last_text = max((i for i, (_, _, text) in enumerate(events) if text), default=-1)
+    # One read for the whole stream notices a hang-up (a client that gave up, or died); it is
+    # awaited out before the connection's next request is read.
+    hangup = asyncio.ensure_future(reader.read(1))
+
+    async def wait(seconds: float) -> bool:
+        done, _ = await asyncio.wait({hangup}, timeout=seconds)
+        return not done
+
+    try:
+        for index, (name, body, _) in enumerate(events):
+            if index and answer.chunk_delay and not await wait(answer.chunk_delay):
+                return False
+            if index == last_text and answer.hold is not None:
+                for _ in range(6000):  # a bounded wait (two minutes), for a test that failed
+                    if answer.hold.is_set():
+                        break
+                    if not await wait(0.02):
+                        return False
+            data = body if isinstance(body, str) else json.dumps(body)
+            event = (f"event: {name}\n" if name else "") + f"data: {data}\n\n"
+            chunk = event.encode()
+            writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            await writer.drain()
+            if answer.sent is not None and events[index][2]:
+                answer.sent.append(time.monotonic())
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+    finally:
+        hangup.cancel()
+        with contextlib.suppress(BaseException):
+            await hangup
+
+
+def text_pieces(text: str) -> list[str]:
+    """A text as a model streams it: word by word, each with the spaces after it."""
+    return re.findall(r"\s*\S+\s*", text) or [text]
+
+
+def anthropic_events(answer: Answer, model: str) -> list[Event]:
+    """The Messages API's stream of ``anthropic_answer``: the same message, in events."""
+    whole = anthropic_answer(answer, model)
+    start = {**whole, "content": [], "stop_reason": None}
+    start["usage"] = {**whole["usage"], "output_tokens": 1}
+    events: list[Event] = [("message_start", {"type": "message_start", "message": start}, False)]
+    for index, block in enumerate(whole["content"]):
+
+        def delta(body: dict[str, Any], text: bool = False, i: int = index) -> Event:
+            return (
+                "content_block_delta",
+                {"type": "content_block_delta", "index": i, "delta": body},
+                text,
+            )
+
+        kind = block["type"]
+        empty = {
+            "text": {"type": "text", "text": ""},
+            "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+        }
+        first = empty.get(kind, {**block, "input": {}})
+        events.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": first},
+                False,
+            )
+        )
+        if kind == "text":
+            events += [
+                delta({"type": "text_delta", "text": p}, True) for p in text_pieces(block["text"])
+            ]
+        elif kind == "thinking":
+            events.append(delta({"type": "thinking_delta", "thinking": block["thinking"]}))
+            events.append(delta({"type": "signature_delta", "signature": block["signature"]}))
+        else:
+            events.append(
+                delta({"type": "input_json_delta", "partial_json": json.dumps(block["input"])})
+            )
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}, False))
+    stop = {"stop_reason": whole["stop_reason"], "stop_sequence": None}
+    usage = {"output_tokens": whole["usage"]["output_tokens"]}
+    events.append(
+        ("message_delta", {"type": "message_delta", "delta": stop, "usage": usage}, False)
+    )
+    events.append(("message_stop", {"type": "message_stop"}, False))
+    return events
+
+
+def openai_chunks(answer: Answer, model: str, *, usage: bool) -> list[Event]:
+    """Chat Completions' stream of ``openai_answer``: ``chat.completion.chunk``s, then the
+    usage chunk when asked for (``stream_options.include_usage``), then ``[DONE]``."""
+    whole = openai_answer(answer, model)
+    message, finish = whole["choices"][0]["message"], whole["choices"][0]["finish_reason"]
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None, text: bool = False) -> Event:
+        body = {
+            "id": whole["id"],
+            "object": "chat.completion.chunk",
+            "created": whole["created"],
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        }
+        return (None, body, text)
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    if "reasoning_content" in message:
+        events.append(chunk({"reasoning_content": message["reasoning_content"]}))
+    if message["content"]:
+        events += [chunk({"content": p}, text=True) for p in text_pieces(message["content"])]
+    for index, call in enumerate(message.get("tool_calls", [])):
+        start = {
+            **call,
+            "index": index,
+            "function": {"name": call["function"]["name"], "arguments": ""},
+        }
+        events.append(chunk({"tool_calls": [start]}))
+        arguments = {"index": index, "function": {"arguments": call["function"]["arguments"]}}
+        events.append(chunk({"tool_calls": [arguments]}))
+    events.append(chunk({}, finish))
+    if usage:
+        body = {key: whole[key] for key in ("id", "created", "model")}
+        body.update({"object": "chat.completion.chunk", "choices": [], "usage": whole["usage"]})
+        events.append((None, body, False))
+    events.append((None, "[DONE]", False))
+    return events
 
 
 # --- API bodies ------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """What an operator sees in the Temporal Web UI, checked in a real headless Chromium: a finished
 turn's Event History shows each activity's summary, and with turnkeep's codec server the
 encrypted prompt reads as plain text, for a browser signed in with the codec server's token
-and for no other."""
+and for no other; a turn awaiting approval names the waiting call in its current details and
+says `AwaitingApproval` in its search attributes."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Page, expect
 
-from tests.conftest import Harness, history_text, make_settings
+from tests.conftest import Harness, eventually, history_text, make_settings
 from tests.web_ui import (
     chromium,
     encryption_config,
@@ -26,10 +27,11 @@ from tests.web_ui import (
     sign_in_to_codec_server,
     web_ui_with_codec,
 )
-from turnkeep.settings import Settings
+from turnkeep.settings import ApprovalSettings, Settings
 from turnkeep.worker.build import build_worker
 from turnkeep.worker.connection import connect
 from turnkeep.worker.embedded import ServerInfo
+from turnkeep.workflows import visibility
 
 pytestmark = pytest.mark.asyncio
 
@@ -141,3 +143,39 @@ async def test_without_the_token_the_prompt_stays_encrypted(
     await expect(page.get_by_text(PROMPT)).to_have_count(0)
     for summary in finished_turn.summaries:
         await expect(page.get_by_text(summary, exact=True)).to_have_count(0)
+
+
+async def test_operator_sees_a_call_awaiting_approval(stack: Stack, page: Page) -> None:
+    gated = stack.settings.agents["test"].model_copy(
+        update={"approval": ApprovalSettings(tools=["local__add"])}
+    )
+    settings = stack.settings.model_copy(update={"agents": {"gated": gated}})
+    client = await connect(stack.server.address, stack.server.namespace, settings=settings)
+    task_queue = f"browser-{uuid.uuid4().hex[:10]}"
+    worker = build_worker(client, settings, function_tools={"local": [add]}, task_queue=task_queue)
+    # The worker runs while the page is open: the Web UI asks it for the current details.
+    async with worker:
+        turn = await Harness(client, settings, task_queue).start(
+            '***CALL_TOOL local__add {"a": 1, "b": 2}', agent="gated"
+        )
+        [pending] = await eventually(turn.pending_approvals, "the call awaits approval")
+
+        async def awaiting() -> bool:
+            described = await turn.handle.describe()
+            return described.typed_search_attributes.get(visibility.STATUS) == "AwaitingApproval"
+
+        await eventually(awaiting, "TurnkeepStatus is AwaitingApproval")
+        url = stack.server.workflow_url(turn.workflow_id, turn.handle.first_execution_run_id)
+        assert url is not None and stack.server.codec_endpoint is not None
+
+        await sign_in_to_codec_server(page, stack.server.codec_endpoint, TOKEN)
+        await send_credentials_to_codec_server(page, stack.server)
+        await page.goto(url)
+        await page.get_by_role("tab", name="User Metadata").click()
+        # The current details are markdown, drawn in an iframe of their own (the last).
+        details = page.frame_locator("iframe").last
+        await expect(details.get_by_text("awaiting approval")).to_be_visible()
+        await expect(details.get_by_text(pending.call_id, exact=True)).to_be_visible()
+        await page.get_by_role("tab", name="Search Attributes").click()
+        await expect_shown(page, ['"TurnkeepStatus": "AwaitingApproval"'], exact=False)
+        await turn.cancel()  # nothing left running on the module's server

@@ -1,7 +1,8 @@
-"""Cancelling turns on the real server (SPEC §3, §4, §7): every cancelled turn ends **Canceled**
-in Temporal with its conversation repaired exactly as fast-agent repairs it, readable through
-``TurnHandle.result()`` (``TurnCancelledError.result``) and ``TurnHandle.current()``; in-flight
-model and tool calls are really abandoned, not left running."""
+"""Cancelling turns on the real server (docs/concepts/turn-loop.md, docs/concepts/cancellation.md,
+docs/operations/web-ui.md): every cancelled turn ends **Canceled** in Temporal with its conversation
+repaired exactly as fast-agent repairs it, readable through ``TurnHandle.result()``
+(``TurnCancelledError.result``) and ``TurnHandle.current()``; in-flight model and tool calls are
+really abandoned, not left running."""
 
 from __future__ import annotations
 

@@ -112,9 +112,9 @@ async def test_a_model_string_resolves_only_to_registered_providers(
 def test_registry_resolves_built_ins_and_refuses_clashes() -> None:
     registry = installed_providers().with_providers([Shout])
     assert registry.resolve("loud").provider == "shout"
-    assert registry.resolve("sonnet").name == "claude-sonnet-4-5"
+    assert registry.resolve("sonnet").name == "claude-sonnet-5"  # fast-agent's alias table
     assert registry.context_window("shout.x") == 1_000
-    assert registry.context_window("openai.gpt-5") == 400_000
+    assert registry.context_window("openai.gpt-5") == 272_000  # fast-agent's model database
     assert registry.max_tokens("anthropic.claude-x") == 4096
     for model in ("shout", "shout.", "passthrough.x", "playback.y", "nothing.z"):
         with pytest.raises(ApplicationError, match="Unknown model"):

@@ -1,8 +1,9 @@
-"""turnkeep's packages import one way (README, Architecture): ``cli`` may use everything and
-nothing uses it, ``worker`` everything else, ``activities`` and ``payloads`` the configuration
-and the workflow code, ``settings`` the workflow code, ``workflows`` nothing of turnkeep's but
-itself, and any of them ``errors``. Checked by parsing every module's imports, so a wrong turn
-fails here rather than as an import cycle later."""
+"""turnkeep's packages import one way (docs/design.md, Code layout): ``cli`` may use everything and
+nothing uses it, ``worker`` everything else, ``activities`` and ``payloads`` the configuration,
+the workflow code and ``observability`` (metrics and traces), which itself uses only the
+configuration and the workflow code; ``settings`` uses the workflow code, ``workflows`` nothing
+of turnkeep's but itself, and any of them ``errors``. Checked by parsing every module's imports,
+so a wrong turn fails here rather than as an import cycle later."""
 
 from __future__ import annotations
 
@@ -19,14 +20,38 @@ MAY_IMPORT = {
     "workflows": set(),
     # A turn as a step of any workflow: runs in the sandbox, so workflow code only.
     "workflow": {"workflows"},
-    "settings": {"errors", "workflows"},
-    "payloads": {"errors", "settings", "workflows"},
-    "activities": {"errors", "settings", "workflows"},
+    # fast-agent's config keys, targets and RequestParams: plain data the configuration uses.
+    "fastagent": set(),
+    "settings": {"errors", "fastagent", "workflows"},
+    "payloads": {"errors", "observability", "settings", "workflows"},
+    "activities": {"errors", "observability", "settings", "workflows"},
+    # Metrics and traces recorded on the worker side; the metric catalogue and the turn's own
+    # (replay-safe) metrics are workflow code.
+    "observability": {"errors", "settings", "workflows"},
     # Python agents and servers: the configuration, with functions in it.
-    "agents": {"errors", "settings", "workflows"},
-    "worker": {"activities", "agents", "errors", "payloads", "settings", "workflows"},
+    "agents": {"errors", "fastagent", "settings", "workflows"},
+    # Agents declared another framework's way (@fast.agent), served by a worker's plugin.
+    "compat": {"agents", "errors", "fastagent", "settings", "worker", "workflows"},
+    "worker": {
+        "activities",
+        "agents",
+        "errors",
+        "observability",
+        "payloads",
+        "settings",
+        "workflows",
+    },
     # The command line: no other part lists it, so nothing in turnkeep may import it.
-    "cli": {"activities", "agents", "errors", "payloads", "settings", "worker", "workflows"},
+    "cli": {
+        "activities",
+        "agents",
+        "errors",
+        "observability",
+        "payloads",
+        "settings",
+        "worker",
+        "workflows",
+    },
 }
 
 

@@ -1,4 +1,5 @@
-"""Loop control without a server: each rule of SPEC §3 on ``TurnState`` directly."""
+"""Loop control without a server: each rule of the turn loop (docs/concepts/turn-loop.md) on
+``TurnState`` directly."""
 
 from __future__ import annotations
 

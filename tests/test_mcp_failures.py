@@ -292,7 +292,9 @@ async def test_a_hanging_tool_is_cut_off_by_its_timeout(
         {"tool_calls": {"c1": call("effects__effect", tag="hang", seconds=3600)}},
         "gave up",
         servers=["effects"],
-        tool_timeouts={"start_to_close": 2, "heartbeat": 1, "max_attempts": 1},
+        # Listing the tools (which starts the server) runs under the same timeouts: long
+        # enough for a loaded machine, far short of the hang.
+        tool_timeouts={"start_to_close": 8, "heartbeat": 1, "max_attempts": 1},
     )
     config = {"mcp": {"servers": {"effects": effects_server(record)}}, "agents": {"test": agent}}
     async with harness(**config) as h:

@@ -3,7 +3,7 @@
 Histories under ``tests/histories/`` were recorded from representative turns by an earlier
 version of the code; replaying them here makes an unguarded change to ``turnkeep/workflows/``
 fail CI. Refresh them with ``TURNKEEP_RECORD_HISTORIES=1 pytest tests/test_replay.py`` only
-once the old path a guarded change kept is gone (README, "Changing the workflow safely").
+once the old path a guarded change kept is gone (docs/design.md, "Changing the workflow safely").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""What an operator sees of a turn in the Temporal Web UI and filters turns by (SPEC §7):
-activity summaries with the model's outcomes, current details as the turn runs, search
-attributes, and a cluster without those attributes (the worker warns once, `turnkeep setup`
-registers them). The text itself is unit-tested first, without a server."""
+"""What an operator sees of a turn in the Temporal Web UI and filters turns by
+(docs/operations/web-ui.md): activity summaries with the model's outcomes, current details as the
+turn runs, search attributes, and a cluster without those attributes (the worker warns once,
+`turnkeep setup` registers them). The text itself is unit-tested first, without a server."""
 
 from __future__ import annotations
 

@@ -62,13 +62,14 @@ class WorkerProcesses:
         self.started = 0
         self._marker = f"{FLEET_ENV}={uuid.uuid4().hex}".encode()
 
-    def start(self) -> int:
-        """Start one more worker process; returns its pid (not yet polling: see wait_polling)."""
+    def start(self, *args: str) -> int:
+        """Start one more worker process, with ``args`` after ``worker``'s own; returns its pid
+        (not yet polling: see wait_polling)."""
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"worker-{self.started}.log"
         self.started += 1
         argv = [sys.executable, "-m", "turnkeep.cli", "worker", "--config", str(self.config)]
-        argv += ["--address", self.address, "--namespace", self.namespace]
+        argv += ["--address", self.address, "--namespace", self.namespace, *args]
         with log.open("ab") as out:
             proc = subprocess.Popen(
                 argv,

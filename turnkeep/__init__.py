@@ -11,20 +11,24 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from turnkeep.agents import Agent, McpServer
+    from turnkeep.agents import Agent, Approval, McpServer
+    from turnkeep.fastagent.request_params import RequestParams
     from turnkeep.settings import Settings
     from turnkeep.worker.build import build_worker
     from turnkeep.worker.client import TurnHandle, get_turn, start_turn
     from turnkeep.worker.connection import connect
     from turnkeep.worker.plugin import TurnkeepClientPlugin, TurnkeepPlugin
     from turnkeep.worker.session import SessionHandle, open_session
+    from turnkeep.workflows.approval import ApprovalRequest, PolicyDecision
     from turnkeep.workflows.messages import Message, StopReason
     from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnResult
 
 # name -> the module that defines it
 _EXPORTS = {
     "Agent": "turnkeep.agents",
+    "Approval": "turnkeep.agents",
     "McpServer": "turnkeep.agents",
+    "RequestParams": "turnkeep.fastagent.request_params",
     "Settings": "turnkeep.settings",
     "build_worker": "turnkeep.worker.build",
     "TurnHandle": "turnkeep.worker.client",
@@ -35,6 +39,8 @@ _EXPORTS = {
     "TurnkeepPlugin": "turnkeep.worker.plugin",
     "SessionHandle": "turnkeep.worker.session",
     "open_session": "turnkeep.worker.session",
+    "ApprovalRequest": "turnkeep.workflows.approval",
+    "PolicyDecision": "turnkeep.workflows.approval",
     "Message": "turnkeep.workflows.messages",
     "StopReason": "turnkeep.workflows.messages",
     "TurnCancelledError": "turnkeep.workflows.turn_io",
@@ -44,8 +50,12 @@ _EXPORTS = {
 
 __all__ = [
     "Agent",
+    "Approval",
+    "ApprovalRequest",
     "McpServer",
     "Message",
+    "PolicyDecision",
+    "RequestParams",
     "SessionHandle",
     "Settings",
     "StopReason",

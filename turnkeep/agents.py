@@ -13,13 +13,28 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from turnkeep.settings import AgentOptions, AgentSettings, McpServerSettings, Settings
+from turnkeep.fastagent.request_params import RequestParams
+from turnkeep.settings import (
+    AgentOptions,
+    AgentSettings,
+    ApprovalSettings,
+    McpServerSettings,
+    Settings,
+)
 from turnkeep.workflows.activity_io import HookPoint
+from turnkeep.workflows.approval import ApprovalPolicy
 
 Tool = Callable[..., Any]
 HookFunction = Callable[..., Any]
+
+
+class Approval(ApprovalSettings):
+    """A Python agent's ``approval``: the YAML's keys, with ``policy`` a registered policy's
+    name or the policy function itself."""
+
+    policy: str | ApprovalPolicy | None = None  # type: ignore[assignment]
 
 
 class Agent(AgentOptions):
@@ -31,13 +46,43 @@ class Agent(AgentOptions):
       after the agent, so the model sees them as ``<agent>__<function name>``;
     - ``tool_filter``: the YAML's ``tools:`` key, server -> tool name patterns;
     - ``hooks``: per hook point, hook names registered on the worker or functions, registered
-      under their ``__name__``.
+      under their ``__name__``;
+    - ``approval``: the YAML's ``approval`` (``Approval``, whose ``policy`` may be a function),
+      or an approval policy function alone, which then decides on every tool call; a function
+      is registered under its ``__name__``;
+    - fast-agent's names: ``servers`` (server names, added to ``tools``) and
+      ``request_params`` (``turnkeep.RequestParams``), whose ``model``, ``maxTokens``,
+      ``max_iterations``, ``parallel_tool_calls``, ``temperature`` and ``use_history`` set those
+      options (turnkeep/fastagent/request_params.py says what the other fields do).
     """
 
     name: str
     tools: list[str | Tool] = Field(default_factory=list)
     tool_filter: dict[str, list[str]] | None = None
     hooks: dict[HookPoint, list[str | HookFunction]] = Field(default_factory=dict)
+    approval: Approval | ApprovalSettings | ApprovalPolicy | None = None  # type: ignore[assignment]
+    servers: list[str] = Field(default_factory=list)
+    request_params: RequestParams | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fast_agent_names(cls, data: Any) -> Any:
+        """``servers`` join ``tools``; ``request_params`` set the options they name, which must
+        not also be given, differently, as arguments (one would silently win)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        tools = list(data.get("tools") or [])
+        data["tools"] = [*(s for s in data.get("servers") or [] if s not in tools), *tools]
+        params = data.get("request_params")
+        if isinstance(params, dict):
+            params = data["request_params"] = RequestParams.model_validate(params)
+        if isinstance(params, RequestParams):
+            for option, value in params.agent_options().items():
+                if option in data and data[option] != value:
+                    raise ValueError(f"{option} differs between the argument and request_params")
+                data[option] = value
+        return data
 
 
 class McpServer(McpServerSettings):
@@ -55,6 +100,7 @@ class Declared:
     settings: Settings
     function_tools: dict[str, list[Tool]] = field(default_factory=dict)
     hooks: dict[str, HookFunction] = field(default_factory=dict)
+    approval_policies: dict[str, ApprovalPolicy] = field(default_factory=dict)
 
 
 def declare(
@@ -63,12 +109,14 @@ def declare(
     servers: Sequence[McpServer] = (),
     function_tools: Mapping[str, Sequence[Tool]] | None = None,
     hooks: Mapping[str, HookFunction] | None = None,
+    approval_policies: Mapping[str, ApprovalPolicy] | None = None,
 ) -> Declared:
     """``settings`` with ``agents`` and ``servers`` added. A name given twice (an agent, a
-    server, or two different functions under one hook name) is refused: one would silently
-    win."""
+    server, or two different functions under one hook or approval policy name) is refused:
+    one would silently win."""
     tools = {name: list(fns) for name, fns in (function_tools or {}).items()}
     all_hooks = dict(hooks or {})
+    policies = dict(approval_policies or {})
     mcp_servers = dict(settings.mcp.servers)
     for server in servers:
         _add(mcp_servers, server.name, _server_settings(server), "MCP server")
@@ -84,11 +132,13 @@ def declare(
                 )
             _add(tools, agent.name, functions, "function-tool server")
         names = [tool for tool in agent.tools if isinstance(tool, str)]
+        options = agent.model_dump(include=set(AgentOptions.model_fields) - {"approval"})
         _add(
             agent_settings,
             agent.name,
             AgentSettings(
-                **agent.model_dump(include=set(AgentOptions.model_fields)),
+                **options,
+                approval=_approval(agent.approval, policies),
                 servers=[*names, agent.name] if functions else names,
                 tools=agent.tool_filter,
                 hooks={
@@ -107,6 +157,7 @@ def declare(
         ),
         function_tools=tools,
         hooks=all_hooks,
+        approval_policies=policies,
     )
 
 
@@ -116,13 +167,34 @@ def _server_settings(server: McpServer) -> McpServerSettings:
 
 def _hook_name(hook: str | HookFunction, registered: dict[str, HookFunction]) -> str:
     """A hook's name; a function is registered under its ``__name__``."""
-    if isinstance(hook, str):
-        return hook
-    name = getattr(hook, "__name__", "")
+    return _function_name(hook, registered, "hook")
+
+
+def _approval(
+    approval: Approval | ApprovalSettings | ApprovalPolicy | None,
+    registered: dict[str, ApprovalPolicy],
+) -> ApprovalSettings | None:
+    """An agent's approval as settings name it, its policy function (if any) registered."""
+    if approval is None:
+        return None
+    if not isinstance(approval, ApprovalSettings):  # a policy function alone: every call
+        approval = Approval(policy=approval)
+    policy = approval.policy
+    if policy is None or isinstance(policy, str):
+        return ApprovalSettings(**approval.model_dump(exclude={"policy"}), policy=policy)
+    name = _function_name(policy, registered, "approval policy")
+    return ApprovalSettings(**approval.model_dump(exclude={"policy"}), policy=name)
+
+
+def _function_name(function: str | Any, registered: dict[str, Any], what: str) -> str:
+    """A registered function's name; a function is registered under its ``__name__``."""
+    if isinstance(function, str):
+        return function
+    name = getattr(function, "__name__", "")
     if not name or name == "<lambda>":
-        raise ValueError(f"hook {hook!r} needs a name: give it a def, not a lambda")
-    if registered.setdefault(name, hook) is not hook:
-        raise ValueError(f"two different hooks are named {name!r}")
+        raise ValueError(f"{what} {function!r} needs a name: give it a def, not a lambda")
+    if registered.setdefault(name, function) is not function:
+        raise ValueError(f"two different {what}s are named {name!r}")
     return name
 
 

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from turnkeep.errors import config_error, known
+from turnkeep.fastagent.keys import accept_fast_agent_keys
 from turnkeep.workflows.activity_io import (
     DEFAULT_CONTINUE_AS_NEW_BYTES,
     DEFAULT_CONTINUE_AS_NEW_EVENTS,
@@ -55,6 +56,9 @@ class McpServerSettings(_Settings):
     description: str | None = None
     # Seconds to wait for the server to start and answer `initialize`.
     init_timeout: float = 30.0
+    # fast-agent's read timeout: seconds a tool call may wait for its answer before it fails
+    # (an error result the model sees). Unset: only the agent's tool_timeouts bound it.
+    read_timeout_seconds: float | None = Field(default=None, gt=0)
     # Its tools are listed and called by the workers polling this task queue (a host with a
     # GPU, a private network, a desktop), whatever the agent's `task_queue` says.
     task_queue: str | None = Field(default=None, min_length=1)
@@ -75,11 +79,43 @@ class McpSettings(_Settings):
 
 
 class ProviderSettings(_Settings):
-    """fast-agent's ``anthropic:`` / ``openai:`` / ``generic:`` blocks."""
+    """fast-agent's provider blocks (``openai:``, ``generic:``, ``deepseek:``, ``openrouter:``,
+    ``groq:``, ``xai:``, ``google:``; ``anthropic:`` and ``azure:`` add their own keys)."""
 
+    # The API key (unset: fast-agent's variable for the provider from the environment,
+    # `<PROVIDER>_API_KEY`: ANTHROPIC_API_KEY, DEEPSEEK_API_KEY...). Give it as `${VAR}` or in
+    # turnkeep.secrets.yaml.
     api_key: SecretStr | None = None
+    # The API's base URL (unset: the provider's own; required for `generic`).
     base_url: str | None = None
     default_headers: dict[str, str] | None = None
+    # Tokens, for compaction: the window of this provider's models, over turnkeep's own table.
+    # A model turnkeep has no window for (any generic.*, openrouter.* or azure.* one) is not
+    # compacted automatically until this, or the agent's compaction.context_window, is set.
+    context_window: int | None = Field(default=None, gt=0)
+
+
+class AnthropicSettings(ProviderSettings):
+    """``anthropic:``, with fast-agent's extended thinking keys (until its 0.4.49): thinking
+    on for every Claude model that has it, with this budget. A model string's
+    ``?reasoning=`` wins over both."""
+
+    # Extended thinking for the Claude models that have it, unless a model string says.
+    thinking_enabled: bool = False
+    # Its budget in tokens (at least 1,024 is sent; max_tokens is raised past it).
+    thinking_budget_tokens: int = Field(default=10_000, gt=0)
+
+
+class AzureSettings(ProviderSettings):
+    """``azure:`` as fast-agent has it: the resource (or a ``base_url``), the deployment
+    (``azure.<deployment>`` names one per model string), and the API version."""
+
+    # Calls go to https://<resource_name>.openai.azure.com (or `base_url`).
+    resource_name: str | None = None
+    # The deployment the model string `azure` alone means.
+    azure_deployment: str | None = None
+    # Default: 2024-10-21, as fast-agent's.
+    api_version: str | None = None
 
 
 class TimeoutSettings(_Settings):
@@ -91,8 +127,8 @@ class TimeoutSettings(_Settings):
 
 
 class CompactionSettings(_Settings):
-    """Mid-turn compaction (SPEC §6): summarise older exchanges before a follow-up model call
-    once the estimated context reaches ``threshold`` of the model's window."""
+    """Mid-turn compaction (docs/concepts/compaction.md): summarise older exchanges before a
+    follow-up model call once the estimated context reaches ``threshold`` of the model's window."""
 
     enabled: bool = True
     threshold: float = Field(default=0.85, gt=0, le=1)
@@ -152,7 +188,7 @@ class PayloadStorageSettings(_Settings):
     # longest turn plus the namespace's retention (the dev server keeps closed turns 1 day), so
     # a closed turn stays readable for as long as Temporal keeps it.
     # 7d, 12h, 90m, 3600 (seconds), P7D; off: never delete. S3 is never swept: give the bucket
-    # a lifecycle rule instead (see README).
+    # a lifecycle rule instead (docs/concepts/large-payloads.md).
     retention: Retention = timedelta(days=7)
 
     @model_validator(mode="after")
@@ -188,14 +224,24 @@ class VisibilitySettings(_Settings):
 
 
 class ApprovalSettings(_Settings):
-    """Tool calls that wait for a person's decision (the ``decide`` update) before they run."""
+    """Tool calls that wait for a person's decision (the ``decide`` update) before they run,
+    or that an approval policy decides first (allow, deny, or ask a person)."""
 
-    # fnmatch patterns on `server__tool`, e.g. `fs__write_*`, `shell__*`.
-    tools: list[str] = Field(min_length=1)
+    # fnmatch patterns on `server__tool`, e.g. `fs__write_*`, `shell__*`. With `policy`, the
+    # calls put to the policy (empty: every call); without, the calls that wait for a person.
+    tools: list[str] = Field(default_factory=list)
+    # A registered approval policy's name (turnkeep/activities/approval_policy.py).
+    policy: str | None = Field(default=None, min_length=1)
     # How long a call waits: seconds or `1d`, `2h`, `30m`...
     timeout: Annotated[float, BeforeValidator(_duration)] = Field(default=86400.0, gt=0)
     # Then it is denied (by "timeout"); the model gets an isError result and can adapt.
     on_timeout: Literal["deny"] = "deny"
+
+    @model_validator(mode="after")
+    def _tools_or_policy(self) -> ApprovalSettings:
+        if not self.tools and self.policy is None:
+            raise ValueError("approval needs `tools` (globs on server__tool), a `policy`, or both")
+        return self
 
 
 # -- payload encryption (turnkeep/payloads/codec.py, turnkeep/worker/codec_server.py) ------------
@@ -363,6 +409,45 @@ class AgentSettings(AgentOptions):
     hooks: dict[HookPoint, list[str]] = Field(default_factory=dict)
 
 
+class WorkerSettings(_Settings):
+    """How ``turnkeep worker`` runs as a service (docs/operations/worker.md); its command-line
+    flags override these."""
+
+    # On SIGTERM or SIGINT the worker stops polling and gives running activities this long to
+    # finish (`30s`, `2m`, seconds) before it cancels them. Keep the orchestrator's own grace
+    # period (Kubernetes' terminationGracePeriodSeconds) a little longer.
+    graceful_shutdown: Annotated[timedelta, BeforeValidator(_duration)] = timedelta(seconds=30)
+    # HOST:PORT serving GET /healthz and /readyz (e.g. `0.0.0.0:8080`); none when unset.
+    health: str | None = Field(default=None, pattern=r"^\S*:\d{1,5}$")
+
+
+class StreamingSettings(_Settings):
+    """The worker's live-stream server (``turnkeep/worker/live_stream.py``): the text of its
+    in-flight model calls, as the provider streams it, for ``TurnHandle.stream()`` and the CLI."""
+
+    # HOST:PORT it listens on; port 0 picks a free one. Plain HTTP: keep it on loopback or a
+    # private network (each stream needs its attempt's secret token; with encryption on the
+    # text is encrypted).
+    listen: str = Field(default="127.0.0.1:0", pattern=r"^\S*:\d{1,5}$")
+    # The URL clients on other machines reach it at (a proxy, the pod's address); by default
+    # http://<listen address>.
+    advertise: str | None = None
+
+
+class ObservabilitySettings(_Settings):
+    """Metrics and traces (docs/operations/observability.md)."""
+
+    # HOST:PORT where `turnkeep worker` serves Prometheus metrics (GET /metrics), e.g.
+    # `127.0.0.1:9464`; none when unset. `--metrics` overrides it.
+    metrics: str | None = Field(default=None, pattern=r"^\S*:\d{1,5}$")
+    # OpenTelemetry spans for each turn, model call and tool call (needs the `otel` extra);
+    # `turnkeep worker` exports them over OTLP as the standard OTEL_* variables say.
+    tracing: bool = False
+    # Put message content (model input and output, tool arguments and results) on spans.
+    # Off by default: conversations often hold what a tracing backend must not.
+    trace_content: bool = False
+
+
 # Errors don't quote input: a bad value anywhere in the file could be a key or token.
 class Settings(_SecretSettings):
     default_model: str | None = None
@@ -373,6 +458,8 @@ class Settings(_SecretSettings):
     function_tools: dict[str, list[str]] = Field(default_factory=dict)
     # hook name -> "package.module:function"; agents enable hooks by name per hook point.
     hooks: dict[str, str] = Field(default_factory=dict)
+    # approval policy name -> "package.module:function"; agents name one in `approval.policy`.
+    approval_policies: dict[str, str] = Field(default_factory=dict)
     agents: dict[str, AgentSettings] = Field(default_factory=dict)
     # Tool results above this many bytes are truncated with a visible note. Unset (the default):
     # with payload_storage on, never (a large result is stored whole and the model gets all of
@@ -384,13 +471,36 @@ class Settings(_SecretSettings):
     # Long turns continue as new past these history sizes.
     continue_as_new: ContinueAsNewSettings = Field(default_factory=ContinueAsNewSettings)
     visibility: VisibilitySettings = Field(default_factory=VisibilitySettings)
+    # `turnkeep worker`'s shutdown grace period and health endpoint.
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    # The live-stream server of model calls' text; off (message-level streaming) when absent.
+    streaming: StreamingSettings | None = None
+    # Prometheus metrics and OpenTelemetry traces.
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     # Payload encryption (AES-256-GCM) with rotating keys; off when absent.
     encryption: EncryptionSettings | None = None
-    anthropic: ProviderSettings | None = None
+    anthropic: AnthropicSettings | None = None
     openai: ProviderSettings | None = None
     generic: ProviderSettings | None = None
+    deepseek: ProviderSettings | None = None  # DeepSeek: `deepseek.<model>`, `deepseek-chat`
+    openrouter: ProviderSettings | None = None  # OpenRouter: `openrouter.<vendor>/<model>`
+    groq: ProviderSettings | None = None  # Groq: `groq.<model>`
+    xai: ProviderSettings | None = None  # xAI: `xai.<model>`, `grok`
+    # Google's OpenAI-compatible endpoint: `google.<model>`, `gemini25`...
+    google: ProviderSettings | None = None
+    azure: AzureSettings | None = None  # Azure OpenAI: `azure.<deployment>`
     # Where relative paths in the file (cwd, playback) are resolved from.
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
+    # The file these settings came from (the worker says so when it starts), and the
+    # fast-agent keys in it that turnkeep accepts but does nothing with
+    # (turnkeep/fastagent/keys.py), named once when a worker starts.
+    config_file: Path | None = Field(default=None, exclude=True)
+    ignored_keys: list[str] = Field(default_factory=list, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fast_agent_keys(cls, data: Any) -> Any:
+        return accept_fast_agent_keys(data, cls.model_fields)
 
     def unknown_servers(self, known: set[str]) -> dict[str, list[str]]:
         """Per agent, the servers it names that are not among ``known``."""

@@ -1,5 +1,6 @@
 """What the ``compact_history`` activity asks the agent's model: a summary of the older part
-of a conversation, written so the conversation can continue from it (SPEC §6)."""
+of a conversation, written so the conversation can continue from it
+(docs/concepts/compaction.md)."""
 
 from __future__ import annotations
 

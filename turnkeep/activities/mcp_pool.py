@@ -435,10 +435,20 @@ class McpSource(ToolSource):
     use and shared by every concurrent call (MCP multiplexes requests over one session). A
     connection that fails is thrown away so the next call opens a fresh one."""
 
-    def __init__(self, name: str, *, init_timeout: float, redact: Redactor) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        init_timeout: float,
+        redact: Redactor,
+        request_timeout: float | None = None,
+    ) -> None:
         self.name = name
         self.redact = redact
         self._init_timeout = init_timeout
+        # A tool call unanswered this long fails (fast-agent's `read_timeout_seconds`). Not
+        # listings: a server's first answer may be slow on a loaded host, and retries cover it.
+        self._request_timeout = request_timeout
         self._client: Client[Any] | None = None
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
@@ -472,7 +482,8 @@ class McpSource(ToolSource):
         server answered with a JSON-RPC error) or ``CancelledError`` (the MCP client has sent
         the server a cancel notification; the connection stays usable)."""
         return await self._request(
-            f"tools/call {tool}", lambda c: c.call_tool_mcp(tool, arguments, meta=meta)
+            f"tools/call {tool}",
+            lambda c: c.call_tool_mcp(tool, arguments, meta=meta, timeout=self._request_timeout),
         )
 
     async def aclose(self) -> None:
@@ -566,7 +577,12 @@ class _ConfiguredSource(McpSource):
     """An ``mcp.servers`` entry's MCP server."""
 
     def __init__(self, name: str, config: McpServerSettings, settings: Settings) -> None:
-        super().__init__(name, init_timeout=config.init_timeout, redact=Redactor.of(config))
+        super().__init__(
+            name,
+            init_timeout=config.init_timeout,
+            redact=Redactor.of(config),
+            request_timeout=config.read_timeout_seconds,
+        )
         self._config = config
         self._settings = settings
 

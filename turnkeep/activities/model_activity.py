@@ -29,8 +29,10 @@ from turnkeep.activities.models import (
 )
 from turnkeep.activities.parsed_messages import PARSED_MESSAGES, ParsedMessages
 from turnkeep.activities.providers import ModelProvider
+from turnkeep.activities.streaming import LiveServer, streaming_to
 from turnkeep.activities.turn_setup import check_overrides
 from turnkeep.errors import require_workflow
+from turnkeep.observability import spans
 from turnkeep.settings import AgentSettings, Settings
 from turnkeep.workflows.activity_io import (
     COMPACT_HISTORY,
@@ -48,8 +50,15 @@ from turnkeep.workflows.turn_io import TurnOverrides
 
 
 class ModelActivities:
-    def __init__(self, settings: Settings, providers: ProviderRegistry | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        providers: ProviderRegistry | None = None,
+        live: LiveServer | None = None,
+    ) -> None:
+        """``live``: the worker's live-stream server; with it, model calls stream."""
         self._settings = settings
+        self._live = live
         self._registry = providers or installed_providers()
         # SDK clients hold connection pools: one instance per provider per worker process.
         self._providers: dict[str, ModelProvider] = {}
@@ -76,7 +85,38 @@ class ModelActivities:
         overrides = call_overrides(agent, step.model, request)
         check_overrides(self._settings, step.agent, overrides, self._registry)
         provider = self._provider(ref)
-        return await heartbeating(provider.complete(request, ref.name), f"llm #{step.call_index}")
+        spans.model_call(ref.provider, ref.name, request)  # the call's span, when tracing
+        answer = await self._call(provider, request, ref, step.call_index)
+        # The ids come from the activity logger; the content stays out of the log.
+        activity.logger.info(
+            "model call #%d (%s): %s",
+            step.call_index,
+            step.model,
+            answer.stop_reason or "no stop reason",
+            extra={"model": step.model},
+        )
+        return answer
+
+    async def _call(
+        self, provider: ModelProvider, request: LlmRequest, ref: ModelRef, call_index: int
+    ) -> Message:
+        if self._live is None or not provider.streams:
+            return await heartbeating(provider.complete_model(request, ref), f"llm #{call_index}")
+        # Streamed: the provider sends its deltas to this attempt's live stream, whose address
+        # is the heartbeat details (every beat's, so none replaces it), sent at once so that
+        # watchers find it before the first token. The answer is the same Message.
+        converter, attempt = activity.client().data_converter, activity.info().attempt
+        try:
+            live = await self._live.open(converter, call_index, attempt)
+        except Exception as err:  # the live server cannot run: the call goes on, unstreamed
+            activity.logger.warning("live streaming is unavailable: %s", err)
+            return await heartbeating(provider.complete_model(request, ref), f"llm #{call_index}")
+        activity.heartbeat(live.address)
+        try:
+            with streaming_to(live):
+                return await heartbeating(provider.complete_model(request, ref), live.address)
+        finally:
+            self._live.close(live)
 
     @activity.defn(name=COMPACT_HISTORY)
     async def compact_history(self, request: CompactRequest) -> Message:
@@ -84,12 +124,14 @@ class ModelActivities:
         ref = self._allowed_model(request.agent, request.model)
         provider = self._provider(ref)
         summary_call = summary_request(request)
-        return await heartbeating(provider.complete(summary_call, ref.name), "compacting")
+        return await heartbeating(provider.complete_model(summary_call, ref), "compacting")
 
     async def aclose(self) -> None:
         """Close the SDK clients' connection pools (at worker shutdown)."""
         for provider in self._providers.values():
             await provider.aclose()
+        if self._live is not None:
+            await self._live.aclose()
 
     def _configured_models(self) -> list[ModelRef]:
         names = {self._registry.default_model(self._settings)}

@@ -118,6 +118,15 @@ class ToolActivities:
             # retrying will not change, and one the model can act on.
             result = CallToolResult.error(f"Error: {err}")
         duration_ms = (time.perf_counter() - started) * 1000
+        # The activity logger adds the turn's and the activity's ids; never the arguments or
+        # the result, which may hold anything.
+        activity.logger.info(
+            "tool %s: %s in %.0f ms",
+            req.name,
+            "error" if result.is_error else "ok",
+            duration_ms,
+            extra={"call_id": req.call_id, "tool": req.name},
+        )
         if self._max_result_bytes is not None:
             result = truncate_result(result, self._max_result_bytes)
         return ToolCallOutcome(result=result, duration_ms=duration_ms)

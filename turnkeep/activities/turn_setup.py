@@ -9,6 +9,7 @@ from turnkeep.activities.models import (
     ProviderRegistry,
     allowed_models,
     installed_providers,
+    is_allowed,
     max_tokens_limit,
 )
 from turnkeep.errors import config_error, known, require_workflow
@@ -67,7 +68,7 @@ def plan_turn(
             **{name: pick(name) for name in TurnOverrides.model_fields if name != "model"},
             "has_tools": bool(agent.servers),
             "hooks": {point: names for point, names in agent.hooks.items() if names},
-            "compaction": _compaction(agent, providers.context_window(model)),
+            "compaction": _compaction(agent, providers.context_window(model, settings)),
             "continue_as_new": _continue_as_new(settings),
             "visibility": visibility or VisibilityPlan(),
             "llm": _timeouts(agent.llm_timeouts),
@@ -92,7 +93,9 @@ def check_overrides(
     agent = settings.agent(name)
     allowed = allowed_models(settings, agent, providers)
     model = overrides.model or allowed[0]
-    if model not in allowed:
+    # By what the strings name: `sonnet` is `anthropic.claude-sonnet-5`, and a reasoning
+    # setting is part of the model (turnkeep/activities/model_strings.py).
+    if not is_allowed(model, allowed, providers):
         raise config_error(
             "ModelNotAllowed",
             f"Agent {name!r} does not let a turn use model {model!r} "
@@ -156,14 +159,17 @@ def _approval(agent: AgentSettings) -> ApprovalPlan | None:
     rules = agent.approval
     if rules is None:
         return None
-    return ApprovalPlan(tools=rules.tools, timeout=rules.timeout, on_timeout=rules.on_timeout)
+    return ApprovalPlan(
+        tools=rules.tools, timeout=rules.timeout, on_timeout=rules.on_timeout, policy=rules.policy
+    )
 
 
-def _compaction(agent: AgentSettings, model_window: int) -> CompactionPlan | None:
+def _compaction(agent: AgentSettings, model_window: int | None) -> CompactionPlan | None:
     settings = agent.compaction
-    if not settings.enabled:
-        return None
     window = settings.context_window or model_window
+    # An unknown window (generic.* with none configured) is no reason to compact at a guess.
+    if not settings.enabled or window is None:
+        return None
     return CompactionPlan(
         threshold_tokens=int(window * settings.threshold), keep_exchanges=settings.keep_exchanges
     )

@@ -19,6 +19,8 @@ import typer
 
 from turnkeep.cli.commands import approvals, payloads, server, sessions, turns, worker
 from turnkeep.cli.errors import exit_code, report
+from turnkeep.worker.logs import LogFormat, LogLevel
+from turnkeep.worker.logs import configure as configure_logging
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -36,23 +38,42 @@ class _Options:
 
 @app.callback()
 def _global_options(
+    ctx: typer.Context,
     debug: Annotated[
         bool, typer.Option("--debug", help="On an error, print the traceback too.")
     ] = False,
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            envvar="TURNKEEP_LOG_FORMAT",
+            case_sensitive=False,
+            help="Log lines on stderr as text, or as JSON objects that carry the turn's "
+            "workflow_id/run_id and the activity's activity_id/attempt.",
+        ),
+    ] = LogFormat.text,
+    log_level: Annotated[
+        LogLevel | None,
+        typer.Option(
+            envvar="TURNKEEP_LOG_LEVEL",
+            case_sensitive=False,
+            help="Lowest level logged (default: info for `worker` and with --debug, else warning).",
+        ),
+    ] = None,
 ) -> None:
     _Options.debug = debug
-    _log_to_stderr(debug)
+    _log_to_stderr(debug, log_format, log_level, service=ctx.invoked_subcommand == "worker")
 
 
-def _log_to_stderr(debug: bool) -> None:
+def _log_to_stderr(
+    debug: bool, log_format: LogFormat, level: LogLevel | None, *, service: bool
+) -> None:
     """Warnings and errors logged by the SDK or an in-process worker (an activity that failed,
-    with its traceback) as one line each; with ``--debug``, whole and from level INFO."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(
-        logging.Formatter("%(levelname)s %(name)s: %(message)s") if debug else _OneLine()
-    )
-    logging.basicConfig(level=logging.INFO if debug else logging.WARNING, handlers=[handler])
-    logging.captureWarnings(True)  # the SDK's warnings too (a workflow's unfinished handlers)
+    with its traceback) as one line each; with ``--debug``, whole and from level INFO. A
+    worker run as a service (``service``) logs from INFO: its start, shutdown and calls."""
+    if level is None:
+        level = LogLevel.info if debug or service else LogLevel.warning
+    text = logging.Formatter("%(levelname)s %(name)s: %(message)s") if debug else _OneLine()
+    configure_logging(log_format, level, text_formatter=text)
 
 
 class _OneLine(logging.Formatter):

@@ -12,5 +12,10 @@ Address = Annotated[
 ]
 Namespace = Annotated[str | None, typer.Option(help="Temporal namespace.")]
 ConfigPath = Annotated[
-    Path | None, typer.Option("--config", "-c", help="turnkeep.yaml (default: ./turnkeep.yaml).")
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="turnkeep.yaml (default: ./turnkeep.yaml, else fast-agent's config file).",
+    ),
 ]

@@ -9,26 +9,40 @@ import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker
 
 from turnkeep.cli.connect import client_for
-from turnkeep.settings import Settings
+from turnkeep.settings import Settings, StreamingSettings
 from turnkeep.worker.build import build_worker
 from turnkeep.worker.config import ConfigError, find_config
 from turnkeep.worker.embedded import ServerInfo
 
 
-def in_process_worker(client: Client, settings: Settings, config: Path | None) -> Worker:
+def in_process_worker(
+    client: Client, settings: Settings, config: Path | None, **worker_options: Any
+) -> Worker:
     """``build_worker``, with what the config gets wrong as a ``ConfigError``: an agent naming
     a server or hook that is not there, a hook that does not import, storage or keys the
-    client does not share."""
+    client does not share. ``worker_options`` go to ``Worker``."""
     try:
-        return build_worker(client, settings)
+        return build_worker(client, settings, **worker_options)
     except (ValueError, TypeError, ImportError, AttributeError) as err:
         where = find_config(config) or "the configuration"
         raise ConfigError(f"{where} cannot run a worker: {err}") from err
+
+
+def with_streaming(settings: Settings, listen: str) -> Settings:
+    """``settings`` with the live-stream server on ``listen`` (HOST:PORT), its ``advertise``
+    kept."""
+    current = settings.streaming or StreamingSettings()
+    try:
+        streaming = StreamingSettings.model_validate({**current.model_dump(), "listen": listen})
+    except ValueError:  # pydantic's ValidationError; the value itself is not echoed
+        raise ConfigError("--stream must be HOST:PORT, e.g. 0.0.0.0:8765") from None
+    return settings.model_copy(update={"streaming": streaming})
 
 
 async def until_signalled() -> None:
@@ -57,5 +71,9 @@ async def client_and_worker(
     if not (worker if worker is not None else embedded is not None):
         yield client, embedded
         return
+    # This process both runs the turn and watches it: its model calls stream to it on
+    # loopback unless the config says otherwise.
+    if settings.streaming is None:
+        settings = with_streaming(settings, "127.0.0.1:0")
     async with in_process_worker(client, settings, config):
         yield client, embedded

@@ -66,6 +66,7 @@ from temporalio.converter import (
     StorageDriverStoreContext,
 )
 
+from turnkeep.observability.recording import payload_bytes_stored
 from turnkeep.settings import PayloadStorageSettings, Settings
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
@@ -263,6 +264,7 @@ class LocalDirectoryDriver(StorageDriver):
                 os.unlink(tmp)
             raise
         _fsync_directory(self.directory)
+        payload_bytes_stored("local", len(data))
         return digest
 
     def _read(self, claim: Mapping[str, str]) -> Payload:
@@ -636,6 +638,7 @@ class _LazyS3Client(S3StorageDriverClient):
 
     async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
         await (await self._client()).put_object(bucket=bucket, key=self._key(key), data=data)
+        payload_bytes_stored("s3", len(data))
 
     async def object_exists(self, *, bucket: str, key: str) -> bool:
         return await (await self._client()).object_exists(bucket=bucket, key=self._key(key))

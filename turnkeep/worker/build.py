@@ -17,6 +17,7 @@ from turnkeep.agents import Agent, McpServer
 from turnkeep.settings import Settings
 from turnkeep.worker.plugin import FunctionTools, TurnkeepPlugin
 from turnkeep.worker.workflow_runner import WORKFLOW_RUNNER
+from turnkeep.workflows.approval import ApprovalPolicy
 
 
 def build_worker(
@@ -27,6 +28,7 @@ def build_worker(
     servers: Sequence[McpServer] = (),
     function_tools: FunctionTools | None = None,
     hooks: Mapping[str, Hook] | None = None,
+    approval_policies: Mapping[str, ApprovalPolicy] | None = None,
     providers: Sequence[type[ModelProvider]] = (),
     tool_sources: Sequence[type[ToolSource]] = (),
     task_queue: str | None = None,
@@ -44,6 +46,7 @@ def build_worker(
         servers=servers,
         function_tools=function_tools,
         hooks=hooks,
+        approval_policies=approval_policies,
         providers=providers,
         tool_sources=tool_sources,
         model_input_handoff=model_input_handoff,

@@ -24,6 +24,7 @@ from temporalio.client import (
 from temporalio.exceptions import CancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
+from turnkeep.worker.live_stream import StreamEvent, stream_turn
 from turnkeep.worker.search_attributes import present_search_attributes
 from turnkeep.worker.turn_history import read_turn
 from turnkeep.workflows import visibility
@@ -45,7 +46,32 @@ from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
 DEFAULT_TASK_QUEUE = "turnkeep"
 _QUERY_ATTEMPTS = 3
-_RETRYABLE_QUERY = (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE)
+# A query the server gave up on (a busy worker, or a run that has just continued as new and
+# answers once a worker has run its first task) is worth asking again; the SDK reports its own
+# RPC timeout as CANCELLED ("Timeout expired").
+_RETRYABLE_QUERY = (
+    RPCStatusCode.DEADLINE_EXCEEDED,
+    RPCStatusCode.UNAVAILABLE,
+    RPCStatusCode.CANCELLED,
+)
+
+
+async def query_retrying(handle: WorkflowHandle[Any, Any], query: Any, arg: Any) -> Any:
+    """``handle.query(query, arg)``, asked again (up to ``_QUERY_ATTEMPTS`` times) when the
+    server gave up on it rather than the workflow refusing it."""
+    attempt = 1
+    while True:
+        try:
+            return await handle.query(query, arg)
+        except RPCError as err:
+            task = asyncio.current_task()
+            if (
+                err.status not in _RETRYABLE_QUERY
+                or attempt >= _QUERY_ATTEMPTS
+                or (task is not None and task.cancelling())
+            ):
+                raise
+            attempt += 1
 
 
 def summarize(turn: TurnInput, limit: int = 120) -> str:
@@ -142,6 +168,17 @@ class TurnHandle:
             if progress is None or (progress.done and index >= progress.count):
                 return
 
+    def stream(
+        self, start: int = 0, *, include_tool_results: bool = False, every: bool = False
+    ) -> AsyncIterator[StreamEvent]:
+        """``messages()`` as ``MessageEvent``s, with the live text of each model call in
+        between as the provider streams it (``TextDelta``, ``ToolCallStart``, ``Restarted``
+        when a call is retried) when the worker serves it (``streaming:`` in its config).
+        Without a reachable live stream, only the ``MessageEvent``s: no error. The messages
+        are always the ones in history (``turnkeep/worker/live_stream.py``)."""
+        messages = self.messages(start, include_tool_results=include_tool_results, every=every)
+        return stream_turn(self.client, self.handle, messages)
+
     async def result(self) -> TurnResult:
         """The turn's result; raises ``TurnCancelledError`` (with the repaired conversation)
         when it was cancelled."""
@@ -203,16 +240,8 @@ class TurnHandle:
     async def _transcript(self, start: int) -> list[Message]:
         """``TurnResult.messages[start:]`` from the current run (every run of the turn holds
         them all, so which one answers does not matter)."""
-        attempt = 1
-        while True:
-            try:
-                return await self.handle.query(TurnWorkflow.transcript, start)
-            except RPCError as err:
-                # A run that has just continued as new answers once a worker has run its
-                # first task; a busy worker may not get there before the server gives up.
-                if err.status not in _RETRYABLE_QUERY or attempt >= _QUERY_ATTEMPTS:
-                    raise
-                attempt += 1
+        messages: list[Message] = await query_retrying(self.handle, TurnWorkflow.transcript, start)
+        return messages
 
     async def _running(self) -> bool:
         return (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING

@@ -3,10 +3,14 @@
 ``${VAR}`` and ``${VAR:default}`` are expanded from the environment; a secrets file beside the
 config (``turnkeep.secrets.yaml``) is merged over it, so keys can stay out of the main file and
 out of version control. Keys only ever live here and in the environment, never in a turn.
+
+With no ``turnkeep.yaml``, a fast-agent project's own files are found by fast-agent's names and
+rules (``find_fast_agent_config``), with its secrets file merged over them the same way.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -19,6 +23,10 @@ from turnkeep.settings import AgentSettings, Settings
 
 CONFIG_NAME = "turnkeep.yaml"
 SECRETS_NAME = "turnkeep.secrets.yaml"
+# fast-agent's names (fast_agent/home.py), preferred first; one directory may hold only one.
+FAST_AGENT_CONFIG_NAMES = ("fast-agent.yaml", "fast-agent.config.yaml", "fastagent.config.yaml")
+FAST_AGENT_SECRETS_NAMES = ("fast-agent.secrets.yaml", "fastagent.secrets.yaml")
+log = logging.getLogger(__name__)
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
 
 
@@ -56,13 +64,45 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def find_config(path: Path | None = None) -> Path | None:
-    """An explicit path, else $TURNKEEP_CONFIG, else ./turnkeep.yaml, else none."""
+    """An explicit path, else $TURNKEEP_CONFIG, else ./turnkeep.yaml, else fast-agent's config
+    file (``find_fast_agent_config``), else none."""
     if path is not None:
         return path
     if os.environ.get("TURNKEEP_CONFIG"):
         return Path(os.environ["TURNKEEP_CONFIG"])
     local = Path.cwd() / CONFIG_NAME
-    return local if local.exists() else None
+    return local if local.exists() else find_fast_agent_config(Path.cwd())
+
+
+def find_fast_agent_config(cwd: Path) -> Path | None:
+    """fast-agent's config file, as fast-agent finds it: in its home ($FAST_AGENT_HOME, else
+    ./.fast-agent), then in the working directory (fast-agent 0.7 and later), then in each
+    directory above it (fast-agent up to 0.6 searched upward, and projects rely on it)."""
+    cwd = cwd.resolve()
+    home = Path(os.environ.get("FAST_AGENT_HOME") or ".fast-agent").expanduser()
+    for directory in (cwd / home, cwd, *cwd.parents):
+        found = _one_of(directory, FAST_AGENT_CONFIG_NAMES)
+        if found is not None:
+            return found
+    return None
+
+
+def _secrets_for(config: Path) -> Path | None:
+    """The secrets file beside a config: fast-agent's names beside a fast-agent config."""
+    if config.name in FAST_AGENT_CONFIG_NAMES:
+        return _one_of(config.parent, FAST_AGENT_SECRETS_NAMES)
+    secrets = config.with_name(SECRETS_NAME)
+    return secrets if secrets.exists() else None
+
+
+def _one_of(directory: Path, names: tuple[str, ...]) -> Path | None:
+    found = [directory / name for name in names if (directory / name).is_file()]
+    if len(found) > 1:
+        # fast-agent refuses this too: which one wins would be a guess.
+        raise ConfigError(
+            f"{directory} holds {', '.join(p.name for p in found)}: keep only one of them"
+        )
+    return found[0] if found else None
 
 
 def load_settings(path: Path | None = None) -> Settings:
@@ -73,11 +113,17 @@ def load_settings(path: Path | None = None) -> Settings:
     if found is not None:
         raw = _read_yaml(found)
         base_dir = found.resolve().parent
-        secrets = found.with_name(SECRETS_NAME)
-        if secrets.exists():
+        secrets = _secrets_for(found)
+        if secrets is not None:
             raw = merge(raw, _read_yaml(secrets))
     try:
-        settings = Settings.model_validate({**expand(raw), "base_dir": base_dir})
+        settings = Settings.model_validate(
+            {
+                **expand(raw),
+                "base_dir": base_dir,
+                "config_file": found.resolve() if found is not None else None,
+            }
+        )
     except ValidationError as err:
         raise ConfigError(f"{found or 'configuration'} is invalid:\n{err}") from err
     if not settings.agents:
@@ -93,3 +139,15 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping at the top level")
     return data
+
+
+def announce_configuration(config_file: Path | None, ignored_keys: list[str]) -> None:
+    """A starting worker's word on its configuration: the file it came from, and in one line
+    the fast-agent keys in it that turnkeep accepts but does nothing with."""
+    log.info("configuration: %s", config_file or "none (defaults)")
+    if ignored_keys:
+        log.warning(
+            "%s: fast-agent keys turnkeep ignores: %s",
+            config_file or "configuration",
+            ", ".join(ignored_keys),
+        )

@@ -40,17 +40,24 @@ from temporalio.worker import (
     WorkflowRunner,
 )
 
+from turnkeep.activities.approval_policy import ApprovalPolicyActivities, load_policies
 from turnkeep.activities.child_turn import read_child_turn
 from turnkeep.activities.hook_activity import Hook, HookActivities
 from turnkeep.activities.mcp_pool import McpPool, import_callable, installed_tool_sources
 from turnkeep.activities.model_activity import ModelActivities, ModelInputHandoffInterceptor
-from turnkeep.activities.models import installed_providers
+from turnkeep.activities.models import (
+    announce_unknown_context_windows,
+    installed_providers,
+    unknown_context_windows,
+)
 from turnkeep.activities.providers import ModelProvider
 from turnkeep.activities.tool_activities import ToolActivities, tool_result_limit
 from turnkeep.activities.tool_sources import ToolSource
 from turnkeep.activities.turn_setup import TurnSetupActivities
 from turnkeep.agents import Agent, McpServer, declare
 from turnkeep.errors import known
+from turnkeep.observability.recording import ActivityMetrics, set_storage_runtime
+from turnkeep.observability.setup import tracing_interceptors
 from turnkeep.payloads.codec import payload_codec
 from turnkeep.payloads.storage import external_storage, payload_sweeper
 from turnkeep.settings import Settings
@@ -61,8 +68,11 @@ from turnkeep.worker.composition import (
     with_converter,
     with_passthrough,
 )
+from turnkeep.worker.config import announce_configuration
+from turnkeep.worker.live_stream import LiveStreams
 from turnkeep.worker.search_attributes import usable_search_attributes
 from turnkeep.worker.workflow_runner import WORKFLOW_RUNNER
+from turnkeep.workflows.approval import ApprovalPolicy
 from turnkeep.workflows.session_workflow import SessionWorkflow
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
@@ -107,12 +117,13 @@ class TurnkeepPlugin(SimplePlugin):
 
     ``settings`` (a turnkeep.yaml's; default: no agents, payload storage under the state
     directory) are merged with ``agents`` and ``servers`` (``turnkeep/agents.py``);
-    ``function_tools`` and ``hooks`` register more functions by server and hook name, over the
-    settings' hooks of the same name; ``storage`` replaces what ``settings.payload_storage``
-    describes. ``providers`` and ``tool_sources`` register model providers and kinds of tool
-    server (``mcp.servers`` entries whose ``transport`` names them) beside the built-in and
-    installed ones. ``model_input_handoff=False`` makes every model call read its input by query,
-    as one running on another worker does (benchmarks compare the two).
+    ``function_tools``, ``hooks`` and ``approval_policies`` register more functions by server,
+    hook and policy name, over the settings' hooks and policies of the same name; ``storage``
+    replaces what ``settings.payload_storage`` describes. ``providers`` and ``tool_sources``
+    register model providers and kinds of tool server (``mcp.servers`` entries whose
+    ``transport`` names them) beside the built-in and installed ones.
+    ``model_input_handoff=False`` makes every model call read its input by query, as one
+    running on another worker does (benchmarks compare the two).
     """
 
     def __init__(
@@ -123,6 +134,7 @@ class TurnkeepPlugin(SimplePlugin):
         servers: Sequence[McpServer] = (),
         function_tools: FunctionTools | None = None,
         hooks: Mapping[str, Hook] | None = None,
+        approval_policies: Mapping[str, ApprovalPolicy] | None = None,
         storage: ExternalStorage | None = None,
         providers: Sequence[type[ModelProvider]] = (),
         tool_sources: Sequence[type[ToolSource]] = (),
@@ -132,8 +144,17 @@ class TurnkeepPlugin(SimplePlugin):
         named_hooks: dict[str, Hook] = {
             name: import_callable(path, settings.base_dir) for name, path in settings.hooks.items()
         }
+        named_policies: dict[str, ApprovalPolicy] = {
+            name: import_callable(path, settings.base_dir)
+            for name, path in settings.approval_policies.items()
+        }
         declared = declare(
-            settings, agents, servers, function_tools, {**named_hooks, **(hooks or {})}
+            settings,
+            agents,
+            servers,
+            function_tools,
+            {**named_hooks, **(hooks or {})},
+            {**named_policies, **(approval_policies or {})},
         )
         # YAML and Python agents alike: what every activity re-checks requests against.
         settings = declared.settings
@@ -149,11 +170,16 @@ class TurnkeepPlugin(SimplePlugin):
         )
         all_hooks = declared.hooks
         _check_names(settings, set(pool.servers), set(all_hooks))
+        # Every policy an agent names, or the worker does not start.
+        policies = load_policies(settings, declared.approval_policies)
         tools = ToolActivities(settings, pool, storage_on=self.storage is not None)
         # Model strings resolve to the built-in and installed providers, and these.
         registry = installed_providers().with_providers(providers)
-        models = ModelActivities(settings, registry)
+        live = LiveStreams(settings.streaming) if settings.streaming else None
+        models = ModelActivities(settings, registry, live)
         self._setup = TurnSetupActivities(settings, registry)
+        self._config_file, self._ignored_keys = settings.config_file, settings.ignored_keys
+        self._unknown_windows = unknown_context_windows(settings, registry)
         activities: list[Callable[..., Any]] = [
             self._setup.prepare_turn,
             models.llm_step,
@@ -161,6 +187,7 @@ class TurnkeepPlugin(SimplePlugin):
             tools.list_tools,
             tools.call_tool,
             HookActivities(settings, all_hooks).run_hook,
+            ApprovalPolicyActivities(settings, policies).approval_policy,
             # A parent workflow's `turnkeep.workflow.run_turn` reads a cancelled turn with it.
             read_child_turn,
         ]
@@ -173,7 +200,13 @@ class TurnkeepPlugin(SimplePlugin):
                 await pool.aclose()
                 await models.aclose()
 
-        interceptors = _interceptors(self.storage)
+        # Traces first (outermost), when observability.tracing is on; metrics always: they go
+        # to whatever exporter the worker's runtime has (none: nothing is recorded).
+        interceptors = [
+            *tracing_interceptors(settings.observability),
+            ActivityMetrics(),
+            *_interceptors(self.storage),
+        ]
         if model_input_handoff:
             # A model call that runs on this worker takes its input from the workflow in
             # memory instead of by query (turnkeep/activities/model_activity.py): a round trip
@@ -204,6 +237,10 @@ class TurnkeepPlugin(SimplePlugin):
         return super().configure_worker(config)
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
+        announce_configuration(self._config_file, self._ignored_keys)
+        announce_unknown_context_windows(self._unknown_windows)
+        # Payload storage records the bytes it writes on this worker's runtime.
+        set_storage_runtime(worker.client.service_client.config.runtime)
         # Before it polls: which search attributes its turns may set (warns once if some are
         # missing). prepare_turn records this in each turn's plan.
         usable = await usable_search_attributes(worker.client)

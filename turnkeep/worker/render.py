@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from turnkeep.worker.live_stream import MessageEvent, Restarted, StreamEvent, TextDelta
 from turnkeep.worker.turn_history import ActivityOutcome, ActivityTiming, TurnStatus, TurnView
 from turnkeep.workflows.messages import Message, StopReason
 from turnkeep.workflows.turn_io import TurnResult
@@ -75,6 +76,25 @@ class TurnRenderer:
         self._tool_names: dict[str, str] = {}  # call id -> tool name, to label results
         # call id -> the tool call's activity, when rendering a turn read from its history
         self._tool_timings: dict[str, ActivityTiming] = {}
+        # The live text printed of the model call in progress (``live``), so its completed
+        # message does not print it again.
+        self._live_text = ""
+
+    def live(self, event: StreamEvent) -> None:
+        """An event of ``TurnHandle.stream()``: live text is printed as it comes, on one
+        line that the completed message then ends."""
+        if isinstance(event, MessageEvent):
+            self.message(event.message)
+        elif isinstance(event, TextDelta):
+            if not self._live_text:
+                self.console.print(Text("assistant › ", "bold green"), end="")
+            self._live_text += event.text
+            self.console.print(Text(_visible(event.text)), end="", soft_wrap=True)
+        elif isinstance(event, Restarted):
+            if self._live_text:
+                self.console.print()
+            self._live_text = ""
+            self._line((f"[model call restarted: attempt {event.attempt}]", "yellow"))
 
     def message(self, message: Message) -> None:
         if message.role == "assistant":
@@ -85,7 +105,11 @@ class TurnRenderer:
             self._line(("user ›", "bold blue"), " ", self._content(message.text))
 
     def _assistant(self, message: Message) -> None:
-        if message.text:
+        live, self._live_text = self._live_text, ""
+        if live:
+            self.console.print()  # ends the live line
+        if message.text and message.text != live:
+            # Not (all) seen live: the message, as history has it.
             self._line(("assistant ›", "bold green"), " ", self._content(message.text))
         for call_id, call in (message.tool_calls or {}).items():
             self._tool_names[call_id] = call.name

@@ -29,7 +29,8 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from turnkeep.worker.client import DEFAULT_TASK_QUEUE, get_turn
+from turnkeep.worker.client import DEFAULT_TASK_QUEUE, get_turn, query_retrying
+from turnkeep.worker.live_stream import MessageEvent, StreamEvent
 from turnkeep.worker.search_attributes import present_search_attributes
 from turnkeep.worker.turn_history import TurnHistoryError, TurnView, read_turn
 from turnkeep.workflows import visibility
@@ -150,7 +151,7 @@ class SessionHandle:
                     yield message
                 return
             if progress.count > index:
-                for message in await self.handle.query(SessionWorkflow.transcript, index):
+                for message in await query_retrying(self.handle, SessionWorkflow.transcript, index):
                     index += 1
                     yield message
             turn = progress.turn
@@ -160,6 +161,38 @@ class SessionHandle:
                 async for message in live.messages(index - turn.start, every=True):
                     index += 1
                     yield message
+            seen = turn.workflow_id if turn else None
+            caught_up = turn is None and index >= progress.count
+            if caught_up and (
+                progress.closed or (until_turn is not None and progress.turns_ended >= until_turn)
+            ):
+                return
+
+    async def stream(
+        self, start: int = 0, *, until_turn: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """``messages()`` as ``MessageEvent``s, with the live text of the running turn's model
+        calls in between (``TurnHandle.stream()``)."""
+        index = start
+        seen: str | None = None
+        followed: str | None = None
+        while True:
+            progress = await self._wait(index, seen)
+            if progress is None:
+                for message in (await self.handle.result()).transcript[index:]:
+                    yield MessageEvent(message=message)
+                return
+            if progress.count > index:
+                for message in await query_retrying(self.handle, SessionWorkflow.transcript, index):
+                    index += 1
+                    yield MessageEvent(message=message)
+            turn = progress.turn
+            if turn is not None and turn.workflow_id != followed and index >= turn.start:
+                followed = turn.workflow_id
+                live = get_turn(self.client, turn.workflow_id)
+                async for event in live.stream(index - turn.start, every=True):
+                    index += isinstance(event, MessageEvent)
+                    yield event
             seen = turn.workflow_id if turn else None
             caught_up = turn is None and index >= progress.count
             if caught_up and (

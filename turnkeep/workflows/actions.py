@@ -1,7 +1,7 @@
-"""The loop's *actions* as seen from workflow code: each one schedules activities by name and
-turns their failures into what the loop expects (SPEC §3): a failed model call becomes an
-assistant ``error`` message, a failed tool call an isError result. Nothing here decides
-when to call what; that is ``turnkeep/workflows/loop.py``."""
+"""The loop's *actions* as seen from workflow code: each one schedules activities by name and turns
+their failures into what the loop expects (docs/concepts/turn-loop.md): a failed model call becomes
+an assistant ``error`` message, a failed tool call an isError result. Nothing here decides when to
+call what; that is ``turnkeep/workflows/loop.py``."""
 
 from __future__ import annotations
 
@@ -40,6 +40,12 @@ from turnkeep.workflows.activity_io import (
     ToolsRequest,
     TurnPlan,
 )
+from turnkeep.workflows.approval import (
+    APPROVAL_POLICY,
+    PolicyRequest,
+    PolicyVerdicts,
+    failed_policy,
+)
 from turnkeep.workflows.loop import ToolBatch
 from turnkeep.workflows.messages import CallToolResult, Message, StopReason, TextContent
 from turnkeep.workflows.turn_io import TurnInput
@@ -51,6 +57,8 @@ T = TypeVar("T")
 SETUP = Timeouts(start_to_close=120.0, heartbeat=15.0, max_attempts=3)
 # Hooks are the worker owner's own code: quick, and retried a little in case of I/O hiccups.
 _HOOK = Timeouts(start_to_close=60.0, heartbeat=None, max_attempts=3)
+# A policy decides while the model's tool calls wait: quick, and retried a little.
+_POLICY = Timeouts(start_to_close=30.0, heartbeat=None, max_attempts=3)
 
 
 async def execute(
@@ -222,6 +230,17 @@ async def run_hook(hook: str, context: HookContext) -> HookChange:
     request = HookRequest(hook=hook, context=context)
     summary = visibility.hook_summary(context.hook_point, hook)
     return await execute(RUN_HOOK, request, HookChange, summary, _HOOK)
+
+
+async def approval_policy(request: PolicyRequest) -> PolicyVerdicts:
+    """The policy's decisions on a batch's held calls; a policy that fails on every attempt
+    denies them all (never allows)."""
+    summary = visibility.clip(f"approval policy {request.policy} · {len(request.calls)} call(s)")
+    try:
+        return await execute(APPROVAL_POLICY, request, PolicyVerdicts, summary, _POLICY)
+    except ActivityError as err:
+        workflow.logger.warning("approval policy %r failed: %s", request.policy, failure_text(err))
+        return failed_policy(request)
 
 
 async def compact_history(messages: list[Message], plan: TurnPlan) -> str:

@@ -1,22 +1,39 @@
-"""Human approval of tool calls: which calls wait for a person, what a person decides, and what
-the turn records of it. Pure (pydantic and stdlib only), so the workflow, the worker that plans
-the turn and any client share these models."""
+"""Approval of tool calls: which calls wait for a person, which an approval policy decides, what
+a person or a policy decides, and what the turn records of it. Pure (pydantic and stdlib only),
+so the workflow, the worker that plans the turn and any client share these models.
+
+An approval policy is a function registered on the worker by name
+(``turnkeep/activities/approval_policy.py`` runs it, as an activity: user code is not
+deterministic). It sees each call in its scope as an ``ApprovalRequest`` and answers
+``"allow"`` (the call runs), ``"deny"`` (it is answered with an isError result, like a person's
+denial) or ``"ask"`` (it waits for a person, as the glob rules make it), or a
+``PolicyDecision`` with a reason."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from fnmatch import fnmatchcase
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from turnkeep.workflows.messages import CallToolResult
+
+if TYPE_CHECKING:  # loop.py and activity_io.py import this module
+    from turnkeep.workflows.activity_io import ToolCallRequest
+    from turnkeep.workflows.loop import ToolBatch
 
 # The update a person's decision arrives by, and the query listing what waits.
 DECIDE_UPDATE = "decide"
 PENDING_QUERY = "pending_approvals"
 # Who "decides" when nobody did in time.
 TIMEOUT_DECIDER = "timeout"
+# The activity that puts a batch's calls to the agent's approval policy.
+APPROVAL_POLICY = "approval_policy"
+# The reason a call is denied with when its policy could not decide (it raised, on every
+# attempt, or answered something that is not a decision): never allowed on a failure.
+POLICY_FAILED_REASON = "approval policy failed"
 # Bounds on what a client writes into the turn's history with a decision.
 _BY_MAX_CHARS = 200
 _REASON_MAX_CHARS = 2000
@@ -25,11 +42,19 @@ _REASON_MAX_CHARS = 2000
 class ApprovalPlan(BaseModel):
     """An agent's approval rules, resolved by ``prepare_turn`` into the turn's plan."""
 
-    tools: list[str]  # fnmatch patterns on `server__tool`
+    tools: list[str] = Field(default_factory=list)  # fnmatch patterns on `server__tool`
     timeout: float  # seconds a call waits for a decision
     on_timeout: Literal["deny"] = "deny"
+    # The registered approval policy that decides first; None: every call `tools` names waits
+    # for a person.
+    policy: str | None = None
 
     def needs_approval(self, tool: str) -> bool:
+        """Whether a call of ``tool`` is held: for a person or, with a policy, for the policy
+        (which asks a person only when it answers "ask"). A policy with no ``tools`` sees
+        every call."""
+        if self.policy is not None and not self.tools:
+            return True
         # Case-sensitive, as tool names are: `fs__Write` is not `fs__write`.
         return any(fnmatchcase(tool, pattern) for pattern in self.tools)
 
@@ -80,6 +105,126 @@ class DecisionRecord(BaseModel):
         return CallToolResult.error(
             f"Tool call denied by {self.by}: {self.reason or 'no reason given'}"
         )
+
+
+# -- approval policies ---------------------------------------------------------------------------
+
+
+class ApprovalRequest(BaseModel):
+    """One tool call, as an approval policy sees it. ``workflow_id`` is the turn's, as Temporal
+    gave it to the activity, not as a client claimed it."""
+
+    agent: str
+    workflow_id: str
+    call_id: str
+    name: str  # server__tool, as the model and the approval globs name it
+    server: str
+    tool: str  # the tool's own name
+    arguments: dict[str, Any]
+
+
+PolicyAction = Literal["allow", "deny", "ask"]
+
+
+class PolicyDecision(BaseModel):
+    """A policy's answer with a reason: a denial's reason reaches the model and the audit
+    trail."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: PolicyAction
+    reason: str | None = Field(default=None, max_length=_REASON_MAX_CHARS)
+
+
+PolicyAnswer = PolicyAction | PolicyDecision
+ApprovalPolicy = Callable[[ApprovalRequest], PolicyAnswer | Awaitable[PolicyAnswer]]
+"""An approval policy: sync (run in a thread) or async, answering "allow", "deny" or "ask", or
+a ``PolicyDecision``."""
+
+
+class PolicyCall(BaseModel):
+    """A call put to the policy: what the model asked for."""
+
+    call_id: str
+    name: str  # server__tool
+    arguments: dict[str, Any]
+
+
+class PolicyRequest(BaseModel):
+    """The input of the ``approval_policy`` activity: the calls of one tool-use batch in the
+    policy's scope, so a batch adds one activity to the history, not one per call."""
+
+    agent: str
+    policy: str
+    calls: list[PolicyCall] = Field(min_length=1)
+
+
+class PolicyVerdicts(BaseModel):
+    """The policy's decision on each call of a ``PolicyRequest``, by call id."""
+
+    decisions: dict[str, PolicyDecision]
+
+
+def policy_decider(policy: str) -> str:
+    """Who a policy's decisions are recorded as taken by."""
+    return f"policy:{policy}"
+
+
+def policy_request(plan: ApprovalPlan, agent: str, calls: list[ToolCallRequest]) -> PolicyRequest:
+    assert plan.policy is not None, "only an agent with a policy puts calls to one"
+    return PolicyRequest(
+        agent=agent,
+        policy=plan.policy,
+        calls=[PolicyCall(call_id=c.call_id, name=c.name, arguments=c.arguments) for c in calls],
+    )
+
+
+def failed_policy(request: PolicyRequest) -> PolicyVerdicts:
+    """What a policy that could not decide decides: deny every call it was asked about."""
+    deny = PolicyDecision(action="deny", reason=POLICY_FAILED_REASON)
+    return PolicyVerdicts(decisions={call.call_id: deny for call in request.calls})
+
+
+def apply_verdicts(
+    batch: ToolBatch,
+    plan: ApprovalPlan,
+    verdicts: PolicyVerdicts,
+    order: list[str],
+    now: datetime,
+) -> tuple[ToolBatch, list[DecisionRecord]]:
+    """``batch`` once the policy has decided on its held calls, and the records of what it
+    decided: allowed calls run with the others (in the model's ``order`` of call ids), denied
+    ones are answered with the denial, and those it asks about (or left out) stay held for a
+    person."""
+    assert plan.policy is not None
+    allowed: list[ToolCallRequest] = []
+    asked: list[ToolCallRequest] = []
+    answered = dict(batch.answered)
+    records: list[DecisionRecord] = []
+    for call in batch.gated:
+        verdict = verdicts.decisions.get(call.call_id, PolicyDecision(action="ask"))
+        if verdict.action == "ask":
+            asked.append(call)
+            continue
+        record = DecisionRecord(
+            call_id=call.call_id,
+            tool=call.name,
+            decision="approve" if verdict.action == "allow" else "deny",
+            by=policy_decider(plan.policy),
+            reason=verdict.reason,
+            at=now,
+        )
+        records.append(record)
+        if record.approved:
+            allowed.append(call)
+        else:
+            answered[call.call_id] = CallToolResult.error(
+                f"Tool call denied by policy {plan.policy}: {verdict.reason or 'no reason given'}"
+            )
+    position = {call_id: i for i, call_id in enumerate(order)}
+    to_run = sorted([*batch.to_run, *allowed], key=lambda call: position.get(call.call_id, 0))
+    screened = batch.model_copy(update={"to_run": to_run, "gated": asked, "answered": answered})
+    return screened, records
 
 
 def format_seconds(seconds: float) -> str:

@@ -1,4 +1,4 @@
-"""What a client sends to start a turn and what it gets back (SPEC §2)."""
+"""What a client sends to start a turn and what it gets back (docs/library.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``TurnWorkflow``: one agent turn as one Temporal workflow (SPEC §3, §4, §7).
+"""``TurnWorkflow``: one agent turn as one Temporal workflow (docs/concepts/turn-loop.md,
+docs/concepts/cancellation.md, docs/operations/web-ui.md).
 
 The history of this workflow *is* the checkpoint: every model call and tool call is an
 activity, so a worker that dies mid-turn is replaced by another that replays to the same point
@@ -17,7 +18,7 @@ from temporalio import workflow
 from temporalio.api.common.v1 import Payloads
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from turnkeep.workflows import actions, visibility
+from turnkeep.workflows import actions, turn_metrics, visibility
 from turnkeep.workflows.activity_io import (
     MODEL_INPUT_QUERY,
     ContinueAsNewPlan,
@@ -34,6 +35,8 @@ from turnkeep.workflows.approval import (
     Decision,
     DecisionRecord,
     PendingCall,
+    apply_verdicts,
+    policy_request,
 )
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import CallToolResult, Message
@@ -105,13 +108,18 @@ class TurnWorkflow:
             self._failed_before_start()
             raise self._start
         turn, carried = self._start
+        if carried is None:  # not a run the turn continued as new into
+            turn_metrics.turn_started(turn.agent)
         if self._state is None:
             try:
                 plan = await actions.prepare_turn(turn)
             except ActivityError:  # an unknown agent or model, a bad override...
                 self._failed_before_start()
+                turn_metrics.turn_ended(turn.agent, "failed", 0)
                 raise
             self._state = TurnState.start(turn, plan)
+            # Not replayed (the SDK's workflow logger skips replay): one line per turn.
+            workflow.logger.info("turn started: agent %s, model %s", turn.agent, plan.model)
         state = self._state
         if self._start_attributes:
             # They count as published: the rest follows when next due, not in this task, as
@@ -142,13 +150,19 @@ class TurnWorkflow:
         except asyncio.CancelledError:
             # fast-agent's interrupted-tool repair; after_turn_complete never runs here.
             state.cancel(completed=self._completed)
+            turn_metrics.turn_ended(state.plan.agent, str(state.stop_reason), state.iteration)
             self._show(visibility.ended(state), publish=True)
             await self._release_watchers()
             raise
         await self._hooks(HookPoint.AFTER_TURN_COMPLETE)
         self._show(visibility.ended(state), publish=True)
         await self._release_watchers()
-        return state.result()
+        result = state.result()
+        turn_metrics.turn_ended(state.plan.agent, result.stop_reason.value, result.iterations)
+        workflow.logger.info(
+            "turn ended: %s after %d iteration(s)", result.stop_reason.value, result.iterations
+        )
+        return result
 
     async def _release_watchers(self) -> None:
         # Long-polling watchers see the end (state.done) before the run closes.
@@ -209,9 +223,19 @@ class TurnWorkflow:
     async def _run_tools(self) -> None:
         state = self._require_state()
         batch = state.tool_batch()
+        self._completed = {}
+        rules = state.plan.approval
+        if rules is not None and rules.policy is not None and batch.gated:
+            # The agent's policy decides first (one activity for the batch); only the calls
+            # it asks about wait for a person.
+            self._show(f"asking approval policy `{rules.policy}`")
+            request = policy_request(rules, state.plan.agent, batch.gated)
+            verdicts = await actions.approval_policy(request)
+            order = list(state.messages[-1].tool_calls or {})
+            batch, records = apply_verdicts(batch, rules, verdicts, order, workflow.now())
+            state.decisions.extend(records)
         self._doing_tools = visibility.waiting_on_tools(batch.to_run + batch.gated)
         self._show(self._doing_tools)
-        self._completed = {}
         results, timing = await actions.run_tools(batch, state.plan, self._completed, self._approve)
         # The outcome that asked for these tools spans them in the Web UI's timeline.
         self._cancel_outcome_timers()
@@ -226,6 +250,7 @@ class TurnWorkflow:
         rules = state.plan.approval
         assert rules is not None, "only calls the approval rules name are gated"
         state.await_approval(call, workflow.now())
+        turn_metrics.approval_requested(state.plan.agent)
         # Published at once, whatever the interval: an operator's query for turns awaiting
         # approval must find this one now.
         self._show(self._doing_tools, publish=True)
@@ -238,9 +263,13 @@ class TurnWorkflow:
         except TimeoutError:
             if call.call_id in state.pending_approvals:  # not decided in this same task
                 state.time_out(call.call_id, workflow.now())
+        except asyncio.CancelledError:
+            turn_metrics.approval_resolved(state.plan.agent, "cancelled")
+            raise
         self._show(self._doing_tools, publish=True)
         record = state.decision(call.call_id)
         assert record is not None
+        turn_metrics.approval_resolved(state.plan.agent, record.decision)
         if not record.approved:
             return record.denial()
         if record.arguments is not None:

@@ -41,7 +41,7 @@ def gc(
     if storage.driver == "s3":
         console.print(
             "payload_storage.driver is s3: turnkeep never deletes S3 objects; expire them with "
-            "a bucket lifecycle rule (see the README)"
+            "a bucket lifecycle rule (see docs/concepts/large-payloads.md)"
         )
         return
     if storage.driver == "off":

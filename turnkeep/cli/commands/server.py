@@ -59,7 +59,8 @@ def server(
             if codec_url:
                 console.print(
                     f"codec server at [bold]{codec_url}[/] · sign in at {codec_url}/login, "
-                    "then turn on the UI's cross-origin credentials (see the README)"
+                    "then turn on the UI's cross-origin credentials "
+                    "(see docs/operations/encryption.md)"
                 )
             elif settings.encryption is not None:
                 console.print(

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from typing import Annotated
 
 import typer
 
+from turnkeep.cli.approval_prompt import ApprovalPrompter, stdin_lines
 from turnkeep.cli.commands.turns import _default_agent
 from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
 from turnkeep.cli.process import client_and_worker
 from turnkeep.worker.config import find_config, load_settings
+from turnkeep.worker.live_stream import MessageEvent
 from turnkeep.worker.render import TurnRenderer
 from turnkeep.worker.session import SessionHandle, open_session
 from turnkeep.workflows import visibility
@@ -92,23 +93,29 @@ async def _repl(session: SessionHandle) -> None:
 async def _read_line(interrupted: asyncio.Event) -> str | None:
     """The next line typed, or None at end of input or on Ctrl-C."""
     console.print("[bold]>[/] ", end="")
-    read = asyncio.ensure_future(asyncio.to_thread(sys.stdin.readline))
+    # The reader shared with the approval prompts: a line a dropped prompt was waiting for
+    # comes here, not to a thread of its own.
+    read = asyncio.ensure_future(stdin_lines().readline())
     interrupt = asyncio.ensure_future(interrupted.wait())
     await asyncio.wait({read, interrupt}, return_when=asyncio.FIRST_COMPLETED)
     interrupt.cancel()
     if not read.done():
         console.print()
-        return None  # the reading thread is left blocked; the process exits
+        return None  # the reading (daemon) thread is left blocked; the process exits
     line = read.result()
     return line.rstrip("\n") if line else None
 
 
 async def _print(session: SessionHandle, start: int, turn: int, renderer: TurnRenderer) -> int:
-    """Print the messages up to the end of ``turn``; the index to follow on from."""
+    """Print the messages up to the end of ``turn``, asking about calls that await approval
+    (on a terminal); the index to follow on from."""
     index = start
-    async for message in session.messages(start, until_turn=turn):
-        index += 1
-        renderer.message(message)
+    async with ApprovalPrompter.for_session(session) as approvals:
+        async for event in session.stream(start, until_turn=turn):
+            if isinstance(event, MessageEvent):
+                index += 1
+                approvals.saw(event.message)
+            renderer.live(event)
     return index
 
 

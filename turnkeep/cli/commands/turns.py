@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from turnkeep.cli.approval_prompt import ApprovalPrompter
 from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
@@ -18,6 +19,7 @@ from turnkeep.settings import Settings
 from turnkeep.worker.client import TurnCancelledError, TurnHandle, get_turn, start_turn
 from turnkeep.worker.config import find_config, load_settings
 from turnkeep.worker.embedded import ServerInfo
+from turnkeep.worker.live_stream import MessageEvent
 from turnkeep.worker.render import TurnRenderer
 from turnkeep.worker.session import SessionView, read_session
 from turnkeep.worker.turn_history import TurnView, read_turn
@@ -81,11 +83,15 @@ def _announce(handle: TurnHandle, embedded: ServerInfo | None) -> None:
 
 
 async def _stream(handle: TurnHandle, start: int = 0) -> TurnResult:
-    """Print each message as it comes; on Ctrl-C cancel the turn and show the repair."""
+    """Print each message as it comes, asking about calls that await approval (on a
+    terminal); on Ctrl-C cancel the turn and show the repair."""
     renderer = TurnRenderer(console)
     try:
-        async for message in handle.messages(start, include_tool_results=True):
-            renderer.message(message)
+        async with ApprovalPrompter.for_turn(handle) as approvals:
+            async for event in handle.stream(start, include_tool_results=True):
+                if isinstance(event, MessageEvent):
+                    approvals.saw(event.message)
+                renderer.live(event)
         result = await handle.result()
     except asyncio.CancelledError:
         # Ctrl-C cancels this task; take the cancellation back long enough to cancel the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -12,11 +13,47 @@ from rich.markup import escape
 from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
-from turnkeep.cli.process import in_process_worker, until_signalled
+from turnkeep.cli.process import in_process_worker, with_streaming
+from turnkeep.observability.setup import start_worker_observability
 from turnkeep.worker.build import freeze_startup_heap
 from turnkeep.worker.config import find_config, load_settings
 from turnkeep.worker.connection import connect
 from turnkeep.worker.search_attributes import WANTED, Registration, register, type_name
+from turnkeep.worker.shutdown import WorkerService, worker_settings
+
+GracefulShutdown = Annotated[
+    str | None,
+    typer.Option(
+        help="On SIGTERM/SIGINT, how long running activities get to finish (`30s`, `2m`; "
+        "default: worker.graceful_shutdown, else 30s).",
+        show_default=False,
+    ),
+]
+HealthAddress = Annotated[
+    str | None,
+    typer.Option(
+        help="HOST:PORT serving GET /healthz and /readyz for probes (default: worker.health).",
+        show_default=False,
+    ),
+]
+MetricsAddress = Annotated[
+    str | None,
+    typer.Option(
+        help="HOST:PORT serving Prometheus metrics at /metrics, e.g. 127.0.0.1:9464 "
+        "(default: observability.metrics).",
+        show_default=False,
+    ),
+]
+
+StreamAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--stream",
+        help="HOST:PORT serving the live text of this worker's model calls to watchers "
+        "(default: streaming.listen; off when neither is set).",
+        show_default=False,
+    ),
+]
 
 app = typer.Typer()
 
@@ -50,21 +87,42 @@ def setup(address: Address = None, namespace: Namespace = None, config: ConfigPa
 
 @app.command("worker")
 def run_worker(
-    address: Address = None, namespace: Namespace = None, config: ConfigPath = None
+    address: Address = None,
+    namespace: Namespace = None,
+    config: ConfigPath = None,
+    graceful_shutdown: GracefulShutdown = None,
+    health: HealthAddress = None,
+    metrics: MetricsAddress = None,
+    stream: StreamAddress = None,
 ) -> None:
-    """Run a worker for TurnWorkflow against a Temporal server (connection from the env)."""
+    """Run a worker for TurnWorkflow against a Temporal server (connection from the env).
+    SIGTERM or SIGINT shuts it down gracefully (docs/operations/worker.md)."""
     settings = load_settings(config)
+    if stream is not None:
+        settings = with_streaming(settings, stream)
+    service = WorkerService(
+        worker_settings(settings.worker, graceful_shutdown=graceful_shutdown, health=health)
+    )
+
+    # Before the client connects: it takes the runtime that serves the metrics.
+    for line in start_worker_observability(settings.observability, metrics=metrics):
+        console.print(f"[dim]{escape(line)}[/]")
 
     async def go() -> None:
-        client = await connect(address, namespace, settings=settings)
-        async with in_process_worker(client, settings, config):
-            console.print(
-                f"worker on task queue [bold]{settings.task_queue}[/] · agents: "
-                + ", ".join(settings.agents)
+        async with service:
+            client = await service.connecting(connect(address, namespace, settings=settings))
+            worker = in_process_worker(
+                client, settings, config, graceful_shutdown_timeout=service.grace
             )
-            freeze_startup_heap()
-            _release_large_blocks()
-            await until_signalled()
+            async with service.serving(worker):
+                console.print(
+                    f"worker on task queue [bold]{settings.task_queue}[/] · agents: "
+                    + ", ".join(settings.agents)
+                    + f" · config: {escape(str(settings.config_file or 'none'))}"
+                )
+                freeze_startup_heap()
+                _release_large_blocks()
+                await service.until_signalled()
 
     asyncio.run(go())
 
