@@ -38,17 +38,15 @@ import json
 import logging
 import os
 import secrets
-import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs
 
-import uvicorn
 from google.protobuf import json_format
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -60,6 +58,7 @@ from temporalio.api.common.v1 import Payloads
 from turnkeep.payloads.codec import EncryptionCodec, EncryptionError
 from turnkeep.payloads.storage import describe_duration
 from turnkeep.settings import EncryptionSettings, Settings
+from turnkeep.worker.asgi_server import AsgiServer, bind, http_url
 
 # The background server's process handling, shared so both detached servers behave alike.
 from turnkeep.worker.detached import (
@@ -370,13 +369,6 @@ def _signed_in_page(request: Request, allowed: Iterable[str], lifetime: timedelt
 # -- running it ------------------------------------------------------------------------------
 
 
-class _Uvicorn(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        # The process that embeds the server owns SIGINT/SIGTERM (the CLI, pytest).
-        yield
-
-
 class CodecServer:
     """The codec server in the running event loop.
 
@@ -403,20 +395,15 @@ class CodecServer:
         # The Web UI sends every payload it shows, plaintext ones too (a workflow started from
         # the UI, a plain client's): showing them as they are is all a viewer can do.
         self._codec = EncryptionCodec.from_settings(encryption, allow_plaintext=True)
-        self._server: _Uvicorn | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._server: AsgiServer | None = None
         self.url: str | None = None
 
     async def start(self) -> str:
-        if self._task is not None:
+        if self._server is not None:
             raise CodecServerError("this codec server is already running")
-        # Bound here rather than by uvicorn, whose bind failure exits the whole process.
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((self.host, self.port))
+            sock = bind(self.host, self.port)
         except OSError as err:
-            sock.close()
             raise CodecServerError(
                 f"the codec server cannot listen on {self.host}:{self.port}: {err} "
                 "(encryption.codec_server.port; `turnkeep server --stop` stops the one "
@@ -430,22 +417,9 @@ class CodecServer:
             cookie_name=f"turnkeep-codec-{port}",
             session_lifetime=self._session_lifetime,
         )
-        config = uvicorn.Config(
-            app,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=2,
-        )
-        self._server = _Uvicorn(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()  # raises what stopped it
-                raise CodecServerError("the codec server stopped while starting")
-            await asyncio.sleep(0.01)
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        self.url = f"http://{host}:{port}"
+        self._server = AsgiServer(app, name="codec server", graceful_shutdown=2)
+        await self._server.start(sock)
+        self.url = http_url(self.host, port)
         if not _loopback(self.host):
             log.warning(
                 "the codec server listens on %s over plain HTTP: its token, sign-in cookies and "
@@ -456,10 +430,9 @@ class CodecServer:
         return self.url
 
     async def stop(self) -> None:
-        server, task, self._server, self._task = self._server, self._task, None, None
-        if server is not None and task is not None:
-            server.should_exit = True
-            await task
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop()
         self.url = None
 
     async def __aenter__(self) -> str:
@@ -591,12 +564,10 @@ def stop_background_codec_server() -> bool:
 
 
 def _in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
+    try:
+        bind(host, port).close()
+    except OSError:
+        return True
     return False
 
 

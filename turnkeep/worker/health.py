@@ -15,21 +15,18 @@ configuration, only states and SDK error class names.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import socket
 import time
-from collections.abc import Generator
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
-import uvicorn
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from turnkeep.worker.asgi_server import AsgiServer, bind, http_url
 from turnkeep.worker.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -145,13 +142,6 @@ async def _answer(send: Any, scope: Any, status: int, body: dict[str, str]) -> N
     await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else data})
 
 
-class _Uvicorn(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        # The worker owns SIGINT/SIGTERM: they start its graceful shutdown.
-        yield
-
-
 class HealthServer:
     """The endpoint in the running event loop; ``async with`` serves it, port 0 picks a free
     port (``url`` then says which)."""
@@ -160,40 +150,17 @@ class HealthServer:
         self.host, self.port = parse_address(address)
         self.state = state
         self.url: str | None = None
-        self._server: _Uvicorn | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._server = AsgiServer(_App(state), name="health endpoint")
 
     async def __aenter__(self) -> HealthServer:
-        # Bound here rather than by uvicorn, whose bind failure exits the whole process.
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((self.host, self.port))
+            sock = bind(self.host, self.port)
         except OSError as err:
-            sock.close()
             raise HealthError(
                 f"the health endpoint cannot listen on {self.host}:{self.port}: {err}"
             ) from None
-        config = uvicorn.Config(
-            _App(self.state),
-            log_level="warning",
-            # No logging set-up of uvicorn's own: its lines go through the CLI's handler
-            # (text or JSON) like every other line.
-            log_config=None,
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=1,
-        )
-        self._server = _Uvicorn(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()  # raises what stopped it
-                raise HealthError("the health endpoint stopped while starting")
-            await asyncio.sleep(0.01)
-        port = sock.getsockname()[1]
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        self.url = f"http://{host}:{port}"
+        port = await self._server.start(sock)
+        self.url = http_url(self.host, port)
         log.info("health endpoint on %s (/healthz, /readyz)", self.url)
         return self
 
@@ -203,7 +170,4 @@ class HealthServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        server, task, self._server, self._task = self._server, self._task, None, None
-        if server is not None and task is not None:
-            server.should_exit = True
-            await task
+        await self._server.stop()

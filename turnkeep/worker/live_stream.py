@@ -20,8 +20,9 @@ history turnkeep got rid of. Instead:
   (debug log) on anything that goes wrong: the turn's messages still arrive, message by
   message, as without streaming.
 
-Served like the health endpoint (``turnkeep/worker/health.py``): uvicorn on a socket bound
-here, in the worker's event loop; started by the first streamed model call.
+Served as the health endpoint and the codec server are (``turnkeep/worker/asgi_server.py``):
+uvicorn on a socket bound here, in the worker's event loop; started by the first streamed
+model call.
 """
 
 from __future__ import annotations
@@ -34,11 +35,10 @@ import json
 import logging
 import secrets
 import socket
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import uvicorn
 from pydantic import BaseModel
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHandle
@@ -46,6 +46,7 @@ from temporalio.converter import DataConverter
 
 from turnkeep.activities.streaming import LiveAddress, LiveBatch, LiveCallSink, LiveDelta
 from turnkeep.settings import StreamingSettings
+from turnkeep.worker.asgi_server import AsgiServer, bind, http_url
 from turnkeep.worker.health import parse_address
 from turnkeep.workflows.activity_io import LLM_STEP
 from turnkeep.workflows.messages import Message
@@ -118,8 +119,7 @@ class LiveStreams:
         self.linger = linger
         self.url: str | None = None
         self._calls: dict[str, LiveCall] = {}
-        self._server: _Uvicorn | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._server = AsgiServer(_App(self), name="live-stream server")
         self._starting = asyncio.Lock()
         self._failure: RuntimeError | None = None
         # Compared against when the key is unknown, so a refusal takes the same time.
@@ -154,10 +154,7 @@ class LiveStreams:
     async def aclose(self) -> None:
         for call in self._calls.values():
             call.finish()
-        server, task, self._server, self._task = self._server, self._task, None, None
-        if server is not None and task is not None:
-            server.should_exit = True
-            await task
+        await self._server.stop()
 
     async def _serving(self) -> str:
         async with self._starting:
@@ -175,35 +172,12 @@ class LiveStreams:
 
     async def _start(self) -> str:
         host, port = parse_address(self.settings.listen)
-        # Bound here rather than by uvicorn, whose bind failure exits the whole process.
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            sock.close()
-            raise
-        config = uvicorn.Config(
-            _App(self),
-            log_level="warning",
-            log_config=None,
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=1,
-        )
-        self._server = _Uvicorn(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise RuntimeError("the live-stream server stopped while starting")
-            await asyncio.sleep(0.01)
-        port = sock.getsockname()[1]
+        port = await self._server.start(bind(host, port))
         if self.settings.advertise:
             url = self.settings.advertise.rstrip("/")
         else:
             shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
-            url = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+            url = http_url(shown, port)
         log.info("live-stream server on %s", url)
         return url
 
@@ -264,12 +238,6 @@ async def _plain(send: Any, status: int, text: str) -> None:
         }
     )
     await send({"type": "http.response.body", "body": data})
-
-
-class _Uvicorn(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield  # the worker owns SIGINT/SIGTERM
 
 
 # --- the client's side -------------------------------------------------------------------------
