@@ -7,10 +7,10 @@ session continues as new every ``turns_per_run`` turns (50 by default), carrying
 conversation. Reported: the events and bytes of each of the session's runs (the largest, and
 the first and last full runs: carried state must not make later runs bigger), the history of
 the 10th and the last turn (a child ``TurnWorkflow`` whose input holds the whole conversation so
-far), and how long the 10th and the last turns took (medians over windows of ``WINDOW`` turns
-around them, to keep a lone hiccup of the machine out): send → accepted (``send`` returns: the
-turn has started) and send → completed (its last message has reached the follower and the
-session has taken the turn in).
+far), what payload storage gained over the session, and how long the 10th and the last turns
+took (medians over windows of ``WINDOW`` turns around them, to keep a lone hiccup of the
+machine out): send → accepted (``send`` returns: the turn has started) and send → completed
+(its last message has reached the follower and the session has taken the turn in).
 
 **Idle sessions.** ``count`` sessions, each after one turn, idle, on a worker process
 (``bench/waiting_worker.py``) caching ``count`` + 10 workflows (every session stays cached)
@@ -86,6 +86,8 @@ class LongSession:
     queued: int  # sends answered as queued (none expected: each waits for the last turn)
     runs: list[Run]
     turn_runs: dict[int, Run]  # the 10th and the last turn's own history
+    stored_bytes: int  # what payload storage gained over the session (files and bytes)
+    stored_files: int
 
     def window(self, values: list[float], turn: int) -> float:
         """The median of ``values`` over the ``WINDOW`` turns ending at ``turn`` (1-based),
@@ -102,6 +104,7 @@ async def long_session(env: Environment, turns: int) -> LongSession:
     directory.mkdir(exist_ok=True)
     settings = Settings.model_validate(agent_config(directory, env.payloads))
     queue = f"bench-session-{uuid.uuid4().hex[:6]}"
+    files_before, bytes_before = _stored(env.payloads)
     accepted: list[float] = []
     completed: list[float] = []
     queued = 0
@@ -128,7 +131,23 @@ async def long_session(env: Environment, turns: int) -> LongSession:
     for n in (10, turns):
         [events] = await runs_of(env.client, f"{session.session_id}/turn-{n}")
         turn_runs[n] = _run(events)
-    return LongSession(turns, accepted, completed, queued, [_run(r) for r in runs], turn_runs)
+    files, stored = _stored(env.payloads)
+    return LongSession(
+        turns,
+        accepted,
+        completed,
+        queued,
+        [_run(r) for r in runs],
+        turn_runs,
+        stored - bytes_before,
+        files - files_before,
+    )
+
+
+def _stored(directory: Path) -> tuple[int, int]:
+    """The files in a payload-storage directory and their bytes."""
+    sizes = [f.stat().st_size for f in directory.rglob("*") if f.is_file()]
+    return len(sizes), sum(sizes)
 
 
 def _run(events: list[Any]) -> Run:
@@ -168,7 +187,9 @@ def long_session_table(s: LongSession) -> tuple[Table, list[Target]]:
         f"Session runs: largest {max(r.events for r in s.runs)} events / "
         f"{largest.bytes / 1024:.1f} KB; first run {full[0].events} events / "
         f"{full[0].bytes / 1024:.1f} KB, last full run {full[-1].events} events / "
-        f"{full[-1].bytes / 1024:.1f} KB. {s.queued} of {s.turns:,} sends were queued. "
+        f"{full[-1].bytes / 1024:.1f} KB. Payload storage gained {s.stored_files:,} files, "
+        f"{s.stored_bytes / 2**20:.1f} MB (each turn's input and result over the threshold "
+        f"hold the conversation so far). {s.queued} of {s.turns:,} sends were queued. "
         "*accepted*: `send` returned, the turn has started; *completed*: its answer has "
         "reached the follower and the session has taken the turn in."
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,14 @@ async def test_approve_with_edit_runs_the_edited_call_while_others_ran(
         # The Web UI's current details say which call waits, and since when.
         details = await current_details(turn)
         assert "awaiting approval" in details and "`fs__write` · call `w1` · since" in details
+
+        # Once the read has run, the line on what the turn does no longer lists it.
+        async def doing() -> str:
+            return (await current_details(turn)).splitlines()[0]
+
+        await eventually(
+            lambda: _says(doing, "· awaiting approval"), "details without the finished call"
+        )
         record = await turn.decide("w1", True, by="alice", arguments={"text": "final"})
         assert record.arguments == {"text": "final"}
         assert record.original_arguments == {"text": "draft"}
@@ -137,6 +146,10 @@ async def test_approve_with_edit_runs_the_edited_call_while_others_ran(
     [decision] = result.decisions
     assert (decision.by, decision.decision, decision.tool) == ("alice", "approve", "fs__write")
     assert await status(turn) == "Completed"
+
+
+async def _says(text: Callable[[], Awaitable[str]], ending: str) -> bool:
+    return (await text()).endswith(ending)
 
 
 async def _status_is(turn: TurnHandle, expected: str) -> bool:

@@ -21,6 +21,7 @@ from temporalio.client import Client, WorkflowHistory
 
 from tests.conftest import Harness, history_text, make_settings, turnkeep, write_script
 from tests.fake_provider import FakeProvider, Reply
+from turnkeep import open_session
 from turnkeep.payloads.codec import (
     COMPRESSION,
     ENCODING,
@@ -397,3 +398,29 @@ def test_bad_keys_are_refused_without_showing_them(
         Settings.model_validate({"encryption": encryption("k2", k1=new_key())})
     with pytest.raises(ValueError, match="AES-256 needs 32"):
         EncryptionCodec({"k": os.urandom(16)}, "k")
+
+
+async def test_an_encrypted_session_hands_its_turns_their_conversation_encrypted(
+    temporal: ServerInfo, client: Client, tmp_path: Path
+) -> None:
+    # A session writes each turn's input itself (turnkeep/workflows/session_turns.py): it goes
+    # through the codec like every other payload.
+    settings = make_settings(
+        tmp_path,
+        encryption=encryption("2026-12", **{"2026-12": new_key()}),
+        agents={"test": {"model": "passthrough"}},
+    )
+    async with worker_for(temporal, settings) as h:
+        session = await open_session(h.client, agent="test", task_queue=h.task_queue)
+        for prompt in (PROMPT, FINAL):
+            sent = await session.send(prompt)
+            async for _ in session.messages(until_turn=sent.turn):
+                pass
+        second = await get_turn(h.client, sent.turn_id).result()
+        await session.close()
+        closed = await session.result()
+    assert [m.text for m in second.history] == [PROMPT, PROMPT, FINAL, FINAL]
+    assert [m.text for m in closed.history] == [PROMPT, PROMPT, FINAL, FINAL]
+    for workflow_id in (session.session_id, sent.turn_id):
+        history = await client.get_workflow_handle(workflow_id).fetch_history()
+        assert_no_plaintext(history, (PROMPT, FINAL))

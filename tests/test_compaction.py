@@ -12,9 +12,10 @@ from temporalio.client import WorkflowHistory
 
 from tests.conftest import HarnessFactory, eventually
 from tests.fake_provider import FakeProvider, Reply
-from turnkeep.worker.client import TurnCancelledError
+from turnkeep import open_session
+from turnkeep.worker.client import TurnCancelledError, get_turn
 from turnkeep.workflows.loop import SUMMARY_PREFIX
-from turnkeep.workflows.turn_io import RollbackState
+from turnkeep.workflows.turn_io import HistoryChange, RollbackState
 
 pytestmark = pytest.mark.asyncio
 
@@ -91,6 +92,7 @@ async def test_compaction_replaces_older_exchanges_with_the_models_summary(
     assert [m["role"] for m in sent] == ["user", "assistant", "user"]
 
     assert result.history[0].text == SUMMARY_PREFIX + "The user wants 1+2 (got 3)."
+    assert result.history_change == HistoryChange.COMPACTED
     assert result.history[1:] == result.messages[3:]  # the kept tail, then the final answer
     assert len(result.messages) == 6  # the turn's own record keeps everything
     assert result.final is not None and result.final.text == "Done: 3 and 7."
@@ -158,3 +160,36 @@ async def test_cancel_during_compaction(fake: FakeProvider, harness: HarnessFact
     assert repaired.history == repaired.messages  # no summary was applied
     last = repaired.history[-1]
     assert last.tool_results is not None and last.tool_results["c2"].text == "7"
+
+
+async def test_a_session_carries_the_compacted_conversation_to_its_next_turn(
+    fake: FakeProvider, harness: HarnessFactory
+) -> None:
+    summary = "The user wants 1+2 (got 3)."
+    fake.script(
+        *two_tool_rounds(),
+        Reply.text(summary),  # the summary call
+        Reply.text("Done: 3 and 7."),
+        api="anthropic",
+    )
+    async with harness(TOOLS, **config(fake)) as h:
+        session = await open_session(h.client, agent="test", task_queue=h.task_queue)
+        first = await session.send("Add 1+2, then 3+4.")
+        transcript = [m async for m in session.messages(until_turn=first.turn)]
+        assert len(transcript) == 6  # the session's transcript keeps everything
+        calls = len(fake.requests_for("anthropic"))
+        fake.script(Reply.text("11."), api="anthropic")
+        second = await session.send("And 5+6?")
+        transcript += [m async for m in session.messages(len(transcript), until_turn=second.turn)]
+        turn = await get_turn(h.client, second.turn_id).result()
+        await session.close()
+        closed = await session.result()
+    # The second turn started from the compacted conversation, not the whole first turn.
+    assert turn.history[0].text == SUMMARY_PREFIX + summary
+    assert turn.history_change == HistoryChange.APPENDED
+    [request] = fake.requests_for("anthropic")[calls:]
+    assert "Add 1+2, then 3+4." not in json.dumps(request.body)
+    assert json.dumps(summary)[1:-1] in json.dumps(request.body)
+    assert closed.history == turn.history
+    assert [m.text for m in closed.transcript] == [m.text for m in transcript]
+    assert transcript[-1].text == "11." and len(transcript) == 8

@@ -6,6 +6,7 @@ a payload stored externally), then a scrape of the endpoint, checked value by va
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -21,8 +22,9 @@ from temporalio.client import Client
 
 from tests.conftest import eventually, make_settings
 from tests.fake_provider import FakeProvider, Reply, Tokens
-from turnkeep import TurnInput, build_worker, start_turn
+from turnkeep import SessionHandle, TurnInput, build_worker, open_session, start_turn
 from turnkeep.observability.setup import metrics_runtime
+from turnkeep.worker.client import get_turn
 from turnkeep.worker.embedded import ServerInfo
 from turnkeep.worker.plugin import TurnkeepClientPlugin
 from turnkeep.workflows.metrics import CATALOGUE, MetricKind
@@ -242,3 +244,52 @@ async def test_turnkeep_worker_serves_metrics_from_its_config(
         process.terminate()
         output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
     assert f"metrics at http://127.0.0.1:{port}/metrics" in output.decode()
+
+
+# A worker process starts in 10 to 30 s on a loaded 2-core machine.
+@pytest.mark.slow
+async def test_a_bounded_workflow_cache_lets_idle_sessions_go_and_brings_them_back(
+    temporal: ServerInfo, client: Client, tmp_path: Path
+) -> None:
+    """`worker.max_cached_workflows` bounds what idle sessions cost the worker: past it, the
+    least recently used leaves the cache, and is replayed from history when a message comes."""
+    port, queue = free_port(), f"cache-{uuid.uuid4().hex[:10]}"
+    config = {
+        "task_queue": queue,
+        "worker": {"max_cached_workflows": 2},
+        "observability": {"metrics": f"127.0.0.1:{port}"},
+        "agents": {"chat": {"model": "passthrough"}},
+    }
+    (tmp_path / "turnkeep.yaml").write_text(json.dumps(config), encoding="utf-8")
+    env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "turnkeep.cli", "worker", cwd=tmp_path, env=env
+    )
+
+    async def one_turn(session: SessionHandle, text: str) -> list[str]:
+        sent = await session.send(text)
+        return [m.text async for m in session.messages(2 * (sent.turn - 1), until_turn=sent.turn)]
+
+    try:
+        sessions = [await open_session(client, agent="chat", task_queue=queue) for _ in range(4)]
+        for n, session in enumerate(sessions):
+            assert await one_turn(session, f"hello {n}") == [f"hello {n}"] * 2
+
+        def cached() -> float | None:
+            try:
+                found = scrape(f"http://127.0.0.1:{port}/metrics")
+            except OSError:
+                return None
+            return found.value("temporal_sticky_cache_size") if found.samples else None
+
+        # Four idle sessions (and their ended turns), two cached at most.
+        assert 0 < await eventually(cached, "the cache gauge") <= 2
+        # The least recently used session left the cache; a message brings it back whole.
+        assert await one_turn(sessions[0], "again") == ["again"] * 2
+        turn = await get_turn(client, f"{sessions[0].session_id}/turn-2").result()
+        assert [m.text for m in turn.history] == ["hello 0", "hello 0", "again", "again"]
+        for session in sessions:
+            await session.close()
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), timeout=60)

@@ -21,6 +21,7 @@ from temporalio.worker import Replayer
 
 from tests.conftest import HarnessFactory, eventually, write_script
 from tests.fake_provider import FakeProvider, Reply
+from turnkeep import open_session
 from turnkeep.worker.client import TurnCancelledError, TurnHandle
 from turnkeep.worker.plugin import replay_plugin
 from turnkeep.worker.workflow_runner import STRICT_WORKFLOW_RUNNER
@@ -77,7 +78,11 @@ async def test_scenario_replays_fresh_and_recorded(
     await replays_fresh_and_recorded(name, fresh)
 
 
-async def replays_fresh_and_recorded(name: str, fresh: WorkflowHistory) -> None:
+async def replays_fresh_and_recorded(
+    name: str, fresh: WorkflowHistory, workflow_id: str | None = None
+) -> None:
+    """``workflow_id``: the id the recorded history had, for a workflow whose commands name
+    it (a session's child turns)."""
     await replayer().replay_workflow(fresh)
 
     recorded = HISTORIES / f"{name}.json"
@@ -87,7 +92,9 @@ async def replays_fresh_and_recorded(name: str, fresh: WorkflowHistory) -> None:
     assert recorded.exists(), (
         f"no recorded history for {name}; record with TURNKEEP_RECORD_HISTORIES=1"
     )
-    old = WorkflowHistory.from_json(f"recorded-{name}", recorded.read_text(encoding="utf-8"))
+    old = WorkflowHistory.from_json(
+        workflow_id or f"recorded-{name}", recorded.read_text(encoding="utf-8")
+    )
     await replayer().replay_workflow(old)
 
 
@@ -160,3 +167,57 @@ async def _add_completed(handle: TurnHandle) -> bool:
     completed = EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
     events = [e async for e in handle.handle.fetch_history_events()]
     return sum(e.event_type == completed for e in events) >= 4  # prepare, list, llm, add
+
+
+async def test_approval_replays_fresh_and_recorded(harness: HarnessFactory, tmp_path: Path) -> None:
+    """A batch with a gated call and an ungated one: the ungated runs, the gated waits for a
+    person, who approves it with edited arguments."""
+    path = write_script(
+        tmp_path / "script.json",
+        {
+            "tool_calls": {
+                "w1": {"name": "local__add", "arguments": {"a": 1, "b": 1}},
+                "r1": {"name": "local__wait_for_gate", "arguments": {"name": "open"}},
+            }
+        },
+        "Done.",
+    )
+    gate.set()
+    agent = {
+        "model": "playback",
+        "playback": str(path),
+        "servers": ["local"],
+        "approval": {"tools": ["local__add"], "timeout": "1d"},
+    }
+    async with harness({"local": [add, wait_for_gate]}, agents={"test": agent}) as h:
+        handle = await h.start("go")
+        await eventually(handle.pending_approvals, "the call awaits approval")
+        await handle.decide("w1", True, by="tester", arguments={"a": 2, "b": 2})
+        result = await handle.result()
+        fresh = await handle.handle.fetch_history()
+    [decision] = result.decisions
+    assert decision.arguments == {"a": 2, "b": 2}
+    await replays_fresh_and_recorded("approval", fresh)
+
+
+async def test_session_replays_fresh_and_recorded(harness: HarnessFactory, tmp_path: Path) -> None:
+    """A session's first run: two turns, then it continues as new."""
+    path = write_script(tmp_path / "script.json", "One.", "Two.", "Three.")
+    agent = {"model": "playback", "playback": str(path)}
+    # Its child turns' ids derive from its own: the recorded one replays under the same id.
+    session_id = "replayed-session"
+    async with harness(agents={"test": agent}) as h:
+        session = await open_session(
+            h.client, agent="test", task_queue=h.task_queue, session_id=session_id, turns_per_run=2
+        )
+        first_run = (await session.handle.describe()).run_id
+        for n in (1, 2, 3):
+            sent = await session.send(f"message {n}")
+            async for _ in session.messages(2 * (n - 1), until_turn=sent.turn):
+                pass
+        first = h.client.get_workflow_handle(session_id, run_id=first_run)
+        fresh = await first.fetch_history()
+        await session.close()
+        await session.result()
+    assert fresh.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+    await replays_fresh_and_recorded("session", fresh, session_id)

@@ -25,6 +25,7 @@ from turnkeep.worker.embedded import ServerInfo
 from turnkeep.worker.session import SessionClosedError, SessionHandle, get_session
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
+from turnkeep.workflows.turn_io import HistoryChange
 
 pytestmark = pytest.mark.asyncio
 
@@ -298,3 +299,20 @@ async def test_a_session_input_bounds_what_a_client_may_ask_for() -> None:
     assert SessionInput.model_validate({"agent": "a", "turns_per_run": 1_000}).turns_per_run
     with pytest.raises(ValidationError, match="turns_per_run"):
         SessionInput.model_validate({"agent": "a", "turns_per_run": 10**9})
+
+
+async def test_an_agent_without_history_gets_no_conversation_in_a_session(
+    harness: HarnessFactory,
+) -> None:
+    agents = {"test": {"model": "passthrough", "use_history": False}}
+    async with harness(agents=agents) as h:
+        session = await open_on(h)
+        for prompt in ("first", "second"):
+            sent = await session.send(prompt)
+            await collect(session, until_turn=sent.turn)
+        second = await get_turn(h.client, sent.turn_id).result()
+        await session.close()
+        closed = await session.result()
+    assert second.history == [] and closed.history == []
+    assert second.history_change == HistoryChange.UNCHANGED
+    assert texts(closed.transcript) == ["first", "first", "second", "second"]

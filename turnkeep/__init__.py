@@ -17,6 +17,13 @@ if TYPE_CHECKING:
     from turnkeep.worker.build import build_worker
     from turnkeep.worker.client import TurnHandle, get_turn, start_turn
     from turnkeep.worker.connection import connect
+    from turnkeep.worker.live_stream import (
+        MessageEvent,
+        Restarted,
+        StreamEvent,
+        TextDelta,
+        ToolCallStart,
+    )
     from turnkeep.worker.plugin import TurnkeepClientPlugin, TurnkeepPlugin
     from turnkeep.worker.session import SessionHandle, open_session
     from turnkeep.workflows.approval import ApprovalRequest, PolicyDecision
@@ -35,6 +42,11 @@ _EXPORTS = {
     "get_turn": "turnkeep.worker.client",
     "start_turn": "turnkeep.worker.client",
     "connect": "turnkeep.worker.connection",
+    "MessageEvent": "turnkeep.worker.live_stream",
+    "Restarted": "turnkeep.worker.live_stream",
+    "StreamEvent": "turnkeep.worker.live_stream",
+    "TextDelta": "turnkeep.worker.live_stream",
+    "ToolCallStart": "turnkeep.worker.live_stream",
     "TurnkeepClientPlugin": "turnkeep.worker.plugin",
     "TurnkeepPlugin": "turnkeep.worker.plugin",
     "SessionHandle": "turnkeep.worker.session",
@@ -54,11 +66,16 @@ __all__ = [
     "ApprovalRequest",
     "McpServer",
     "Message",
+    "MessageEvent",
     "PolicyDecision",
     "RequestParams",
+    "Restarted",
     "SessionHandle",
     "Settings",
     "StopReason",
+    "StreamEvent",
+    "TextDelta",
+    "ToolCallStart",
     "TurnCancelledError",
     "TurnHandle",
     "TurnInput",

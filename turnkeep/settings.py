@@ -419,6 +419,12 @@ class WorkerSettings(_Settings):
     graceful_shutdown: Annotated[timedelta, BeforeValidator(_duration)] = timedelta(seconds=30)
     # HOST:PORT serving GET /healthz and /readyz (e.g. `0.0.0.0:8080`); none when unset.
     health: str | None = Field(default=None, pattern=r"^\S*:\d{1,5}$")
+    # Workflows (turns, sessions) kept in memory between their workflow tasks: past this, the
+    # least recently used is evicted and replayed from its history when it next has work.
+    # This bounds what idle sessions and turns awaiting approval cost the worker, as they cost
+    # memory only while cached. Keep it above the workflows with work in flight at once, or
+    # they are evicted and replayed over and over. None: the SDK's default (1,000).
+    max_cached_workflows: int | None = Field(default=None, ge=1)
 
 
 class StreamingSettings(_Settings):

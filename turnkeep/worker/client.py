@@ -127,11 +127,19 @@ class TurnHandle:
         return self.handle.id
 
     async def messages(
-        self, start: int = 0, *, include_tool_results: bool = False, every: bool = False
+        self,
+        start: int = 0,
+        *,
+        include_tool_results: bool = False,
+        every: bool = False,
+        to_the_end: bool = True,
     ) -> AsyncIterator[Message]:
         """Each message of ``TurnResult.messages`` from index ``start`` on, as soon as the
         workflow has it: assistant messages, plus tool-result messages when asked for, or
-        with ``every`` all of them (the input too), for a follower that counts them."""
+        with ``every`` all of them (the input too), for a follower that counts them. Without
+        ``to_the_end``, it stops as soon as the turn has ended, leaving the messages it has
+        not yielded to the caller's other source (a session's transcript): reading them from
+        the closed turn would decode its whole result, conversation and all."""
         index = start
         while True:
             try:
@@ -148,6 +156,8 @@ class TurnHandle:
                 if await self._running():
                     raise
                 progress = None
+            if not to_the_end and (progress is None or progress.done):
+                return
             if progress is None:  # the run has closed: read what it ended with
                 closed = await self._closed()
                 new = closed.messages[index:] if closed else []
@@ -169,14 +179,21 @@ class TurnHandle:
                 return
 
     def stream(
-        self, start: int = 0, *, include_tool_results: bool = False, every: bool = False
+        self,
+        start: int = 0,
+        *,
+        include_tool_results: bool = False,
+        every: bool = False,
+        to_the_end: bool = True,
     ) -> AsyncIterator[StreamEvent]:
         """``messages()`` as ``MessageEvent``s, with the live text of each model call in
         between as the provider streams it (``TextDelta``, ``ToolCallStart``, ``Restarted``
         when a call is retried) when the worker serves it (``streaming:`` in its config).
         Without a reachable live stream, only the ``MessageEvent``s: no error. The messages
         are always the ones in history (``turnkeep/worker/live_stream.py``)."""
-        messages = self.messages(start, include_tool_results=include_tool_results, every=every)
+        messages = self.messages(
+            start, include_tool_results=include_tool_results, every=every, to_the_end=to_the_end
+        )
         return stream_turn(self.client, self.handle, messages)
 
     async def result(self) -> TurnResult:

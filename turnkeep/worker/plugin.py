@@ -327,16 +327,16 @@ def replay_plugin(
     storage: ExternalStorage | None = None,
     workflow_runner: WorkflowRunner = WORKFLOW_RUNNER,
 ) -> SimplePlugin:
-    """What a ``Replayer`` needs to replay turn histories: the workflow, runner, converter
-    (with the workers' payload storage and encryption keys, to read offloaded and encrypted
-    payloads) and interceptors. The replay tests pass ``STRICT_WORKFLOW_RUNNER``."""
+    """What a ``Replayer`` needs to replay turn and session histories: the workflows, runner,
+    converter (with the workers' payload storage and encryption keys, to read offloaded and
+    encrypted payloads) and interceptors. The replay tests pass ``STRICT_WORKFLOW_RUNNER``."""
     settings = settings or Settings()
     if storage is None:
         storage = external_storage(settings)
     return SimplePlugin(
         "turnkeep-replay",
         data_converter=data_converter(storage, payload_codec(settings)),
-        workflows=[TurnWorkflow],
+        workflows=[TurnWorkflow, SessionWorkflow],
         workflow_runner=workflow_runner,
         interceptors=_interceptors(storage),
     )

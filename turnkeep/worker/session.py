@@ -158,7 +158,9 @@ class SessionHandle:
             if turn is not None and turn.workflow_id != followed and index >= turn.start:
                 followed = turn.workflow_id
                 live = get_turn(self.client, turn.workflow_id)
-                async for message in live.messages(index - turn.start, every=True):
+                # Its last messages come from the session, which takes them in when it ends.
+                messages = live.messages(index - turn.start, every=True, to_the_end=False)
+                async for message in messages:
                     index += 1
                     yield message
             seen = turn.workflow_id if turn else None
@@ -190,7 +192,7 @@ class SessionHandle:
             if turn is not None and turn.workflow_id != followed and index >= turn.start:
                 followed = turn.workflow_id
                 live = get_turn(self.client, turn.workflow_id)
-                async for event in live.stream(index - turn.start, every=True):
+                async for event in live.stream(index - turn.start, every=True, to_the_end=False):
                     index += isinstance(event, MessageEvent)
                     yield event
             seen = turn.workflow_id if turn else None

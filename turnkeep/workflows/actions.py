@@ -166,11 +166,16 @@ Approver = Callable[[ToolCallRequest], Awaitable[ToolCallRequest | CallToolResul
 
 
 async def run_tools(
-    batch: ToolBatch, plan: TurnPlan, completed: dict[str, CallToolResult], approve: Approver
+    batch: ToolBatch,
+    plan: TurnPlan,
+    completed: dict[str, CallToolResult],
+    approve: Approver,
+    on_result: Callable[[], None] | None = None,
 ) -> tuple[dict[str, CallToolResult], dict[str, float]]:
-    """Run a batch; ``completed`` fills in as calls finish, so a cancellation keeps them.
-    Gated calls wait for ``approve`` alongside the others, then run (or are answered) on their
-    own, whatever ``parallel_tool_calls`` says: one person's wait must not hold up the rest."""
+    """Run a batch; ``completed`` fills in as calls finish (``on_result`` is called after
+    each), so a cancellation keeps them. Gated calls wait for ``approve`` alongside the
+    others, then run (or are answered) on their own, whatever ``parallel_tool_calls`` says:
+    one person's wait must not hold up the rest."""
     timing: dict[str, float] = {}
     completed.update(batch.answered)
     for call_id in batch.answered:
@@ -187,12 +192,16 @@ async def run_tools(
         except ActivityError as err:
             completed[call.call_id] = CallToolResult.error(f"Error: {failure_text(err)}")
             timing[call.call_id] = (workflow.time() - started) * 1000
+        if on_result is not None:
+            on_result()
 
     async def run_approved(call: ToolCallRequest) -> None:
         decided = await approve(call)
         if isinstance(decided, CallToolResult):
             completed[call.call_id] = decided
             timing[call.call_id] = 0.0
+            if on_result is not None:
+                on_result()
         else:
             await run_one(decided)
 

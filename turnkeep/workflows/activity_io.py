@@ -4,10 +4,11 @@ code can call them without importing the (I/O-heavy) modules that implement them
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, Field, PrivateAttr
 
@@ -202,7 +203,9 @@ class MessageJson:
 
     It trades memory for CPU: a turn cached on a worker holds its conversation's JSON next to
     the messages, where dumping the whole conversation for every model call would make a
-    turn's CPU grow with the square of its length."""
+    turn's CPU grow with the square of its length. A turn whose calls await a person's
+    decision drops it (``TurnWorkflow._approve``): it may wait for hours, and it pays one
+    dump of its conversation afterwards."""
 
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[Message, str, str]] = {}
@@ -286,6 +289,39 @@ class LlmStepRequest(BaseModel):
         afterwards the step holds only the reference, however long the SDK keeps it."""
         request_json, self._request_json = self._request_json, None
         return request_json
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class SharedValues:
+    """One object per distinct value across the turns of a worker process: the plan and the
+    tools of every turn of an agent are the same (an instruction, tool descriptions and JSON
+    schemas: often tens of KB), and a worker may cache thousands of turns that wait for a
+    person, each of which would otherwise hold its own copy. Sound only for values never
+    changed in place (turnkeep replaces a plan or a tool, it never edits one), and equal by
+    their JSON: the shared one is then the same on replay as the one it stands for. Held
+    weakly: a value goes once no turn holds it (a one-off override's plan, a tool no longer
+    listed).
+
+    ``turnkeep.workflows`` passes through the sandbox (``turnkeep/worker/workflow_runner.py``),
+    so this is one table per process. Workflow tasks run on several threads: a race costs at
+    most one value not shared."""
+
+    def __init__(self) -> None:
+        self._by_json: weakref.WeakValueDictionary[tuple[type[BaseModel], str], BaseModel] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def __call__(self, value: M) -> M:
+        # Keyed by the class too: what comes back is of ``value``'s class.
+        return cast(M, self._by_json.setdefault((type(value), value.model_dump_json()), value))
+
+    def __len__(self) -> int:
+        return len(self._by_json)
+
+
+shared = SharedValues()
 
 
 def request_digest(request: LlmRequest) -> str:

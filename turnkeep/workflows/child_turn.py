@@ -8,14 +8,16 @@ another, so the parent asks an activity to query the closed child."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
+from temporalio.common import RawValue
 from temporalio.exceptions import CancelledError, ChildWorkflowError
 
 from turnkeep.workflows import actions, visibility
 from turnkeep.workflows.activity_io import Timeouts
+from turnkeep.workflows.messages import Message
 from turnkeep.workflows.turn_io import NAME_MAX_CHARS, TurnCancelledError, TurnInput, TurnResult
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
@@ -35,6 +37,7 @@ class ChildTurnState(BaseModel):
 
 
 TurnChild = workflow.ChildWorkflowHandle[Any, TurnResult]
+Result = TypeVar("Result")
 
 # Querying a closed turn (a worker replays its history): quick, retried for a busy worker.
 _READ = Timeouts(start_to_close=120.0, heartbeat=None, max_attempts=5)
@@ -42,13 +45,26 @@ _READ = Timeouts(start_to_close=120.0, heartbeat=None, max_attempts=5)
 
 async def start_child_turn(turn: TurnInput, *, id: str, task_queue: str | None) -> TurnChild:
     """Start ``turn`` as a child workflow with id ``id`` and return its handle once started."""
+    return await start_child(turn, turn.messages[-1], TurnResult, id=id, task_queue=task_queue)
+
+
+async def start_child(
+    turn: TurnInput | RawValue,
+    last: Message,
+    result_type: type[Result],
+    *,
+    id: str,
+    task_queue: str | None,
+) -> workflow.ChildWorkflowHandle[Any, Result]:
+    """Start a child turn from its input (or the payload of one: ``session_turns``), whose
+    last message is ``last``, with its result decoded as ``result_type``."""
     return await workflow.start_child_workflow(
         WORKFLOW_NAME,
         turn,
         id=id,
         task_queue=task_queue,
-        result_type=TurnResult,
-        static_summary=visibility.clip(" ".join(turn.messages[-1].text.split())) or None,
+        result_type=result_type,
+        static_summary=visibility.clip(" ".join(last.text.split())) or None,
         # The default, said here because child_turn_result relies on it: a cancelled parent
         # waits for the child to finish its repair, so the repaired conversation is in the
         # child's history.
@@ -56,7 +72,7 @@ async def start_child_turn(turn: TurnInput, *, id: str, task_queue: str | None) 
     )
 
 
-async def child_turn_result(child: TurnChild) -> TurnResult:
+async def child_turn_result(child: workflow.ChildWorkflowHandle[Any, Result]) -> Result:
     """The result of a child turn; raises ``TurnCancelledError`` with the repaired
     conversation (read by the ``read_child_turn`` activity) when it was cancelled."""
     try:

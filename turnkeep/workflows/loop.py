@@ -40,7 +40,13 @@ from turnkeep.workflows.messages import (
     json_channel,
 )
 from turnkeep.workflows.repair import repair_dangling_tool_calls
-from turnkeep.workflows.turn_io import RollbackState, TurnInput, TurnResult, Usage
+from turnkeep.workflows.turn_io import (
+    HistoryChange,
+    RollbackState,
+    TurnInput,
+    TurnResult,
+    Usage,
+)
 
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n\n"
 STRUCTURED_FINALIZATION_PROMPT = (
@@ -403,6 +409,7 @@ class TurnState(BaseModel):
             final=final,
             messages=self.messages,
             history=self.conversation() if self.plan.use_history else self.history,
+            history_change=self._history_change(),
             stop_reason=self.stop_reason or StopReason.END_TURN,
             iterations=self.iteration,
             usage=self.usage,
@@ -410,6 +417,11 @@ class TurnState(BaseModel):
             structured=_parse_json(final.text) if final and self.plan.structured_output else None,
             decisions=self.decisions,
         )
+
+    def _history_change(self) -> HistoryChange:
+        if not self.plan.use_history:
+            return HistoryChange.UNCHANGED
+        return HistoryChange.COMPACTED if self.summary else HistoryChange.APPENDED
 
     def _last(self) -> Message | None:
         return self.messages[-1] if self.messages else None

@@ -2,7 +2,8 @@
 ``TurnWorkflow`` (readable on its own in the Web UI).
 
 ``send`` queues a message; turns run one at a time, in order, each with the conversation so
-far as its ``history`` and everything queued since the last turn began as its ``messages``
+far as its ``history`` (handed over and taken back without converting all of it each turn:
+``session_turns``) and everything queued since the last turn began as its ``messages``
 (messages that arrive while a turn runs are answered together by the next one; with
 ``on_new_message: interrupt`` such a message first cancels the running turn). A cancelled
 turn's repaired conversation is kept, and the session goes on. Between turns the session
@@ -23,10 +24,11 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 from temporalio import workflow
+from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
 
 from turnkeep.workflows import visibility
-from turnkeep.workflows.child_turn import TurnChild, child_turn_result, start_child_turn
+from turnkeep.workflows.child_turn import child_turn_result, start_child
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.session_io import (
     SESSION_WORKFLOW_NAME,
@@ -37,8 +39,9 @@ from turnkeep.workflows.session_io import (
     SessionResult,
     SessionState,
 )
+from turnkeep.workflows.session_turns import ConversationJson, TurnOutcome, decode, take_in
 from turnkeep.workflows.starting import start_arguments
-from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnResult
+from turnkeep.workflows.turn_io import TurnCancelledError
 
 _SEND_USAGE = (
     'send takes one argument: the text of a user message, or a user Message such as {"role": '
@@ -63,8 +66,10 @@ class SessionWorkflow:
             else SessionState()
         )
         self._turn: RunningTurn | None = None
+        # The conversation's JSON, message by message, from which each turn's input is written.
+        self._history_json = ConversationJson()
         # The running turn's child workflow, until an interrupting message cancels it.
-        self._child: TurnChild | None = None
+        self._child: workflow.ChildWorkflowHandle[Any, RawValue] | None = None
         self._interrupts = (
             isinstance(self._start, _Start) and self._start.session.on_new_message == "interrupt"
         )
@@ -122,25 +127,29 @@ class SessionWorkflow:
         messages, state.queued = state.queued, []
         state.turns += 1
         turn_id = _turn_id(state.turns)
-        turn = TurnInput(agent=session.agent, messages=messages, history=state.history)
-        child = await start_child_turn(turn, id=turn_id, task_queue=None)
+        turn = self._history_json.turn_input(session.agent, state.history, messages)
+        child = await start_child(turn, messages[-1], RawValue, id=turn_id, task_queue=None)
         self._turn = RunningTurn(workflow_id=turn_id, start=len(state.transcript))
         self._child = child
         self._started = state.turns
         self._publish(visibility.TurnStatus.RUNNING)
         cancelled: TurnCancelledError | None = None
-        result: TurnResult | None = None
+        outcome: TurnOutcome | None = None
         try:
             result = await child_turn_result(child)
+            outcome = decode(result, TurnOutcome)
+            state.history = take_in(state.history, outcome, result)
         except TurnCancelledError as err:
-            result, cancelled = err.result, err
+            cancelled = err
+            if err.result is not None:
+                outcome = TurnOutcome.model_validate(err.result, from_attributes=True)
+                state.history = err.result.history
         except ChildWorkflowError as err:
             # An unknown agent, say: its messages go unanswered and the session goes on.
             workflow.logger.warning("turn %s failed: %s", turn_id, err.cause or err)
-        if result is not None:
-            state.history = result.history
-            state.transcript += result.messages
-            state.tokens += sum(u.input_tokens + u.output_tokens for u in result.usage.values())
+        if outcome is not None:
+            state.transcript += outcome.messages
+            state.tokens += sum(u.input_tokens + u.output_tokens for u in outcome.usage.values())
         self._turn = None
         self._child = None
         self._turns_ended = state.turns

@@ -80,6 +80,15 @@ class RollbackState(StrEnum):
     HISTORY_DISABLED = "history_disabled"
 
 
+class HistoryChange(StrEnum):
+    """How ``TurnResult.history`` came from the turn's input ``history``: whoever carries the
+    conversation on can extend what it has instead of taking the whole list again."""
+
+    APPENDED = "appended"  # the input history, then `messages`
+    UNCHANGED = "unchanged"  # the agent does not use history: the input history as it was
+    COMPACTED = "compacted"  # a summary replaced the start of the conversation
+
+
 class TurnResult(BaseModel):
     # None only for a turn cancelled before the model ever answered.
     final: Message | None
@@ -88,6 +97,7 @@ class TurnResult(BaseModel):
     messages: list[Message]
     # The whole conversation after the turn: the next turn's `history`.
     history: list[Message]
+    history_change: HistoryChange = HistoryChange.APPENDED
     stop_reason: StopReason
     iterations: int
     usage: dict[str, Usage] = Field(default_factory=dict)

@@ -28,6 +28,7 @@ from turnkeep.workflows.activity_io import (
     ModelInputPage,
     ToolCallRequest,
     model_input_page,
+    shared,
 )
 from turnkeep.workflows.approval import (
     DECIDE_UPDATE,
@@ -73,8 +74,8 @@ class TurnWorkflow:
             self._state = TurnState.resume(self._start.turn, self._start.carried)
         # Results of the current tool batch as they arrive, so a cancellation keeps them.
         self._completed: dict[str, CallToolResult] = {}
-        # What the current tool batch is doing, for current details while calls await approval.
-        self._doing_tools = ""
+        # The current tool batch's calls, for current details while some await approval.
+        self._batch_calls: list[ToolCallRequest] = []
         # The request of the model call in flight, which `llm_step` reads by query.
         self._model_input: LlmRequest | None = None
         # Each message's JSON, digest and size, so a model call dumps (and the compaction
@@ -112,7 +113,8 @@ class TurnWorkflow:
             turn_metrics.turn_started(turn.agent)
         if self._state is None:
             try:
-                plan = await actions.prepare_turn(turn)
+                # Shared with the worker's other turns of the agent (activity_io.shared).
+                plan = shared(await actions.prepare_turn(turn))
             except ActivityError:  # an unknown agent or model, a bad override...
                 self._failed_before_start()
                 turn_metrics.turn_ended(turn.agent, "failed", 0)
@@ -129,7 +131,7 @@ class TurnWorkflow:
         self._show(visibility.STARTING, publish=self._publish_due())
         try:
             if carried is None:
-                state.tools = await actions.list_tools(state.plan)
+                state.tools = [shared(t) for t in await actions.list_tools(state.plan)]
             # Cut between the model's tool request and the tools: this run starts with them.
             tools_next = carried is not None and carried.cut_before_tools
             while not state.done:
@@ -196,6 +198,7 @@ class TurnWorkflow:
         request = self._model_input = state.model_request()
         self._show(visibility.waiting_on_model(request))
         answer = await actions.call_model(request, state.plan, self._message_json)
+        self._model_input = None  # read only while the call is in flight
         state.on_assistant(answer)
         # An outcome gets a row of its own only when the rows after it do not tell it: not a
         # toolUse answer whose every call runs as a tool activity (its `tool …` rows say it).
@@ -234,9 +237,13 @@ class TurnWorkflow:
             order = list(state.messages[-1].tool_calls or {})
             batch, records = apply_verdicts(batch, rules, verdicts, order, workflow.now())
             state.decisions.extend(records)
-        self._doing_tools = visibility.waiting_on_tools(batch.to_run + batch.gated)
-        self._show(self._doing_tools)
-        results, timing = await actions.run_tools(batch, state.plan, self._completed, self._approve)
+        self._batch_calls = batch.to_run + batch.gated
+        self._show(self._tools_doing())
+        # With calls awaiting a person, the others' ends show in the details as they come.
+        refresh = self._show_tools if batch.gated else None
+        results, timing = await actions.run_tools(
+            batch, state.plan, self._completed, self._approve, refresh
+        )
         # The outcome that asked for these tools spans them in the Web UI's timeline.
         self._cancel_outcome_timers()
         state.on_tool_results(results, timing)
@@ -250,10 +257,13 @@ class TurnWorkflow:
         rules = state.plan.approval
         assert rules is not None, "only calls the approval rules name are gated"
         state.await_approval(call, workflow.now())
+        # A person may take hours: meanwhile the turn keeps its conversation but not the
+        # conversation's JSON too (the next model call dumps it again).
+        self._message_json = MessageJson()
         turn_metrics.approval_requested(state.plan.agent)
         # Published at once, whatever the interval: an operator's query for turns awaiting
         # approval must find this one now.
-        self._show(self._doing_tools, publish=True)
+        self._show_tools(publish=True)
         try:
             await workflow.wait_condition(
                 lambda: call.call_id not in state.pending_approvals,
@@ -266,7 +276,7 @@ class TurnWorkflow:
         except asyncio.CancelledError:
             turn_metrics.approval_resolved(state.plan.agent, "cancelled")
             raise
-        self._show(self._doing_tools, publish=True)
+        self._show_tools(publish=True)
         record = state.decision(call.call_id)
         assert record is not None
         turn_metrics.approval_resolved(state.plan.agent, record.decision)
@@ -275,6 +285,15 @@ class TurnWorkflow:
         if record.arguments is not None:
             return call.model_copy(update={"arguments": record.arguments})
         return call
+
+    def _tools_doing(self) -> str:
+        state = self._require_state()
+        return visibility.tools_in_progress(
+            self._batch_calls, self._completed, state.pending_approvals
+        )
+
+    def _show_tools(self, *, publish: bool = False) -> None:
+        self._show(self._tools_doing(), publish=publish)
 
     async def _maybe_compact(self) -> None:
         """Summarise older exchanges when the context is near full; never breaks the loop."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -259,6 +259,17 @@ def waiting_on_tools(calls: list[ToolCallRequest]) -> str:
     more = f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
     count = f"{len(calls)} call{'s' if len(calls) != 1 else ''}"
     return f"waiting on tools {shown}{more} ({count})"
+
+
+def tools_in_progress(
+    calls: list[ToolCallRequest], done: Collection[str], awaiting: Collection[str]
+) -> str:
+    """What a tool batch is doing: the calls still running, by id; those awaiting a person's
+    decision are listed apart, under the totals (``details``)."""
+    running = [c for c in calls if c.call_id not in done and c.call_id not in awaiting]
+    if not running and awaiting:
+        return "awaiting approval"
+    return waiting_on_tools(running or calls)
 
 
 def waiting_on_hook(point: HookPoint, hook: str) -> str:

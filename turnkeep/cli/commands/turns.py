@@ -25,6 +25,10 @@ from turnkeep.worker.session import SessionView, read_session
 from turnkeep.worker.turn_history import TurnView, read_turn
 from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
+# What `run` and `watch` exit with once Ctrl-C has cancelled the turn: 128 + SIGINT, as a
+# shell reports a command that Ctrl-C stopped (scripts can tell it from a finished turn).
+INTERRUPTED_EXIT = 130
+
 app = typer.Typer()
 
 
@@ -68,9 +72,11 @@ def run(
                 client, turn, workflow_id=workflow_id, task_queue=settings.task_queue
             )
             _announce(handle, embedded)
-            result = await _stream(handle)
+            result, interrupted = await _stream(handle)
         if json_out:
             print(result.model_dump_json(indent=2))
+        if interrupted:
+            raise typer.Exit(INTERRUPTED_EXIT)
 
     asyncio.run(go())
 
@@ -82,10 +88,12 @@ def _announce(handle: TurnHandle, embedded: ServerInfo | None) -> None:
         console.print(f"[bold]Web UI[/] {link}")
 
 
-async def _stream(handle: TurnHandle, start: int = 0) -> TurnResult:
+async def _stream(handle: TurnHandle, start: int = 0) -> tuple[TurnResult, bool]:
     """Print each message as it comes, asking about calls that await approval (on a
-    terminal); on Ctrl-C cancel the turn and show the repair."""
+    terminal); on Ctrl-C cancel the turn and show the repair. The turn's result, and whether
+    Ctrl-C cancelled it."""
     renderer = TurnRenderer(console)
+    interrupted = False
     try:
         async with ApprovalPrompter.for_turn(handle) as approvals:
             async for event in handle.stream(start, include_tool_results=True):
@@ -100,6 +108,7 @@ async def _stream(handle: TurnHandle, start: int = 0) -> TurnResult:
         if task is not None:
             task.uncancel()
         console.print("[yellow]interrupted: cancelling the turn…[/]")
+        interrupted = True
         await handle.cancel()
         try:
             result = await handle.result()
@@ -112,7 +121,7 @@ async def _stream(handle: TurnHandle, start: int = 0) -> TurnResult:
             raise
         result = cancelled.result
     renderer.summary(result)
-    return result
+    return result, interrupted
 
 
 @app.command()
@@ -128,7 +137,9 @@ def watch(
 
     async def go() -> None:
         client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
-        await _stream(get_turn(client, workflow_id), start)
+        _, interrupted = await _stream(get_turn(client, workflow_id), start)
+        if interrupted:
+            raise typer.Exit(INTERRUPTED_EXIT)
 
     asyncio.run(go())
 

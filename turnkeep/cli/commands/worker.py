@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -111,9 +111,10 @@ def run_worker(
     async def go() -> None:
         async with service:
             client = await service.connecting(connect(address, namespace, settings=settings))
-            worker = in_process_worker(
-                client, settings, config, graceful_shutdown_timeout=service.grace
-            )
+            options: dict[str, Any] = {"graceful_shutdown_timeout": service.grace}
+            if settings.worker.max_cached_workflows is not None:
+                options["max_cached_workflows"] = settings.worker.max_cached_workflows
+            worker = in_process_worker(client, settings, config, **options)
             async with service.serving(worker):
                 console.print(
                     f"worker on task queue [bold]{settings.task_queue}[/] · agents: "
