@@ -134,7 +134,8 @@ async def test_approve_with_edit_runs_the_edited_call_while_others_ran(
             return (await current_details(turn)).splitlines()[0]
 
         await eventually(
-            lambda: _says(doing, "· awaiting approval"), "details without the finished call"
+            lambda: _says(doing, "· waiting on approval (1 call)"),
+            "details without the finished call",
         )
         record = await turn.decide("w1", True, by="alice", arguments={"text": "final"})
         assert record.arguments == {"text": "final"}

@@ -257,8 +257,11 @@ def waiting_on_tools(calls: list[ToolCallRequest]) -> str:
     names = list(dict.fromkeys(call.name for call in calls))
     shown = ", ".join(f"`{name}`" for name in names[:_NAMES_SHOWN])
     more = f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
-    count = f"{len(calls)} call{'s' if len(calls) != 1 else ''}"
-    return f"waiting on tools {shown}{more} ({count})"
+    return f"waiting on tools {shown}{more} ({_calls(len(calls))})"
+
+
+def _calls(count: int) -> str:
+    return f"{count} call{'s' if count != 1 else ''}"
 
 
 def tools_in_progress(
@@ -268,7 +271,7 @@ def tools_in_progress(
     decision are listed apart, under the totals (``details``)."""
     running = [c for c in calls if c.call_id not in done and c.call_id not in awaiting]
     if not running and awaiting:
-        return "awaiting approval"
+        return f"waiting on approval ({_calls(len(awaiting))})"
     return waiting_on_tools(running or calls)
 
 
