@@ -17,12 +17,8 @@ stay at the SDK's default (100), fewer than the turns waiting.
 Where a waiting turn's memory goes: run with ``TURNKEEP_BENCH_TRACEMALLOC=DIR`` (and
 ``TURNKEEP_BENCH_TRACE_FRAMES=0`` for the worker's own RSS, or a few dozen turns with tracing)
 and the worker's heap figures, live objects by type and traced Python allocations, before
-and with every turn waiting, are printed per turn (``bench/waiting_worker.py``). Measured
-(300 turns, Dec 2026): of ~135 KB, ~80 KB is glibc malloc, nearly all of it the Core SDK's
-Rust side (Python's allocations over 512 bytes are ~5 KB of it): ~45 KB for any cached
-workflow waiting on a condition, and ~6 KB more per activity it has run; ~45 KB is Python's
-small objects, of which ~25 KB any sandboxed workflow has (the SDK's instance, its sandbox,
-tasks); the rest is free space in malloc's heaps.
+and with every turn waiting, are printed per turn (``bench/waiting_worker.py``). What they
+showed is in bench/README.md.
 """
 
 from __future__ import annotations
