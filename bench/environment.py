@@ -22,7 +22,7 @@ from bench.carry_floor import CarryFloor
 from bench.floor import ACTIVITIES, Floor
 from bench.turns import TOOLS, Agent, settings
 from turnkeep.settings import Settings
-from turnkeep.worker.build import build_worker, freeze_startup_heap
+from turnkeep.worker.build import build_worker, tune_garbage_collector
 from turnkeep.worker.connection import connect
 from turnkeep.worker.embedded import EmbeddedServer, ServerInfo
 from turnkeep.worker.workflow_runner import PASSTHROUGH_MODULES, TurnkeepWorkflowRunner
@@ -89,5 +89,5 @@ async def environment(tmp: Path, agents: Iterable[Agent]) -> AsyncIterator[Envir
             floor_worker(plain, FLOOR),
         ):
             # As `turnkeep worker` does: the process's start-up heap is not scanned again.
-            freeze_startup_heap()
+            tune_garbage_collector()
             yield env

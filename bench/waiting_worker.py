@@ -47,7 +47,7 @@ from typing import Any
 from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 
 from bench.turns import TOOLS
-from turnkeep.worker.build import build_worker, freeze_startup_heap
+from turnkeep.worker.build import build_worker, tune_garbage_collector
 from turnkeep.worker.config import load_settings
 from turnkeep.worker.connection import connect
 
@@ -286,7 +286,7 @@ async def main(args: argparse.Namespace) -> None:
         max_cached_workflows=args.cache,
     )
     async with worker:
-        freeze_startup_heap()  # as `turnkeep worker` does
+        tune_garbage_collector()  # as `turnkeep worker` does
         while not stop.is_set():
             status.with_suffix(".tmp").write_text(json.dumps(gauges.read()))
             status.with_suffix(".tmp").replace(status)  # never read half-written

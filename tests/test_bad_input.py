@@ -77,6 +77,9 @@ async def test_mcp_server_that_fails_to_start(harness: HarnessFactory, tmp_path:
             "mcp",
         ),
         ({"agent": "test", "messages": ["hi"], "max_iterations": -1}, "max_iterations"),
+        # The history is checked after prepare_turn, with the same message.
+        ({"agent": "test", "messages": ["hi"], "history": "not a list"}, "history"),
+        ({"agent": "test", "messages": ["hi"], "history": [{"role": "robot"}]}, "history.0"),
     ],
 )
 async def test_malformed_input_from_a_plain_client(

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import gc
 
-from turnkeep.worker.build import freeze_startup_heap
+from turnkeep.worker.build import (
+    YOUNG_GENERATION_THRESHOLD,
+    freeze_startup_heap,
+    tune_garbage_collector,
+)
 
 
 def test_the_startup_heap_leaves_the_garbage_collectors_scans() -> None:
@@ -22,4 +26,20 @@ def test_the_startup_heap_leaves_the_garbage_collectors_scans() -> None:
         del cycle
         assert gc.collect() >= 1
     finally:
+        gc.unfreeze()
+
+
+def test_a_serving_process_collects_its_youngest_generation_less_often() -> None:
+    before = gc.get_threshold()
+    try:
+        tune_garbage_collector()
+        assert gc.get_threshold() == (YOUNG_GENERATION_THRESHOLD, *before[1:])
+        assert gc.get_freeze_count() > 0
+        # Objects a turn drops while they are young are freed by a young collection.
+        young: list[object] = []
+        young.append(young)
+        del young
+        assert gc.collect(0) >= 1
+    finally:
+        gc.set_threshold(*before)
         gc.unfreeze()

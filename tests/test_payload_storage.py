@@ -24,11 +24,13 @@ from tests.conftest import Harness, history_text, make_settings, write_script
 from tests.fake_provider import FakeProvider, Reply
 from turnkeep.activities.tool_activities import INLINE_TOOL_RESULT_BYTES, tool_result_limit
 from turnkeep.payloads.storage import (
+    PIECE_BYTES,
     LocalDirectoryDriver,
     MissingPayloadError,
     PayloadStorageConfigError,
     PayloadStorageError,
     external_storage,
+    split_pieces,
 )
 from turnkeep.worker.build import build_worker
 from turnkeep.worker.client import TurnHandle, get_turn
@@ -376,6 +378,42 @@ async def test_local_driver_is_content_addressed_and_safe_for_concurrent_writers
     crafted = type(claims[0][0])({"hash_algorithm": "sha256", "hash_value": "../../etc/passwd"})
     with pytest.raises(PayloadStorageError, match="not a SHA-256"):
         await driver.retrieve(StorageDriverRetrieveContext(), [crafted])
+
+
+def _pieces_by_walking(data: bytes) -> list[bytes]:
+    """``split_pieces`` as its docstring says it, one quote-free run at a time."""
+    pieces: list[bytes] = []
+    done = offset = 0
+    for run in data.split(b'"'):
+        if len(run) >= PIECE_BYTES:
+            pieces += [data[done:offset]] if offset > done else []
+            pieces.append(run)
+            done = offset + len(run)
+        offset += len(run) + 1
+    return [*pieces, data[done:]] if done < len(data) or not pieces else pieces
+
+
+@pytest.mark.parametrize(
+    "runs",
+    [
+        [],
+        [10],
+        [PIECE_BYTES - 1],
+        [PIECE_BYTES],
+        [3, PIECE_BYTES + 7, 2],
+        [PIECE_BYTES // 2 - 1, PIECE_BYTES - 1, PIECE_BYTES // 2 + 1],
+        [PIECE_BYTES // 2 + 3, PIECE_BYTES, 0, 2 * PIECE_BYTES + 1],
+        [5] * 30_000,  # a conversation's JSON: many short strings
+    ],
+)
+def test_payloads_are_cut_around_long_runs_without_quotes(runs: list[int]) -> None:
+    data = b'"'.join(b"x" * n for n in runs)
+    pieces = split_pieces(data)
+    assert b"".join(pieces) == data
+    assert pieces == _pieces_by_walking(data)
+    assert sum(len(p) >= PIECE_BYTES and b'"' not in p for p in pieces) == sum(
+        n >= PIECE_BYTES for n in runs
+    )
 
 
 def test_default_directory_follows_the_state_dir(

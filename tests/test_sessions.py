@@ -22,7 +22,7 @@ from tests.conftest import Harness, HarnessFactory, eventually, turnkeep
 from turnkeep import open_session
 from turnkeep.worker.client import TurnCancelledError, get_turn
 from turnkeep.worker.embedded import ServerInfo
-from turnkeep.worker.session import SessionClosedError, SessionHandle, get_session
+from turnkeep.worker.session import SessionClosedError, SessionHandle, get_session, read_session
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
 from turnkeep.workflows.turn_io import HistoryChange
@@ -214,6 +214,34 @@ async def test_bad_sends_are_refused_and_the_session_goes_on(harness: HarnessFac
         # Its id is not reused for an empty session.
         with pytest.raises(SessionClosedError):
             await open_on(h, session_id=session.session_id)
+
+
+async def test_a_workflow_holding_the_next_turns_id_does_not_stop_the_session(
+    harness: HarnessFactory,
+) -> None:
+    async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
+        session = await open_on(h)
+        first = await session.send("first")
+        await collect(session, until_turn=first.turn)
+        # Any client may start a workflow under the id the next turn would get; on a task
+        # queue no worker polls, it stays running.
+        squatter = await h.client.start_workflow(
+            "Squatter", id=f"{session.session_id}/turn-2", task_queue=f"nobody-{uuid.uuid4()}"
+        )
+        try:
+            second = await session.send("second")
+            assert second.turn_id == f"{session.session_id}/turn-3" and second.turn == 3
+            assert texts(await collect(session, 2, until_turn=second.turn)) == ["second"] * 2
+            turn = await get_turn(h.client, second.turn_id).result()
+            assert texts(turn.history) == ["first", "first", "second", "second"]
+            # `turnkeep show SESSION` shows the session's own turns only.
+            view = await read_session(h.client, session.session_id)
+            assert view is not None
+            assert [t.workflow_id for t in view.turns] == [first.turn_id, second.turn_id]
+        finally:
+            await squatter.terminate()
+        await session.close()
+        assert texts((await session.result()).transcript) == ["first", "first", "second", "second"]
 
 
 async def test_continue_as_new_keeps_the_conversation(harness: HarnessFactory) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
+import pydantic_core
 from temporalio.api.common.v1 import Payload
 from temporalio.api.failure.v1 import Failure
 from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
@@ -72,7 +73,23 @@ class _UndecodableConverter(EncodingPayloadConverter):
         )
 
 
-_JSON = PydanticJSONPlainPayloadConverter()
+class _JSONConverter(PydanticJSONPlainPayloadConverter):
+    """Temporal's pydantic JSON converter, parsing a payload read without a type (a workflow's
+    start input, an update's arguments: turnkeep takes those as they come and checks them
+    itself) with pydantic-core's JSON parser alone, at half the cost of validating it as
+    ``Any``. A turn's input holds the whole conversation, and its first workflow task parses
+    it on the worker that is starting the turn for a session at that moment."""
+
+    def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
+        if type_hint is None:
+            try:
+                return pydantic_core.from_json(payload.data)
+            except ValueError:
+                pass  # not JSON: the adapter's ValidationError says why, as without this
+        return super().from_payload(payload, type_hint)
+
+
+_JSON = _JSONConverter()
 _REFUSE_ENCRYPTED = EncryptedPayloadRefusal()
 # Temporal's defaults with the shared JSON converter, by encoding, built once: the SDK
 # constructs this class for every payload it converts (a ``dataclasses.replace`` of the data

@@ -32,7 +32,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkeep.worker.client import DEFAULT_TASK_QUEUE, get_turn, query_retrying
 from turnkeep.worker.live_stream import MessageEvent, StreamEvent
 from turnkeep.worker.search_attributes import present_search_attributes
-from turnkeep.worker.turn_history import TurnHistoryError, TurnView, read_turn
+from turnkeep.worker.turn_history import TurnView, read_turn
 from turnkeep.workflows import visibility
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.session_io import (
@@ -260,28 +260,30 @@ async def read_session(client: Client, session_id: str) -> SessionView | None:
     if described.workflow_type != SESSION_WORKFLOW_NAME:
         return None
     turns: list[TurnView] = []
-    # Turn ids are `<session id>/turn-<n>` from 1 up, without gaps: read them until one is
-    # missing (the next turn, not started yet).
+    # Turn ids are `<session id>/turn-<n>` from 1 up: read them until one is missing (the next
+    # turn, not started yet). A number whose id another client's workflow held when the session
+    # got to it was skipped (SessionWorkflow): that workflow is not the session's to show.
     for n in itertools.count(1):
         turn_id = f"{session_id}/turn-{n}"
-        try:
-            turns.append(await read_turn(client, turn_id))
-        except TurnHistoryError:
-            if await _exists(client, turn_id):
-                raise
+        parent = await _parent(client, turn_id)
+        if parent is None:
             break
+        if parent == session_id:
+            turns.append(await read_turn(client, turn_id))
     status = described.status.name.lower() if described.status else "unknown"
     return SessionView(session_id=session_id, status=status, turns=turns)
 
 
-async def _exists(client: Client, workflow_id: str) -> bool:
+async def _parent(client: Client, workflow_id: str) -> str | None:
+    """The id of the workflow that started ``workflow_id`` ("" if a client did); None when
+    there is no such workflow."""
     try:
-        await client.get_workflow_handle(workflow_id).describe()
+        described = await client.get_workflow_handle(workflow_id).describe()
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
-            return False
+            return None
         raise
-    return True
+    return described.parent_id or ""
 
 
 def _reraise_if_cancelled(err: Exception) -> None:

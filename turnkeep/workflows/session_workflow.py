@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.common import RawValue
-from temporalio.exceptions import ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ApplicationError, ChildWorkflowError, WorkflowAlreadyStartedError
 
 from turnkeep.workflows import visibility
 from turnkeep.workflows.child_turn import child_turn_result, start_child
@@ -74,6 +74,8 @@ class SessionWorkflow:
             isinstance(self._start, _Start) and self._start.session.on_new_message == "interrupt"
         )
         self._started = self._state.turns  # turns whose child workflow has started
+        # Turn numbers skipped because another workflow held the id, to the number used.
+        self._renumbered: dict[int, int] = {}
         # Turns whose outcome the session has taken in: every carried one (a run continues as
         # new between turns). Counted apart from `turns`, which goes up before a turn starts.
         self._turns_ended = self._state.turns
@@ -128,7 +130,18 @@ class SessionWorkflow:
         state.turns += 1
         turn_id = _turn_id(state.turns)
         turn = self._history_json.turn_input(session.agent, state.history, messages)
-        child = await start_child(turn, messages[-1], RawValue, id=turn_id, task_queue=None)
+        while True:
+            try:
+                child = await start_child(turn, messages[-1], RawValue, id=turn_id, task_queue=None)
+                break
+            except WorkflowAlreadyStartedError:
+                # A workflow this session did not start runs under the turn's id (any client
+                # may start one): the next number answers the same messages, and the session
+                # goes on rather than failing.
+                workflow.logger.warning("turn id %s is taken; starting the next", turn_id)
+                self._renumbered[state.turns] = state.turns + 1
+                state.turns += 1
+                turn_id = _turn_id(state.turns)
         self._turn = RunningTurn(workflow_id=turn_id, start=len(state.transcript))
         self._child = child
         self._started = state.turns
@@ -194,6 +207,8 @@ class SessionWorkflow:
         if not queued:
             # A run about to continue as new carries the message to the next run's turn.
             await workflow.wait_condition(lambda: self._started >= number or self._continuing)
+            while number in self._renumbered:
+                number = self._renumbered[number]
         return Sent(turn_id=_turn_id(number), turn=number, queued=queued)
 
     @send.validator

@@ -108,17 +108,19 @@ class TurnWorkflow:
         if isinstance(self._start, ApplicationError):
             self._failed_before_start()
             raise self._start
-        turn, carried = self._start
+        turn, carried, _ = self._start
         if carried is None:  # not a run the turn continued as new into
             turn_metrics.turn_started(turn.agent)
         if self._state is None:
             try:
                 # Shared with the worker's other turns of the agent (activity_io.shared).
                 plan = shared(await actions.prepare_turn(turn))
-            except ActivityError:  # an unknown agent or model, a bad override...
+                turn = _with_history(self._start)
+            except (ActivityError, ApplicationError):  # an unknown agent, a bad history...
                 self._failed_before_start()
                 turn_metrics.turn_ended(turn.agent, "failed", 0)
                 raise
+            self._start = _Start(turn, None)
             self._state = TurnState.start(turn, plan)
             # Not replayed (the SDK's workflow logger skips replay): one line per turn.
             workflow.logger.info("turn started: agent %s, model %s", turn.agent, plan.model)
@@ -457,14 +459,35 @@ class _Start(NamedTuple):
     # The state a continued run starts from. A state from a client would skip prepare_turn:
     # its own model, system prompt and plan, with no hook or iteration cap the agent sets.
     carried: TurnState | None
+    # A new turn's input as it came, until its history is checked (`_with_history`).
+    unchecked: dict[str, Any] | None = None
 
 
 def _start_arguments(args: Sequence[Any]) -> _Start:
-    """The turn's input and the state a continued run carries (``starting``)."""
-    return _Start(
-        *start_arguments(
-            args, TurnInput, TurnState, usage=_START_USAGE, error_type="InvalidTurnInput"
-        )
+    """The turn's input and the state a continued run carries (``starting``).
+
+    A new turn's ``history`` (the whole conversation, in a session's later turns) is checked
+    only once ``prepare_turn`` has answered (``_with_history``): the first workflow task needs
+    just the agent and the overrides, and a session's worker runs it at the moment it is
+    starting the turn, so a long conversation would hold up every ``send``."""
+    value = args[0] if args else None
+    if isinstance(value, dict) and "history" in value and (len(args) == 1 or args[1] is None):
+        turn, _ = _checked_start([{**value, "history": []}])
+        return _Start(turn, None, value)
+    return _Start(*_checked_start(args))
+
+
+def _with_history(start: _Start) -> TurnInput:
+    """The turn's input with its history checked (as ``_start_arguments`` checks the rest)."""
+    if start.unchecked is None:
+        return start.turn
+    turn, _ = _checked_start([start.unchecked])
+    return turn
+
+
+def _checked_start(args: Sequence[Any]) -> tuple[TurnInput, TurnState | None]:
+    return start_arguments(
+        args, TurnInput, TurnState, usage=_START_USAGE, error_type="InvalidTurnInput"
     )
 
 

@@ -15,7 +15,7 @@ from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
 from turnkeep.cli.process import in_process_worker, with_streaming
 from turnkeep.observability.setup import start_worker_observability
-from turnkeep.worker.build import freeze_startup_heap
+from turnkeep.worker.build import tune_garbage_collector
 from turnkeep.worker.config import find_config, load_settings
 from turnkeep.worker.connection import connect
 from turnkeep.worker.search_attributes import WANTED, Registration, register, type_name
@@ -121,7 +121,7 @@ def run_worker(
                     + ", ".join(settings.agents)
                     + f" · config: {escape(str(settings.config_file or 'none'))}"
                 )
-                freeze_startup_heap()
+                tune_garbage_collector()
                 _release_large_blocks()
                 await service.until_signalled()
 
