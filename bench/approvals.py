@@ -1,24 +1,25 @@
 """Turns waiting for a person's approval (issue #23): ``count`` turns each stopped on a tool call
 awaiting approval at once on one worker process (``bench/waiting_worker.py``), then a sample of
-them decided one at a time while the others keep waiting.
+them decided one at a time while the others keep waiting, then a query to each of the others.
 
 Reported: the worker's activity slots in use while they all wait (the Core SDK's own gauge; and
-the server's pending activities of a sample of the turns), the worker's resident memory (RSS)
-per waiting turn, measured as ``bench/memory.py`` measures it, and the latency of a decision:
-from calling ``decide`` to the update's answer, and to the turn's result (the approved tool has
-run, its result is recorded, and the model has answered after it).
+the server's pending activities of a sample of the turns), the workflows its cache holds, the
+worker's resident memory (RSS) per waiting turn, measured as ``bench/memory.py`` measures it,
+the same after the queries, and the latency of a decision: from calling ``decide`` to the
+update's answer, and to the turn's result (the approved tool has run, its result is recorded,
+and the model has answered after it). A turn waiting only for people leaves the worker's cache
+(``turnkeep/workflows/worker_cache.py``): its decision replays it from history, and so does a
+query, after which it leaves again.
 
 The turn is the ``playback`` model asking for one instant function tool (``local__line``) that
-the agent's ``approval.tools`` gates, then answering. The worker caches ``count`` + 10
-workflows, so every waiting turn stays in its memory (the worst case: with fewer, the sticky
-cache evicts the oldest and they cost the worker nothing until decided); its activity slots
-stay at the SDK's default (100), fewer than the turns waiting.
+the agent's ``approval.tools`` gates, then answering. The worker caches up to ``count`` + 10
+workflows, so none leaves its cache to make room: what leaves, leaves because it waits for
+people. Its activity slots stay at the SDK's default (100), fewer than the turns waiting.
 
 Where a waiting turn's memory goes: run with ``TURNKEEP_BENCH_TRACEMALLOC=DIR`` (and
 ``TURNKEEP_BENCH_TRACE_FRAMES=0`` for the worker's own RSS, or a few dozen turns with tracing)
 and the worker's heap figures, live objects by type and traced Python allocations, before
-and with every turn waiting, are printed per turn (``bench/waiting_worker.py``). What they
-showed is in bench/README.md.
+and with every turn waiting, are printed per turn (``bench/waiting_worker.py``).
 """
 
 from __future__ import annotations
@@ -54,20 +55,35 @@ TARGETS = [SLOTS_TARGET, RSS_TARGET, LATENCY_TARGET]
 
 
 @dataclass(frozen=True)
+class Decisions:
+    """Decisions made one at a time: seconds from ``decide`` to its update's answer, and to the
+    turn's result."""
+
+    answered: list[float]
+    completed: list[float]
+
+
+@dataclass(frozen=True)
 class Approvals:
     count: int
     activity_slots_used: float
-    cached_workflows: float | None
+    cached_workflows: float | None  # while they all wait
     pending_activities: int  # over `described` waiting turns, as the server has them
     described: int
     before_bytes: int
-    with_bytes: int
-    answered: list[float]  # seconds from `decide` to its update's answer
-    completed: list[float]  # seconds from `decide` to the turn's result
+    with_bytes: int  # every turn waiting
+    queried: int  # turns asked which calls wait, after the decisions
+    queried_bytes: int  # once they had answered
+    cached_queried: float | None  # workflows in the worker's cache then
+    decisions: Decisions
 
     @property
     def per_turn(self) -> float:
         return (self.with_bytes - self.before_bytes) / self.count
+
+    @property
+    def per_queried_turn(self) -> float:
+        return (self.queried_bytes - self.with_bytes) / self.queried
 
 
 def config(directory: Path, payloads: Path) -> Path:
@@ -134,15 +150,14 @@ async def measure(env: Environment, count: int, sample: int) -> Approvals:
         for turn in described:
             pending += len((await turn.handle.describe()).raw_description.pending_activities)
         progress(f"approvals: {count} turns await approval; deciding {sample} one at a time")
-        answered, completed = [], []
-        for turn in turns[:sample]:
-            started = time.perf_counter()
-            await turn.decide(CALL, True, by="bench")
-            answered.append(time.perf_counter() - started)
-            await turn.result()
-            completed.append(time.perf_counter() - started)
-        progress(f"approvals: terminating the other {count - sample} turns")
-        await _gathered([t.handle.terminate for t in turns[sample:]])
+        decisions = await _decide(turns[:sample])
+        rest = turns[sample:]
+        progress(f"approvals: a query to each of the {len(rest)} others")
+        await _gathered([t.pending_approvals for t in rest])
+        queried = await _settled_rss(w.pid)
+        cached_queried = w.cached_workflows()
+        progress(f"approvals: terminating the other {len(rest)} turns")
+        await _gathered([t.handle.terminate for t in rest])
     return Approvals(
         count,
         slots,
@@ -151,9 +166,23 @@ async def measure(env: Environment, count: int, sample: int) -> Approvals:
         len(described),
         before,
         with_,
-        answered,
-        completed,
+        len(rest),
+        queried,
+        cached_queried,
+        decisions,
     )
+
+
+async def _decide(turns: list[TurnHandle]) -> Decisions:
+    """Approve each turn's call, one turn at a time, and time it."""
+    answered, completed = [], []
+    for turn in turns:
+        started = time.perf_counter()
+        await turn.decide(CALL, True, by="bench")
+        answered.append(time.perf_counter() - started)
+        await turn.result()
+        completed.append(time.perf_counter() - started)
+    return Decisions(answered, completed)
 
 
 async def _snapshot(w: WorkerProcess, n: int) -> bool:
@@ -209,19 +238,29 @@ def table(a: Approvals) -> tuple[Table, list[Target]]:
         f"{a.pending_activities} over {a.described} turns",
     )
     if a.cached_workflows is not None:
-        out.add("workflows in the worker's sticky cache", f"{a.cached_workflows:,.0f}")
+        out.add("workflows in the worker's cache while they wait", f"{a.cached_workflows:,.0f}")
     out.add("worker RSS idle / with them all waiting (MB)", _mb(a.before_bytes, a.with_bytes))
     out.add("worker RSS per waiting turn (KB)", f"{a.per_turn / 1024:.0f}")
-    n = len(a.completed)
-    out.add(f"decide → update answered, median / p95 of {n} (ms)", _ms(a.answered))
-    out.add(f"decide → turn completed, median / p95 of {n} (ms)", _ms(a.completed))
+    queried = f"… after a query to each of {a.queried:,} of them"
+    if a.cached_queried is not None:
+        out.add(f"{queried}: workflows in the worker's cache", f"{a.cached_queried:,.0f}")
+    out.add(
+        f"{queried}: worker RSS (MB) / per turn queried (KB)",
+        f"{a.queried_bytes / 2**20:.0f} / {a.per_queried_turn / 1024:.0f}",
+    )
+    d = a.decisions
+    n = len(d.completed)
+    out.add(f"decide → update answered, median / p95 of {n} (ms)", _ms(d.answered))
+    out.add(f"decide → turn completed, median / p95 of {n} (ms)", _ms(d.completed))
     out.notes.append(
         "RSS of the worker process (/proc/PID/status VmRSS) after two decided warm-up turns, "
-        "then with every turn awaiting approval (the highest over 3 s); the worker caches "
-        "them all. Decisions are made one at a time while the other turns keep waiting; "
-        "*turn completed*: the approved tool ran and the model answered after its result."
+        "then with every turn awaiting approval (the highest over 3 s): a turn waiting only "
+        "for people leaves the worker's cache, and its decision replays it from history; so "
+        "does a query, after which the turn leaves again. Decisions are made one at a time "
+        "while the other turns keep waiting; *turn completed*: the approved tool ran and the "
+        "model answered after its result."
     )
-    median = statistics.median(a.completed)
+    median = statistics.median(d.completed)
     targets = [
         Target(
             SLOTS_TARGET,
@@ -232,7 +271,7 @@ def table(a: Approvals) -> tuple[Table, list[Target]]:
         Target(
             LATENCY_TARGET,
             f"{median * 1000:.0f} ms to the turn's result (p95 "
-            f"{percentile(a.completed, 0.95) * 1000:.0f} ms, {n} decisions)",
+            f"{percentile(d.completed, 0.95) * 1000:.0f} ms, {n} decisions)",
             median <= LATENCY_TARGET_S,
         ),
     ]

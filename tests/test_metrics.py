@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from tests.conftest import eventually, make_settings
+from tests.conftest import eventually, make_settings, write_script
 from tests.fake_provider import FakeProvider, Reply, Tokens
 from turnkeep import SessionHandle, TurnInput, build_worker, open_session, start_turn
 from turnkeep.observability.setup import metrics_runtime
+from turnkeep.worker.cache_release import evictor
 from turnkeep.worker.client import get_turn
 from turnkeep.worker.embedded import ServerInfo
 from turnkeep.worker.plugin import TurnkeepClientPlugin
@@ -293,3 +294,65 @@ async def test_a_bounded_workflow_cache_lets_idle_sessions_go_and_brings_them_ba
     finally:
         process.terminate()
         await asyncio.wait_for(process.wait(), timeout=60)
+
+
+async def test_a_turn_waiting_only_for_people_leaves_the_worker_cache(
+    metered: tuple[Client, str], client: Client, tmp_path: Path
+) -> None:
+    """While a call of the batch still runs the turn stays cached; once only a person is
+    awaited it leaves the worker's cache (its gauge says so), a query does not keep it there,
+    and the decision replays it."""
+    worker_client, url = metered
+    released, read = asyncio.Event(), []
+
+    async def look(name: str) -> str:
+        """Reads ``name``, once the test lets it."""
+        await released.wait()
+        read.append(name)
+        return f"read {name}"
+
+    def write(text: str) -> str:
+        """Writes ``text``."""
+        return f"wrote {text}"
+
+    calls = {
+        "w1": {"name": "fs__write", "arguments": {"text": "draft"}},
+        "r1": {"name": "fs__look", "arguments": {"name": "notes"}},
+    }
+    script = write_script(tmp_path / "script.json", {"tool_calls": calls}, "Done.")
+    agent = {"model": "playback", "playback": str(script), "servers": ["fs"]}
+    agent["approval"] = {"tools": ["fs__write"], "timeout": "1h"}
+    settings = make_settings(tmp_path, agents={"gated": agent})
+    queue = f"metrics-{uuid.uuid4().hex[:10]}"
+    tools: dict[str, list[Callable[..., Any]]] = {"fs": [write, look]}
+
+    def cached() -> float | None:
+        found = scrape(url)
+        return found.value("temporal_sticky_cache_size", task_queue=queue)
+
+    async with build_worker(worker_client, settings, function_tools=tools, task_queue=queue):
+        turn = await start_turn(client, TurnInput(agent="gated", messages=["go"]), task_queue=queue)
+        await eventually(turn.pending_approvals, "w1 awaits approval")
+        # The read still runs: the turn has work of its own in flight, and stays.
+        assert await eventually(cached, "the turn in the cache") == 1
+        released.set()
+        await eventually(lambda: read == ["notes"], "the read ran")
+        await eventually(lambda: cached() == 0, "the turn out of the cache")
+        # A query brings it back to answer (replayed from history), and it leaves again.
+        [pending] = await turn.pending_approvals()
+        assert pending.call_id == "w1"
+        await eventually(lambda: cached() == 0, "the turn out of the cache after a query")
+        await turn.decide("w1", True, by="alice")
+        result = await turn.result()
+    texts = [r.text for m in result.messages for r in (m.tool_results or {}).values()]
+    assert sorted(texts) == ["read notes", "wrote draft"]
+    assert result.final is not None and result.final.text == "Done."
+
+
+async def test_this_sdk_lets_a_worker_release_a_run_from_its_cache(
+    client: Client, tmp_path: Path
+) -> None:
+    """``CacheRelease`` reaches the worker's Core bridge through a private name of the SDK;
+    on another SDK version without it, waiting turns would stay cached."""
+    worker = build_worker(client, make_settings(tmp_path), task_queue="never-polled")
+    assert evictor(worker) is not None

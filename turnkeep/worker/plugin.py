@@ -7,7 +7,9 @@ every payload is a pydantic model as JSON, and payloads above
 (``turnkeep/payloads/storage.py``), while the application's payload codec keeps encoding them.
 A worker's plugin also registers ``TurnWorkflow`` and the activities built from the worker's
 settings and its Python agents (``turnkeep/agents.py``), beside the application's own; adds the
-model-input hand-off interceptor; and closes pooled MCP connections when the worker stops.
+model-input hand-off interceptor and the one that lets a turn waiting for people leave the
+worker's cache (``turnkeep/worker/cache_release.py``); and closes pooled MCP connections when
+the worker stops.
 
 With ``encryption`` in the settings, every payload also goes through ``turnkeep.payloads.codec``'s
 ``EncryptionCodec`` (AES-256-GCM); the SDK encodes before it stores, so stored payloads are
@@ -61,6 +63,7 @@ from turnkeep.observability.setup import tracing_interceptors
 from turnkeep.payloads.codec import payload_codec
 from turnkeep.payloads.storage import external_storage, payload_sweeper
 from turnkeep.settings import Settings
+from turnkeep.worker.cache_release import CacheRelease
 from turnkeep.worker.composition import (
     data_converter,
     shorter_sticky_timeout,
@@ -202,9 +205,12 @@ class TurnkeepPlugin(SimplePlugin):
 
         # Traces first (outermost), when observability.tracing is on; metrics always: they go
         # to whatever exporter the worker's runtime has (none: nothing is recorded).
+        # A turn waiting only for people asks to leave the worker's workflow cache.
+        self._cache_release = CacheRelease()
         interceptors = [
             *tracing_interceptors(settings.observability),
             ActivityMetrics(),
+            self._cache_release,
             *_interceptors(self.storage),
         ]
         if model_input_handoff:
@@ -250,8 +256,9 @@ class TurnkeepPlugin(SimplePlugin):
         # While a worker runs it sweeps old files from local payload storage, at start and
         # then periodically. A worker's job (not a replayer's or a client's): it has the
         # settings, and several workers sweeping one directory is safe.
-        async with payload_sweeper(self.storage, self._payload_retention, worker.client):
-            await super().run_worker(worker, next)
+        with self._cache_release.serving(worker):
+            async with payload_sweeper(self.storage, self._payload_retention, worker.client):
+                await super().run_worker(worker, next)
 
 
 def _check_tool_result_limit(settings: Settings, storage: ExternalStorage | None) -> None:

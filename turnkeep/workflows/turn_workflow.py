@@ -18,7 +18,7 @@ from temporalio import workflow
 from temporalio.api.common.v1 import Payloads
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from turnkeep.workflows import actions, turn_metrics, visibility
+from turnkeep.workflows import actions, turn_metrics, visibility, worker_cache
 from turnkeep.workflows.activity_io import (
     MODEL_INPUT_QUERY,
     ContinueAsNewPlan,
@@ -242,7 +242,7 @@ class TurnWorkflow:
         self._batch_calls = batch.to_run + batch.gated
         self._show(self._tools_doing())
         # With calls awaiting a person, the others' ends show in the details as they come.
-        refresh = self._show_tools if batch.gated else None
+        refresh = self._tools_moved if batch.gated else None
         results, timing = await actions.run_tools(
             batch, state.plan, self._completed, self._approve, refresh
         )
@@ -253,8 +253,9 @@ class TurnWorkflow:
 
     async def _approve(self, call: ToolCallRequest) -> ToolCallRequest | CallToolResult:
         """Hold ``call`` until the ``decide`` update (or the agent's timeout) settles it. A
-        durable wait in the workflow itself: no activity runs and no worker slot is held, and
-        a worker or server restart replays to this same wait."""
+        durable wait in the workflow itself: no activity runs and no worker slot is held, the
+        worker lets the turn go from its cache while only people are awaited
+        (``_tools_moved``), and a worker or server restart replays to this same wait."""
         state = self._require_state()
         rules = state.plan.approval
         assert rules is not None, "only calls the approval rules name are gated"
@@ -265,7 +266,7 @@ class TurnWorkflow:
         turn_metrics.approval_requested(state.plan.agent)
         # Published at once, whatever the interval: an operator's query for turns awaiting
         # approval must find this one now.
-        self._show_tools(publish=True)
+        self._tools_moved(publish=True)
         try:
             await workflow.wait_condition(
                 lambda: call.call_id not in state.pending_approvals,
@@ -278,7 +279,7 @@ class TurnWorkflow:
         except asyncio.CancelledError:
             turn_metrics.approval_resolved(state.plan.agent, "cancelled")
             raise
-        self._show_tools(publish=True)
+        self._tools_moved(publish=True)
         record = state.decision(call.call_id)
         assert record is not None
         turn_metrics.approval_resolved(state.plan.agent, record.decision)
@@ -294,8 +295,21 @@ class TurnWorkflow:
             self._batch_calls, self._completed, state.pending_approvals
         )
 
-    def _show_tools(self, *, publish: bool = False) -> None:
+    def _tools_moved(self, *, publish: bool = False) -> None:
+        """A call of the batch began to wait for a person, was decided or ended: show where the
+        batch is, and once nothing but people is awaited, let the worker drop this turn from its
+        cache until the next event (``worker_cache``)."""
         self._show(self._tools_doing(), publish=publish)
+        if self.awaits_only_people():
+            worker_cache.leave_cache()
+
+    def awaits_only_people(self) -> bool:
+        """Whether some calls of the batch wait for a decision and every other call has ended
+        (a pure read, also made after each query by the worker's ``CacheRelease``)."""
+        waiting = self._state.pending_approvals if self._state else {}
+        return bool(waiting) and all(
+            c.call_id in waiting or c.call_id in self._completed for c in self._batch_calls
+        )
 
     async def _maybe_compact(self) -> None:
         """Summarise older exchanges when the context is near full; never breaks the loop."""
