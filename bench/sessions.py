@@ -13,11 +13,14 @@ machine out): send → accepted (``send`` returns: the turn has started) and sen
 (its last message has reached the follower and the session has taken the turn in).
 
 **Idle sessions.** ``count`` sessions, each after one turn, idle, on a worker process
-(``bench/waiting_worker.py``) caching ``count`` + 10 workflows (every session stays cached)
-and on one caching ``SMALL_CACHE``: the worker's resident memory (RSS) per idle session, and
-the workflows its sticky cache holds (the Core SDK's gauge). An idle session runs no activity
-and no timer (without an ``idle_timeout``); it costs the worker memory only while the sticky
-cache keeps it, which only its size (``max_cached_workflows``, the SDK's default 1,000) bounds.
+(``bench/waiting_worker.py``) caching ``count`` + 10 workflows (none leaves its cache to make
+room) whose ``worker.idle_session_cache`` is ``IDLE_CACHE_S``: once every session has been idle
+for longer and has left the cache, the worker's resident memory (RSS) per idle session and the
+workflows its cache holds (the Core SDK's gauge); then how long a message to such a session
+takes to start its turn (``send`` → accepted), which replays the session from its history. An
+idle session runs no activity and no timer (without an ``idle_timeout``). Within its
+``idle_session_cache`` an idle session is cached, and costs the worker what any cached session
+costs.
 """
 
 from __future__ import annotations
@@ -49,7 +52,10 @@ WINDOW = 10  # turns per timing window
 # Above the sessions and turns in flight at once (AT_ONCE of each): a cache smaller than the
 # workflows with work outstanding makes the worker evict and replay them over and over.
 AT_ONCE = 20
-SMALL_CACHE = 50
+# The idle sessions' worker.idle_session_cache (the default is 5 minutes).
+IDLE_CACHE_S = 1
+# Idle sessions that are sent a message once they have left the cache.
+RETURNING = 20
 RATIO_MAX = 1.25
 START_TARGET = f"the last turn of a long session starts as fast as the 10th (≤ {RATIO_MAX}×)"
 END_TARGET = f"the last turn of a long session completes as fast as the 10th (≤ {RATIO_MAX}×)"
@@ -213,11 +219,11 @@ def long_session_table(s: LongSession) -> tuple[Table, list[Target]]:
 
 @dataclass(frozen=True)
 class Idle:
-    cache: int
     count: int
-    cached_workflows: float | None
     before_bytes: int
+    cached: float | None  # workflows in the worker's cache, every session idle past IDLE_CACHE_S
     with_bytes: int
+    accepted: list[float]  # seconds from `send` to its answer, to sessions out of the cache
 
     @property
     def per_session(self) -> float:
@@ -240,14 +246,16 @@ async def _one_turn(client: Client, session: SessionHandle) -> None:
     await until(taken_in, f"{session.session_id} to take its turn in", within=600)
 
 
-async def idle_sessions(env: Environment, count: int, cache: int) -> Idle:
-    directory = env.tmp / f"idle-{cache}"
+async def idle_sessions(env: Environment, count: int) -> Idle:
+    directory = env.tmp / "idle"
     directory.mkdir(exist_ok=True)
     path = directory / "turnkeep.yaml"
-    path.write_text(json.dumps(agent_config(directory, env.payloads)), encoding="utf-8")
+    config = agent_config(directory, env.payloads)
+    config["worker"] = {"idle_session_cache": f"{IDLE_CACHE_S}s"}
+    path.write_text(json.dumps(config), encoding="utf-8")
     queue = f"bench-idle-{uuid.uuid4().hex[:6]}"
     info = env.info
-    with worker_process(info.address, info.namespace, queue, path, cache, directory) as w:
+    with worker_process(info.address, info.namespace, queue, path, count + 10, directory) as w:
         await until_true(lambda: w.report() is not None, "the session worker to start", 120)
         for _ in range(2):  # warm up: imports, the sandbox, a session's turn and its close
             warm = await open_session(env.client, agent=AGENT, task_queue=queue)
@@ -255,7 +263,7 @@ async def idle_sessions(env: Environment, count: int, cache: int) -> Idle:
             await warm.close()
             await warm.result()
         before = await _settled_rss(w.pid, 1.0)
-        progress(f"sessions: {count} sessions of one turn each, then idle (cache {cache})")
+        progress(f"sessions: {count} sessions of one turn each, then idle")
         ids = [f"{queue}-{i}" for i in range(count)]
 
         async def one(session_id: str) -> None:
@@ -265,37 +273,38 @@ async def idle_sessions(env: Environment, count: int, cache: int) -> Idle:
             await _one_turn(env.client, session)
 
         await _gathered([partial(one, sid) for sid in ids], at_once=AT_ONCE)
+        await until_true(lambda: w.cached_workflows() == 0, "the idle sessions to leave", 600)
         with_ = await _settled_rss(w.pid)
         cached = w.cached_workflows()
+        accepted = []
+        for sid in ids[:RETURNING]:
+            sent_at = time.perf_counter()
+            await get_session(env.client, sid).send("hello again")
+            accepted.append(time.perf_counter() - sent_at)
         await _gathered([get_session(env.client, sid).handle.terminate for sid in ids])
-    return Idle(cache, count, cached, before, with_)
+    return Idle(count, before, cached, with_, accepted)
 
 
-def idle_table(results: list[Idle]) -> Table:
+def idle_table(r: Idle) -> Table:
     out = Table(
         "Idle sessions: worker memory",
-        [
-            "worker's max_cached_workflows",
-            "idle sessions",
-            "workflows cached",
-            "RSS before / with (MB)",
-            "per idle session (KB)",
-        ],
+        ["idle sessions", "workflows cached", "RSS before / with (MB)", "per idle session (KB)"],
     )
-    for r in results:
-        out.add(
-            f"{r.cache:,}",
-            f"{r.count:,}",
-            "?" if r.cached_workflows is None else f"{r.cached_workflows:,.0f}",
-            f"{r.before_bytes / 2**20:.0f} / {r.with_bytes / 2**20:.0f}",
-            f"{r.per_session / 1024:.0f}",
-        )
+    out.add(
+        f"{r.count:,}",
+        "?" if r.cached is None else f"{r.cached:,.0f}",
+        f"{r.before_bytes / 2**20:.0f} / {r.with_bytes / 2**20:.0f}",
+        f"{r.per_session / 1024:.0f}",
+    )
     out.notes.append(
         "RSS of the worker process (/proc/PID/status VmRSS) after two warm-up sessions, then "
-        "with every session idle after its one turn (the highest over 3 s). *workflows "
-        "cached*: the worker's sticky-cache gauge (temporal_sticky_cache_size) at that point. "
-        "turnkeep does not evict an idle session itself: the SDK's cache keeps it until the "
-        "cache is full and it is the least recently used."
+        f"with every session idle after its one turn for longer than its {IDLE_CACHE_S} s "
+        "idle_session_cache (the highest over 3 s): what is left is what the worker's "
+        f"allocators kept from the sessions starting, {AT_ONCE} at a time, each cached until "
+        "it had been idle that long. *workflows cached*: the worker's sticky-cache gauge "
+        "(temporal_sticky_cache_size). A message to a session out of the cache replays it: "
+        f"`send` → accepted took {statistics.median(r.accepted) * 1000:.0f} ms at the median "
+        f"over {len(r.accepted)} such sessions (one turn each, one at a time)."
     )
     return out
 
@@ -305,9 +314,9 @@ async def sessions(env: Environment, turns: int, idle: int) -> tuple[list[Table]
     long = await long_session(env, turns)
     table, targets = long_session_table(long)
     try:
-        results = [await idle_sessions(env, idle, cache) for cache in (idle + 10, SMALL_CACHE)]
+        result = await idle_sessions(env, idle)
     except Exception as err:  # keep the long session's figures
         progress(f"sessions: idle sessions failed:\n{traceback.format_exc()}")
         table.notes.append(f"**Idle sessions failed** (traceback on stderr): {err!r}")
         return [table], targets
-    return [table, idle_table(results)], targets
+    return [table, idle_table(result)], targets

@@ -356,3 +356,35 @@ async def test_this_sdk_lets_a_worker_release_a_run_from_its_cache(
     on another SDK version without it, waiting turns would stay cached."""
     worker = build_worker(client, make_settings(tmp_path), task_queue="never-polled")
     assert evictor(worker) is not None
+
+
+async def test_an_idle_session_leaves_the_worker_cache_and_its_next_message_brings_it_back(
+    metered: tuple[Client, str], client: Client, tmp_path: Path
+) -> None:
+    """A session with nothing to answer leaves the worker's cache `worker.idle_session_cache`
+    after its turn (a query does not keep it there), and its next message replays it."""
+    worker_client, url = metered
+    config = {"worker": {"idle_session_cache": "5s"}, "agents": {"chat": {"model": "passthrough"}}}
+    settings = make_settings(tmp_path, **config)
+    queue = f"metrics-{uuid.uuid4().hex[:10]}"
+
+    def cached() -> float:
+        return scrape(url).value("temporal_sticky_cache_size", task_queue=queue)
+
+    async def one_turn(session: SessionHandle, text: str) -> list[str]:
+        sent = await session.send(text)
+        return [m.text async for m in session.messages(2 * (sent.turn - 1), until_turn=sent.turn)]
+
+    async with build_worker(worker_client, settings, task_queue=queue):
+        session = await open_session(client, agent="chat", task_queue=queue)
+        assert await one_turn(session, "hello") == ["hello"] * 2
+        # Its turn has ended (and left); the session stays a while for the next line.
+        await eventually(lambda: cached() == 1, "the session alone in the cache")
+        await eventually(lambda: cached() == 0, "the idle session out of the cache")
+        # A query brings it back to answer, and it leaves again.
+        assert (await session.handle.query("progress")).get("turns_ended") == 1
+        await eventually(lambda: cached() == 0, "the session out of the cache after a query")
+        assert await one_turn(session, "again") == ["again"] * 2
+        turn = await get_turn(client, f"{session.session_id}/turn-2").result()
+        assert [m.text for m in turn.history] == ["hello", "hello", "again", "again"]
+        await session.close()

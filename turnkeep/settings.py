@@ -149,7 +149,7 @@ def _duration(value: Any) -> Any:
     return value
 
 
-def _retention(value: Any) -> Any:
+def _duration_or_off(value: Any) -> Any:
     """``off``/``null`` (YAML reads a bare ``off`` as false) means never; ``7d``-style
     shorthands become seconds; anything else is left to pydantic's timedelta parsing."""
     if value is None or value is False or (isinstance(value, str) and value.lower() == "off"):
@@ -159,11 +159,14 @@ def _retention(value: Any) -> Any:
 
 def _positive(value: timedelta | None) -> timedelta | None:
     if value is not None and value <= timedelta(0):
-        raise ValueError("retention must be positive (or off)")
+        raise ValueError("must be positive (or off)")
     return value
 
 
-Retention = Annotated[timedelta | None, BeforeValidator(_retention), AfterValidator(_positive)]
+# A positive duration, or off (None).
+DurationOrOff = Annotated[
+    timedelta | None, BeforeValidator(_duration_or_off), AfterValidator(_positive)
+]
 
 
 class PayloadStorageSettings(_Settings):
@@ -189,7 +192,7 @@ class PayloadStorageSettings(_Settings):
     # a closed turn stays readable for as long as Temporal keeps it.
     # 7d, 12h, 90m, 3600 (seconds), P7D; off: never delete. S3 is never swept: give the bucket
     # a lifecycle rule instead (docs/concepts/large-payloads.md).
-    retention: Retention = timedelta(days=7)
+    retention: DurationOrOff = timedelta(days=7)
 
     @model_validator(mode="after")
     def _s3_needs_a_bucket(self) -> PayloadStorageSettings:
@@ -304,7 +307,7 @@ class CodecServerSettings(_SecretSettings):
     origins: list[Origin] = Field(default_factory=list)
     # How long a browser's /login sign-in lasts (`12h`, `90m`, seconds...); /logout ends it sooner.
     session_lifetime: Annotated[
-        timedelta, BeforeValidator(_retention), AfterValidator(_positive)
+        timedelta, BeforeValidator(_duration_or_off), AfterValidator(_positive)
     ] = timedelta(hours=12)
 
     @model_validator(mode="after")
@@ -421,10 +424,14 @@ class WorkerSettings(_Settings):
     health: str | None = Field(default=None, pattern=r"^\S*:\d{1,5}$")
     # Workflows (turns, sessions) kept in memory between their workflow tasks: past this, the
     # least recently used is evicted and replayed from its history when it next has work.
-    # This bounds what idle sessions and turns awaiting approval cost the worker, as they cost
-    # memory only while cached. Keep it above the workflows with work in flight at once, or
-    # they are evicted and replayed over and over. None: the SDK's default (1,000).
+    # Keep it above the workflows with work in flight at once, or they are evicted and
+    # replayed over and over. None: the SDK's default (1,000).
     max_cached_workflows: int | None = Field(default=None, ge=1)
+    # How long a session with no message to answer stays in the worker's workflow cache
+    # (`30s`, `5m`; `off`: until the cache needs its place). Past it, the session costs the
+    # worker no memory, and its next message replays it from its history. A turn waiting only
+    # for people leaves the cache at once.
+    idle_session_cache: DurationOrOff = timedelta(minutes=5)
 
 
 class StreamingSettings(_Settings):

@@ -7,9 +7,9 @@ every payload is a pydantic model as JSON, and payloads above
 (``turnkeep/payloads/storage.py``), while the application's payload codec keeps encoding them.
 A worker's plugin also registers ``TurnWorkflow`` and the activities built from the worker's
 settings and its Python agents (``turnkeep/agents.py``), beside the application's own; adds the
-model-input hand-off interceptor and the one that lets a turn waiting for people leave the
-worker's cache (``turnkeep/worker/cache_release.py``); and closes pooled MCP connections when
-the worker stops.
+model-input hand-off interceptor and the one that lets turns and sessions waiting for people
+leave the worker's cache (``turnkeep/worker/cache_release.py``); and closes pooled MCP
+connections when the worker stops.
 
 With ``encryption`` in the settings, every payload also goes through ``turnkeep.payloads.codec``'s
 ``EncryptionCodec`` (AES-256-GCM); the SDK encodes before it stores, so stored payloads are
@@ -205,8 +205,8 @@ class TurnkeepPlugin(SimplePlugin):
 
         # Traces first (outermost), when observability.tracing is on; metrics always: they go
         # to whatever exporter the worker's runtime has (none: nothing is recorded).
-        # A turn waiting only for people asks to leave the worker's workflow cache.
-        self._cache_release = CacheRelease()
+        # Turns and sessions waiting for people ask to leave the worker's workflow cache.
+        self._cache_release = CacheRelease(settings.worker.idle_session_cache)
         interceptors = [
             *tracing_interceptors(settings.observability),
             ActivityMetrics(),

@@ -27,7 +27,7 @@ from temporalio import workflow
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError, ChildWorkflowError, WorkflowAlreadyStartedError
 
-from turnkeep.workflows import visibility
+from turnkeep.workflows import visibility, worker_cache
 from turnkeep.workflows.child_turn import child_turn_result, start_child
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.session_io import (
@@ -96,6 +96,9 @@ class SessionWorkflow:
         state = self._state
         turns_this_run = 0
         while True:
+            if self.idle():
+                # Until a message comes, which may be in months (`worker_cache`).
+                worker_cache.leave_cache_when_idle()
             try:
                 await workflow.wait_condition(
                     lambda: bool(state.queued) or state.closing,
@@ -106,6 +109,7 @@ class SessionWorkflow:
                 state.closing = True
             if not state.queued:
                 break  # closing, with every message answered
+            worker_cache.stay_in_cache()
             await self._run_turn(session)
             turns_this_run += 1
             if _continue_as_new_due(turns_this_run, session) and not (
@@ -173,6 +177,12 @@ class SessionWorkflow:
             # keeping the repaired conversation above for its watchers.
             self._ended = True
             raise cancelled
+
+    def idle(self) -> bool:
+        """Whether the session waits for a message: no turn runs, none is queued, and it is not
+        closing (a pure read, also made after each query by the worker's ``CacheRelease``)."""
+        state = self._state
+        return not (self._turn or state.queued or state.closing or self._ended)
 
     def _publish(self, status: visibility.TurnStatus) -> None:
         values: visibility.SearchAttributeValues = {

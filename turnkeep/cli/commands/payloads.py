@@ -13,7 +13,7 @@ from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
 from turnkeep.payloads.storage import SweepReport, collect, describe_duration, payload_directory
-from turnkeep.settings import Retention
+from turnkeep.settings import DurationOrOff
 from turnkeep.worker.config import find_config, load_settings
 
 app = typer.Typer()
@@ -77,7 +77,7 @@ def gc(
 
 def _duration(text: str) -> timedelta:
     try:
-        value = TypeAdapter(Retention).validate_python(text)
+        value = TypeAdapter(DurationOrOff).validate_python(text)
     except ValidationError as err:
         raise typer.BadParameter(
             f"{text!r} is not a duration (7d, 12h, 90m, or seconds): "
