@@ -430,7 +430,7 @@ class WorkerSettings(_Settings):
     # How long a session with no message to answer stays in the worker's workflow cache
     # (`30s`, `5m`; `off`: until the cache needs its place). Past it, the session costs the
     # worker no memory, and its next message replays it from its history. A turn waiting only
-    # for people leaves the cache at once.
+    # for people leaves the cache at once. Any worker with TurnkeepPlugin follows it.
     idle_session_cache: DurationOrOff = timedelta(minutes=5)
 
 

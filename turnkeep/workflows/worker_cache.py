@@ -3,9 +3,9 @@
 
 A person may answer in a minute or in days. Kept in the cache for all that time, a waiting
 workflow would hold the worker's memory and one of its cache slots, which the workflows at
-work need. Left out, it costs the worker nothing: the next event (a decision, a message, a
-timeout, a cancellation, a query) comes as a workflow task like any other, and the worker
-replays the workflow from its history, as it does for any workflow its cache let go.
+work need. Left out, it costs the worker nothing: when the next event comes (a decision, a
+message, a timeout, a cancellation, a query), the worker replays the workflow from its history
+to handle it, as it does for any workflow its cache let go.
 
 - A turn waiting only for people (its other calls have ended) leaves at once (``leave_cache``).
 - A session with no message to answer leaves once it has been idle for the worker's
