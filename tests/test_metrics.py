@@ -1,7 +1,8 @@
 """Prometheus metrics (issue 24): a worker on a Temporal runtime serving Prometheus on a free
 loopback port, real turns on the dev server through the real Anthropic SDK and the fake API
 (a tool call, a tool that fails, a model error that is retried, a call awaiting approval,
-a payload stored externally), then a scrape of the endpoint, checked value by value."""
+a payload stored externally), then a scrape of the endpoint, checked value by value; and the
+SDK's cache gauge, as turns waiting for people and idle sessions leave the worker's cache."""
 
 from __future__ import annotations
 
@@ -326,9 +327,8 @@ async def test_a_turn_waiting_only_for_people_leaves_the_worker_cache(
     queue = f"metrics-{uuid.uuid4().hex[:10]}"
     tools: dict[str, list[Callable[..., Any]]] = {"fs": [write, look]}
 
-    def cached() -> float | None:
-        found = scrape(url)
-        return found.value("temporal_sticky_cache_size", task_queue=queue)
+    def cached() -> float:
+        return scrape(url).value("temporal_sticky_cache_size", task_queue=queue)
 
     async with build_worker(worker_client, settings, function_tools=tools, task_queue=queue):
         turn = await start_turn(client, TurnInput(agent="gated", messages=["go"]), task_queue=queue)
