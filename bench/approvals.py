@@ -241,13 +241,14 @@ def table(a: Approvals) -> tuple[Table, list[Target]]:
         out.add("workflows in the worker's cache while they wait", f"{a.cached_workflows:,.0f}")
     out.add("worker RSS idle / with them all waiting (MB)", _mb(a.before_bytes, a.with_bytes))
     out.add("worker RSS per waiting turn (KB)", f"{a.per_turn / 1024:.0f}")
-    queried = f"… after a query to each of {a.queried:,} of them"
-    if a.cached_queried is not None:
-        out.add(f"{queried}: workflows in the worker's cache", f"{a.cached_queried:,.0f}")
-    out.add(
-        f"{queried}: worker RSS (MB) / per turn queried (KB)",
-        f"{a.queried_bytes / 2**20:.0f} / {a.per_queried_turn / 1024:.0f}",
-    )
+    if a.queried:  # none are left to query when the sample decided every turn
+        queried = f"… after a query to each of {a.queried:,} of them"
+        if a.cached_queried is not None:
+            out.add(f"{queried}: workflows in the worker's cache", f"{a.cached_queried:,.0f}")
+        out.add(
+            f"{queried}: worker RSS (MB) / per turn queried (KB)",
+            f"{a.queried_bytes / 2**20:.0f} / {a.per_queried_turn / 1024:.0f}",
+        )
     d = a.decisions
     n = len(d.completed)
     out.add(f"decide → update answered, median / p95 of {n} (ms)", _ms(d.answered))
