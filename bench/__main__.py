@@ -30,7 +30,7 @@ from bench.memory import worker_memory
 from bench.report import Table, Target
 from bench.server_flags import server_flags
 from bench.turns import Agent
-from tests.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_provider import FakeProvider, Reply
 
 SECTIONS = (
     "history",

@@ -40,7 +40,7 @@ from bench.memory import _gathered, _settled_rss
 from bench.report import Table, Target, progress
 from bench.turns import SERVER, until, until_true
 from bench.waiting_worker import TRACEMALLOC, WorkerProcess, diff, heap_path, worker_process
-from turnkeep.worker.client import TurnHandle, start_turn
+from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.workflows.turn_io import TurnInput
 
 AGENT = "gated"

@@ -16,11 +16,10 @@ from __future__ import annotations
 from temporalio import activity, workflow
 
 with workflow.unsafe.imports_passed_through():
-    from turnkeep.settings import AgentSettings, TimeoutSettings
+    from turnkeep.config.settings import AgentSettings, TimeoutSettings
     from turnkeep.workflows import visibility
     from turnkeep.workflows.actions import SETUP, execute
     from turnkeep.workflows.activity_io import (
-        LlmStepRequest,
         PrepareTurnRequest,
         Timeouts,
         ToolCallOutcome,
@@ -37,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         TextContent,
         json_channel,
     )
+    from turnkeep.workflows.model_io import LlmStepRequest
     from turnkeep.workflows.turn_io import TurnOverrides, TurnResult
 
 PREPARE, TOOLS, MODEL, TOOL = "carry_prepare", "carry_tools", "carry_model", "carry_tool"

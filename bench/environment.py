@@ -21,11 +21,11 @@ from bench.carry_floor import ACTIVITIES as CARRY_ACTIVITIES
 from bench.carry_floor import CarryFloor
 from bench.floor import ACTIVITIES, Floor
 from bench.turns import TOOLS, Agent, settings
-from turnkeep.settings import Settings
+from turnkeep.client.connection import connect
+from turnkeep.config.settings import Settings
+from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
 from turnkeep.worker.build import build_worker, tune_garbage_collector
-from turnkeep.worker.connection import connect
-from turnkeep.worker.embedded import EmbeddedServer, ServerInfo
-from turnkeep.worker.workflow_runner import PASSTHROUGH_MODULES, TurnkeepWorkflowRunner
+from turnkeep.worker.runner import PASSTHROUGH_MODULES, TurnkeepWorkflowRunner
 
 TURNS = "bench-turns"
 FLOOR = "bench-floor"

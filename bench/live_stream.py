@@ -29,13 +29,13 @@ from typing import Any
 from temporalio.client import Client
 
 from bench.report import Table, progress
-from tests.fake_provider import Answer, FakeProvider, Reply
-from turnkeep.settings import Settings
+from turnkeep.client.connection import connect
+from turnkeep.client.live import TextDelta
+from turnkeep.client.turns import start_turn
+from turnkeep.config.settings import Settings
+from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
+from turnkeep.testing.fake_provider import Answer, FakeProvider, Reply
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import start_turn
-from turnkeep.worker.connection import connect
-from turnkeep.worker.embedded import EmbeddedServer, ServerInfo
-from turnkeep.worker.live_stream import TextDelta
 from turnkeep.workflows.turn_io import TurnInput
 
 TOKENS = 50

@@ -28,8 +28,8 @@ from bench.environment import Environment
 from bench.floor import WAIT, FloorInput
 from bench.report import Table, progress, ratio
 from bench.turns import run_floor, until_true
-from tests.fake_provider import FakeProvider
-from turnkeep.worker.client import start_turn
+from turnkeep.client.turns import start_turn
+from turnkeep.testing.fake_provider import FakeProvider
 from turnkeep.workflows.turn_io import TurnInput
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,9 +25,9 @@ from temporalio.worker import Worker
 
 from bench import floor
 from bench.environment import floor_worker
+from turnkeep.client.connection import connect
+from turnkeep.config.files import load_settings
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.config import load_settings
-from turnkeep.worker.connection import connect
 
 
 def _worker(kind: str, client: Client, args: argparse.Namespace) -> Worker:

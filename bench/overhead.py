@@ -46,8 +46,8 @@ from bench.floor import BLOB, HEARTBEAT, NOOP, QUERY, FloorInput
 from bench.phases import WFT_QUEUED, WFT_RUN, medians
 from bench.report import Table, progress
 from bench.turns import TOOLS, Agent, count, run_carry, run_floor, run_turn, runs_of, settings
+from turnkeep.client.connection import connect
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.connection import connect
 from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
 
 K = 20

@@ -39,12 +39,12 @@ from temporalio.client import Client
 
 from bench import report
 from bench.turns import until, until_true
-from tests.fake_provider import FakeProvider, Reply
 from tests.worker_process import WorkerProcesses, effects_server, write_config
-from turnkeep.settings import Settings
-from turnkeep.worker.client import TurnHandle, start_turn
-from turnkeep.worker.connection import connect
-from turnkeep.worker.embedded import EmbeddedServer, ServerInfo
+from turnkeep.client.connection import connect
+from turnkeep.client.turns import TurnHandle, start_turn
+from turnkeep.config.settings import Settings
+from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
+from turnkeep.testing.fake_provider import FakeProvider, Reply
 from turnkeep.workflows.turn_io import TurnInput
 
 T = TypeVar("T")

@@ -23,7 +23,7 @@ from temporalio.worker import Worker
 from bench.floor import ACTIVITIES, Floor, FloorInput, TimerFloor
 from bench.report import Table, progress
 from bench.turns import run_floor
-from turnkeep.worker.embedded import FAST_DYNAMIC_CONFIG, FAST_SQLITE_PRAGMAS, EmbeddedServer
+from turnkeep.devserver.embedded import FAST_DYNAMIC_CONFIG, FAST_SQLITE_PRAGMAS, EmbeddedServer
 
 STEPS = 30
 TIMERS = 5

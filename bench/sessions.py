@@ -42,10 +42,10 @@ from bench.memory import _gathered, _settled_rss
 from bench.report import Table, Target, progress
 from bench.turns import runs_of, until, until_true
 from bench.waiting_worker import worker_process
-from turnkeep.settings import Settings
+from turnkeep.client.sessions import SessionHandle, get_session, open_session
+from turnkeep.client.turns import get_turn
+from turnkeep.config.settings import Settings
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import get_turn
-from turnkeep.worker.session import SessionHandle, get_session, open_session
 
 AGENT = "short"
 WINDOW = 10  # turns per timing window

@@ -24,8 +24,8 @@ from temporalio.client import Client
 
 from bench.carry_floor import CarryFloor
 from bench.floor import Floor, FloorInput
-from turnkeep.settings import Settings
-from turnkeep.worker.client import start_turn
+from turnkeep.client.turns import start_turn
+from turnkeep.config.settings import Settings
 from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 T = TypeVar("T")

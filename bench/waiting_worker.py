@@ -47,9 +47,9 @@ from typing import Any
 from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 
 from bench.turns import TOOLS
+from turnkeep.client.connection import connect
+from turnkeep.config.files import load_settings
 from turnkeep.worker.build import build_worker, tune_garbage_collector
-from turnkeep.worker.config import load_settings
-from turnkeep.worker.connection import connect
 
 REPO = Path(__file__).resolve().parents[1]
 # The Core SDK's gauges, under the SDK's default metric prefix.

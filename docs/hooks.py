@@ -1,7 +1,7 @@
 """MkDocs hooks (``hooks:`` in mkdocs.yml): the reference pages, generated from the code at build
 time, so ``mkdocs build --strict`` is self-contained and a reference can never be stale.
 
-- ``reference/configuration.md`` from the settings models (``turnkeep.settings.Settings``): every
+- ``reference/configuration.md`` from the settings models (``turnkeep.config.settings``): every
   key with its type, default and description. A field's description is its ``Field(description=)``
   if it has one, else the comments written above or beside it in the model's source, which is
   where settings.py documents its keys.
@@ -281,13 +281,14 @@ def _sections(
 
 
 def configuration_reference() -> str:
-    from turnkeep.settings import Settings
+    from turnkeep.config.settings import Settings
 
     out = [
         "# Configuration reference",
         "",
         "Every key of `turnkeep.yaml`, generated from the settings models in "
-        "`turnkeep/settings.py` when the site is built. [Configuration](../configuration.md) "
+        "`turnkeep/config/settings.py` when the site is built. "
+        "[Configuration](../configuration.md) "
         "explains how a worker finds and loads the file. A `<name>` in a key is a name you "
         "choose (an agent's, a server's). Durations take seconds or `30m`, `12h`, `7d`; "
         "unknown keys are refused.",
@@ -421,7 +422,7 @@ def python_reference() -> str:
         "The public `turnkeep` facade: every name in `turnkeep.__all__`, importable from "
         "`turnkeep` itself, with its docstring, generated when the site is built. "
         "[Using turnkeep as a library](../library.md) shows them at work; workflow code "
-        "uses `turnkeep.workflow` (`run_turn`, `start_turn`, `turn_result`).",
+        "uses `turnkeep.workflow` (`run_turn`, `start_child_turn`, `child_turn_result`).",
         "",
     ]
     for name in turnkeep.__all__:

@@ -44,11 +44,11 @@ from tests.web_ui import (
     sign_in_to_codec_server,
     web_ui_with_codec,
 )
-from turnkeep.settings import ApprovalSettings, EncryptionSettings, Settings
+from turnkeep.client.connection import connect
+from turnkeep.client.turns import TurnHandle, start_turn
+from turnkeep.config.files import load_settings
+from turnkeep.config.settings import ApprovalSettings, EncryptionSettings, Settings
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import TurnHandle, start_turn
-from turnkeep.worker.config import load_settings
-from turnkeep.worker.connection import connect
 from turnkeep.workflows import visibility
 from turnkeep.workflows.turn_io import TurnInput
 

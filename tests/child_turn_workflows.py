@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 from temporalio import workflow
 
-from turnkeep.workflow import TurnCancelledError, run_turn, start_turn, turn_result
+from turnkeep.workflow import TurnCancelledError, child_turn_result, run_turn, start_child_turn
 from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 
@@ -53,11 +53,11 @@ class StartsTurn:
 
     @workflow.run
     async def run(self, prompt: str) -> Started:
-        child = await start_turn(TurnInput(agent="test", messages=[prompt]))
+        child = await start_child_turn(TurnInput(agent="test", messages=[prompt]))
         return Started(
             child_id=child.id,
             child_run_id=child.first_execution_run_id,
-            result=await turn_result(child),
+            result=await child_turn_result(child),
         )
 
 

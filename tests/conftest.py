@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHistory
 
-from tests.fake_provider import FakeProvider
 from turnkeep import Settings, TurnHandle, TurnInput, TurnResult, build_worker, connect, start_turn
-from turnkeep.worker.embedded import EmbeddedServer, ServerInfo
+from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
+from turnkeep.testing.fake_provider import FakeProvider
 
 
 @pytest.fixture(scope="session")

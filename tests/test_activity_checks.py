@@ -20,9 +20,9 @@ from temporalio.worker import Worker
 
 from tests.conftest import Harness, HarnessFactory, make_settings
 from tests.crafted_workflow import CraftedWorkflow
-from tests.fake_provider import FakeProvider, Reply
-from turnkeep.activities.providers.openai import OpenAIProvider
 from turnkeep.activities.turn_setup import plan_turn
+from turnkeep.providers.openai import OpenAIProvider
+from turnkeep.testing.fake_provider import FakeProvider, Reply
 from turnkeep.workflows.activity_io import (
     CALL_TOOL,
     COMPACT_HISTORY,
@@ -32,12 +32,10 @@ from turnkeep.workflows.activity_io import (
     RUN_HOOK,
     HookContext,
     HookPoint,
-    LlmRequest,
     PrepareTurnRequest,
-    model_input_page,
-    request_digest,
 )
 from turnkeep.workflows.messages import Message, StopReason
+from turnkeep.workflows.model_io import LlmRequest, model_input_page, request_digest
 from turnkeep.workflows.turn_io import TurnOverrides
 
 MODEL = "anthropic.test-model"

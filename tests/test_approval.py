@@ -17,14 +17,14 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from tests.conftest import HarnessFactory, eventually, turnkeep, write_script
 from tests.test_visibility import current_details
 from turnkeep.cli.commands.approvals import AWAITING_QUERY
-from turnkeep.settings import Settings
-from turnkeep.worker.client import TurnCancelledError, TurnHandle
-from turnkeep.worker.embedded import ServerInfo
+from turnkeep.client.turns import TurnHandle
+from turnkeep.config.settings import Settings
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.workflows import visibility
 from turnkeep.workflows.approval import ApprovalPlan, PendingCall
 from turnkeep.workflows.messages import CallToolResult
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
-from turnkeep.workflows.turn_io import TurnResult
+from turnkeep.workflows.turn_io import TurnCancelledError, TurnResult
 
 pytestmark = pytest.mark.asyncio
 

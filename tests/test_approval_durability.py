@@ -16,12 +16,12 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from tests.conftest import eventually
-from tests.fake_provider import FakeProvider, Reply
 from tests.test_durability import TOOL, Fleet, agent, assert_ran, executions, worker_config
 from tests.worker_process import WorkerProcesses
-from turnkeep.worker.client import TurnHandle
-from turnkeep.worker.connection import connect
-from turnkeep.worker.embedded import EmbeddedServer, ServerInfo
+from turnkeep.client.connection import connect
+from turnkeep.client.turns import TurnHandle
+from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
+from turnkeep.testing.fake_provider import FakeProvider, Reply
 from turnkeep.workflows import visibility
 from turnkeep.workflows.approval import PendingCall
 

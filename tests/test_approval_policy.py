@@ -20,9 +20,9 @@ from temporalio.worker import Worker
 
 from tests.conftest import Harness, eventually, make_settings, write_script
 from tests.crafted_workflow import CraftedWorkflow
-from tests.fake_provider import FakeProvider, Reply
 from tests.test_activity_checks import application_error
 from turnkeep import Agent, Approval, ApprovalRequest, PolicyDecision, TurnHandle, build_worker
+from turnkeep.testing.fake_provider import FakeProvider, Reply
 from turnkeep.workflows.approval import APPROVAL_POLICY
 from turnkeep.workflows.messages import CallToolResult
 from turnkeep.workflows.turn_io import TurnResult

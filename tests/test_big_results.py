@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_settings
+from turnkeep.client.connection import connect
+from turnkeep.client.turns import start_turn
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import start_turn
-from turnkeep.worker.connection import connect
-from turnkeep.worker.embedded import ServerInfo
 from turnkeep.workflows.turn_io import TurnInput
 
 pytestmark = pytest.mark.asyncio

@@ -27,10 +27,10 @@ from tests.web_ui import (
     sign_in_to_codec_server,
     web_ui_with_codec,
 )
-from turnkeep.settings import ApprovalSettings, Settings
+from turnkeep.client.connection import connect
+from turnkeep.config.settings import ApprovalSettings, Settings
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.connection import connect
-from turnkeep.worker.embedded import ServerInfo
 from turnkeep.workflows import visibility
 
 pytestmark = pytest.mark.asyncio

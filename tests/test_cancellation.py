@@ -26,15 +26,15 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from tests.conftest import HarnessFactory, eventually, make_settings, turnkeep, write_script
-from tests.fake_provider import Api, FakeProvider, Reply
+from turnkeep.client.turns import TurnHandle, start_turn
+from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.testing.fake_provider import Api, FakeProvider, Reply
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import TurnCancelledError, TurnHandle, start_turn
-from turnkeep.worker.embedded import ServerInfo
 from turnkeep.worker.plugin import TurnkeepPlugin
 from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
 from turnkeep.workflows.messages import CallToolResult, Message, StopReason, ToolCall
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
-from turnkeep.workflows.turn_io import RollbackState, TurnInput, TurnResult
+from turnkeep.workflows.turn_io import RollbackState, TurnCancelledError, TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 

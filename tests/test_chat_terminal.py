@@ -21,9 +21,9 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from tests.mcp_servers.launch import STDIO_SCRIPT
 from turnkeep.cli.approval_prompt import PROMPT, local_user
-from turnkeep.worker.client import TurnHandle, get_turn
-from turnkeep.worker.embedded import ServerInfo
-from turnkeep.worker.session import get_session, read_session
+from turnkeep.client.sessions import get_session, read_session
+from turnkeep.client.turns import TurnHandle, get_turn
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
 

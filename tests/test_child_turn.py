@@ -22,7 +22,7 @@ from tests.child_turn_workflows import PARENTS, AskTwice, KeepsRepaired, Repaire
 from tests.conftest import Harness, eventually, make_settings
 from tests.crafted_workflow import CraftedWorkflow
 from tests.test_activity_checks import application_error
-from turnkeep.worker.client import get_turn
+from turnkeep.client.turns import get_turn
 from turnkeep.worker.plugin import TurnkeepPlugin
 from turnkeep.workflows.child_turn import READ_CHILD_TURN
 from turnkeep.workflows.messages import StopReason

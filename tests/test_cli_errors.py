@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import turnkeep
-from turnkeep.worker.embedded import ServerInfo
+from turnkeep.devserver.embedded import ServerInfo
 
 pytestmark = pytest.mark.asyncio
 

@@ -20,8 +20,12 @@ from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHistory
 
 from tests.conftest import Harness, history_text, make_settings, turnkeep, write_script
-from tests.fake_provider import FakeProvider, Reply
 from turnkeep import open_session
+from turnkeep.client.connection import connect
+from turnkeep.client.turns import get_turn
+from turnkeep.config.files import ConfigError, load_settings
+from turnkeep.config.settings import Settings
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.payloads.codec import (
     COMPRESSION,
     ENCODING,
@@ -31,12 +35,8 @@ from turnkeep.payloads.codec import (
     PlaintextPayloadError,
     UnknownKeyError,
 )
-from turnkeep.settings import Settings
+from turnkeep.testing.fake_provider import FakeProvider, Reply
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import get_turn
-from turnkeep.worker.config import ConfigError, load_settings
-from turnkeep.worker.connection import connect
-from turnkeep.worker.embedded import ServerInfo
 from turnkeep.workflows.messages import StopReason
 
 API_KEY = "sk-turnkeep-SECRET-c0dec5"

@@ -29,16 +29,10 @@ from temporalio.client import WorkflowHistory
 
 from tests.conftest import eventually, history_text, make_settings, write_script
 from tests.test_codec import playback_agent, worker_for
-from turnkeep.payloads.codec import KEY_ID, EncryptionCodec
-from turnkeep.settings import EncryptionSettings
-from turnkeep.worker.codec_server import (
-    CodecServer,
-    CodecServerError,
-    ensure_background_codec_server,
-    stop_background_codec_server,
-)
-from turnkeep.worker.config import load_settings
-from turnkeep.worker.embedded import (
+from turnkeep.config.files import load_settings
+from turnkeep.config.settings import EncryptionSettings
+from turnkeep.devserver.codec import ensure_background_codec_server, stop_background_codec_server
+from turnkeep.devserver.embedded import (
     ServerInfo,
     build_argv,
     ensure_background_server,
@@ -46,6 +40,8 @@ from turnkeep.worker.embedded import (
     free_port,
     stop_background_server,
 )
+from turnkeep.payloads.codec import KEY_ID, EncryptionCodec
+from turnkeep.payloads.codec_server import CodecServer, CodecServerError
 
 KEY = base64.b64encode(os.urandom(32)).decode()
 TOKEN = "codec-token-" + base64.b64encode(os.urandom(18)).decode()

@@ -11,11 +11,11 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 
 from tests.conftest import HarnessFactory, eventually
-from tests.fake_provider import FakeProvider, Reply
 from turnkeep import open_session
-from turnkeep.worker.client import TurnCancelledError, get_turn
+from turnkeep.client.turns import get_turn
+from turnkeep.testing.fake_provider import FakeProvider, Reply
 from turnkeep.workflows.loop import SUMMARY_PREFIX
-from turnkeep.workflows.turn_io import HistoryChange, RollbackState
+from turnkeep.workflows.turn_io import HistoryChange, RollbackState, TurnCancelledError
 
 pytestmark = pytest.mark.asyncio
 

@@ -37,7 +37,6 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.exceptions import ApplicationError
 
 from tests.conftest import HarnessFactory, eventually, make_settings, turnkeep, write_script
-from tests.fake_provider import FakeProvider, Reply
 from tests.test_compaction import TOOLS as MATH
 from tests.test_compaction import config as compaction_config
 from tests.test_durability import FAST_RECOVERY, TOOL, assert_ran, effect, stable
@@ -45,15 +44,24 @@ from tests.test_payload_storage import agent as storage_agent
 from tests.test_payload_storage import calls
 from tests.test_payload_storage import turnkeep as storage_harness
 from tests.worker_process import WorkerProcesses, effects_server, write_config
+from turnkeep.client.connection import connect
+from turnkeep.client.turns import TurnHandle, start_turn
+from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
+from turnkeep.payloads.limits import RESULT_TOO_LARGE
+from turnkeep.testing.fake_provider import FakeProvider, Reply
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import TurnCancelledError, TurnHandle, start_turn
-from turnkeep.worker.connection import connect
-from turnkeep.worker.embedded import EmbeddedServer, ServerInfo
-from turnkeep.worker.plugin import PAYLOAD_LIMIT_BYTES, RESULT_TOO_LARGE, FunctionTools
+from turnkeep.worker.plugin import PAYLOAD_LIMIT_BYTES, FunctionTools
 from turnkeep.workflows.loop import SUMMARY_PREFIX
 from turnkeep.workflows.messages import Message, StopReason
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
-from turnkeep.workflows.turn_io import RollbackState, TurnInput, TurnProgress, TurnResult, Usage
+from turnkeep.workflows.turn_io import (
+    RollbackState,
+    TurnCancelledError,
+    TurnInput,
+    TurnProgress,
+    TurnResult,
+    Usage,
+)
 
 pytestmark = pytest.mark.asyncio
 

@@ -30,9 +30,9 @@ import pytest
 import yaml
 
 from tests.conftest import eventually
-from turnkeep.settings import TimeoutSettings
-from turnkeep.worker.config import load_settings
-from turnkeep.worker.embedded import ServerInfo
+from turnkeep.config.files import load_settings
+from turnkeep.config.settings import TimeoutSettings
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.workflows.actions import SETUP
 from turnkeep.workflows.visibility import search_attribute_types
 

@@ -169,7 +169,7 @@ def test_the_checker_catches_bad_links() -> None:
 
 
 def test_the_configuration_reference_names_every_setting() -> None:
-    from turnkeep.settings import Settings
+    from turnkeep.config.settings import Settings
 
     reference = hooks.configuration_reference()
     keys = [name for name, field in Settings.model_fields.items() if not field.exclude]

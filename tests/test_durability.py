@@ -38,12 +38,12 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from tests.conftest import HarnessFactory, eventually, write_script
-from tests.fake_provider import FakeProvider, Reply
 from tests.worker_process import WorkerProcesses, effects_server, write_config
-from turnkeep.activities.tool_activities import IDEMPOTENCY_KEY_META, idempotency_key
-from turnkeep.worker.client import TurnHandle, start_turn
-from turnkeep.worker.connection import connect
-from turnkeep.worker.embedded import EmbeddedServer, ServerInfo
+from turnkeep.activities.tools import IDEMPOTENCY_KEY_META, idempotency_key
+from turnkeep.client.connection import connect
+from turnkeep.client.turns import TurnHandle, start_turn
+from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
+from turnkeep.testing.fake_provider import FakeProvider, Reply
 from turnkeep.workflows.messages import Message, StopReason
 from turnkeep.workflows.turn_io import TurnInput, TurnResult
 

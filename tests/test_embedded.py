@@ -14,8 +14,9 @@ import pytest
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from turnkeep.worker import embedded
-from turnkeep.worker.embedded import (
+from turnkeep.config.paths import state_dir
+from turnkeep.devserver import embedded
+from turnkeep.devserver.embedded import (
     EmbeddedServer,
     EmbeddedServerError,
     ServerInfo,
@@ -23,7 +24,6 @@ from turnkeep.worker.embedded import (
     ensure_background_server,
     find_temporal_binary,
     free_port,
-    state_dir,
     stop_background_server,
 )
 

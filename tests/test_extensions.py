@@ -22,23 +22,20 @@ from temporalio.worker import Worker
 
 from tests.conftest import make_settings
 from tests.mcp_servers.launch import STDIO_SCRIPT
-from turnkeep.activities.mcp_pool import (
-    McpPool,
-    StdioSource,
-    ToolSourceRegistry,
-    installed_tool_sources,
-)
-from turnkeep.activities.models import ProviderRegistry, installed_providers
-from turnkeep.activities.providers import ModelProvider
-from turnkeep.activities.tool_activities import IDEMPOTENCY_KEY_META, ToolActivities
-from turnkeep.activities.tool_sources import ToolSource
-from turnkeep.agents import Agent, McpServer
-from turnkeep.settings import McpServerSettings, Settings
+from turnkeep.activities.tools import IDEMPOTENCY_KEY_META, ToolActivities
+from turnkeep.client.turns import start_turn
+from turnkeep.config.agents import Agent, McpServer
+from turnkeep.config.settings import McpServerSettings, Settings
+from turnkeep.providers.base import ModelProvider
+from turnkeep.providers.registry import ProviderRegistry, installed_providers
+from turnkeep.tools.mcp import StdioSource
+from turnkeep.tools.registry import ToolServers, ToolSourceRegistry, installed_tool_sources
+from turnkeep.tools.source import ToolSource
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import start_turn
 from turnkeep.worker.plugin import TurnkeepPlugin
-from turnkeep.workflows.activity_io import LlmRequest, ToolCallRequest, ToolsRequest
+from turnkeep.workflows.activity_io import ToolCallRequest, ToolsRequest
 from turnkeep.workflows.messages import Message
+from turnkeep.workflows.model_io import LlmRequest
 from turnkeep.workflows.turn_io import TurnInput
 
 
@@ -179,7 +176,7 @@ def test_registering_the_built_ins_loads_no_sdk() -> None:
     probe = (
         "import sys\n"
         "from turnkeep.activities.turn_setup import plan_turn\n"
-        "from turnkeep.activities.models import installed_providers\n"
+        "from turnkeep.providers.registry import installed_providers\n"
         "installed_providers().context_window('sonnet')\n"
         "print(sorted(m for m in ('anthropic', 'openai') if m in sys.modules))\n"
     )
@@ -275,7 +272,7 @@ async def test_a_server_of_an_unregistered_kind_stops_the_worker(tmp_path: Path)
     with pytest.raises(ValueError, match="no faces"):
         TurnkeepPlugin(settings, tool_sources=[Dice])
     # The pool closes every source it holds.
-    pool = McpPool(
+    pool = ToolServers(
         make_settings(tmp_path, mcp={"servers": {"die": {"transport": "dice", "args": ["1"]}}}),
         sources=installed_tool_sources().with_sources([Dice]),
     )
@@ -419,7 +416,7 @@ async def test_tool_activities_refuse_a_server_meant_for_another_queue(tmp_path:
         mcp={"servers": {"gpu": {"command": "no-such-command", "task_queue": "gpu-hosts"}}},
         agents={"test": {"servers": ["gpu"]}},
     )
-    activities = ToolActivities(settings, McpPool(settings))
+    activities = ToolActivities(settings, ToolServers(settings))
     env = ActivityEnvironment()
     call = ToolCallRequest(agent="test", call_id="c1", name="gpu__render", arguments={})
     for run in (

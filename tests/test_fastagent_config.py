@@ -21,14 +21,14 @@ import pytest
 from temporalio.client import Client
 
 from tests.conftest import HarnessFactory, turnkeep
-from tests.fake_provider import FakeProvider, Reply
 from tests.mcp_servers.launch import STDIO_SCRIPT, http_server
 from turnkeep import Agent, RequestParams, TurnInput, TurnResult, build_worker, start_turn
 from turnkeep.compat.fastagent import FastAgent
-from turnkeep.fastagent.targets import target_settings
-from turnkeep.settings import Settings
-from turnkeep.worker.config import ConfigError, load_settings
-from turnkeep.worker.embedded import ServerInfo
+from turnkeep.config.fastagent.targets import target_settings
+from turnkeep.config.files import ConfigError, load_settings
+from turnkeep.config.settings import Settings
+from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.testing.fake_provider import FakeProvider, Reply
 
 # A fast-agent configuration in the shape of fast-agent's own examples: console keys, servers of
 # each transport in both of fast-agent's spellings (`mcp.servers` and `mcp.targets`), `${VAR}`s.
@@ -183,7 +183,7 @@ async def test_a_fast_agent_project_is_found_upward_and_runs_a_turn(
             api="openai",
         )
         task_queue = f"fa-{uuid.uuid4().hex[:10]}"
-        caplog.set_level(logging.INFO, logger="turnkeep.worker.config")
+        caplog.set_level(logging.INFO, logger="turnkeep.config.files")
         async with build_worker(client, settings, agents=fast.agents, task_queue=task_queue):
             handle = await start_turn(
                 client, TurnInput(agent="helper", messages=["go"]), task_queue=task_queue
@@ -204,7 +204,7 @@ async def test_a_fast_agent_project_is_found_upward_and_runs_a_turn(
     assert first.headers["authorization"] == "Bearer sk-test-secret"
     assert first.body["max_completion_tokens"] == 512
 
-    lines = [r.getMessage() for r in caplog.records if r.name == "turnkeep.worker.config"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "turnkeep.config.files"]
     assert f"configuration: {root / 'fastagent.config.yaml'}" in lines
     ignored = [line for line in lines if "fast-agent keys turnkeep ignores" in line]
     assert ignored == [

@@ -20,15 +20,15 @@ from fastmcp.utilities.types import Image
 from pydantic import BaseModel
 
 from tests.conftest import eventually
-from turnkeep.activities.mcp_pool import (
-    McpPool,
-    ServerUnavailable,
+from turnkeep.activities.tools import IDEMPOTENCY_KEY_META, to_wire_result
+from turnkeep.config.settings import Settings
+from turnkeep.tools.function_tools import (
     build_function_server,
     call_function_tool,
     list_function_tools,
 )
-from turnkeep.activities.tool_activities import IDEMPOTENCY_KEY_META, to_wire_result
-from turnkeep.settings import Settings
+from turnkeep.tools.registry import ToolServers
+from turnkeep.tools.source import ServerUnavailable
 
 # --- the tools ---------------------------------------------------------------------------------
 
@@ -166,11 +166,11 @@ def fresh_state() -> None:
 
 
 @pytest.fixture
-async def pool(tmp_path: Path) -> AsyncIterator[McpPool]:
+async def pool(tmp_path: Path) -> AsyncIterator[ToolServers]:
     settings = Settings.model_validate(
         {"base_dir": tmp_path, "function_tools": {"broken": ["no_such_mod:f"]}}
     )
-    async with McpPool(settings, {"fn": TOOLS}) as pool:
+    async with ToolServers(settings, {"fn": TOOLS}) as pool:
         yield pool
     release.set()  # let a test's blocked thread end
 
@@ -191,7 +191,7 @@ def dump(value: mcp.types.CallToolResult | mcp.types.Tool) -> dict[str, Any]:
 
 
 async def test_direct_calls_answer_what_an_mcp_client_receives(
-    server_and_client: tuple[FastMCP, Client[Any]], pool: McpPool
+    server_and_client: tuple[FastMCP, Client[Any]], pool: ToolServers
 ) -> None:
     server, client = server_and_client
     meta = {IDEMPOTENCY_KEY_META: "wf/c1"}
@@ -220,7 +220,7 @@ async def test_direct_calls_answer_what_an_mcp_client_receives(
 
 
 async def test_listing_matches_what_an_mcp_client_lists(
-    server_and_client: tuple[FastMCP, Client[Any]], pool: McpPool
+    server_and_client: tuple[FastMCP, Client[Any]], pool: ToolServers
 ) -> None:
     server, client = server_and_client
     over_mcp = [dump(tool) for tool in await client.list_tools()]
@@ -230,7 +230,7 @@ async def test_listing_matches_what_an_mcp_client_lists(
 
 
 async def test_a_function_tool_is_looked_up_once(
-    pool: McpPool, monkeypatch: pytest.MonkeyPatch
+    pool: ToolServers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     looked_up: list[str] = []
     get_tool = FastMCP.get_tool
@@ -252,7 +252,7 @@ async def test_a_function_tool_is_looked_up_once(
 
 
 async def test_a_function_server_is_listed_once(
-    pool: McpPool, monkeypatch: pytest.MonkeyPatch
+    pool: ToolServers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = await pool.list_tools("fn")
     listed: list[str] = []
@@ -266,7 +266,7 @@ async def test_a_function_server_is_listed_once(
     assert listed == []
 
 
-async def test_a_plain_value_is_given_once_as_text(pool: McpPool) -> None:
+async def test_a_plain_value_is_given_once_as_text(pool: ToolServers) -> None:
     # FastMCP's default would add structured content {"result": ...} (and an output schema
     # saying so) to a non-object return, doubling it in history; an object keeps its own.
     shouted = await pool.call_tool("fn", "shout", {"text": "hey", "times": 2})
@@ -281,7 +281,7 @@ async def test_a_plain_value_is_given_once_as_text(pool: McpPool) -> None:
     assert point_.structured_content == {"x": 1, "y": 0}
 
 
-async def test_the_pool_runs_function_tools_in_the_calling_task(pool: McpPool) -> None:
+async def test_the_pool_runs_function_tools_in_the_calling_task(pool: ToolServers) -> None:
     assert to_wire_result(await pool.call_tool("fn", "where", {})).text == "here"
     # Over an in-memory MCP session the tool would run in the server's request task.
     assert tasks_seen == [asyncio.current_task()]
@@ -290,7 +290,7 @@ async def test_the_pool_runs_function_tools_in_the_calling_task(pool: McpPool) -
 # --- cancellation ------------------------------------------------------------------------------
 
 
-async def test_cancelling_the_caller_cancels_an_async_tool(pool: McpPool) -> None:
+async def test_cancelling_the_caller_cancels_an_async_tool(pool: ToolServers) -> None:
     call = asyncio.create_task(pool.call_tool("fn", "hang", {"tag": "a"}))
     await eventually(lambda: "started a" in events, "the tool started")
     call.cancel()
@@ -300,7 +300,7 @@ async def test_cancelling_the_caller_cancels_an_async_tool(pool: McpPool) -> Non
     assert events == ["started a", "cancelled a"]
 
 
-async def test_cancelling_the_caller_releases_it_from_a_sync_tool(pool: McpPool) -> None:
+async def test_cancelling_the_caller_releases_it_from_a_sync_tool(pool: ToolServers) -> None:
     call = asyncio.create_task(pool.call_tool("fn", "block", {"tag": "b"}))
     await eventually(lambda: "started b" in events, "the tool started")
     call.cancel()
@@ -317,12 +317,12 @@ async def test_cancelling_the_caller_releases_it_from_a_sync_tool(pool: McpPool)
 # --- the idempotency key and failures to open ---------------------------------------------------
 
 
-async def test_a_tool_taking_a_context_is_told_the_idempotency_key(pool: McpPool) -> None:
+async def test_a_tool_taking_a_context_is_told_the_idempotency_key(pool: ToolServers) -> None:
     result = await pool.call_tool("fn", "keyed", {"tag": "x"}, meta={IDEMPOTENCY_KEY_META: "w/c"})
     assert to_wire_result(result).text == "x: w/c"
 
 
-async def test_a_function_server_that_cannot_be_built_is_unavailable(pool: McpPool) -> None:
+async def test_a_function_server_that_cannot_be_built_is_unavailable(pool: ToolServers) -> None:
     for attempt in (pool.call_tool("broken", "f", {}), pool.list_tools("broken")):
         with pytest.raises(ServerUnavailable) as err:
             await attempt

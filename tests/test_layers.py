@@ -1,9 +1,6 @@
-"""turnkeep's packages import one way (docs/design.md, Code layout): ``cli`` may use everything and
-nothing uses it, ``worker`` everything else, ``activities`` and ``payloads`` the configuration,
-the workflow code and ``observability`` (metrics and traces), which itself uses only the
-configuration and the workflow code; ``settings`` uses the workflow code, ``workflows`` nothing
-of turnkeep's but itself, and any of them ``errors``. Checked by parsing every module's imports,
-so a wrong turn fails here rather than as an import cycle later."""
+"""turnkeep's rooms import one way (docs/design.md, Code layout), and so do the modules of the
+workflow code among themselves. Checked by parsing every module's imports, so a wrong turn
+fails here rather than as an import cycle later."""
 
 from __future__ import annotations
 
@@ -14,49 +11,116 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "turnkeep"
 
-# What each part of turnkeep may import from turnkeep, besides itself.
-MAY_IMPORT = {
+# What each room of turnkeep may import from turnkeep, besides itself. Read from the bottom up:
+# each room uses only rooms listed above it.
+MAY_IMPORT: dict[str, set[str]] = {
+    # Errors retrying cannot fix; plumbing that knows nothing of turns (ASGI serving, entry
+    # points, the SDK's private names).
     "errors": set(),
+    "support": {"errors"},
+    # Deterministic workflow code and the data contract: runs in Temporal's sandbox.
     "workflows": set(),
-    # A turn as a step of any workflow: runs in the sandbox, so workflow code only.
+    # A turn as a step of an application's workflow: workflow code only.
     "workflow": {"workflows"},
-    # fast-agent's config keys, targets and RequestParams: plain data the configuration uses.
-    "fastagent": set(),
-    "settings": {"errors", "fastagent", "workflows"},
-    "payloads": {"errors", "observability", "settings", "workflows"},
-    "activities": {"errors", "observability", "settings", "workflows"},
-    # Metrics and traces recorded on the worker side; the metric catalogue and the turn's own
-    # (replay-safe) metrics are workflow code.
-    "observability": {"errors", "settings", "workflows"},
-    # Python agents and servers: the configuration, with functions in it.
-    "agents": {"errors", "fastagent", "settings", "workflows"},
-    # Agents declared another framework's way (@fast.agent), served by a worker's plugin.
-    "compat": {"agents", "errors", "fastagent", "settings", "worker", "workflows"},
-    "worker": {
-        "activities",
-        "agents",
+    # The worker's configuration: settings, Python agents, config files, fast-agent's keys.
+    "config": {"errors", "workflows"},
+    # Metrics, traces, logs and search attributes.
+    "observability": {"config", "errors", "support", "workflows"},
+    # How payloads cross Temporal: converter, encryption, storage, the codec server.
+    "payloads": {"config", "errors", "observability", "support", "workflows"},
+    # Model providers and tool servers: what the activities call.
+    "providers": {"config", "errors", "support", "workflows"},
+    "tools": {"config", "errors", "support", "workflows"},
+    "activities": {
+        "config",
         "errors",
         "observability",
-        "payloads",
-        "settings",
+        "providers",
+        "support",
+        "tools",
         "workflows",
     },
-    # The command line: no other part lists it, so nothing in turnkeep may import it.
-    "cli": {
+    # The plugin and everything a worker process runs.
+    "worker": {
         "activities",
-        "agents",
+        "config",
         "errors",
         "observability",
         "payloads",
-        "settings",
+        "providers",
+        "support",
+        "tools",
+        "workflows",
+    },
+    # What a client process imports: connect, turns, sessions, history (which replays a
+    # history as a worker would: the worker's replay set-up), live text.
+    "client": {"config", "errors", "observability", "payloads", "support", "worker", "workflows"},
+    # The embedded Temporal dev server and the background processes beside it.
+    "devserver": {"config", "errors", "observability", "payloads", "support", "workflows"},
+    # Agents declared another framework's way (@fast.agent), served by a worker's plugin.
+    "compat": {"config", "errors", "worker", "workflows"},
+    # What users test their own agents with: anything but the command line.
+    "testing": {
+        "activities",
+        "client",
+        "config",
+        "devserver",
+        "errors",
+        "observability",
+        "payloads",
+        "providers",
+        "support",
+        "tools",
+        "worker",
+        "workflow",
+        "workflows",
+    },
+    # The command line: no other room lists it, so nothing in turnkeep may import it.
+    "cli": {
+        "activities",
+        "client",
+        "compat",
+        "config",
+        "devserver",
+        "errors",
+        "observability",
+        "payloads",
+        "providers",
+        "support",
+        "tools",
         "worker",
         "workflows",
     },
 }
 
+# The workflow code's modules from the bottom up: each imports only modules listed before it.
+WORKFLOW_MODULES = [
+    "messages",
+    "metrics",
+    "live_io",
+    "shared",
+    "starting",
+    "worker_cache",
+    "approval",
+    "turn_metrics",
+    "turn_io",
+    "activity_io",
+    "repair",
+    "session_io",
+    "session_turns",
+    "model_io",
+    "tool_batch",
+    "loop",
+    "visibility",
+    "actions",
+    "turn_workflow",
+    "child_turn",
+    "session_workflow",
+]
+
 
 def part_of(module: str) -> str | None:
-    """``turnkeep.activities.models`` -> ``activities``; None outside turnkeep's parts."""
+    """``turnkeep.activities.model`` -> ``activities``; None outside turnkeep's rooms."""
     parts = module.split(".")
     return parts[1] if parts[0] == "turnkeep" and len(parts) > 1 else None
 
@@ -68,9 +132,10 @@ def imported(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module)
-            # `from turnkeep import cli` imports the part as surely as `import turnkeep.cli`.
-            if node.module == "turnkeep":
-                names.update(f"turnkeep.{a.name}" for a in node.names if a.name in MAY_IMPORT)
+            # `from turnkeep import cli` imports the room as surely as `import turnkeep.cli`;
+            # `from turnkeep.workflows import loop` the module.
+            if node.module in ("turnkeep", "turnkeep.workflows"):
+                names.update(f"{node.module}.{a.name}" for a in node.names)
     return names
 
 
@@ -78,11 +143,14 @@ MODULES = sorted(p for p in ROOT.rglob("*.py") if p.parent != ROOT or p.stem in 
 
 
 def wrong_imports(own: str, path: Path) -> set[str]:
-    """What the module at ``path``, part of ``own``, imports from parts it may not use."""
+    """What the module at ``path``, in room ``own``, imports from rooms it may not use."""
     return {
         name
         for name in imported(path)
-        if (part := part_of(name)) is not None and part != own and part not in MAY_IMPORT[own]
+        if (part := part_of(name)) is not None
+        and part in MAY_IMPORT
+        and part != own
+        and part not in MAY_IMPORT[own]
     }
 
 
@@ -91,6 +159,34 @@ def test_imports_go_one_way(path: Path) -> None:
     own = path.relative_to(ROOT).parts[0].removesuffix(".py")
     wrong = wrong_imports(own, path)
     assert not wrong, f"{own} must not import {sorted(wrong)}"
+
+
+def test_every_room_is_placed() -> None:
+    rooms = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    rooms |= {p.stem for p in ROOT.glob("*.py") if p.stem != "__init__"}
+    assert rooms == set(MAY_IMPORT)
+
+
+@pytest.mark.parametrize("module", WORKFLOW_MODULES)
+def test_workflow_modules_import_downwards(module: str) -> None:
+    below = set(WORKFLOW_MODULES[: WORKFLOW_MODULES.index(module)])
+    used = {
+        name.split(".")[2]
+        for name in imported(ROOT / "workflows" / f"{module}.py")
+        if name.startswith("turnkeep.workflows.")
+    }
+    assert used <= below, f"workflows.{module} must not import {sorted(used - below)}"
+
+
+def test_every_workflow_module_is_placed() -> None:
+    found = {p.stem for p in (ROOT / "workflows").glob("*.py")} - {"__init__"}
+    assert found == set(WORKFLOW_MODULES)
+
+
+def test_workflow_code_imports_nothing_else_of_turnkeep() -> None:
+    for path in (ROOT / "workflows").glob("*.py"):
+        others = {n for n in imported(path) if (part := part_of(n)) and part != "workflows"}
+        assert not others, f"{path.name} imports {sorted(others)}"
 
 
 def test_no_part_may_import_the_cli(tmp_path: Path) -> None:

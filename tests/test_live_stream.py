@@ -18,14 +18,9 @@ from google.protobuf import json_format
 from temporalio.client import Client
 
 from tests.conftest import HarnessFactory, eventually, make_settings
-from tests.fake_provider import Answer, FakeProvider, Reply
 from tests.worker_process import WorkerProcesses, write_config
-from turnkeep.activities.streaming import LiveAddress
-from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import TurnHandle, start_turn
-from turnkeep.worker.connection import connect
-from turnkeep.worker.embedded import ServerInfo
-from turnkeep.worker.live_stream import (
+from turnkeep.client.connection import connect
+from turnkeep.client.live import (
     PATH_PREFIX,
     LiveStreamRefused,
     MessageEvent,
@@ -36,7 +31,12 @@ from turnkeep.worker.live_stream import (
     live_address,
     sse_lines,
 )
-from turnkeep.worker.session import open_session
+from turnkeep.client.sessions import open_session
+from turnkeep.client.turns import TurnHandle, start_turn
+from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.testing.fake_provider import Answer, FakeProvider, Reply
+from turnkeep.worker.build import build_worker
+from turnkeep.workflows.live_io import LiveAddress
 from turnkeep.workflows.messages import Message, TextContent
 from turnkeep.workflows.turn_io import TurnInput
 
@@ -279,7 +279,7 @@ async def test_a_worker_killed_mid_stream_restarts_the_live_text(
 async def test_the_cli_prints_live_text_once_and_marks_a_restart() -> None:
     from rich.console import Console
 
-    from turnkeep.worker.render import TurnRenderer
+    from turnkeep.cli.render import TurnRenderer
 
     console = Console(record=True, width=200, force_terminal=False)
     renderer = TurnRenderer(console)

@@ -16,8 +16,8 @@ from temporalio.client import Client
 
 from tests.conftest import write_script
 from tests.worker_process import REPO, write_config
-from turnkeep.worker.client import start_turn
-from turnkeep.worker.embedded import ServerInfo
+from turnkeep.client.turns import start_turn
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.workflows.turn_io import TurnInput
 
 SECRET = "sk-ant-test-" + uuid.uuid4().hex  # a provider key the log must never show

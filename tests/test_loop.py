@@ -300,7 +300,7 @@ def test_cancel_rollback_states() -> None:
 
 
 def test_usage_is_summed_per_model() -> None:
-    from turnkeep.activities.providers import with_usage
+    from turnkeep.providers.base import with_usage
     from turnkeep.workflows.turn_io import Usage
 
     state = start()
@@ -359,11 +359,7 @@ def test_tool_calls_in_the_final_structured_answer_are_answered_not_run() -> Non
 
 
 def test_model_input_pages_reassemble_to_the_request_and_stay_small() -> None:
-    from turnkeep.workflows.activity_io import (
-        MODEL_INPUT_PAGE_BYTES,
-        model_input_page,
-        request_digest,
-    )
+    from turnkeep.workflows.model_io import MODEL_INPUT_PAGE_BYTES, model_input_page, request_digest
 
     state = start()
     for n in range(60):  # ~600 KB of tool results

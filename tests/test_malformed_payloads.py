@@ -35,13 +35,13 @@ from temporalio.converter import (
 from temporalio.exceptions import ApplicationError
 
 from tests.conftest import Harness, eventually, make_settings, write_script
+from turnkeep.client.connection import connect
+from turnkeep.client.turns import get_turn
+from turnkeep.config.settings import Settings
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.payloads.codec import ENCODING, KEY_ID
 from turnkeep.payloads.storage import LOCAL_DRIVER_NAME, LocalDirectoryDriver
-from turnkeep.settings import Settings
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import get_turn
-from turnkeep.worker.connection import connect
-from turnkeep.worker.embedded import ServerInfo
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 TURN = {"agent": "test", "messages": ["hello"]}

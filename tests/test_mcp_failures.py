@@ -29,10 +29,10 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from tests.conftest import Harness, HarnessFactory, eventually, write_script
-from tests.fake_provider import FakeProvider, Reply
 from tests.mcp_servers.launch import free_port, http_server
 from tests.worker_process import effects_server
-from turnkeep.worker.client import TurnHandle
+from turnkeep.client.turns import TurnHandle
+from turnkeep.testing.fake_provider import FakeProvider, Reply
 from turnkeep.workflows.messages import CallToolResult, StopReason, TextContent
 from turnkeep.workflows.turn_io import TurnResult
 

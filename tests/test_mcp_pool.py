@@ -1,4 +1,4 @@
-"""McpPool against real MCP servers (stdio and streamable HTTP subprocesses, in-process function
+"""ToolServers against real MCP servers (stdio and streamable HTTP subprocesses, in-process function
 tools), the tool activities outside a workflow, and tool-result truncation."""
 
 from __future__ import annotations
@@ -20,14 +20,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from tests.mcp_servers.launch import STDIO_SCRIPT, free_port, http_server
-from turnkeep.activities.mcp_pool import McpPool, ServerConnectionError, ServerUnavailable
-from turnkeep.activities.tool_activities import (
-    ToolActivities,
-    json_size,
-    to_wire_result,
-    truncate_result,
-)
-from turnkeep.settings import Settings
+from turnkeep.activities.tools import ToolActivities, json_size, to_wire_result, truncate_result
+from turnkeep.config.settings import Settings
+from turnkeep.tools.registry import ToolServers
+from turnkeep.tools.source import ServerConnectionError, ServerUnavailable
 from turnkeep.workflows.activity_io import ToolCallRequest, ToolsRequest
 from turnkeep.workflows.messages import CallToolResult, ImageContent, TextContent
 
@@ -48,20 +44,20 @@ async def pool_of(
     servers: dict[str, dict[str, Any]] | None = None,
     functions: dict[str, list[Any]] | None = None,
     **config: Any,
-) -> AsyncIterator[McpPool]:
-    async with McpPool(
+) -> AsyncIterator[ToolServers]:
+    async with ToolServers(
         settings(tmp_path, mcp={"servers": servers or {}}, **config), functions
     ) as pool:
         yield pool
 
 
-async def call_text(pool: McpPool, server: str, tool: str, **arguments: Any) -> str:
+async def call_text(pool: ToolServers, server: str, tool: str, **arguments: Any) -> str:
     result = await pool.call_tool(server, tool, arguments)
     assert not result.is_error, result
     return to_wire_result(result).text
 
 
-async def server_pid(pool: McpPool, server: str) -> int:
+async def server_pid(pool: ToolServers, server: str) -> int:
     return int(await call_text(pool, server, "pid"))
 
 
@@ -275,7 +271,7 @@ async def test_unknown_server_and_bad_names(tmp_path: Path) -> None:
             await pool.list_tools("nope")
     assert str(err.value) == "no MCP server named 'nope' in this worker's configuration (known: t)"
     with pytest.raises(ValueError, match="must not contain '__'"):
-        McpPool(settings(tmp_path, mcp={"servers": {"my__server": stdio()}}))
+        ToolServers(settings(tmp_path, mcp={"servers": {"my__server": stdio()}}))
 
 
 # --- function tools ----------------------------------------------------------------------------
@@ -378,7 +374,7 @@ async def activities(tmp_path: Path) -> AsyncIterator[ToolActivities]:
         },
         max_tool_result_bytes=LIMIT,
     )
-    async with McpPool(config, {"fn": [shout, boom]}) as pool:
+    async with ToolServers(config, {"fn": [shout, boom]}) as pool:
         yield ToolActivities(config, pool)
 
 

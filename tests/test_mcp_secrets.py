@@ -20,10 +20,10 @@ from temporalio.client import WorkflowFailureError
 
 from tests.conftest import HarnessFactory, history_text, turnkeep, write_script
 from tests.mcp_servers.launch import STDIO_SCRIPT, free_port, http_server
-from turnkeep.activities.mcp_pool import Redactor
-from turnkeep.settings import McpServerSettings
-from turnkeep.worker.client import TurnHandle
-from turnkeep.worker.embedded import ServerInfo
+from turnkeep.client.turns import TurnHandle
+from turnkeep.config.settings import McpServerSettings
+from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.tools.redaction import Redactor
 
 TURN_WITHIN = 120.0
 # One of each kind of secret a server's configuration can hold; each is unique enough that

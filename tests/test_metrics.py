@@ -22,13 +22,13 @@ import pytest
 from temporalio.client import Client
 
 from tests.conftest import eventually, make_settings, write_script
-from tests.fake_provider import FakeProvider, Reply, Tokens
 from turnkeep import SessionHandle, TurnInput, build_worker, open_session, start_turn
+from turnkeep.client.plugin import TurnkeepClientPlugin
+from turnkeep.client.turns import get_turn
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.observability.setup import metrics_runtime
+from turnkeep.testing.fake_provider import FakeProvider, Reply, Tokens
 from turnkeep.worker.cache_release import evictor
-from turnkeep.worker.client import get_turn
-from turnkeep.worker.embedded import ServerInfo
-from turnkeep.worker.plugin import TurnkeepClientPlugin
 from turnkeep.workflows.metrics import CATALOGUE, MetricKind
 
 pytestmark = pytest.mark.asyncio

@@ -12,21 +12,22 @@ import pytest
 from temporalio.client import Client
 
 from tests.conftest import HarnessFactory, make_settings, write_script
-from turnkeep.activities import model_activity
-from turnkeep.activities.model_activity import ModelInputHandoff
-from turnkeep.activities.parsed_messages import ParsedMessages
+from turnkeep.activities import model as model_activity
+from turnkeep.activities import model_input
+from turnkeep.activities.model_input import ModelInputHandoff
+from turnkeep.client.turns import start_turn
+from turnkeep.providers.parsed_messages import ParsedMessages
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import start_turn
-from turnkeep.workflows import activity_io
 from turnkeep.workflows import messages as messages_module
-from turnkeep.workflows.activity_io import (
+from turnkeep.workflows import model_io
+from turnkeep.workflows.messages import Message, estimate_tokens
+from turnkeep.workflows.model_io import (
     LlmRequest,
     LlmStepRequest,
     MessageJson,
     RequestJson,
     request_digest,
 )
-from turnkeep.workflows.messages import Message, estimate_tokens
 from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 
@@ -88,7 +89,7 @@ def test_a_turns_token_estimate_measures_each_message_once(
         measured.append(message)
         return messages_module.estimate_chars(message)
 
-    monkeypatch.setattr(activity_io, "estimate_chars", counting)
+    monkeypatch.setattr(model_io, "estimate_chars", counting)
     turn = MessageJson()
     first = [Message.user("x" * 5000), Message.assistant("hi")]
     assert turn.estimate_tokens(first) == estimate_tokens(first)
@@ -191,7 +192,9 @@ class RecordingHandoff(ModelInputHandoff):
 def recording(monkeypatch: pytest.MonkeyPatch) -> RecordingHandoff:
     """This process's hand-off, replaced by one that records which calls found their input."""
     handoff = RecordingHandoff()
+    # The activity takes from it, the interceptor offers to it: one object, two modules.
     monkeypatch.setattr(model_activity, "MODEL_INPUTS", handoff)
+    monkeypatch.setattr(model_input, "MODEL_INPUTS", handoff)
     return handoff
 
 

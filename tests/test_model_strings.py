@@ -13,19 +13,20 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from tests.conftest import HarnessFactory, make_settings
-from tests.fake_provider import FakeProvider, Reply
-from turnkeep.activities.model_strings import ModelRef, Reasoning
-from turnkeep.activities.models import (
+from turnkeep.activities.turn_setup import plan_turn
+from turnkeep.config.settings import AnthropicSettings, ProviderSettings
+from turnkeep.providers.anthropic import THINKING_BLOCKS, AnthropicProvider
+from turnkeep.providers.model_strings import ModelRef, Reasoning
+from turnkeep.providers.openai import OpenAIProvider
+from turnkeep.providers.registry import (
     announce_unknown_context_windows,
     installed_providers,
     unknown_context_windows,
 )
-from turnkeep.activities.providers.anthropic import THINKING_BLOCKS, AnthropicProvider
-from turnkeep.activities.providers.openai import OpenAIProvider
-from turnkeep.activities.turn_setup import plan_turn
-from turnkeep.settings import AnthropicSettings, ProviderSettings
-from turnkeep.workflows.activity_io import LlmRequest, PrepareTurnRequest, ToolSpec
+from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.workflows.activity_io import PrepareTurnRequest, ToolSpec
 from turnkeep.workflows.messages import Message, TextContent
+from turnkeep.workflows.model_io import LlmRequest
 from turnkeep.workflows.turn_io import TurnOverrides
 
 KEY = "sk-model-strings-SECRET-0a1b2c"

@@ -11,13 +11,13 @@ import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import StorageDriverStoreContext, WorkflowSerializationContext
 
+from turnkeep.config.settings import PayloadStorageSettings
 from turnkeep.payloads.codec import EncryptionCodec, EncryptionNotConfiguredError
+from turnkeep.payloads.composition import data_converter
 from turnkeep.payloads.converter import _JSON
 from turnkeep.payloads.storage import external_storage
-from turnkeep.settings import PayloadStorageSettings
-from turnkeep.worker.plugin import data_converter
-from turnkeep.workflows.activity_io import LlmStepRequest
 from turnkeep.workflows.messages import Message
+from turnkeep.workflows.model_io import LlmStepRequest
 
 STEP = LlmStepRequest(
     agent="a", model="m", call_index=1, workflow_id="w", run_id="r", digest="d" * 64

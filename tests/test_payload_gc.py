@@ -29,6 +29,10 @@ from tests.test_payload_storage import (
     tool_texts,
 )
 from tests.test_payload_storage import turnkeep as harness_for
+from turnkeep.client.connection import connect
+from turnkeep.client.turns import get_turn, start_turn
+from turnkeep.config.settings import PayloadStorageSettings
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.payloads import storage as payload_storage
 from turnkeep.payloads.storage import (
     LocalDirectoryDriver,
@@ -37,11 +41,7 @@ from turnkeep.payloads.storage import (
     collect,
     sweep,
 )
-from turnkeep.settings import PayloadStorageSettings
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import get_turn, start_turn
-from turnkeep.worker.connection import connect
-from turnkeep.worker.embedded import ServerInfo
 from turnkeep.workflows.turn_io import TurnInput
 
 HOUR = 3600.0

@@ -21,8 +21,11 @@ from temporalio.converter import StorageDriverRetrieveContext, StorageDriverStor
 from temporalio.exceptions import ApplicationError
 
 from tests.conftest import Harness, history_text, make_settings, write_script
-from tests.fake_provider import FakeProvider, Reply
-from turnkeep.activities.tool_activities import INLINE_TOOL_RESULT_BYTES, tool_result_limit
+from turnkeep.activities.tools import INLINE_TOOL_RESULT_BYTES, tool_result_limit
+from turnkeep.client.connection import connect
+from turnkeep.client.turns import TurnHandle, get_turn
+from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.payloads.limits import RESULT_TOO_LARGE
 from turnkeep.payloads.storage import (
     PIECE_BYTES,
     LocalDirectoryDriver,
@@ -32,16 +35,9 @@ from turnkeep.payloads.storage import (
     external_storage,
     split_pieces,
 )
+from turnkeep.testing.fake_provider import FakeProvider, Reply
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import TurnHandle, get_turn
-from turnkeep.worker.connection import connect
-from turnkeep.worker.embedded import ServerInfo
-from turnkeep.worker.plugin import (
-    PAYLOAD_LIMIT_BYTES,
-    RESULT_TOO_LARGE,
-    FunctionTools,
-    TurnkeepPlugin,
-)
+from turnkeep.worker.plugin import PAYLOAD_LIMIT_BYTES, FunctionTools, TurnkeepPlugin
 from turnkeep.workflows.turn_io import TurnResult
 
 MB = 1_000_000

@@ -25,11 +25,11 @@ from tests.app_workflow import AppWorkflow, app_activity
 from tests.conftest import make_settings
 from turnkeep import Agent, McpServer, StopReason, TurnInput, TurnkeepPlugin, connect
 from turnkeep import start_turn as start
-from turnkeep.activities.model_activity import ModelInputHandoffInterceptor
-from turnkeep.agents import declare
+from turnkeep.activities.model_input import ModelInputHandoffInterceptor
+from turnkeep.config.agents import declare
+from turnkeep.config.settings import Settings
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.payloads.converter import TurnkeepDataConverter
-from turnkeep.settings import Settings
-from turnkeep.worker.embedded import ServerInfo
 from turnkeep.workflows.activity_io import HookContext
 
 APP_ENCODING = b"binary/app-base64"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import HarnessFactory, history_text
-from tests.fake_provider import FakeProvider, Reply, Tokens
+from turnkeep.testing.fake_provider import FakeProvider, Reply, Tokens
 from turnkeep.workflows.messages import StopReason
 from turnkeep.workflows.turn_io import TurnResult, Usage
 

@@ -15,15 +15,15 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from tests.conftest import write_script
-from tests.fake_provider import Api, FakeProvider, Reply, Step, Tokens
-from turnkeep.activities.providers import ModelProvider
-from turnkeep.activities.providers.anthropic import AnthropicProvider
-from turnkeep.activities.providers.errors import request_timeout
-from turnkeep.activities.providers.openai import OpenAIProvider
-from turnkeep.activities.providers.passthrough import PassthroughProvider
-from turnkeep.activities.providers.playback import PlaybackProvider
-from turnkeep.settings import ProviderSettings
-from turnkeep.workflows.activity_io import LlmRequest, ToolSpec
+from turnkeep.config.settings import ProviderSettings
+from turnkeep.providers.anthropic import AnthropicProvider
+from turnkeep.providers.base import ModelProvider
+from turnkeep.providers.errors import request_timeout
+from turnkeep.providers.openai import OpenAIProvider
+from turnkeep.providers.passthrough import PassthroughProvider
+from turnkeep.providers.playback import PlaybackProvider
+from turnkeep.testing.fake_provider import Api, FakeProvider, Reply, Step, Tokens
+from turnkeep.workflows.activity_io import ToolSpec
 from turnkeep.workflows.messages import (
     CallToolResult,
     EmbeddedResource,
@@ -34,6 +34,7 @@ from turnkeep.workflows.messages import (
     TextContent,
     ToolCall,
 )
+from turnkeep.workflows.model_io import LlmRequest
 
 KEY = "sk-test-NEVER-LOG-ME-7f3a9c"
 PNG = "iVBORw0KGgo="

@@ -12,11 +12,10 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from tests.conftest import HarnessFactory, history_text
-from tests.fake_provider import FakeProvider, Reply
-from turnkeep.activities.model_strings import ModelRef, Reasoning
-from turnkeep.activities.models import installed_providers
-from turnkeep.activities.providers.azure import AzureProvider
-from turnkeep.activities.providers.openai_compat import (
+from turnkeep.config.settings import AzureSettings, ProviderSettings, Settings
+from turnkeep.providers.azure import AzureProvider
+from turnkeep.providers.model_strings import ModelRef, Reasoning
+from turnkeep.providers.openai_compat import (
     DeepSeekProvider,
     GoogleProvider,
     GroqProvider,
@@ -24,9 +23,10 @@ from turnkeep.activities.providers.openai_compat import (
     OpenRouterProvider,
     XaiProvider,
 )
-from turnkeep.settings import AzureSettings, ProviderSettings, Settings
-from turnkeep.workflows.activity_io import LlmRequest
+from turnkeep.providers.registry import installed_providers
+from turnkeep.testing.fake_provider import FakeProvider, Reply
 from turnkeep.workflows.messages import Message, TextContent
+from turnkeep.workflows.model_io import LlmRequest
 
 KEY = "sk-compat-NEVER-LOG-ME-51c0de"
 WRONG_KEY = "sk-wrong-ALSO-SECRET-9e8d7c"

@@ -20,13 +20,13 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from tests.conftest import HarnessFactory, eventually, write_script
-from tests.fake_provider import FakeProvider, Reply
 from turnkeep import open_session
-from turnkeep.worker.client import TurnCancelledError, TurnHandle
-from turnkeep.worker.plugin import replay_plugin
-from turnkeep.worker.workflow_runner import STRICT_WORKFLOW_RUNNER
+from turnkeep.client.turns import TurnHandle
+from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.worker.replay import replay_plugin
+from turnkeep.worker.runner import STRICT_WORKFLOW_RUNNER
 from turnkeep.workflows.messages import StopReason
-from turnkeep.workflows.turn_io import RollbackState
+from turnkeep.workflows.turn_io import RollbackState, TurnCancelledError
 
 pytestmark = pytest.mark.asyncio
 

@@ -20,12 +20,12 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFai
 
 from tests.conftest import Harness, HarnessFactory, eventually, turnkeep
 from turnkeep import open_session
-from turnkeep.worker.client import TurnCancelledError, get_turn
-from turnkeep.worker.embedded import ServerInfo
-from turnkeep.worker.session import SessionClosedError, SessionHandle, get_session, read_session
+from turnkeep.client.sessions import SessionClosedError, SessionHandle, get_session, read_session
+from turnkeep.client.turns import get_turn
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
-from turnkeep.workflows.turn_io import HistoryChange
+from turnkeep.workflows.turn_io import HistoryChange, TurnCancelledError
 
 pytestmark = pytest.mark.asyncio
 

@@ -9,8 +9,9 @@ import gc
 from pydantic import BaseModel
 
 from tests.test_loop import plan
-from turnkeep.workflows.activity_io import SharedValues, ToolSpec
+from turnkeep.workflows.activity_io import ToolSpec
 from turnkeep.workflows.loop import TurnState
+from turnkeep.workflows.shared import SharedValues
 from turnkeep.workflows.turn_io import TurnInput
 
 SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}

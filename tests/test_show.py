@@ -18,13 +18,13 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHistory
 
 from tests.conftest import HarnessFactory, eventually, turnkeep, write_script
-from tests.fake_provider import FakeProvider, Reply, Tokens
-from turnkeep.worker.client import TurnCancelledError, TurnHandle, start_turn
-from turnkeep.worker.embedded import ServerInfo
-from turnkeep.worker.turn_history import TurnStatus, view_histories
+from turnkeep.client.history import TurnStatus, view_histories
+from turnkeep.client.turns import TurnHandle, start_turn
+from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.testing.fake_provider import FakeProvider, Reply, Tokens
 from turnkeep.workflows.messages import StopReason
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
-from turnkeep.workflows.turn_io import RollbackState, TurnInput, TurnResult
+from turnkeep.workflows.turn_io import RollbackState, TurnCancelledError, TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 

@@ -28,10 +28,10 @@ from temporalio.client import Client
 from tests.conftest import eventually, write_script
 from tests.test_health import probe
 from tests.worker_process import REPO, WorkerProcesses, write_config
-from turnkeep.settings import WorkerSettings
-from turnkeep.worker.client import TurnHandle, start_turn
-from turnkeep.worker.config import ConfigError
-from turnkeep.worker.embedded import ServerInfo
+from turnkeep.client.turns import TurnHandle, start_turn
+from turnkeep.config.files import ConfigError
+from turnkeep.config.settings import WorkerSettings
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.worker.shutdown import worker_settings
 from turnkeep.workflows.turn_io import TurnInput
 

@@ -18,11 +18,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from temporalio.client import Client
 
 from tests.conftest import eventually, make_settings
-from tests.fake_provider import FakeProvider, Reply, Tokens
 from turnkeep import TurnHandle, TurnInput, build_worker, start_turn
+from turnkeep.config.settings import ObservabilitySettings
 from turnkeep.observability.setup import tracing_interceptors
 from turnkeep.observability.tracing import TurnTracing, turn_ids
-from turnkeep.settings import ObservabilitySettings
+from turnkeep.testing.fake_provider import FakeProvider, Reply, Tokens
 
 pytestmark = pytest.mark.asyncio
 

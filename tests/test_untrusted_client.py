@@ -20,11 +20,11 @@ from temporalio.client import (
 from temporalio.service import RPCError
 
 from tests.conftest import HarnessFactory, eventually, turnkeep
-from tests.fake_provider import Api, FakeProvider, Reply
-from turnkeep.worker.client import TurnCancelledError
-from turnkeep.workflows.activity_io import MODEL_INPUT_QUERY, Timeouts, TurnPlan
+from turnkeep.testing.fake_provider import Api, FakeProvider, Reply
+from turnkeep.workflows.activity_io import Timeouts, TurnPlan
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.turn_io import TurnInput
+from turnkeep.workflows.model_io import MODEL_INPUT_QUERY
+from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 pytestmark = pytest.mark.asyncio

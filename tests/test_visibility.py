@@ -28,25 +28,24 @@ from tests.conftest import (
     turnkeep,
     write_script,
 )
-from tests.fake_provider import FakeProvider, Reply, Tokens
 from tests.test_replay import replayer, replays_fresh_and_recorded
 from turnkeep.activities.turn_setup import TurnSetupActivities
-from turnkeep.settings import Settings
-from turnkeep.worker.build import build_worker
-from turnkeep.worker.client import TurnCancelledError, TurnHandle
-from turnkeep.worker.connection import connect
-from turnkeep.worker.embedded import (
+from turnkeep.client.connection import connect
+from turnkeep.client.turns import TurnHandle
+from turnkeep.config.paths import state_dir
+from turnkeep.config.settings import Settings
+from turnkeep.devserver.embedded import (
     EmbeddedServer,
     ServerInfo,
     build_argv,
     ensure_background_server,
-    state_dir,
 )
-from turnkeep.worker.search_attributes import registration
+from turnkeep.observability.search_attributes import registration
+from turnkeep.testing.fake_provider import FakeProvider, Reply, Tokens
+from turnkeep.worker.build import build_worker
 from turnkeep.workflows import visibility
 from turnkeep.workflows.activity_io import (
     HookPoint,
-    LlmRequest,
     Timeouts,
     ToolCallRequest,
     TurnPlan,
@@ -54,9 +53,10 @@ from turnkeep.workflows.activity_io import (
 )
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import CallToolResult, Message, StopReason, ToolCall
-from turnkeep.workflows.turn_io import TurnInput, Usage
+from turnkeep.workflows.model_io import LlmRequest
+from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, Usage
 
-SEARCH_ATTRIBUTES_LOG = "turnkeep.worker.search_attributes"
+SEARCH_ATTRIBUTES_LOG = "turnkeep.observability.search_attributes"
 
 # -- the text, without a server ----------------------------------------------------------
 

@@ -30,7 +30,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from tests.conftest import eventually
-from turnkeep.worker.embedded import ServerInfo
+from turnkeep.devserver.embedded import ServerInfo
 
 pytestmark = pytest.mark.slow
 

@@ -22,8 +22,8 @@ from temporalio.worker import Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from tests.context_workflow import ContextWorkflow, echo
-from turnkeep.worker.embedded import ServerInfo
-from turnkeep.worker.workflow_runner import STRICT_WORKFLOW_RUNNER, WORKFLOW_RUNNER
+from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.worker.runner import STRICT_WORKFLOW_RUNNER, WORKFLOW_RUNNER
 
 
 @dataclass

@@ -18,9 +18,9 @@ from typing import Any
 from playwright.async_api import BrowserContext, Locator, Page, async_playwright, expect
 from temporalio.client import Client, WorkflowHandle
 
-from turnkeep.settings import EncryptionSettings
-from turnkeep.worker.codec_server import CodecServer
-from turnkeep.worker.embedded import HOST, EmbeddedServer, ServerInfo, free_port
+from turnkeep.config.settings import EncryptionSettings
+from turnkeep.devserver.embedded import HOST, EmbeddedServer, ServerInfo, free_port
+from turnkeep.payloads.codec_server import CodecServer
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = (

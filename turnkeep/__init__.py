@@ -1,8 +1,12 @@
 """turnkeep: durable agent turns on Temporal.
 
-The public API. Names are imported on first use (PEP 562), so importing a submodule, as the
-workflow sandbox does with ``turnkeep.workflows``, loads none of the SDKs or I/O code behind
-the others.
+The public API: what an application imports to run turns (the plugin, ``Agent``, a client's
+``start_turn`` and ``open_session``), and what it extends (``ModelProvider``, ``ToolSource``,
+hooks and approval policies). ``turnkeep.workflow`` is the API for an application's own
+workflow code and ``turnkeep.testing`` the kit for its tests; every other module is internal.
+
+Names are imported on first use (PEP 562), so importing a submodule, as the workflow sandbox
+does with ``turnkeep.workflows``, loads none of the SDKs or I/O code behind the others.
 """
 
 from __future__ import annotations
@@ -11,62 +15,85 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from turnkeep.agents import Agent, Approval, McpServer
-    from turnkeep.fastagent.request_params import RequestParams
-    from turnkeep.settings import Settings
-    from turnkeep.worker.build import build_worker
-    from turnkeep.worker.client import TurnHandle, get_turn, start_turn
-    from turnkeep.worker.connection import connect
-    from turnkeep.worker.live_stream import (
+    from turnkeep.activities.hooks import Hook
+    from turnkeep.client.connection import connect
+    from turnkeep.client.live import (
         MessageEvent,
         Restarted,
         StreamEvent,
         TextDelta,
         ToolCallStart,
     )
-    from turnkeep.worker.plugin import TurnkeepClientPlugin, TurnkeepPlugin
-    from turnkeep.worker.session import SessionHandle, open_session
-    from turnkeep.workflows.approval import ApprovalRequest, PolicyDecision
+    from turnkeep.client.plugin import TurnkeepClientPlugin
+    from turnkeep.client.sessions import SessionHandle, get_session, open_session
+    from turnkeep.client.turns import TurnHandle, get_turn, start_turn
+    from turnkeep.config.agents import Agent, Approval, McpServer
+    from turnkeep.config.fastagent.request_params import RequestParams
+    from turnkeep.config.files import load_settings
+    from turnkeep.config.settings import Settings
+    from turnkeep.providers.base import ModelProvider
+    from turnkeep.tools.source import ToolSource
+    from turnkeep.worker.build import build_worker
+    from turnkeep.worker.plugin import TurnkeepPlugin
+    from turnkeep.workflows.activity_io import HookChange, HookContext, HookPoint
+    from turnkeep.workflows.approval import ApprovalPolicy, ApprovalRequest, PolicyDecision
     from turnkeep.workflows.messages import Message, StopReason
     from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnResult
 
 # name -> the module that defines it
 _EXPORTS = {
-    "Agent": "turnkeep.agents",
-    "Approval": "turnkeep.agents",
-    "McpServer": "turnkeep.agents",
-    "RequestParams": "turnkeep.fastagent.request_params",
-    "Settings": "turnkeep.settings",
-    "build_worker": "turnkeep.worker.build",
-    "TurnHandle": "turnkeep.worker.client",
-    "get_turn": "turnkeep.worker.client",
-    "start_turn": "turnkeep.worker.client",
-    "connect": "turnkeep.worker.connection",
-    "MessageEvent": "turnkeep.worker.live_stream",
-    "Restarted": "turnkeep.worker.live_stream",
-    "StreamEvent": "turnkeep.worker.live_stream",
-    "TextDelta": "turnkeep.worker.live_stream",
-    "ToolCallStart": "turnkeep.worker.live_stream",
-    "TurnkeepClientPlugin": "turnkeep.worker.plugin",
+    "Agent": "turnkeep.config.agents",
+    "Approval": "turnkeep.config.agents",
+    "McpServer": "turnkeep.config.agents",
+    "RequestParams": "turnkeep.config.fastagent.request_params",
+    "Settings": "turnkeep.config.settings",
+    "load_settings": "turnkeep.config.files",
     "TurnkeepPlugin": "turnkeep.worker.plugin",
-    "SessionHandle": "turnkeep.worker.session",
-    "open_session": "turnkeep.worker.session",
-    "ApprovalRequest": "turnkeep.workflows.approval",
-    "PolicyDecision": "turnkeep.workflows.approval",
+    "build_worker": "turnkeep.worker.build",
+    "TurnkeepClientPlugin": "turnkeep.client.plugin",
+    "connect": "turnkeep.client.connection",
+    "TurnHandle": "turnkeep.client.turns",
+    "get_turn": "turnkeep.client.turns",
+    "start_turn": "turnkeep.client.turns",
+    "SessionHandle": "turnkeep.client.sessions",
+    "get_session": "turnkeep.client.sessions",
+    "open_session": "turnkeep.client.sessions",
+    "MessageEvent": "turnkeep.client.live",
+    "Restarted": "turnkeep.client.live",
+    "StreamEvent": "turnkeep.client.live",
+    "TextDelta": "turnkeep.client.live",
+    "ToolCallStart": "turnkeep.client.live",
     "Message": "turnkeep.workflows.messages",
     "StopReason": "turnkeep.workflows.messages",
     "TurnCancelledError": "turnkeep.workflows.turn_io",
     "TurnInput": "turnkeep.workflows.turn_io",
     "TurnResult": "turnkeep.workflows.turn_io",
+    # What an application extends: its own model providers, kinds of tool server, hooks and
+    # approval policies.
+    "ModelProvider": "turnkeep.providers.base",
+    "ToolSource": "turnkeep.tools.source",
+    "Hook": "turnkeep.activities.hooks",
+    "HookChange": "turnkeep.workflows.activity_io",
+    "HookContext": "turnkeep.workflows.activity_io",
+    "HookPoint": "turnkeep.workflows.activity_io",
+    "ApprovalPolicy": "turnkeep.workflows.approval",
+    "ApprovalRequest": "turnkeep.workflows.approval",
+    "PolicyDecision": "turnkeep.workflows.approval",
 }
 
 __all__ = [
     "Agent",
     "Approval",
+    "ApprovalPolicy",
     "ApprovalRequest",
+    "Hook",
+    "HookChange",
+    "HookContext",
+    "HookPoint",
     "McpServer",
     "Message",
     "MessageEvent",
+    "ModelProvider",
     "PolicyDecision",
     "RequestParams",
     "Restarted",
@@ -76,6 +103,7 @@ __all__ = [
     "StreamEvent",
     "TextDelta",
     "ToolCallStart",
+    "ToolSource",
     "TurnCancelledError",
     "TurnHandle",
     "TurnInput",
@@ -84,7 +112,9 @@ __all__ = [
     "TurnkeepPlugin",
     "build_worker",
     "connect",
+    "get_session",
     "get_turn",
+    "load_settings",
     "open_session",
     "start_turn",
 ]

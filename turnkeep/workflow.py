@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-from turnkeep.workflows.child_turn import TurnChild, child_turn_result, start_child_turn
+from turnkeep.workflows.child_turn import TurnChild, start_turn_child, turn_child_result
 from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnResult
 
-__all__ = ["TurnCancelledError", "run_turn", "start_turn", "turn_result"]
+__all__ = ["TurnCancelledError", "child_turn_result", "run_turn", "start_child_turn"]
 
 
 async def run_turn(
@@ -42,26 +42,26 @@ async def run_turn(
     """Run ``turn`` as a child workflow of the calling workflow and return its result.
 
     ``task_queue``: where turnkeep's worker polls; the parent's by default. ``id``: the child's
-    workflow id; by default the parent's id with a suffix (``start_turn``). Raises
+    workflow id; by default the parent's id with a suffix (``start_child_turn``). Raises
     ``TurnCancelledError`` (with the repaired conversation) when the turn is cancelled, and
     Temporal's ``ChildWorkflowError`` when it fails (an unknown agent, say)."""
-    return await turn_result(await start_turn(turn, task_queue=task_queue, id=id))
+    return await child_turn_result(await start_child_turn(turn, task_queue=task_queue, id=id))
 
 
-async def start_turn(
+async def start_child_turn(
     turn: TurnInput, *, task_queue: str | None = None, id: str | None = None
 ) -> TurnChild:
     """Start ``turn`` as a child workflow and return its handle once the child has started;
-    ``await turn_result(handle)`` for its result (awaiting the handle itself gives a bare
+    ``await child_turn_result(handle)`` for its result (awaiting the handle itself gives a bare
     ``ChildWorkflowError`` for a cancelled turn, without the repaired conversation).
 
     The default id is ``<parent id>/turn-<agent>-<8 hex digits>``, the digits from the
     workflow's seeded random numbers: the same on replay, new for every turn the parent runs."""
     default_id = f"{workflow.info().workflow_id}/turn-{turn.agent}-{workflow.uuid4().hex[:8]}"
-    return await start_child_turn(turn, id=id or default_id, task_queue=task_queue)
+    return await start_turn_child(turn, id=id or default_id, task_queue=task_queue)
 
 
-async def turn_result(child: TurnChild) -> TurnResult:
-    """The result of a turn started with ``start_turn``; raises ``TurnCancelledError`` with
+async def child_turn_result(child: TurnChild) -> TurnResult:
+    """The result of a turn started with ``start_child_turn``; raises ``TurnCancelledError`` with
     the repaired conversation when it was cancelled."""
-    return await child_turn_result(child)
+    return await turn_child_result(child)

@@ -22,8 +22,8 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from turnkeep.config.settings import Settings
 from turnkeep.errors import config_error, known, require_workflow
-from turnkeep.settings import Settings
 from turnkeep.workflows.activity_io import TOOL_SEPARATOR
 from turnkeep.workflows.approval import (
     APPROVAL_POLICY,

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from turnkeep.activities.models import (
+from turnkeep.config.settings import AgentSettings, Settings, TimeoutSettings
+from turnkeep.errors import config_error, known, require_workflow
+from turnkeep.providers.registry import (
     ProviderRegistry,
     allowed_models,
     installed_providers,
     is_allowed,
     max_tokens_limit,
 )
-from turnkeep.errors import config_error, known, require_workflow
-from turnkeep.settings import AgentSettings, Settings, TimeoutSettings
 from turnkeep.workflows.activity_io import (
+    PAYLOAD_ENVELOPE_BYTES,
+    PAYLOAD_LIMIT_BYTES,
     PREPARE_TURN,
-    TEMPORAL_PAYLOAD_LIMIT_BYTES,
     CompactionPlan,
     ContinueAsNewPlan,
     PrepareTurnRequest,
@@ -141,7 +142,7 @@ def _continue_as_new(settings: Settings) -> ContinueAsNewPlan:
         when_suggested=config.when_suggested,
         # Without external storage the new run's input (turn and carried state) is recorded
         # inline and must fit under Temporal's payload limit, with room for its envelope.
-        max_carried_bytes=TEMPORAL_PAYLOAD_LIMIT_BYTES - 64 * 1024
+        max_carried_bytes=PAYLOAD_LIMIT_BYTES - PAYLOAD_ENVELOPE_BYTES
         if settings.payload_storage.driver == "off"
         else None,
     )

@@ -40,9 +40,9 @@ from temporalio.exceptions import FailureError
 from temporalio.service import RPCError
 
 from turnkeep.cli.console import console
-from turnkeep.worker.client import TurnHandle, get_turn
-from turnkeep.worker.render import _visible
-from turnkeep.worker.session import SessionHandle
+from turnkeep.cli.render import _visible
+from turnkeep.client.sessions import SessionHandle
+from turnkeep.client.turns import TurnHandle, get_turn
 from turnkeep.workflows.approval import PendingCall
 from turnkeep.workflows.messages import Message
 

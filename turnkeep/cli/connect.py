@@ -9,13 +9,10 @@ from pathlib import Path
 from temporalio.client import Client
 
 from turnkeep.cli.console import console
-from turnkeep.settings import Settings
-from turnkeep.worker.codec_server import (
-    background_codec_server_url,
-    ensure_background_codec_server,
-)
-from turnkeep.worker.connection import address_configured, connect
-from turnkeep.worker.embedded import ServerInfo, ensure_background_server
+from turnkeep.client.connection import address_configured, connect
+from turnkeep.config.settings import Settings
+from turnkeep.devserver.codec import background_codec_server_url, ensure_background_codec_server
+from turnkeep.devserver.embedded import ServerInfo, ensure_background_server
 
 
 async def client_for(

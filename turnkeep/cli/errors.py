@@ -11,14 +11,14 @@ from rich.markup import escape
 from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 
+from turnkeep.client.connection import TemporalUnreachableError
+from turnkeep.client.history import TurnHistoryError, describe_failure
+from turnkeep.config.files import ConfigError
+from turnkeep.devserver.embedded import EmbeddedServerError
+from turnkeep.observability.search_attributes import SetupError
 from turnkeep.payloads.codec import EncryptionError
+from turnkeep.payloads.codec_server import CodecServerError
 from turnkeep.payloads.storage import PayloadStorageConfigError, PayloadStorageError
-from turnkeep.worker.codec_server import CodecServerError
-from turnkeep.worker.config import ConfigError
-from turnkeep.worker.connection import TemporalUnreachableError
-from turnkeep.worker.embedded import EmbeddedServerError
-from turnkeep.worker.search_attributes import SetupError
-from turnkeep.worker.turn_history import TurnHistoryError, describe_failure
 
 # Errors go to stderr whole on one line (no wrapping), so scripts can read them.
 _stderr = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -19,8 +19,8 @@ import typer
 
 from turnkeep.cli.commands import approvals, payloads, server, sessions, turns, worker
 from turnkeep.cli.errors import exit_code, report
-from turnkeep.worker.logs import LogFormat, LogLevel
-from turnkeep.worker.logs import configure as configure_logging
+from turnkeep.observability.logs import LogFormat, LogLevel
+from turnkeep.observability.logs import configure as configure_logging
 
 app = typer.Typer(
     no_args_is_help=True,

@@ -15,10 +15,10 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from turnkeep.cli.connect import client_for
-from turnkeep.settings import Settings, StreamingSettings
+from turnkeep.config.files import ConfigError, find_config
+from turnkeep.config.settings import Settings, StreamingSettings
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.worker.build import build_worker
-from turnkeep.worker.config import ConfigError, find_config
-from turnkeep.worker.embedded import ServerInfo
 
 
 def in_process_worker(

@@ -30,9 +30,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from turnkeep.agents import Agent, Tool
-from turnkeep.fastagent.request_params import RequestParams
-from turnkeep.settings import Settings
+from turnkeep.config.agents import Agent, Tool
+from turnkeep.config.fastagent.request_params import RequestParams
+from turnkeep.config.settings import Settings
 
 __all__ = ["FastAgent", "RequestParams"]
 
@@ -158,7 +158,7 @@ class FastAgent:
 
     def settings(self) -> Settings:
         """The worker's configuration, loaded as ``turnkeep worker`` loads it."""
-        from turnkeep.worker.config import load_settings
+        from turnkeep.config.files import load_settings
 
         return load_settings(self.config_path)
 

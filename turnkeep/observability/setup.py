@@ -12,7 +12,7 @@ from typing import Any
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Interceptor
 
-from turnkeep.settings import ObservabilitySettings
+from turnkeep.config.settings import ObservabilitySettings
 from turnkeep.workflows.metrics import histogram_buckets
 
 OTEL_EXTRA = "turnkeep[otel]"

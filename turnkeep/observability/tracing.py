@@ -52,8 +52,9 @@ from temporalio.worker import (
 
 from turnkeep.observability.recording import error_class
 from turnkeep.observability.spans import MODEL_CALL_HOOK
-from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP, LlmRequest, ToolCallOutcome
+from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP, ToolCallOutcome
 from turnkeep.workflows.messages import Message
+from turnkeep.workflows.model_io import LlmRequest
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import EncodingPayloadConverter, PayloadCodec
 
-from turnkeep.settings import AES_256_KEY_BYTES, EncryptionSettings, Settings
+from turnkeep.config.settings import AES_256_KEY_BYTES, EncryptionSettings, Settings
 
 ENCODING = b"binary/encrypted"
 KEY_ID = "encryption-key-id"

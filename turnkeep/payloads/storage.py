@@ -66,8 +66,9 @@ from temporalio.converter import (
     StorageDriverStoreContext,
 )
 
+from turnkeep.config.paths import state_home
+from turnkeep.config.settings import PayloadStorageSettings, Settings
 from turnkeep.observability.recording import payload_bytes_stored
-from turnkeep.settings import PayloadStorageSettings, Settings
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 LOCAL_DRIVER_NAME = "turnkeep.local"
@@ -92,18 +93,6 @@ class PayloadExpiredError(MissingPayloadError):
 
 class PayloadStorageConfigError(ValueError):
     """``payload_storage`` names a driver this installation cannot provide."""
-
-
-def state_home() -> Path:
-    """turnkeep's state directory, not created: $TURNKEEP_STATE_DIR, else
-    $XDG_STATE_HOME/turnkeep, else ~/.local/state/turnkeep (``worker.embedded.state_dir()``
-    creates it)."""
-    # Empty variables count as unset, as the XDG spec asks.
-    if explicit := os.environ.get("TURNKEEP_STATE_DIR"):
-        return Path(explicit)
-    if xdg := os.environ.get("XDG_STATE_HOME"):
-        return Path(xdg) / "turnkeep"
-    return Path.home() / ".local" / "state" / "turnkeep"
 
 
 def payload_directory(settings: Settings | PayloadStorageSettings) -> Path:

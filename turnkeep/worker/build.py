@@ -10,13 +10,13 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from turnkeep.activities.hook_activity import Hook
-from turnkeep.activities.providers import ModelProvider
-from turnkeep.activities.tool_sources import ToolSource
-from turnkeep.agents import Agent, McpServer
-from turnkeep.settings import Settings
+from turnkeep.activities.hooks import Hook
+from turnkeep.config.agents import Agent, McpServer
+from turnkeep.config.settings import Settings
+from turnkeep.providers.base import ModelProvider
+from turnkeep.tools.source import ToolSource
 from turnkeep.worker.plugin import FunctionTools, TurnkeepPlugin
-from turnkeep.worker.workflow_runner import WORKFLOW_RUNNER
+from turnkeep.worker.runner import WORKFLOW_RUNNER
 from turnkeep.workflows.approval import ApprovalPolicy
 
 

@@ -26,8 +26,8 @@ from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from turnkeep.worker.asgi_server import AsgiServer, bind, http_url
-from turnkeep.worker.config import ConfigError
+from turnkeep.config.files import ConfigError
+from turnkeep.support.asgi import AsgiServer, bind, http_url
 
 log = logging.getLogger(__name__)
 

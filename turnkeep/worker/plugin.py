@@ -23,93 +23,58 @@ for this worker, on the same connection.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
-from temporalio import workflow
-from temporalio.api.common.v1 import Payloads
-from temporalio.converter import DataConverter, ExternalStorage
-from temporalio.exceptions import ApplicationError
+from temporalio.converter import (
+    DataConverter,
+    ExternalStorage,
+)
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import (
-    ExecuteWorkflowInput,
-    Interceptor,
     Worker,
     WorkerConfig,
-    WorkflowInboundInterceptor,
-    WorkflowInterceptorClassInput,
-    WorkflowRunner,
 )
 
 from turnkeep.activities.approval_policy import ApprovalPolicyActivities, load_policies
 from turnkeep.activities.child_turn import read_child_turn
-from turnkeep.activities.hook_activity import Hook, HookActivities
-from turnkeep.activities.mcp_pool import McpPool, import_callable, installed_tool_sources
-from turnkeep.activities.model_activity import ModelActivities, ModelInputHandoffInterceptor
-from turnkeep.activities.models import (
+from turnkeep.activities.hooks import Hook, HookActivities
+from turnkeep.activities.model import ModelActivities
+from turnkeep.activities.model_input import ModelInputHandoffInterceptor
+from turnkeep.activities.tools import ToolActivities, tool_result_limit
+from turnkeep.activities.turn_setup import TurnSetupActivities
+from turnkeep.config.agents import Agent, McpServer, declare
+from turnkeep.config.callables import import_callable
+from turnkeep.config.files import announce_configuration
+from turnkeep.config.settings import Settings
+from turnkeep.errors import known
+from turnkeep.observability.recording import ActivityMetrics, set_storage_runtime
+from turnkeep.observability.search_attributes import usable_search_attributes
+from turnkeep.observability.setup import tracing_interceptors
+from turnkeep.payloads.codec import payload_codec
+from turnkeep.payloads.composition import turnkeep_converter, with_converter
+from turnkeep.payloads.limits import result_size_guard
+from turnkeep.payloads.storage import external_storage, payload_sweeper
+from turnkeep.providers.base import ModelProvider
+from turnkeep.providers.registry import (
     announce_unknown_context_windows,
     installed_providers,
     unknown_context_windows,
 )
-from turnkeep.activities.providers import ModelProvider
-from turnkeep.activities.tool_activities import ToolActivities, tool_result_limit
-from turnkeep.activities.tool_sources import ToolSource
-from turnkeep.activities.turn_setup import TurnSetupActivities
-from turnkeep.agents import Agent, McpServer, declare
-from turnkeep.errors import known
-from turnkeep.observability.recording import ActivityMetrics, set_storage_runtime
-from turnkeep.observability.setup import tracing_interceptors
-from turnkeep.payloads.codec import payload_codec
-from turnkeep.payloads.storage import external_storage, payload_sweeper
-from turnkeep.settings import Settings
+from turnkeep.tools.registry import ToolServers, installed_tool_sources
+from turnkeep.tools.source import ToolSource
 from turnkeep.worker.cache_release import CacheRelease
-from turnkeep.worker.composition import (
-    data_converter,
-    shorter_sticky_timeout,
-    turnkeep_converter,
-    with_converter,
-    with_passthrough,
-)
-from turnkeep.worker.config import announce_configuration
-from turnkeep.worker.live_stream import LiveStreams
-from turnkeep.worker.search_attributes import usable_search_attributes
-from turnkeep.worker.workflow_runner import WORKFLOW_RUNNER
+from turnkeep.worker.live_server import LiveStreams
+from turnkeep.worker.runner import with_passthrough
+from turnkeep.workflows.activity_io import PAYLOAD_ENVELOPE_BYTES, PAYLOAD_LIMIT_BYTES
 from turnkeep.workflows.approval import ApprovalPolicy
 from turnkeep.workflows.session_workflow import SessionWorkflow
-from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
+from turnkeep.workflows.turn_workflow import TurnWorkflow
 
 FunctionTools = Mapping[str, Sequence[Callable[..., Any]]]
-
-
-# Temporal's default limit on one payload (the server's blob size error limit). A workflow task
-# whose commands carry a bigger one is refused, and retried for ever.
-PAYLOAD_LIMIT_BYTES = 2 * 1024 * 1024
-# Room for what wraps a tool result in its activity's payload.
-_ENVELOPE_BYTES = 64 * 1024
-RESULT_TOO_LARGE = "TurnResultTooLarge"
-
-
-class TurnkeepClientPlugin(SimplePlugin):
-    """For clients that start and watch turns: turnkeep's data converter, added to the
-    client's own (``turnkeep/worker/composition.py``), nothing else.
-
-    Payload storage comes from ``storage`` if given, else from ``settings.payload_storage``
-    (default settings when none are given: the ``local`` driver under the state directory),
-    and encryption from ``settings.encryption``. A client needs the storage and keys its
-    workers use, to read large results and write large inputs.
-    """
-
-    def __init__(
-        self, settings: Settings | None = None, *, storage: ExternalStorage | None = None
-    ) -> None:
-        settings = settings or Settings()
-        self.storage = storage if storage is not None else external_storage(settings)
-        self.codec = payload_codec(settings)
-        super().__init__("turnkeep-client", data_converter=self._converter)
-
-    def _converter(self, existing: DataConverter | None) -> DataConverter:
-        return turnkeep_converter(existing, self.storage, self.codec)
 
 
 class TurnkeepPlugin(SimplePlugin):
@@ -166,7 +131,7 @@ class TurnkeepPlugin(SimplePlugin):
         _check_tool_result_limit(settings, self.storage)
         self._payload_retention = settings.payload_storage.retention
         # Server entries are served by the built-in and installed tool sources, and these.
-        pool = McpPool(
+        pool = ToolServers(
             settings,
             declared.function_tools,
             installed_tool_sources().with_sources(tool_sources),
@@ -211,7 +176,7 @@ class TurnkeepPlugin(SimplePlugin):
             *tracing_interceptors(settings.observability),
             ActivityMetrics(),
             self._cache_release,
-            *_interceptors(self.storage),
+            *result_size_guard(self.storage),
         ]
         if model_input_handoff:
             # A model call that runs on this worker takes its input from the workflow in
@@ -266,7 +231,7 @@ def _check_tool_result_limit(settings: Settings, storage: ExternalStorage | None
     (With it, results are not cut unless max_tool_result_bytes asks: they are stored whole.)"""
     if storage is not None:
         return
-    ceiling = PAYLOAD_LIMIT_BYTES - _ENVELOPE_BYTES
+    ceiling = PAYLOAD_LIMIT_BYTES - PAYLOAD_ENVELOPE_BYTES
     limit = tool_result_limit(settings, storage_on=False)
     if limit is not None and limit > ceiling:
         raise ValueError(
@@ -274,44 +239,6 @@ def _check_tool_result_limit(settings: Settings, storage: ExternalStorage | None
             f"may not pass {ceiling:,} bytes (Temporal's 2 MB payload limit less room for its "
             "envelope): lower it, or turn payload_storage on"
         )
-
-
-def _interceptors(storage: ExternalStorage | None) -> list[Interceptor]:
-    # With external storage a large result is stored, not refused: nothing to guard.
-    return [] if storage is not None else [_ResultSizeGuard()]
-
-
-class _ResultSizeGuard(Interceptor):
-    """Without external storage: a turn whose result is over Temporal's payload limit fails,
-    with an error saying so, instead of retrying its last workflow task for ever."""
-
-    def workflow_interceptor_class(
-        self, input: WorkflowInterceptorClassInput
-    ) -> type[WorkflowInboundInterceptor]:
-        del input
-        return _ResultSizeInbound
-
-
-class _ResultSizeInbound(WorkflowInboundInterceptor):
-    async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
-        result = await super().execute_workflow(input)
-        # The application's workflows on the same worker are none of turnkeep's business.
-        if workflow.info().workflow_type != WORKFLOW_NAME:
-            return result
-        # The bytes the SDK is about to send; the conversion is deterministic, so replay agrees.
-        size = Payloads(payloads=workflow.payload_converter().to_payloads([result])).ByteSize()
-        if size > PAYLOAD_LIMIT_BYTES - 1024:
-            raise ApplicationError(
-                f"The turn finished, but its result is {size / 1_000_000:.2f} MB, over "
-                f"Temporal's {PAYLOAD_LIMIT_BYTES / 1_048_576:.0f} MB payload limit, so it cannot "
-                "be recorded. Turn on payload_storage in the worker's turnkeep.yaml (driver: "
-                "local or s3) to keep large payloads out of the history, or shorten turns "
-                "(max_iterations, max_tool_result_bytes).",
-                {"result_bytes": size, "limit_bytes": PAYLOAD_LIMIT_BYTES},
-                type=RESULT_TOO_LARGE,
-                non_retryable=True,
-            )
-        return result
 
 
 def _check_names(settings: Settings, servers: set[str], hooks: set[str]) -> None:
@@ -328,22 +255,18 @@ def _check_names(settings: Settings, servers: set[str], hooks: set[str]) -> None
         )
 
 
-def replay_plugin(
-    settings: Settings | None = None,
-    *,
-    storage: ExternalStorage | None = None,
-    workflow_runner: WorkflowRunner = WORKFLOW_RUNNER,
-) -> SimplePlugin:
-    """What a ``Replayer`` needs to replay turn and session histories: the workflows, runner,
-    converter (with the workers' payload storage and encryption keys, to read offloaded and
-    encrypted payloads) and interceptors. The replay tests pass ``STRICT_WORKFLOW_RUNNER``."""
-    settings = settings or Settings()
-    if storage is None:
-        storage = external_storage(settings)
-    return SimplePlugin(
-        "turnkeep-replay",
-        data_converter=data_converter(storage, payload_codec(settings)),
-        workflows=[TurnWorkflow, SessionWorkflow],
-        workflow_runner=workflow_runner,
-        interceptors=_interceptors(storage),
-    )
+_SDK_STICKY_DEFAULT = (
+    inspect.signature(Worker).parameters["sticky_queue_schedule_to_start_timeout"].default
+)
+
+
+# A turn's next step (and the query a model call reads its input by) waits on the worker that
+# last ran it for this long before any worker may take it: after a crash, that is dead time.
+STICKY_TIMEOUT = timedelta(seconds=3)
+
+
+def shorter_sticky_timeout(config: WorkerConfig) -> None:
+    """``STICKY_TIMEOUT`` unless the worker was given a timeout other than the SDK's default."""
+    given = config.get("sticky_queue_schedule_to_start_timeout", _SDK_STICKY_DEFAULT)
+    if given == _SDK_STICKY_DEFAULT:
+        config["sticky_queue_schedule_to_start_timeout"] = STICKY_TIMEOUT

@@ -28,9 +28,9 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 from temporalio.worker import Worker
 
+from turnkeep.config.files import ConfigError
+from turnkeep.config.settings import WorkerSettings
 from turnkeep.payloads.storage import describe_duration
-from turnkeep.settings import WorkerSettings
-from turnkeep.worker.config import ConfigError
 from turnkeep.worker.health import HealthServer, WorkerState
 
 log = logging.getLogger(__name__)

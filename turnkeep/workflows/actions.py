@@ -28,9 +28,6 @@ from turnkeep.workflows.activity_io import (
     HookChange,
     HookContext,
     HookRequest,
-    LlmRequest,
-    LlmStepRequest,
-    MessageJson,
     PrepareTurnRequest,
     Timeouts,
     ToolCallOutcome,
@@ -46,8 +43,9 @@ from turnkeep.workflows.approval import (
     PolicyVerdicts,
     failed_policy,
 )
-from turnkeep.workflows.loop import ToolBatch
 from turnkeep.workflows.messages import CallToolResult, Message, StopReason, TextContent
+from turnkeep.workflows.model_io import LlmRequest, LlmStepRequest, MessageJson
+from turnkeep.workflows.tool_batch import ToolBatch
 from turnkeep.workflows.turn_io import TurnInput
 
 T = TypeVar("T")

@@ -14,15 +14,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from turnkeep.workflows.messages import CallToolResult
-
-if TYPE_CHECKING:  # loop.py and activity_io.py import this module
-    from turnkeep.workflows.activity_io import ToolCallRequest
-    from turnkeep.workflows.loop import ToolBatch
 
 # The update a person's decision arrives by, and the query listing what waits.
 DECIDE_UPDATE = "decide"
@@ -170,61 +166,10 @@ def policy_decider(policy: str) -> str:
     return f"policy:{policy}"
 
 
-def policy_request(plan: ApprovalPlan, agent: str, calls: list[ToolCallRequest]) -> PolicyRequest:
-    assert plan.policy is not None, "only an agent with a policy puts calls to one"
-    return PolicyRequest(
-        agent=agent,
-        policy=plan.policy,
-        calls=[PolicyCall(call_id=c.call_id, name=c.name, arguments=c.arguments) for c in calls],
-    )
-
-
 def failed_policy(request: PolicyRequest) -> PolicyVerdicts:
     """What a policy that could not decide decides: deny every call it was asked about."""
     deny = PolicyDecision(action="deny", reason=POLICY_FAILED_REASON)
     return PolicyVerdicts(decisions={call.call_id: deny for call in request.calls})
-
-
-def apply_verdicts(
-    batch: ToolBatch,
-    plan: ApprovalPlan,
-    verdicts: PolicyVerdicts,
-    order: list[str],
-    now: datetime,
-) -> tuple[ToolBatch, list[DecisionRecord]]:
-    """``batch`` once the policy has decided on its held calls, and the records of what it
-    decided: allowed calls run with the others (in the model's ``order`` of call ids), denied
-    ones are answered with the denial, and those it asks about (or left out) stay held for a
-    person."""
-    assert plan.policy is not None
-    allowed: list[ToolCallRequest] = []
-    asked: list[ToolCallRequest] = []
-    answered = dict(batch.answered)
-    records: list[DecisionRecord] = []
-    for call in batch.gated:
-        verdict = verdicts.decisions.get(call.call_id, PolicyDecision(action="ask"))
-        if verdict.action == "ask":
-            asked.append(call)
-            continue
-        record = DecisionRecord(
-            call_id=call.call_id,
-            tool=call.name,
-            decision="approve" if verdict.action == "allow" else "deny",
-            by=policy_decider(plan.policy),
-            reason=verdict.reason,
-            at=now,
-        )
-        records.append(record)
-        if record.approved:
-            allowed.append(call)
-        else:
-            answered[call.call_id] = CallToolResult.error(
-                f"Tool call denied by policy {plan.policy}: {verdict.reason or 'no reason given'}"
-            )
-    position = {call_id: i for i, call_id in enumerate(order)}
-    to_run = sorted([*batch.to_run, *allowed], key=lambda call: position.get(call.call_id, 0))
-    screened = batch.model_copy(update={"to_run": to_run, "gated": asked, "answered": answered})
-    return screened, records
 
 
 def format_seconds(seconds: float) -> str:

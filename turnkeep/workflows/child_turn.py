@@ -43,7 +43,7 @@ Result = TypeVar("Result")
 _READ = Timeouts(start_to_close=120.0, heartbeat=None, max_attempts=5)
 
 
-async def start_child_turn(turn: TurnInput, *, id: str, task_queue: str | None) -> TurnChild:
+async def start_turn_child(turn: TurnInput, *, id: str, task_queue: str | None) -> TurnChild:
     """Start ``turn`` as a child workflow with id ``id`` and return its handle once started."""
     return await start_child(turn, turn.messages[-1], TurnResult, id=id, task_queue=task_queue)
 
@@ -72,7 +72,7 @@ async def start_child(
     )
 
 
-async def child_turn_result(child: workflow.ChildWorkflowHandle[Any, Result]) -> Result:
+async def turn_child_result(child: workflow.ChildWorkflowHandle[Any, Result]) -> Result:
     """The result of a child turn; raises ``TurnCancelledError`` with the repaired
     conversation (read by the ``read_child_turn`` activity) when it was cancelled."""
     try:

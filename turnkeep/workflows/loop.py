@@ -19,7 +19,6 @@ from turnkeep.workflows.activity_io import (
     HookChange,
     HookContext,
     HookPoint,
-    LlmRequest,
     ToolCallRequest,
     ToolSpec,
     TurnPlan,
@@ -39,29 +38,16 @@ from turnkeep.workflows.messages import (
     estimate_tokens,
     json_channel,
 )
+from turnkeep.workflows.model_io import LlmRequest
 from turnkeep.workflows.repair import repair_dangling_tool_calls
-from turnkeep.workflows.turn_io import (
-    HistoryChange,
-    RollbackState,
-    TurnInput,
-    TurnResult,
-    Usage,
-)
+from turnkeep.workflows.tool_batch import ToolBatch
+from turnkeep.workflows.turn_io import HistoryChange, RollbackState, TurnInput, TurnResult, Usage
 
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n\n"
 STRUCTURED_FINALIZATION_PROMPT = (
     "Now produce the final answer as structured JSON matching the requested schema. "
     "Do not call any tools."
 )
-
-
-class ToolBatch(BaseModel):
-    """The tool calls of one assistant message, split into what runs and what is answered now."""
-
-    to_run: list[ToolCallRequest]
-    answered: dict[str, CallToolResult]  # unknown tool, invalid arguments
-    # Calls the agent's approval rules hold until a person decides (or the timeout passes).
-    gated: list[ToolCallRequest] = Field(default_factory=list)
 
 
 class TurnState(BaseModel):

@@ -28,7 +28,7 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError, ChildWorkflowError, WorkflowAlreadyStartedError
 
 from turnkeep.workflows import visibility, worker_cache
-from turnkeep.workflows.child_turn import child_turn_result, start_child
+from turnkeep.workflows.child_turn import start_child, turn_child_result
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.session_io import (
     SESSION_WORKFLOW_NAME,
@@ -153,7 +153,7 @@ class SessionWorkflow:
         cancelled: TurnCancelledError | None = None
         outcome: TurnOutcome | None = None
         try:
-            result = await child_turn_result(child)
+            result = await turn_child_result(child)
             outcome = decode(result, TurnOutcome)
             state.history = take_in(state.history, outcome, result)
         except TurnCancelledError as err:

@@ -19,29 +19,26 @@ from temporalio.api.common.v1 import Payloads
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from turnkeep.workflows import actions, turn_metrics, visibility, worker_cache
-from turnkeep.workflows.activity_io import (
-    MODEL_INPUT_QUERY,
-    ContinueAsNewPlan,
-    HookPoint,
-    LlmRequest,
-    MessageJson,
-    ModelInputPage,
-    ToolCallRequest,
-    model_input_page,
-    shared,
-)
+from turnkeep.workflows.activity_io import ContinueAsNewPlan, HookPoint, ToolCallRequest
 from turnkeep.workflows.approval import (
     DECIDE_UPDATE,
     PENDING_QUERY,
     Decision,
     DecisionRecord,
     PendingCall,
-    apply_verdicts,
-    policy_request,
 )
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import CallToolResult, Message
+from turnkeep.workflows.model_io import (
+    MODEL_INPUT_QUERY,
+    LlmRequest,
+    MessageJson,
+    ModelInputPage,
+    model_input_page,
+)
+from turnkeep.workflows.shared import shared
 from turnkeep.workflows.starting import start_arguments
+from turnkeep.workflows.tool_batch import apply_verdicts, policy_request
 from turnkeep.workflows.turn_io import TurnInput, TurnProgress, TurnResult
 
 WORKFLOW_NAME = "TurnWorkflow"

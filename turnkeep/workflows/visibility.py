@@ -32,9 +32,10 @@ from temporalio.common import (
     TypedSearchAttributes,
 )
 
-from turnkeep.workflows.activity_io import HookPoint, LlmRequest, ToolCallRequest
+from turnkeep.workflows.activity_io import HookPoint, ToolCallRequest
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import Message, StopReason
+from turnkeep.workflows.model_io import LlmRequest
 
 # -- search attributes --------------------------------------------------------------------
 

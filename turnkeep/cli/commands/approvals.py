@@ -19,8 +19,8 @@ from temporalio.service import RPCError
 from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
-from turnkeep.worker.client import get_turn
-from turnkeep.worker.config import find_config, load_settings
+from turnkeep.client.turns import get_turn
+from turnkeep.config.files import find_config, load_settings
 from turnkeep.workflows import visibility
 from turnkeep.workflows.approval import PendingCall
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME

@@ -12,9 +12,9 @@ from pydantic import TypeAdapter, ValidationError
 from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
+from turnkeep.config.files import find_config, load_settings
+from turnkeep.config.settings import DurationOrOff
 from turnkeep.payloads.storage import SweepReport, collect, describe_duration, payload_directory
-from turnkeep.settings import DurationOrOff
-from turnkeep.worker.config import find_config, load_settings
 
 app = typer.Typer()
 

@@ -15,11 +15,13 @@ from pydantic import TypeAdapter, ValidationError
 from turnkeep.cli.console import console
 from turnkeep.cli.options import ConfigPath
 from turnkeep.cli.process import until_signalled
-from turnkeep.settings import Origin
-from turnkeep.worker.codec_server import CodecServer, stop_background_codec_server
-from turnkeep.worker.config import ConfigError, load_settings
-from turnkeep.worker.embedded import HOST as EMBEDDED_HOST
-from turnkeep.worker.embedded import EmbeddedServer, state_dir, stop_background_server
+from turnkeep.config.files import ConfigError, load_settings
+from turnkeep.config.paths import state_dir
+from turnkeep.config.settings import Origin
+from turnkeep.devserver.codec import stop_background_codec_server
+from turnkeep.devserver.embedded import HOST as EMBEDDED_HOST
+from turnkeep.devserver.embedded import EmbeddedServer, stop_background_server
+from turnkeep.payloads.codec_server import CodecServer
 
 app = typer.Typer()
 

@@ -15,10 +15,10 @@ from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
 from turnkeep.cli.process import client_and_worker
-from turnkeep.worker.config import find_config, load_settings
-from turnkeep.worker.live_stream import MessageEvent
-from turnkeep.worker.render import TurnRenderer
-from turnkeep.worker.session import SessionHandle, open_session
+from turnkeep.cli.render import TurnRenderer
+from turnkeep.client.live import MessageEvent
+from turnkeep.client.sessions import SessionHandle, open_session
+from turnkeep.config.files import find_config, load_settings
 from turnkeep.workflows import visibility
 from turnkeep.workflows.session_io import SESSION_WORKFLOW_NAME
 

@@ -15,15 +15,15 @@ from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
 from turnkeep.cli.process import client_and_worker
-from turnkeep.settings import Settings
-from turnkeep.worker.client import TurnCancelledError, TurnHandle, get_turn, start_turn
-from turnkeep.worker.config import find_config, load_settings
-from turnkeep.worker.embedded import ServerInfo
-from turnkeep.worker.live_stream import MessageEvent
-from turnkeep.worker.render import TurnRenderer
-from turnkeep.worker.session import SessionView, read_session
-from turnkeep.worker.turn_history import TurnView, read_turn
-from turnkeep.workflows.turn_io import TurnInput, TurnResult
+from turnkeep.cli.render import TurnRenderer
+from turnkeep.client.history import TurnView, read_turn
+from turnkeep.client.live import MessageEvent
+from turnkeep.client.sessions import SessionView, read_session
+from turnkeep.client.turns import TurnHandle, get_turn, start_turn
+from turnkeep.config.files import find_config, load_settings
+from turnkeep.config.settings import Settings
+from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnResult
 
 # What `run` and `watch` exit with once Ctrl-C has cancelled the turn: 128 + SIGINT, as a
 # shell reports a command that Ctrl-C stopped (scripts can tell it from a finished turn).

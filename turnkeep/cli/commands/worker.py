@@ -14,11 +14,11 @@ from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
 from turnkeep.cli.process import in_process_worker, with_streaming
+from turnkeep.client.connection import connect
+from turnkeep.config.files import find_config, load_settings
+from turnkeep.observability.search_attributes import WANTED, Registration, register, type_name
 from turnkeep.observability.setup import start_worker_observability
 from turnkeep.worker.build import tune_garbage_collector
-from turnkeep.worker.config import find_config, load_settings
-from turnkeep.worker.connection import connect
-from turnkeep.worker.search_attributes import WANTED, Registration, register, type_name
 from turnkeep.worker.shutdown import WorkerService, worker_settings
 
 GracefulShutdown = Annotated[

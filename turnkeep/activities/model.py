@@ -1,0 +1,168 @@
+"""The model activities: `llm_step` (one model call, on whichever provider the model string
+names) and `compact_history` (a summary of older exchanges, by the same model)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from turnkeep.activities.compaction import summary_request
+from turnkeep.activities.heartbeat import heartbeating
+from turnkeep.activities.model_input import MODEL_INPUTS, model_input
+from turnkeep.activities.turn_setup import check_overrides
+from turnkeep.config.settings import AgentSettings, Settings
+from turnkeep.errors import require_workflow
+from turnkeep.observability import spans
+from turnkeep.providers.base import ModelProvider
+from turnkeep.providers.model_strings import ModelRef
+from turnkeep.providers.registry import ProviderRegistry, allowed_models, installed_providers
+from turnkeep.providers.streaming import LiveServer, streaming_to
+from turnkeep.workflows.activity_io import COMPACT_HISTORY, LLM_STEP, CompactRequest
+from turnkeep.workflows.messages import Message
+from turnkeep.workflows.model_io import (
+    LlmRequest,
+    LlmStepRequest,
+)
+from turnkeep.workflows.turn_io import TurnOverrides
+
+
+class ModelActivities:
+    def __init__(
+        self,
+        settings: Settings,
+        providers: ProviderRegistry | None = None,
+        live: LiveServer | None = None,
+    ) -> None:
+        """``live``: the worker's live-stream server; with it, model calls stream."""
+        self._settings = settings
+        self._live = live
+        self._registry = providers or installed_providers()
+        # SDK clients hold connection pools: one instance per provider per worker process.
+        self._providers: dict[str, ModelProvider] = {}
+        # Build the providers the agents will need now: importing an SDK takes seconds, and
+        # doing it inside the first model call would stall every activity on this worker. A
+        # provider that can't be built yet (no key) is reported by the turns that use it.
+        for ref in self._configured_models():
+            with contextlib.suppress(ApplicationError):
+                self._provider(ref)
+
+    @activity.defn(name=LLM_STEP)
+    async def llm_step(self, step: LlmStepRequest) -> Message:
+        require_workflow()
+        # Checked before anything is read or connected to: a crafted step must not make this
+        # worker an open proxy to the operator's models.
+        ref = self._allowed_model(step.agent, step.model)
+        request = MODEL_INPUTS.take(step)  # scheduled by a workflow on this worker?
+        if request is None:
+            # Heartbeat while reading too: after a worker crash the query can wait seconds for
+            # the server to give up on the dead worker, and that must not use up this attempt.
+            request = await heartbeating(model_input(step), "reading model input")
+        # The workflow that answered the query chose the parameters: hold them to the agent.
+        agent = self._settings.agent(step.agent)
+        overrides = call_overrides(agent, step.model, request)
+        check_overrides(self._settings, step.agent, overrides, self._registry)
+        provider = self._provider(ref)
+        spans.model_call(ref.provider, ref.name, request)  # the call's span, when tracing
+        answer = await self._call(provider, request, ref, step.call_index)
+        # The ids come from the activity logger; the content stays out of the log.
+        activity.logger.info(
+            "model call #%d (%s): %s",
+            step.call_index,
+            step.model,
+            answer.stop_reason or "no stop reason",
+            extra={"model": step.model},
+        )
+        return answer
+
+    async def _call(
+        self, provider: ModelProvider, request: LlmRequest, ref: ModelRef, call_index: int
+    ) -> Message:
+        if self._live is None or not provider.streams:
+            return await heartbeating(provider.complete_model(request, ref), f"llm #{call_index}")
+        # Streamed: the provider sends its deltas to this attempt's live stream, whose address
+        # is the heartbeat details (every beat's, so none replaces it), sent at once so that
+        # watchers find it before the first token. The answer is the same Message.
+        converter, attempt = activity.client().data_converter, activity.info().attempt
+        try:
+            live = await self._live.open(converter, call_index, attempt)
+        except Exception as err:  # the live server cannot run: the call goes on, unstreamed
+            activity.logger.warning("live streaming is unavailable: %s", err)
+            return await heartbeating(provider.complete_model(request, ref), f"llm #{call_index}")
+        activity.heartbeat(live.address)
+        try:
+            with streaming_to(live):
+                return await heartbeating(provider.complete_model(request, ref), live.address)
+        finally:
+            self._live.close(live)
+
+    @activity.defn(name=COMPACT_HISTORY)
+    async def compact_history(self, request: CompactRequest) -> Message:
+        require_workflow()
+        ref = self._allowed_model(request.agent, request.model)
+        provider = self._provider(ref)
+        summary_call = summary_request(request)
+        return await heartbeating(provider.complete_model(summary_call, ref), "compacting")
+
+    async def aclose(self) -> None:
+        """Close the SDK clients' connection pools (at worker shutdown)."""
+        for provider in self._providers.values():
+            await provider.aclose()
+        if self._live is not None:
+            await self._live.aclose()
+
+    def _configured_models(self) -> list[ModelRef]:
+        names = {self._registry.default_model(self._settings)}
+        for agent in self._settings.agents.values():
+            names.update(allowed_models(self._settings, agent, self._registry))
+        refs = []
+        for name in sorted(names):
+            with contextlib.suppress(ApplicationError):  # reported per turn, with context
+                refs.append(self._registry.resolve(name))
+        return refs
+
+    def _allowed_model(self, agent: str, model: str) -> ModelRef:
+        overrides = TurnOverrides.model_construct(model=model)
+        check_overrides(self._settings, agent, overrides, self._registry)
+        return self._registry.resolve(model)
+
+    def _provider(self, ref: ModelRef) -> ModelProvider:
+        provider = self._providers.get(ref.provider)
+        if provider is None:
+            provider = self._registry[ref.provider].from_settings(self._settings)
+            self._providers[ref.provider] = provider
+        return provider
+
+
+# Larger than any agent's max_tokens: what a model call without one asks for when its agent
+# sets one (the provider's default, or no limit at all).
+NO_LIMIT = sys.maxsize
+
+
+def call_overrides(agent: AgentSettings, model: str, request: LlmRequest) -> TurnOverrides:
+    """A model call's parameters as the turn overrides they amount to, so the rule that judged
+    the turn (``check_overrides``) judges each call. Not validated: odd values a crafted call
+    may hold (a negative max_tokens) are the provider's to refuse."""
+    return TurnOverrides.model_construct(
+        model=model,
+        structured_output=request.structured_output,
+        temperature=None if request.temperature == agent.temperature else request.temperature,
+        max_tokens=request.max_tokens or (None if agent.max_tokens is None else NO_LIMIT),
+    )
+
+
+# --- the in-process hand-off of a model call's input ---------------------------------------
+#
+# Reading the input by query costs a round trip through the server to the worker that has the
+# workflow cached, and one more per page for a long conversation: 10-15 ms per model call on a
+# dev server, the largest single item of the loop's overhead (`python -m bench`). Most of the
+# time that worker is this very process: it polls the task queue the workflow scheduled the
+# call on. So when the workflow schedules `llm_step`, an interceptor moves the request's JSON
+# (the very JSON the step's digest was taken over, which `LlmStepRequest.referencing` keeps in
+# memory) into this process's hand-off, and `llm_step` takes it from there when it runs here.
+# Nothing changes in the history; an attempt that runs on another worker, or a retry, reads
+# the input by query as before. The activity parses its own copy of the JSON (only messages
+# it has not parsed for an earlier call, turnkeep/activities/parsed_messages.py): it never shares
+# objects with workflow state, which it could otherwise change behind the history's back.

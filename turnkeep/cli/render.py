@@ -1,0 +1,266 @@
+"""How the CLI shows a turn in a terminal: one renderer for `run`, `watch` and `show`.
+
+Everything a turn carries (texts, tool arguments and results, channels) comes from clients and
+models, so it is printed as plain text, never as markup: long texts are cut with their size
+(``--full`` prints them whole), control characters are shown escaped rather than sent to the
+terminal, and a channel that does not hold what turnkeep writes there is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
+
+from turnkeep.client.history import ActivityOutcome, ActivityTiming, TurnStatus, TurnView
+from turnkeep.client.live import MessageEvent, Restarted, StreamEvent, TextDelta
+from turnkeep.workflows.messages import Message, StopReason
+from turnkeep.workflows.turn_io import TurnResult
+
+MAX_RESULT_CHARS = 600  # a tool result: its gist
+MAX_TEXT_CHARS = 4000  # a message's text, a tool call's arguments
+# C0 and C1 control characters but newline and tab: escape sequences could move the cursor,
+# clear the screen or retitle the operator's terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _short(text: str, limit: int = MAX_RESULT_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more chars)"
+
+
+def _visible(text: str) -> str:
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+
+
+def _tool_ms(timing: Any, call_id: str) -> float | None:
+    """A tool call's time from a ``tool_timing`` channel's value, if it holds one."""
+    entry = timing.get(call_id) if isinstance(timing, dict) else None
+    ms = entry.get("timing_ms") if isinstance(entry, dict) else None
+    if isinstance(ms, bool) or not isinstance(ms, int | float) or not math.isfinite(ms):
+        return None
+    return ms if ms >= 0 else None
+
+
+def _duration(ms: float) -> str:
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    seconds = ms / 1000
+    return f"{seconds:.2f} s" if seconds < 60 else f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
+def _since(moment: datetime, now: datetime) -> str:
+    return _duration((now - moment).total_seconds() * 1000)
+
+
+def _when(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+_STATUS_STYLE = {
+    TurnStatus.RUNNING: "cyan",
+    TurnStatus.COMPLETED: "green",
+    TurnStatus.CANCELLED: "yellow",
+}
+
+
+class TurnRenderer:
+    def __init__(self, console: Console, *, full: bool = False) -> None:
+        self.console = console
+        self.full = full  # print long texts whole instead of cut
+        self._tool_names: dict[str, str] = {}  # call id -> tool name, to label results
+        # call id -> the tool call's activity, when rendering a turn read from its history
+        self._tool_timings: dict[str, ActivityTiming] = {}
+        # The live text printed of the model call in progress (``live``), so its completed
+        # message does not print it again.
+        self._live_text = ""
+
+    def live(self, event: StreamEvent) -> None:
+        """An event of ``TurnHandle.stream()``: live text is printed as it comes, on one
+        line that the completed message then ends."""
+        if isinstance(event, MessageEvent):
+            self.message(event.message)
+        elif isinstance(event, TextDelta):
+            if not self._live_text:
+                self.console.print(Text("assistant › ", "bold green"), end="")
+            self._live_text += event.text
+            self.console.print(Text(_visible(event.text)), end="", soft_wrap=True)
+        elif isinstance(event, Restarted):
+            if self._live_text:
+                self.console.print()
+            self._live_text = ""
+            self._line((f"[model call restarted: attempt {event.attempt}]", "yellow"))
+
+    def message(self, message: Message) -> None:
+        if message.role == "assistant":
+            self._assistant(message)
+        elif message.tool_results:
+            self._tool_results(message)
+        elif message.text:
+            self._line(("user ›", "bold blue"), " ", self._content(message.text))
+
+    def _assistant(self, message: Message) -> None:
+        live, self._live_text = self._live_text, ""
+        if live:
+            self.console.print()  # ends the live line
+        if message.text and message.text != live:
+            # Not (all) seen live: the message, as history has it.
+            self._line(("assistant ›", "bold green"), " ", self._content(message.text))
+        for call_id, call in (message.tool_calls or {}).items():
+            self._tool_names[call_id] = call.name
+            args = call.invalid_arguments or json.dumps(call.arguments, ensure_ascii=False)
+            self._line(
+                ("  → ", "cyan"),
+                (_visible(call.name), "cyan"),
+                "(",
+                self._content(args),
+                ") ",
+                (_visible(call_id), "dim"),
+            )
+        error = (message.channels or {}).get("error")
+        if error:
+            text = Message(role="user", content=error).text
+            self._line(("  error: ", "red"), (self._content(text), "red"))
+        if message.stop_reason not in (None, StopReason.TOOL_USE, StopReason.END_TURN):
+            self.console.print(f"  [yellow]stop: {message.stop_reason}[/]")
+
+    def _tool_results(self, message: Message) -> None:
+        try:
+            timing = message.channel_json("tool_timing")
+        except ValueError:
+            timing = None  # not JSON: a client's, not what the loop records
+        for call_id, result in (message.tool_results or {}).items():
+            name = self._tool_names.get(call_id, call_id)
+            ms = _tool_ms(timing, call_id)
+            took = f" {_duration(ms)}" if ms is not None else ""
+            if call_id in self._tool_timings:
+                took = f" {_took(self._tool_timings[call_id])}"
+            style = "red" if result.is_error else "magenta"
+            self._line(
+                ("  ← ", style),
+                (_visible(name), style),
+                (took, "dim"),
+                ": ",
+                self._content(result.text, MAX_RESULT_CHARS),
+            )
+
+    def _content(self, text: str, limit: int = MAX_TEXT_CHARS) -> str:
+        """A text from the turn as it may be printed: cut to ``limit`` with its size, unless
+        ``full``, and with control characters escaped."""
+        if self.full or len(text) <= limit:
+            return _visible(text)
+        return _visible(text[:limit]) + (
+            f"… [cut: {len(text):,} chars in all; `turnkeep show --full` prints them whole]"
+        )
+
+    def _line(self, *parts: str | tuple[str, str]) -> None:
+        # Text, not markup: the turn's content is printed as it is, and a multi-megabyte text
+        # (with --full) prints in a fraction of a second instead of being parsed for markup.
+        self.console.print(Text.assemble(*parts), soft_wrap=True)
+
+    def summary(self, result: TurnResult, *, running: bool = False) -> None:
+        usage = ", ".join(
+            f"{model}: {u.input_tokens} in / {u.output_tokens} out ({u.calls} calls)"
+            for model, u in result.usage.items()
+        )
+        # A running turn has no stop reason yet (its result holds only a default).
+        ended = (
+            "[bold]still running[/]" if running else f"[bold]stop reason:[/] {result.stop_reason}"
+        )
+        self.console.print(
+            f"{ended} · iterations: {result.iterations}" + (f" · usage: {usage}" if usage else "")
+        )
+        if result.rollback:
+            self.console.print(f"[bold]history repair:[/] {result.rollback}")
+        for d in result.decisions:
+            edit = f" · edited to {json.dumps(d.arguments)}" if d.arguments is not None else ""
+            reason = f": {d.reason}" if d.reason else ""
+            self._line(
+                ("approval ", "bold"),
+                _visible(f"{d.decision} {d.tool} · call {d.call_id} by {d.by} at {_when(d.at)}")
+                + _visible(reason + edit),
+            )
+
+    # -- a turn read from its history (`turnkeep show`) ------------------------------------
+
+    def view(self, view: TurnView) -> None:
+        """Everything ``turnkeep show`` prints: header, conversation, what is in flight,
+        timings, and how the turn ended (or why it could not run)."""
+        now = datetime.now(UTC)
+        self._tool_timings = {t.call_id: t for t in view.activities if t.call_id is not None}
+        self._header(view, now)
+        for warning in view.warnings:
+            self.console.print(f"[yellow]warning:[/] {escape(warning)}")
+        # Before its loop started a turn has only its input to show.
+        for message in view.result.messages if view.result is not None else view.prompt:
+            self.message(message)
+        if view.failure:
+            self.console.print(f"[bold red]{view.status}:[/] {escape(view.failure)}")
+        for timing in view.in_flight:
+            self._in_flight(timing, now)
+        self._model_timings(view)
+        if view.result is not None:
+            self.summary(view.result, running=view.status == TurnStatus.RUNNING)
+        elif view.status == TurnStatus.RUNNING:
+            self.console.print("[bold]still running:[/] the loop has not started yet")
+
+    def _header(self, view: TurnView, now: datetime) -> None:
+        about = " · ".join(
+            f"{label} {escape(value)}"
+            for label, value in (("agent", view.agent), ("model", view.model))
+            if value
+        )
+        self.console.print(
+            f"[bold]turn[/] {escape(view.workflow_id)}" + (f" · {about}" if about else "")
+        )
+        style = _STATUS_STYLE.get(view.status, "red")
+        if view.closed_at is not None:
+            took = f"took {_since(view.started_at, view.closed_at)}"
+        else:
+            took = f"running for {_since(view.started_at, now)}"
+        runs = len(view.runs)
+        chain = f" · {runs} runs (continued as new)" if runs > 1 else ""
+        self.console.print(
+            f"[bold {style}]{view.status}[/] · started {_when(view.started_at)} · {took}{chain}"
+        )
+
+    def _in_flight(self, timing: ActivityTiming, now: datetime) -> None:
+        if timing.outcome == ActivityOutcome.SCHEDULED:
+            # `attempts` is the attempt waiting to start (0 when the server has not said).
+            attempt = f"attempt {timing.attempts} " if timing.attempts else ""
+            doing = f"{attempt}waiting for a worker"
+        else:
+            started = timing.started_at or timing.scheduled_at
+            doing = f"attempt {max(timing.attempts, 1)} running for {_since(started, now)}"
+        line = f"[bold cyan]in flight:[/] {escape(timing.label)} · {doing}"
+        line += f" · scheduled {_since(timing.scheduled_at, now)} ago"
+        if timing.failure:
+            line += f" · last failure: {escape(_short(timing.failure, 200))}"
+        self.console.print(line)
+
+    def _model_timings(self, view: TurnView) -> None:
+        calls = [t for t in view.activities if t.call_index is not None and t.total_ms is not None]
+        if not calls:
+            return
+        total = sum(t.total_ms or 0 for t in calls)
+        each = " · ".join(f"#{t.call_index} {_took(t)}" for t in calls)
+        self.console.print(
+            f"[bold]model calls:[/] {len(calls)} in {_duration(total)} [dim]({each})[/]"
+        )
+
+
+def _took(timing: ActivityTiming) -> str:
+    """How long an activity took as the history records it, and how it ended if not well."""
+    if timing.total_ms is None:
+        return str(timing.outcome)
+    text = _duration(timing.total_ms)
+    if timing.attempts > 1:
+        text += f", {timing.attempts} attempts"
+    if timing.outcome != ActivityOutcome.COMPLETED:
+        text = f"{timing.outcome} after {text}"
+    return text

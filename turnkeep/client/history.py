@@ -1,0 +1,603 @@
+"""Reading a turn from its workflow history alone: no worker has to be running.
+
+The conversation is not re-derived from events. The latest run's history is replayed through
+``TurnWorkflow`` itself (``temporalio.worker.Replayer``, with the client's data converter, so
+payload storage and any codec apply), and what the run's ``TurnState`` holds when the history
+runs out is the turn: finished for a completed run, repaired for a cancelled one (replay runs
+the cancellation path), as far as it got for a running one. A continued-as-new run starts from
+the state its predecessor carried, so the latest run alone holds the whole turn.
+
+Timings come from the events of every run: when each activity was scheduled, when its last
+attempt started, when it closed. Activities still in flight are filled in from the server's
+description of the run (attempt, last failure), which is where Temporal keeps them until they
+close.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from pydantic import BaseModel, Field, ValidationError
+from temporalio import workflow
+from temporalio.api.enums.v1 import EventType, PendingActivityState
+from temporalio.api.failure.v1 import Failure
+from temporalio.api.history.v1 import HistoryEvent, WorkflowExecutionStartedEventAttributes
+from temporalio.bridge.proto.workflow_activation import WorkflowActivation
+from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
+from temporalio.client import Client, WorkflowHistory
+from temporalio.converter import (
+    ActivitySerializationContext,
+    DataConverter,
+    SerializationContext,
+    StorageDriverStoreContext,
+    WorkflowSerializationContext,
+)
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.plugin import SimplePlugin
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import (
+    ExecuteWorkflowInput,
+    Interceptor,
+    Replayer,
+    UnsandboxedWorkflowRunner,
+    WorkflowInboundInterceptor,
+    WorkflowInstance,
+    WorkflowInstanceDetails,
+    WorkflowInterceptorClassInput,
+    WorkflowRunner,
+)
+
+from turnkeep.worker.replay import replay_plugin
+from turnkeep.workflows.actions import failure_text
+from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
+from turnkeep.workflows.loop import TurnState
+from turnkeep.workflows.messages import Message, StopReason
+from turnkeep.workflows.turn_io import TurnInput, TurnResult
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
+
+
+class TurnHistoryError(Exception):
+    """The workflow id names no turn whose history can be read."""
+
+
+class TurnStatus(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    TERMINATED = "terminated"
+    TIMED_OUT = "timed_out"
+
+
+class ActivityOutcome(StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    RUNNING = "running"  # an attempt is under way
+    SCHEDULED = "scheduled"  # waiting for a worker to take it (or to retry it)
+    ABANDONED = "abandoned"  # the run closed (e.g. was terminated) while it was in flight
+
+
+class ActivityTiming(BaseModel):
+    """One activity of the turn (model call, tool call, setup, hook, compaction)."""
+
+    run_id: str
+    activity_id: str
+    activity: str  # its type: llm_step, call_tool, prepare_turn, list_tools, run_hook, ...
+    call_index: int | None = None  # llm_step: the model call's number in the turn (1-based)
+    call_id: str | None = None  # call_tool: the tool call it ran
+    tool: str | None = None  # call_tool: the tool's name
+    outcome: ActivityOutcome
+    attempts: int = 0  # the latest attempt's number; 0 while none has been recorded
+    scheduled_at: datetime
+    started_at: datetime | None = None  # the last attempt's start
+    closed_at: datetime | None = None
+    # scheduled -> closed: waiting for a worker, retries and the work itself.
+    total_ms: float | None = None
+    # The last attempt alone: its start -> closed.
+    last_attempt_ms: float | None = None
+    failure: str | None = None  # why it failed, or the last attempt's failure while retrying
+
+    @property
+    def label(self) -> str:
+        if self.call_index is not None:
+            return f"llm #{self.call_index}"
+        if self.tool is not None:
+            return f"tool {self.tool} · {self.call_id}"
+        return self.activity
+
+
+class RunInfo(BaseModel):
+    """One run of the turn's workflow; a long turn continues as new over several."""
+
+    run_id: str
+    started_at: datetime
+    closed_at: datetime | None = None
+    events: int
+
+
+class TurnView(BaseModel):
+    """A turn as its history records it: what ``turnkeep show`` prints."""
+
+    workflow_id: str
+    run_id: str  # the latest run, the one whose state is shown
+    status: TurnStatus
+    started_at: datetime  # the first run's start
+    closed_at: datetime | None = None
+    agent: str | None = None
+    model: str | None = None
+    # The turn's input messages, when the loop never started and they are all there is to show
+    # (otherwise they begin ``result.messages``).
+    prompt: list[Message] = Field(default_factory=list)
+    # The turn as it stands (the same TurnResult the workflow returns or a query answers);
+    # None when it never got past preparing (e.g. an unknown agent).
+    result: TurnResult | None = None
+    # None while the loop still runs (result.stop_reason then only holds a default).
+    stop_reason: StopReason | None = None
+    failure: str | None = None  # why the run failed, or who terminated it
+    activities: list[ActivityTiming] = Field(default_factory=list)
+    runs: list[RunInfo] = Field(default_factory=list)
+    # Anything that makes the view less than exact (a history the code could not replay).
+    warnings: list[str] = Field(default_factory=list)
+
+    @property
+    def in_flight(self) -> list[ActivityTiming]:
+        waiting = (ActivityOutcome.RUNNING, ActivityOutcome.SCHEDULED)
+        return [a for a in self.activities if a.outcome in waiting]
+
+
+async def read_turn(client: Client, workflow_id: str, run_id: str | None = None) -> TurnView:
+    """The turn ``workflow_id`` as its history has it; works with no worker running.
+
+    Without ``run_id`` this is the latest run with that id; with one, the turn that run
+    belongs to, followed to its latest run if it continued as new."""
+    return await view_histories(client, await _run_histories(client, workflow_id, run_id))
+
+
+async def view_histories(client: Client, histories: Sequence[WorkflowHistory]) -> TurnView:
+    """The turn recorded by ``histories``: the runs of one turn, first to latest. ``client``
+    decodes payloads and, for a turn still running, describes what is in flight."""
+    latest = histories[-1]
+    view = TurnView(
+        workflow_id=latest.workflow_id,
+        run_id=latest.run_id,
+        status=_status(latest.events[-1]),
+        started_at=_time(histories[0].events[0].event_time),
+        closed_at=_closed_at(latest),
+        runs=[_run_info(history) for history in histories],
+    )
+    for history in histories:
+        view.activities.extend(await _activities(client, history))
+    if view.status == TurnStatus.RUNNING:
+        await _add_pending(client, view)
+    view.failure = await _failure(client, latest)
+    await _add_state(client, view, latest)
+    return view
+
+
+# -- fetching -------------------------------------------------------------------------------
+
+
+async def _run_histories(
+    client: Client, workflow_id: str, run_id: str | None
+) -> list[WorkflowHistory]:
+    """Every run of the turn, first to latest: forward along continued-as-new links from the
+    given run, then back along them to the turn's first run."""
+    chain = [await _fetch(client, workflow_id, run_id)]
+    while (successor := _continued_to(chain[-1])) is not None:
+        chain.append(await _fetch(client, workflow_id, successor))
+    while predecessor := _started(chain[0]).continued_execution_run_id:
+        chain.insert(0, await _fetch(client, workflow_id, predecessor))
+    return chain
+
+
+async def _fetch(client: Client, workflow_id: str, run_id: str | None) -> WorkflowHistory:
+    try:
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            run = f" (run {run_id})" if run_id else ""
+            raise TurnHistoryError(
+                f"no turn with workflow id {workflow_id!r}{run} in namespace "
+                f"{client.namespace!r}: check the id, and the server and namespace it ran on"
+            ) from None
+        raise
+    started = history.events[0] if history.events else None
+    if started is None or started.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+        raise TurnHistoryError(f"the history of {workflow_id!r} is empty or incomplete")
+    kind = started.workflow_execution_started_event_attributes.workflow_type.name
+    if kind != WORKFLOW_NAME:
+        raise TurnHistoryError(f"{workflow_id!r} is a {kind} workflow, not a turn")
+    return history
+
+
+def _started(history: WorkflowHistory) -> WorkflowExecutionStartedEventAttributes:
+    return history.events[0].workflow_execution_started_event_attributes
+
+
+def _continued_to(history: WorkflowHistory) -> str | None:
+    last = history.events[-1]
+    if last.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+        return None
+    return str(last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
+
+
+# -- replaying ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Replayed:
+    turn: TurnInput | None  # the run's input
+    state: TurnState | None  # the loop's state where the history ends; None before the loop
+    failure: str | None  # why the history did not replay, if it did not
+
+
+async def _replay(client: Client, history: WorkflowHistory) -> _Replayed:
+    capture = _Capture()
+    plugin = SimplePlugin(
+        "turnkeep-read",
+        # The client's converter: whatever storage and codec it reads payloads with.
+        data_converter=client.data_converter,
+        # Unsandboxed: this replay only reads, and it skips the sandbox's per-run imports.
+        workflow_runner=_FreezingRunner(capture),
+        interceptors=[capture],
+    )
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        replayer = Replayer(
+            workflows=[],
+            plugins=[replay_plugin(storage=client.data_converter.external_storage), plugin],
+            workflow_task_executor=pool,
+        )
+        outcome = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    failure = outcome.replay_failure
+    return _Replayed(
+        turn=capture.turn,
+        state=capture.frozen,
+        failure=f"{type(failure).__name__}: {failure}" if failure else None,
+    )
+
+
+class _Capture(Interceptor):
+    """Keeps the replayed workflow object, and a copy of its state taken when replay ends.
+
+    The copy is taken before the end-of-replay eviction: eviction cancels the workflow's
+    coroutine, and the cancellation path of ``TurnWorkflow.run`` may repair the conversation,
+    which must not show on a turn that was never cancelled."""
+
+    def __init__(self) -> None:
+        self.workflow: TurnWorkflow | None = None
+        self.turn: TurnInput | None = None
+        self.frozen: TurnState | None = None
+        self._done = False
+
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor]:
+        del input
+        capture = self
+
+        class _Inbound(WorkflowInboundInterceptor):
+            async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+                capture.workflow = workflow.instance()
+                capture.turn = _turn_input(input.args)
+                return await super().execute_workflow(input)
+
+        return _Inbound
+
+    def freeze(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        state = self.workflow._state if self.workflow is not None else None
+        self.frozen = state.model_copy(deep=True) if state is not None else None
+
+
+def _turn_input(args: Sequence[Any]) -> TurnInput | None:
+    """The run's ``TurnInput``, which the SDK may hand over as plain JSON (it decodes by type
+    hints only when the run gets every argument it declares)."""
+    try:
+        return TurnInput.model_validate(args[0]) if args else None
+    except ValidationError:
+        return None  # the workflow fails on it as well, and its failure says why
+
+
+class _FreezingRunner(WorkflowRunner):
+    """The unsandboxed runner, with each instance telling ``capture`` when eviction starts."""
+
+    def __init__(self, capture: _Capture) -> None:
+        self._inner = UnsandboxedWorkflowRunner()
+        self._capture = capture
+
+    def prepare_workflow(self, defn: Any) -> None:
+        self._inner.prepare_workflow(defn)
+
+    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+        return _FreezingInstance(self._inner.create_instance(det), self._capture)
+
+    def set_worker_level_failure_exception_types(
+        self, types: Sequence[type[BaseException]]
+    ) -> None:
+        self._inner.set_worker_level_failure_exception_types(types)
+
+
+class _FreezingInstance(WorkflowInstance):
+    def __init__(self, inner: WorkflowInstance, capture: _Capture) -> None:
+        self._inner = inner
+        self._capture = capture
+
+    def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
+        # Replay ends with an eviction (history exhausted, or a replay failure).
+        if any(job.HasField("remove_from_cache") for job in act.jobs):
+            self._capture.freeze()
+        return self._inner.activate(act)
+
+    def get_serialization_context(self, command_info: Any) -> SerializationContext | None:
+        return self._inner.get_serialization_context(command_info)
+
+    def get_external_store_context(self, command_info: Any) -> StorageDriverStoreContext:
+        return self._inner.get_external_store_context(command_info)
+
+    def get_info(self) -> workflow.Info:
+        return self._inner.get_info()
+
+    def get_thread_id(self) -> int | None:
+        return self._inner.get_thread_id()
+
+
+async def _add_state(client: Client, view: TurnView, history: WorkflowHistory) -> None:
+    replayed = await _replay(client, history)
+    state = replayed.state
+    turn = replayed.turn
+    if turn is not None:
+        view.agent = turn.agent
+        if state is None:
+            view.prompt = list(turn.messages)
+    if state is not None:
+        view.agent = state.plan.agent
+        view.model = state.plan.model
+        view.result = state.result()
+        view.stop_reason = state.stop_reason
+    if replayed.failure is None:
+        return
+    problem = f"this history does not replay against the current workflow code ({replayed.failure})"
+    if view.status == TurnStatus.COMPLETED:
+        # The result the run recorded stands whatever the code does now.
+        view.result = await _recorded_result(client, history)
+        view.stop_reason = view.result.stop_reason
+        view.warnings.append(f"{problem}; the result shown is the one the turn recorded")
+    else:
+        view.warnings.append(f"{problem}; what is shown is as far as replay got")
+
+
+async def _recorded_result(client: Client, history: WorkflowHistory) -> TurnResult:
+    completed = history.events[-1].workflow_execution_completed_event_attributes
+    converter = _workflow_converter(client, history.workflow_id)
+    [result] = await converter.decode(completed.result.payloads, [TurnResult])
+    return TurnResult.model_validate(result)
+
+
+# -- status and times -----------------------------------------------------------------------
+
+_CLOSED = {
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED: TurnStatus.COMPLETED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED: TurnStatus.CANCELLED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED: TurnStatus.FAILED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED: TurnStatus.TERMINATED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT: TurnStatus.TIMED_OUT,
+}
+
+
+def _status(last: HistoryEvent) -> TurnStatus:
+    return _CLOSED.get(last.event_type, TurnStatus.RUNNING)
+
+
+def _closes(event: HistoryEvent) -> bool:
+    return (
+        event.event_type in _CLOSED
+        or event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+    )
+
+
+def _closed_at(history: WorkflowHistory) -> datetime | None:
+    last = history.events[-1]
+    return _time(last.event_time) if _closes(last) else None
+
+
+def _run_info(history: WorkflowHistory) -> RunInfo:
+    return RunInfo(
+        run_id=history.run_id,
+        started_at=_time(history.events[0].event_time),
+        closed_at=_closed_at(history),
+        events=len(history.events),
+    )
+
+
+def _time(stamp: Timestamp) -> datetime:
+    return stamp.ToDatetime(tzinfo=UTC)
+
+
+def _ms(start: datetime | None, end: datetime | None) -> float | None:
+    return round((end - start).total_seconds() * 1000, 3) if start and end else None
+
+
+async def _failure(client: Client, history: WorkflowHistory) -> str | None:
+    """Why the run ended, if it did not end as a turn does (completed or cancelled)."""
+    last = history.events[-1]
+    if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+        failure = last.workflow_execution_failed_event_attributes.failure
+        return await _failure_text(_workflow_converter(client, history.workflow_id), failure)
+    if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
+        attributes = last.workflow_execution_terminated_event_attributes
+        by = f" (by {attributes.identity})" if attributes.identity else ""
+        return (attributes.reason or "no reason given") + by
+    if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT:
+        return "the run timed out (its workflow execution or run timeout passed)"
+    return None
+
+
+async def _failure_text(converter: DataConverter, failure: Failure) -> str:
+    copy = Failure()
+    copy.CopyFrom(failure)  # decoding works in place; the history stays as fetched
+    return describe_failure(await converter.decode_failure(copy))
+
+
+def describe_failure(error: BaseException) -> str:
+    """A decoded failure in its own words: an activity's error without its wrapper, an
+    application error with its type."""
+    if isinstance(error, ActivityError):
+        return failure_text(error)
+    if isinstance(error, ApplicationError) and error.type:
+        return f"{error.type}: {error.message}"
+    return error.message if isinstance(error, FailureError) else str(error)
+
+
+# -- activities -----------------------------------------------------------------------------
+
+
+async def _activities(client: Client, history: WorkflowHistory) -> list[ActivityTiming]:
+    """The run's activities in the order it scheduled them, timed by their events."""
+    timings: dict[int, ActivityTiming] = {}  # by the scheduled event's id
+    for event in history.events:
+        kind = event.event_type
+        at = _time(event.event_time)
+        if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attributes = event.activity_task_scheduled_event_attributes
+            timing = ActivityTiming(
+                run_id=history.run_id,
+                activity_id=attributes.activity_id,
+                activity=attributes.activity_type.name,
+                outcome=ActivityOutcome.SCHEDULED,
+                scheduled_at=at,
+            )
+            await _label(client, history.workflow_id, event, timing)
+            timings[event.event_id] = timing
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            started = event.activity_task_started_event_attributes
+            timing = timings[started.scheduled_event_id]
+            timing.started_at = at
+            timing.attempts = started.attempt
+            timing.outcome = ActivityOutcome.RUNNING
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED:
+            # The workflow stops waiting for it here (it does not wait for the worker to
+            # confirm), so for the turn this is where the activity ended.
+            cancel = event.activity_task_cancel_requested_event_attributes
+            _close(timings[cancel.scheduled_event_id], ActivityOutcome.CANCELLED, at)
+        elif (closed := _activity_close(event)) is not None:
+            outcome, scheduled_event_id, failure = closed
+            timing = timings[scheduled_event_id]
+            _close(timing, outcome, at)
+            if failure is not None and failure.ByteSize():
+                converter = _activity_converter(client, history.workflow_id, timing)
+                timing.failure = await _failure_text(converter, failure)
+    run_closed = _closed_at(history)
+    for timing in timings.values():
+        if run_closed is not None and timing.closed_at is None:
+            _close(timing, ActivityOutcome.ABANDONED, run_closed)
+    return list(timings.values())
+
+
+def _close(timing: ActivityTiming, outcome: ActivityOutcome, at: datetime) -> None:
+    if timing.closed_at is not None and outcome == ActivityOutcome.CANCELLED:
+        return  # a cancel confirmed after its request: for the turn it ended at the request
+    timing.outcome = outcome
+    timing.closed_at = at
+    timing.total_ms = _ms(timing.scheduled_at, at)
+    timing.last_attempt_ms = _ms(timing.started_at, at)
+
+
+def _activity_close(event: HistoryEvent) -> tuple[ActivityOutcome, int, Failure | None] | None:
+    kind = event.event_type
+    if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+        a = event.activity_task_completed_event_attributes
+        return ActivityOutcome.COMPLETED, a.scheduled_event_id, None
+    if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
+        f = event.activity_task_failed_event_attributes
+        return ActivityOutcome.FAILED, f.scheduled_event_id, f.failure
+    if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+        t = event.activity_task_timed_out_event_attributes
+        return ActivityOutcome.TIMED_OUT, t.scheduled_event_id, t.failure
+    if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
+        c = event.activity_task_canceled_event_attributes
+        return ActivityOutcome.CANCELLED, c.scheduled_event_id, None
+    return None
+
+
+def _workflow_converter(client: Client, workflow_id: str) -> DataConverter:
+    """The converter as a client of the workflow uses it (the context a codec may key on)."""
+    context = WorkflowSerializationContext(namespace=client.namespace, workflow_id=workflow_id)
+    return client.data_converter.with_context(context)
+
+
+def _activity_converter(client: Client, workflow_id: str, timing: ActivityTiming) -> DataConverter:
+    """The converter as the activity's worker used it (the context a codec may key on)."""
+    return client.data_converter.with_context(
+        ActivitySerializationContext(
+            namespace=client.namespace,
+            activity_id=timing.activity_id,
+            activity_type=timing.activity,
+            activity_task_queue=None,
+            workflow_id=workflow_id,
+            workflow_type=WORKFLOW_NAME,
+            is_local=False,
+        )
+    )
+
+
+class _ModelCallInput(BaseModel):
+    """The part of ``llm_step``'s input that says which call it is. Only that part: inputs
+    recorded by earlier versions of turnkeep (a whole ``LlmRequest``) have it too."""
+
+    call_index: int
+
+
+class _ToolCallInput(BaseModel):
+    """The part of ``call_tool``'s input (``ToolCallRequest``) that says which call it is."""
+
+    call_id: str
+    name: str
+
+
+async def _label(
+    client: Client, workflow_id: str, event: HistoryEvent, timing: ActivityTiming
+) -> None:
+    """Which model call or tool call an activity is, from its own input."""
+    if timing.activity not in (LLM_STEP, CALL_TOOL):
+        return
+    payloads = event.activity_task_scheduled_event_attributes.input.payloads
+    converter = _activity_converter(client, workflow_id, timing)
+    try:
+        if timing.activity == LLM_STEP:
+            [step] = await converter.decode(payloads, [_ModelCallInput])
+            timing.call_index = step.call_index
+        else:
+            [call] = await converter.decode(payloads, [_ToolCallInput])
+            timing.call_id, timing.tool = call.call_id, call.name
+    except ValidationError:
+        pass  # an input of some other shape: the activity is listed without a label
+
+
+async def _add_pending(client: Client, view: TurnView) -> None:
+    """Attempts and failures of activities still in flight, which only the server's
+    description of the run has until they close."""
+    handle = client.get_workflow_handle(view.workflow_id, run_id=view.run_id)
+    described = await handle.describe()
+    pending = {p.activity_id: p for p in described.raw_description.pending_activities}
+    for timing in view.activities:
+        info = pending.get(timing.activity_id) if timing.run_id == view.run_id else None
+        if info is None or timing.closed_at is not None:
+            continue
+        timing.attempts = info.attempt
+        waiting = info.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED
+        timing.outcome = ActivityOutcome.SCHEDULED if waiting else ActivityOutcome.RUNNING
+        if info.HasField("last_started_time"):
+            timing.started_at = _time(info.last_started_time)
+        if info.HasField("last_failure"):
+            converter = _activity_converter(client, view.workflow_id, timing)
+            timing.failure = await _failure_text(converter, info.last_failure)

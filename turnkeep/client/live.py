@@ -1,0 +1,297 @@
+"""Following the live text of a turn's in-flight model calls, from a client.
+
+Nothing of this goes through the workflow: a token in history would bring back the quadratic
+history turnkeep got rid of. The worker serves each attempt of ``llm_step`` as server-sent
+events (``turnkeep.worker.live_server``) and heartbeats the stream's ``LiveAddress``, which
+only a client allowed to describe the turn's workflow reads. ``follow_live`` (behind
+``TurnHandle.stream()``) finds the address by describing the workflow, connects, decodes each
+``LiveBatch`` with the client's own converter and codec, and gives up silently (debug log) on
+anything that goes wrong: the turn's messages still arrive, message by message, as without
+streaming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel
+from temporalio.api.common.v1 import Payload
+from temporalio.client import Client, WorkflowHandle
+
+from turnkeep.workflows.activity_io import LLM_STEP
+from turnkeep.workflows.live_io import PATH_PREFIX, LiveAddress, LiveBatch, LiveDelta
+from turnkeep.workflows.messages import Message
+
+log = logging.getLogger(__name__)
+
+# How often a follower asks the server for a running model call's address while it has none:
+# at first, and at most this seldom (it backs off while no call streams, and starts again
+# quickly at each new message, after which a model call usually starts).
+POLL_SECONDS = 0.1
+MAX_POLL_SECONDS = 0.5
+# A live server that does not answer this fast is given up on (the messages still come).
+CONNECT_SECONDS = 3.0
+
+
+# --- the worker's side -------------------------------------------------------------------------
+
+
+# --- the client's side -------------------------------------------------------------------------
+
+
+class TextDelta(BaseModel):
+    """A piece of a model call's text, as the provider streamed it."""
+
+    kind: Literal["text"] = "text"
+    text: str
+    call_index: int
+    attempt: int
+
+
+class ToolCallStart(BaseModel):
+    """The model has started a tool call (its arguments come with the completed message)."""
+
+    kind: Literal["tool_call"] = "tool_call"
+    name: str
+    call_id: str
+    call_index: int
+
+
+class Restarted(BaseModel):
+    """A model call is being retried (its worker died, say): its live text starts over."""
+
+    kind: Literal["restarted"] = "restarted"
+    call_index: int
+    attempt: int
+
+
+class MessageEvent(BaseModel):
+    """A completed message, as the turn's history holds it."""
+
+    kind: Literal["message"] = "message"
+    message: Message
+
+
+StreamEvent = TextDelta | ToolCallStart | Restarted | MessageEvent
+
+
+async def live_address(client: Client, handle: WorkflowHandle[Any, Any]) -> LiveAddress | None:
+    """The address of the turn's running model call, from its heartbeat details; None when no
+    call is streaming (or the details are not a ``LiveAddress``)."""
+    description = await handle.describe()
+    for pending in description.raw_description.pending_activities:
+        if pending.activity_type.name != LLM_STEP or not pending.heartbeat_details.payloads:
+            continue
+        payloads = list(pending.heartbeat_details.payloads)
+        try:
+            address = (await client.data_converter.decode(payloads[:1], [LiveAddress]))[0]
+        except Exception as err:  # older worker's text details, a key we lack: no live text
+            log.debug("llm_step heartbeat details are not a live address: %s", type(err).__name__)
+            continue
+        if isinstance(address, LiveAddress):
+            return address
+    return None
+
+
+class LiveStreamRefused(ConnectionError):
+    """The live server answered something else than a stream (403: not authorised)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the live-stream server answered {status}")
+        self.status = status
+
+
+async def read_live(
+    client: Client, address: LiveAddress, *, connect_timeout: float = CONNECT_SECONDS
+) -> AsyncIterator[LiveDelta]:
+    """The deltas of one attempt, from its start, until its stream ends. Raises on a refused
+    or broken connection (the caller falls back)."""
+    event = ""
+    async for line in sse_lines(
+        f"{address.url}{PATH_PREFIX}{address.call_key}",
+        {"authorization": f"Bearer {address.token}"},
+        connect_timeout=connect_timeout,
+    ):
+        if line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:") and event == "delta":
+            for delta in await _decode(client, line[5:].strip()):
+                yield delta
+        elif line.startswith("data:") and event == "end":
+            return
+    raise ConnectionError("the live stream ended before its call did")
+
+
+async def sse_lines(
+    url: str, headers: dict[str, str], *, connect_timeout: float = CONNECT_SECONDS
+) -> AsyncIterator[str]:
+    """The lines of an event stream: a plain HTTP/1.1 GET on asyncio streams (http, or https
+    for an ``advertise`` URL behind a TLS proxy), so following a turn needs no HTTP library."""
+    parsed = urlsplit(url)
+    tls = parsed.scheme == "https"
+    host = parsed.hostname or "127.0.0.1"
+    port = parsed.port or (443 if tls else 80)
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(host, port, ssl=tls or None), connect_timeout
+    )
+    try:
+        lines = [
+            f"GET {parsed.path or '/'} HTTP/1.1",
+            f"host: {parsed.netloc}",
+            "accept: text/event-stream",
+            "connection: close",
+            *(f"{name}: {value}" for name, value in headers.items()),
+        ]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), connect_timeout)
+        parts = status_line.split()
+        status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+        chunked = False
+        while (header := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = header.decode("latin-1").partition(":")
+            if name.strip().lower() == "transfer-encoding" and "chunked" in value.lower():
+                chunked = True
+        if status != 200:
+            raise LiveStreamRefused(status)
+        pending = b""
+        while True:
+            if chunked:
+                size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    return
+                data = await reader.readexactly(size + 2)
+                data = data[:-2]
+            else:
+                data = await reader.read(65536)
+                if not data:
+                    return
+            pending += data
+            *complete, pending = pending.split(b"\n")
+            for line in complete:
+                yield line.rstrip(b"\r").decode("utf-8")
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+async def _decode(client: Client, data: str) -> list[LiveDelta]:
+    payload = Payload()
+    payload.ParseFromString(base64.b64decode(data))
+    # The codec and payload converter alone, as the worker encoded it (a batch is never in
+    # external storage, whose decoding costs more than the rest).
+    converter = client.data_converter
+    payloads = [payload]
+    if converter.payload_codec is not None:
+        payloads = await converter.payload_codec.decode(payloads)
+    batch = converter.payload_converter.from_payloads(payloads, [LiveBatch])[0]
+    return list(batch.deltas) if isinstance(batch, LiveBatch) else []
+
+
+async def follow_live(
+    client: Client,
+    handle: WorkflowHandle[Any, Any],
+    emit: Callable[[StreamEvent], None],
+    *,
+    poll: float = POLL_SECONDS,
+    nudge: asyncio.Event | None = None,
+) -> None:
+    """Emit the live deltas of each model call of the turn while it runs (until cancelled).
+    Every failure is logged at debug level and skipped: the caller's messages are the truth."""
+    followed: dict[int, int] = {}  # call index -> the attempt last followed
+    tried: set[str] = set()  # call keys already read (or given up on)
+    nudge = nudge or asyncio.Event()
+    delay = poll
+    while True:
+        # asyncio.wait_for can swallow a cancellation that lands as its wait ends (Python
+        # 3.11); the task still says it is being cancelled, so this loop cannot outlive it.
+        _raise_if_cancelled()
+        try:
+            address = await live_address(client, handle)
+        except Exception as err:
+            _raise_if_cancelled()  # a cancelled RPC raises an RPCError, not CancelledError
+            log.debug("cannot describe the turn for its live address: %s", type(err).__name__)
+            address = None
+        if address is None or address.call_key in tried:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(nudge.wait(), delay)
+            delay = poll if nudge.is_set() else min(delay * 1.5, MAX_POLL_SECONDS)
+            nudge.clear()
+            continue
+        delay = poll
+        tried.add(address.call_key)
+        previous = followed.get(address.call_index)
+        if previous is not None and address.attempt > previous:
+            emit(Restarted(call_index=address.call_index, attempt=address.attempt))
+        followed[address.call_index] = address.attempt
+        try:
+            async for delta in read_live(client, address):
+                if delta.kind == "text":
+                    emit(
+                        TextDelta(
+                            text=delta.text,
+                            call_index=address.call_index,
+                            attempt=address.attempt,
+                        )
+                    )
+                else:
+                    emit(
+                        ToolCallStart(
+                            name=delta.name or "",
+                            call_id=delta.call_id or "",
+                            call_index=address.call_index,
+                        )
+                    )
+        except Exception as err:
+            _raise_if_cancelled()
+            # Unreachable, refused, cut off (the worker died), undecodable: message-level.
+            log.debug("live stream of model call #%d: %s", address.call_index, repr(err)[:200])
+
+
+def _raise_if_cancelled() -> None:
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
+
+
+async def stream_turn(
+    client: Client,
+    handle: WorkflowHandle[Any, Any],
+    messages: AsyncIterator[Message],
+) -> AsyncIterator[StreamEvent]:
+    """``messages`` as ``MessageEvent``s, with the live deltas of each model call in between,
+    until ``messages`` ends."""
+    queue: asyncio.Queue[StreamEvent | BaseException | None] = asyncio.Queue()
+    nudge = asyncio.Event()
+
+    async def pump() -> None:
+        try:
+            async for message in messages:
+                queue.put_nowait(MessageEvent(message=message))
+                nudge.set()  # a model call is likely to start: look for it now
+        except BaseException as err:  # handed to the consumer, who raises it
+            queue.put_nowait(err)
+            return
+        queue.put_nowait(None)
+
+    tasks = [
+        asyncio.ensure_future(pump()),
+        asyncio.ensure_future(follow_live(client, handle, queue.put_nowait, nudge=nudge)),
+    ]
+    try:
+        while (event := await queue.get()) is not None:
+            if isinstance(event, BaseException):
+                raise event
+            yield event
+    finally:
+        for task in tasks:
+            task.cancel()
+        # Bounded: the turn's messages are all out, nothing here may hold the caller up.
+        await asyncio.wait(tasks, timeout=5)

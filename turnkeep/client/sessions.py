@@ -1,0 +1,293 @@
+"""Client side of sessions (``SessionWorkflow``): open one, send it messages, follow every
+turn's messages across turns, cancel the running turn, close it.
+
+```python
+session = await open_session(client, agent="demo")
+sent = await session.send("hello")
+async for message in session.messages(until_turn=sent.turn):
+    ...
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import BaseModel
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from turnkeep.client.history import TurnView, read_turn
+from turnkeep.client.live import MessageEvent, StreamEvent
+from turnkeep.client.turns import DEFAULT_TASK_QUEUE, get_turn, query_retrying
+from turnkeep.observability.search_attributes import present_search_attributes
+from turnkeep.workflows import visibility
+from turnkeep.workflows.messages import Message
+from turnkeep.workflows.session_io import (
+    DEFAULT_TURNS_PER_RUN,
+    SESSION_WORKFLOW_NAME,
+    NewMessageMode,
+    Sent,
+    SessionInput,
+    SessionProgress,
+    SessionResult,
+)
+from turnkeep.workflows.session_workflow import SessionWorkflow
+
+
+class SessionClosedError(RuntimeError):
+    """The session has ended: it takes no more messages, and its id is not reused."""
+
+
+async def open_session(
+    client: Client,
+    *,
+    agent: str,
+    session_id: str | None = None,
+    task_queue: str = DEFAULT_TASK_QUEUE,
+    idle_timeout: float | None = None,
+    turns_per_run: int = DEFAULT_TURNS_PER_RUN,
+    on_new_message: NewMessageMode = "queue",
+) -> SessionHandle:
+    """Start a session with ``agent``, or attach to the running session ``session_id`` (its
+    own agent, limits and mode stay). Raises ``SessionClosedError`` for a session that has
+    ended: it stays readable (``get_session``), and is never restarted empty under the same id.
+
+    ``on_new_message`` is what a message sent while a turn runs does: ``queue`` waits for the
+    turn, ``interrupt`` cancels it. Pass the agent's own setting
+    (``AgentOptions.on_new_message``): the session cannot read the worker's config."""
+    session = SessionInput(
+        agent=agent,
+        idle_timeout=idle_timeout,
+        turns_per_run=turns_per_run,
+        on_new_message=on_new_message,
+    )
+    present = await present_search_attributes(client)
+    workflow_id = session_id or f"session-{agent}-{uuid.uuid4().hex[:12]}"
+    try:
+        handle = await client.start_workflow(
+            SESSION_WORKFLOW_NAME,
+            session,
+            id=workflow_id,
+            task_queue=task_queue,
+            result_type=SessionResult,
+            static_summary=f"session with {agent}",
+            search_attributes=visibility.start_search_attributes(agent, present),
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        )
+    except WorkflowAlreadyStartedError as err:
+        raise SessionClosedError(
+            f"session {workflow_id!r} has ended: it stays readable (get_session), but takes no "
+            "more messages; start a new session"
+        ) from err
+    return SessionHandle(handle, client)
+
+
+def get_session(client: Client, session_id: str) -> SessionHandle:
+    """A session by id, running or closed, without starting anything."""
+    return SessionHandle(WorkflowHandle(client, session_id, result_type=SessionResult), client)
+
+
+class SessionHandle:
+    def __init__(self, handle: WorkflowHandle[Any, SessionResult], client: Client) -> None:
+        # No run id: updates and queries reach whichever run is current (a session continues
+        # as new between turns).
+        self.handle = client.get_workflow_handle(handle.id, result_type=SessionResult)
+        self.client = client
+
+    @property
+    def session_id(self) -> str:
+        return self.handle.id
+
+    async def send(self, message: str | Message) -> Sent:
+        """Queue a user message; returns once the turn that answers it has started (or, when
+        a turn is running, with the id of the next turn, which will answer it). A refused
+        message (empty, not a user message, a session closing) raises
+        ``WorkflowUpdateFailedError`` saying why; a session that has ended,
+        ``SessionClosedError``."""
+        arg = message if isinstance(message, str) else message.model_dump(mode="json")
+        # One update id for every attempt: the server answers a repeat with the first's
+        # outcome instead of queueing the message twice.
+        update_id = uuid.uuid4().hex
+        while True:
+            try:
+                return await self.handle.execute_update("send", arg, id=update_id, result_type=Sent)
+            except WorkflowUpdateRPCTimeoutOrCancelledError as err:
+                _reraise_if_cancelled(err)  # else a slow start: ask again
+            except RPCError as err:
+                if await self._running():
+                    raise
+                raise SessionClosedError(
+                    f"session {self.session_id!r} has ended: it takes no more messages"
+                ) from err
+
+    async def messages(
+        self, start: int = 0, *, until_turn: int | None = None
+    ) -> AsyncIterator[Message]:
+        """Every message of every turn from index ``start`` of the session's transcript on,
+        as soon as its turn has it: the user's, the model's and tool results, so the number
+        received is where to resume. Runs until the session ends, or with ``until_turn``
+        until that turn (``Sent.turn``) has ended."""
+        index = start
+        seen: str | None = None  # the turn running when we last asked
+        followed: str | None = None  # the last turn whose messages we streamed live
+        while True:
+            progress = await self._wait(index, seen)
+            if progress is None:  # the session has closed: read what it ended with
+                for message in (await self.handle.result()).transcript[index:]:
+                    yield message
+                return
+            if progress.count > index:
+                for message in await query_retrying(self.handle, SessionWorkflow.transcript, index):
+                    index += 1
+                    yield message
+            turn = progress.turn
+            if turn is not None and turn.workflow_id != followed and index >= turn.start:
+                followed = turn.workflow_id
+                live = get_turn(self.client, turn.workflow_id)
+                # Its last messages come from the session, which takes them in when it ends.
+                messages = live.messages(index - turn.start, every=True, to_the_end=False)
+                async for message in messages:
+                    index += 1
+                    yield message
+            seen = turn.workflow_id if turn else None
+            caught_up = turn is None and index >= progress.count
+            if caught_up and (
+                progress.closed or (until_turn is not None and progress.turns_ended >= until_turn)
+            ):
+                return
+
+    async def stream(
+        self, start: int = 0, *, until_turn: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """``messages()`` as ``MessageEvent``s, with the live text of the running turn's model
+        calls in between (``TurnHandle.stream()``)."""
+        index = start
+        seen: str | None = None
+        followed: str | None = None
+        while True:
+            progress = await self._wait(index, seen)
+            if progress is None:
+                for message in (await self.handle.result()).transcript[index:]:
+                    yield MessageEvent(message=message)
+                return
+            if progress.count > index:
+                for message in await query_retrying(self.handle, SessionWorkflow.transcript, index):
+                    index += 1
+                    yield MessageEvent(message=message)
+            turn = progress.turn
+            if turn is not None and turn.workflow_id != followed and index >= turn.start:
+                followed = turn.workflow_id
+                live = get_turn(self.client, turn.workflow_id)
+                async for event in live.stream(index - turn.start, every=True, to_the_end=False):
+                    index += isinstance(event, MessageEvent)
+                    yield event
+            seen = turn.workflow_id if turn else None
+            caught_up = turn is None and index >= progress.count
+            if caught_up and (
+                progress.closed or (until_turn is not None and progress.turns_ended >= until_turn)
+            ):
+                return
+
+    async def progress(self) -> SessionProgress:
+        return await self.handle.query(SessionWorkflow.progress)
+
+    async def cancel_turn(self) -> bool:
+        """Cancel the running turn, if any (its conversation is repaired and kept; the session
+        goes on). Whether there was one."""
+        turn = (await self.progress()).turn
+        if turn is None:
+            return False
+        await get_turn(self.client, turn.workflow_id).cancel()
+        return True
+
+    async def close(self) -> None:
+        """Answer what is queued, then end the session; its result is the conversation."""
+        await self.handle.execute_update(SessionWorkflow.close)
+
+    async def result(self) -> SessionResult:
+        return await self.handle.result()
+
+    async def _wait(self, after: int, seen: str | None) -> SessionProgress | None:
+        """The session's progress once it differs from what the caller knows; None once the
+        session has closed."""
+        while True:
+            try:
+                return await self.handle.execute_update(
+                    "wait_for_messages", args=[after, seen], result_type=SessionProgress
+                )
+            except WorkflowUpdateRPCTimeoutOrCancelledError as err:
+                _reraise_if_cancelled(err)  # else only the long-poll timed out: poll again
+            except (RPCError, WorkflowUpdateFailedError):
+                if await self._running():
+                    raise
+                return None
+
+    async def _running(self) -> bool:
+        return (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING
+
+
+class SessionView(BaseModel):
+    """A session as its turns' histories record it: what ``turnkeep show SESSION`` prints."""
+
+    session_id: str
+    status: str  # the session workflow's: running, completed, cancelled, terminated...
+    turns: list[TurnView]
+
+
+async def read_session(client: Client, session_id: str) -> SessionView | None:
+    """The session ``session_id``, open or closed, read from its turns' histories (no worker
+    needed, as for ``read_turn``); None when no session has that id."""
+    try:
+        described = await client.get_workflow_handle(session_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    if described.workflow_type != SESSION_WORKFLOW_NAME:
+        return None
+    turns: list[TurnView] = []
+    # Turn ids are `<session id>/turn-<n>` from 1 up: read them until one is missing (the next
+    # turn, not started yet). A number whose id another client's workflow held when the session
+    # got to it was skipped (SessionWorkflow): that workflow is not the session's to show.
+    for n in itertools.count(1):
+        turn_id = f"{session_id}/turn-{n}"
+        parent = await _parent(client, turn_id)
+        if parent is None:
+            break
+        if parent == session_id:
+            turns.append(await read_turn(client, turn_id))
+    status = described.status.name.lower() if described.status else "unknown"
+    return SessionView(session_id=session_id, status=status, turns=turns)
+
+
+async def _parent(client: Client, workflow_id: str) -> str | None:
+    """The id of the workflow that started ``workflow_id`` ("" if a client did); None when
+    there is no such workflow."""
+    try:
+        described = await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    return described.parent_id or ""
+
+
+def _reraise_if_cancelled(err: Exception) -> None:
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        # The SDK turns our cancellation into this error; give it back as one.
+        raise asyncio.CancelledError() from err

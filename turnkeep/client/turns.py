@@ -1,0 +1,274 @@
+"""Client helpers: start a turn, watch its messages as they are produced, get its result.
+
+Any Temporal client can do the same by hand: start workflow type ``TurnWorkflow`` on task queue
+``turnkeep`` with a ``TurnInput`` as JSON. These helpers add the long-poll that makes watching
+cheap, and reading the repaired conversation of a cancelled turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.exceptions import CancelledError
+from temporalio.service import RPCError, RPCStatusCode
+
+from turnkeep.client.history import read_turn
+from turnkeep.client.live import StreamEvent, stream_turn
+from turnkeep.observability.search_attributes import present_search_attributes
+from turnkeep.workflows import visibility
+from turnkeep.workflows.approval import (
+    DECIDE_UPDATE,
+    PENDING_QUERY,
+    Decision,
+    DecisionRecord,
+    PendingCall,
+)
+from turnkeep.workflows.messages import Message
+from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnProgress, TurnResult
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
+
+DEFAULT_TASK_QUEUE = "turnkeep"
+_QUERY_ATTEMPTS = 3
+# A query the server gave up on (a busy worker, or a run that has just continued as new and
+# answers once a worker has run its first task) is worth asking again; the SDK reports its own
+# RPC timeout as CANCELLED ("Timeout expired").
+_RETRYABLE_QUERY = (
+    RPCStatusCode.DEADLINE_EXCEEDED,
+    RPCStatusCode.UNAVAILABLE,
+    RPCStatusCode.CANCELLED,
+)
+
+
+async def query_retrying(handle: WorkflowHandle[Any, Any], query: Any, arg: Any) -> Any:
+    """``handle.query(query, arg)``, asked again (up to ``_QUERY_ATTEMPTS`` times) when the
+    server gave up on it rather than the workflow refusing it."""
+    attempt = 1
+    while True:
+        try:
+            return await handle.query(query, arg)
+        except RPCError as err:
+            task = asyncio.current_task()
+            if (
+                err.status not in _RETRYABLE_QUERY
+                or attempt >= _QUERY_ATTEMPTS
+                or (task is not None and task.cancelling())
+            ):
+                raise
+            attempt += 1
+
+
+def summarize(turn: TurnInput, limit: int = 120) -> str:
+    """The Web UI's one-line summary of a turn: its prompt, shortened."""
+    text = " ".join(turn.messages[-1].text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+async def start_turn(
+    client: Client,
+    turn: TurnInput,
+    *,
+    workflow_id: str | None = None,
+    task_queue: str = DEFAULT_TASK_QUEUE,
+) -> TurnHandle:
+    # The search attributes the starter knows go with the start request: the workflow then
+    # need not upsert them in its first task, one write to the server's visibility store less
+    # per turn (5-9 ms of the dev server's CPU, measured with bench's throughput batches).
+    present = await present_search_attributes(client)
+    handle = await client.start_workflow(
+        WORKFLOW_NAME,
+        turn,
+        id=workflow_id or f"turn-{turn.agent}-{uuid.uuid4().hex[:12]}",
+        task_queue=task_queue,
+        result_type=TurnResult,
+        static_summary=summarize(turn),
+        search_attributes=visibility.start_search_attributes(turn.agent, present),
+        # When a worker of this client polls the task queue (`turnkeep run`, an app that
+        # embeds its worker), the server hands it the turn's first workflow task in the start
+        # response instead of through a poll: 14 ms less per turn on the dev server (bench's
+        # harness, median of 12 pairs). Any other starter gets a normal start.
+        request_eager_start=True,
+    )
+    return TurnHandle(handle, client)
+
+
+def get_turn(client: Client, workflow_id: str, run_id: str | None = None) -> TurnHandle:
+    """A turn by workflow id. A long turn continues as new (several runs, one workflow id), so
+    updates, queries and cancel go to whichever run is current; ``run_id`` only says where
+    ``result()`` starts following the chain of runs."""
+    return TurnHandle(
+        WorkflowHandle(client, workflow_id, result_run_id=run_id, result_type=TurnResult), client
+    )
+
+
+class TurnHandle:
+    def __init__(self, handle: WorkflowHandle[Any, TurnResult], client: Client) -> None:
+        self.handle = handle
+        self.client = client
+
+    @property
+    def workflow_id(self) -> str:
+        return self.handle.id
+
+    async def messages(
+        self,
+        start: int = 0,
+        *,
+        include_tool_results: bool = False,
+        every: bool = False,
+        to_the_end: bool = True,
+    ) -> AsyncIterator[Message]:
+        """Each message of ``TurnResult.messages`` from index ``start`` on, as soon as the
+        workflow has it: assistant messages, plus tool-result messages when asked for, or
+        with ``every`` all of them (the input too), for a follower that counts them. Without
+        ``to_the_end``, it stops as soon as the turn has ended, leaving the messages it has
+        not yielded to the caller's other source (a session's transcript): reading them from
+        the closed turn would decode its whole result, conversation and all."""
+        index = start
+        while True:
+            try:
+                progress = await self.handle.execute_update(
+                    "wait_for_messages", index, result_type=TurnProgress
+                )
+            except WorkflowUpdateRPCTimeoutOrCancelledError as err:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # The SDK turns our cancellation into this error; give it back as one.
+                    raise asyncio.CancelledError() from err
+                continue  # only the long-poll timed out: poll again
+            except (RPCError, WorkflowUpdateFailedError):
+                if await self._running():
+                    raise
+                progress = None
+            if not to_the_end and (progress is None or progress.done):
+                return
+            if progress is None:  # the run has closed: read what it ended with
+                closed = await self._closed()
+                new = closed.messages[index:] if closed else []
+            elif progress.count > index:
+                new = await self._transcript(index)
+            else:
+                # Nothing new: the run let its watchers go to continue as new. The next
+                # update reaches the new run, which carries the same messages.
+                new = []
+            for message in new:
+                index += 1
+                if (
+                    every
+                    or message.role == "assistant"
+                    or (include_tool_results and message.tool_results)
+                ):
+                    yield message
+            if progress is None or (progress.done and index >= progress.count):
+                return
+
+    def stream(
+        self,
+        start: int = 0,
+        *,
+        include_tool_results: bool = False,
+        every: bool = False,
+        to_the_end: bool = True,
+    ) -> AsyncIterator[StreamEvent]:
+        """``messages()`` as ``MessageEvent``s, with the live text of each model call in
+        between as the provider streams it (``TextDelta``, ``ToolCallStart``, ``Restarted``
+        when a call is retried) when the worker serves it (``streaming:`` in its config).
+        Without a reachable live stream, only the ``MessageEvent``s: no error. The messages
+        are always the ones in history (``turnkeep/worker/live_stream.py``)."""
+        messages = self.messages(
+            start, include_tool_results=include_tool_results, every=every, to_the_end=to_the_end
+        )
+        return stream_turn(self.client, self.handle, messages)
+
+    async def result(self) -> TurnResult:
+        """The turn's result; raises ``TurnCancelledError`` (with the repaired conversation)
+        when it was cancelled."""
+        try:
+            return await self.handle.result()
+        except WorkflowFailureError as err:
+            if isinstance(err.cause, CancelledError):
+                raise TurnCancelledError(await self.current()) from err
+            raise
+
+    async def current(self) -> TurnResult | None:
+        """The turn as it stands, on a running or a closed (including cancelled) workflow.
+
+        A running turn is asked by query, which a worker for its task queue answers; a closed
+        one is read without any worker (see ``_closed``)."""
+        if not await self._running():
+            return await self._closed()
+        attempt = 1
+        while True:
+            try:
+                return await self.handle.query(TurnWorkflow.turn)
+            except RPCError as err:
+                if not await self._running():
+                    return await self._closed()  # it closed meanwhile
+                # A busy worker may not answer before the server gives up on the query.
+                if err.status not in _RETRYABLE_QUERY or attempt >= _QUERY_ATTEMPTS:
+                    raise
+                attempt += 1
+
+    async def cancel(self) -> None:
+        await self.handle.cancel()
+
+    async def decide(
+        self,
+        call_id: str,
+        approve: bool,
+        reason: str | None = None,
+        by: str = "unknown",
+        arguments: dict[str, Any] | None = None,
+    ) -> DecisionRecord:
+        """Approve or deny a tool call awaiting approval (``arguments``: run it with these
+        instead). A refused decision (an unknown or already decided call, a turn that has
+        ended) raises ``WorkflowUpdateFailedError`` saying why; the turn goes on unaffected."""
+        decision = Decision(
+            call_id=call_id,
+            decision="approve" if approve else "deny",
+            reason=reason,
+            by=by,
+            arguments=arguments,
+        )
+        return await self.handle.execute_update(DECIDE_UPDATE, decision, result_type=DecisionRecord)
+
+    async def pending_approvals(self, rpc_timeout: timedelta | None = None) -> list[PendingCall]:
+        """The turn's calls waiting for a decision (a worker of its task queue answers)."""
+        return await self.handle.query(
+            PENDING_QUERY, result_type=list[PendingCall], rpc_timeout=rpc_timeout
+        )
+
+    async def _transcript(self, start: int) -> list[Message]:
+        """``TurnResult.messages[start:]`` from the current run (every run of the turn holds
+        them all, so which one answers does not matter)."""
+        messages: list[Message] = await query_retrying(self.handle, TurnWorkflow.transcript, start)
+        return messages
+
+    async def _running(self) -> bool:
+        return (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING
+
+    async def _closed(self) -> TurnResult | None:
+        """What a closed turn ended with: its result if it completed, else the turn as its
+        history has it (a cancelled turn's repaired conversation; as far as a failed one got),
+        replayed here (``worker.turn_history``), so no worker has to be running."""
+        try:
+            return await self.handle.result()
+        except WorkflowFailureError:
+            pass
+        # Any run the handle knows of pins the turn (should its workflow id be reused);
+        # read_turn follows the chain from it to the run the turn ended in. None: the latest.
+        # (The SDK's handle keeps its client private.)
+        h = self.handle
+        run_id = h.result_run_id or h.run_id or h.first_execution_run_id
+        return (await read_turn(self.client, self.workflow_id, run_id)).result

@@ -1,0 +1,551 @@
+"""The worker's configuration schema (``turnkeep.yaml``).
+
+It accepts fast-agent's keys (``default_model``, ``mcp.servers``, ``anthropic``, ``openai``,
+``generic``) and adds ``agents`` and ``function_tools``. Everything a turn may touch — processes,
+URLs, files, credentials — is named here and only here; turn input can only pick an agent.
+Loading the YAML (``${VAR}`` expansion, secrets file) is ``turnkeep/worker/config.py``'s job.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    model_validator,
+)
+
+from turnkeep.config.fastagent.keys import accept_fast_agent_keys
+from turnkeep.errors import config_error, known
+from turnkeep.workflows.activity_io import (
+    DEFAULT_CONTINUE_AS_NEW_BYTES,
+    DEFAULT_CONTINUE_AS_NEW_EVENTS,
+    HookPoint,
+)
+from turnkeep.workflows.session_io import NewMessageMode
+from turnkeep.workflows.turn_io import DEFAULT_MAX_ITERATIONS, TurnOverrides
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class McpServerSettings(_Settings):
+    """One entry of fast-agent's ``mcp.servers``."""
+
+    # stdio, http or sse (inferred when omitted), or another registered tool-source kind
+    # (turnkeep/activities/tool_sources.py), which the worker checks when it starts.
+    transport: str | None = Field(default=None, min_length=1)
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    url: str | None = None
+    headers: dict[str, str] | None = None
+    description: str | None = None
+    # Seconds to wait for the server to start and answer `initialize`.
+    init_timeout: float = 30.0
+    # fast-agent's read timeout: seconds a tool call may wait for its answer before it fails
+    # (an error result the model sees). Unset: only the agent's tool_timeouts bound it.
+    read_timeout_seconds: float | None = Field(default=None, gt=0)
+    # Its tools are listed and called by the workers polling this task queue (a host with a
+    # GPU, a private network, a desktop), whatever the agent's `task_queue` says.
+    task_queue: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _infer_transport(self) -> McpServerSettings:
+        if self.transport is None:
+            self.transport = "stdio" if self.command else "http"
+        if self.transport == "stdio" and not self.command:
+            raise ValueError("a stdio MCP server needs `command`")
+        if self.transport in ("http", "sse") and not self.url:
+            raise ValueError(f"an {self.transport} MCP server needs `url`")
+        return self
+
+
+class McpSettings(_Settings):
+    servers: dict[str, McpServerSettings] = Field(default_factory=dict)
+
+
+class ProviderSettings(_Settings):
+    """fast-agent's provider blocks (``openai:``, ``generic:``, ``deepseek:``, ``openrouter:``,
+    ``groq:``, ``xai:``, ``google:``; ``anthropic:`` and ``azure:`` add their own keys)."""
+
+    # The API key (unset: fast-agent's variable for the provider from the environment,
+    # `<PROVIDER>_API_KEY`: ANTHROPIC_API_KEY, DEEPSEEK_API_KEY...). Give it as `${VAR}` or in
+    # turnkeep.secrets.yaml.
+    api_key: SecretStr | None = None
+    # The API's base URL (unset: the provider's own; required for `generic`).
+    base_url: str | None = None
+    default_headers: dict[str, str] | None = None
+    # Tokens, for compaction: the window of this provider's models, over turnkeep's own table.
+    # A model turnkeep has no window for (any generic.*, openrouter.* or azure.* one) is not
+    # compacted automatically until this, or the agent's compaction.context_window, is set.
+    context_window: int | None = Field(default=None, gt=0)
+
+
+class AnthropicSettings(ProviderSettings):
+    """``anthropic:``, with fast-agent's extended thinking keys (until its 0.4.49): thinking
+    on for every Claude model that has it, with this budget. A model string's
+    ``?reasoning=`` wins over both."""
+
+    # Extended thinking for the Claude models that have it, unless a model string says.
+    thinking_enabled: bool = False
+    # Its budget in tokens (at least 1,024 is sent; max_tokens is raised past it).
+    thinking_budget_tokens: int = Field(default=10_000, gt=0)
+
+
+class AzureSettings(ProviderSettings):
+    """``azure:`` as fast-agent has it: the resource (or a ``base_url``), the deployment
+    (``azure.<deployment>`` names one per model string), and the API version."""
+
+    # Calls go to https://<resource_name>.openai.azure.com (or `base_url`).
+    resource_name: str | None = None
+    # The deployment the model string `azure` alone means.
+    azure_deployment: str | None = None
+    # Default: 2024-10-21, as fast-agent's.
+    api_version: str | None = None
+
+
+class TimeoutSettings(_Settings):
+    start_to_close: float = 600.0
+    # Activities beat every third of this, so a dead worker's call is retried, and a
+    # cancelled one stops, within about this many seconds rather than after start_to_close.
+    heartbeat: float | None = 10.0
+    max_attempts: int = 5
+
+
+class CompactionSettings(_Settings):
+    """Mid-turn compaction (docs/concepts/compaction.md): summarise older exchanges before a
+    follow-up model call once the estimated context reaches ``threshold`` of the model's window."""
+
+    enabled: bool = True
+    threshold: float = Field(default=0.85, gt=0, le=1)
+    keep_exchanges: int = Field(default=2, ge=0)
+    # The model's context window in tokens; known models have a default
+    # (turnkeep/activities/models.py).
+    context_window: int | None = Field(default=None, gt=0)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _duration(value: Any) -> Any:
+    """``1d``-style shorthands become seconds; anything else is left to pydantic."""
+    if isinstance(value, str) and (match := _DURATION.fullmatch(value.strip().lower())):
+        return float(match[1]) * _UNIT_SECONDS[match[2]]
+    return value
+
+
+def _duration_or_off(value: Any) -> Any:
+    """``off``/``null`` (YAML reads a bare ``off`` as false) means never; ``7d``-style
+    shorthands become seconds; anything else is left to pydantic's timedelta parsing."""
+    if value is None or value is False or (isinstance(value, str) and value.lower() == "off"):
+        return None
+    return _duration(value)
+
+
+def _positive(value: timedelta | None) -> timedelta | None:
+    if value is not None and value <= timedelta(0):
+        raise ValueError("must be positive (or off)")
+    return value
+
+
+# A positive duration, or off (None).
+DurationOrOff = Annotated[
+    timedelta | None, BeforeValidator(_duration_or_off), AfterValidator(_positive)
+]
+
+
+class PayloadStorageSettings(_Settings):
+    """Where payloads above ``threshold_bytes`` go instead of the workflow history: Temporal's
+    external payload storage (``turnkeep/payloads/storage.py``). Every client and worker of a
+    task queue must use the same storage, or one cannot read what another wrote."""
+
+    # local: files in `path` (client and workers on one machine, or a shared filesystem);
+    # s3: `bucket` (needs `pip install "temporalio[aioboto3]"`); off: payloads stay inline and a
+    # turn whose result passes Temporal's 2 MB limit fails with an error saying so.
+    driver: Literal["local", "s3", "off"] = "local"
+    # Default: <state dir>/payloads, the state dir being $TURNKEEP_STATE_DIR, else
+    # $XDG_STATE_HOME/turnkeep, else ~/.local/state/turnkeep. Relative paths: from the file.
+    path: Path | None = None
+    # Payloads of at least this many bytes are stored externally. Below Temporal's 2 MB limit.
+    threshold_bytes: int = Field(default=256 * 1024, ge=0, lt=2 * 1024 * 1024)
+    bucket: str | None = None
+    # Prepended to every object key. Changing it makes earlier references unreadable.
+    prefix: str = ""
+    # local: payload files nobody has stored or read for this long, and no running turn
+    # references, are deleted by the workers' sweep and `turnkeep gc`. Keep it longer than your
+    # longest turn plus the namespace's retention (the dev server keeps closed turns 1 day), so
+    # a closed turn stays readable for as long as Temporal keeps it.
+    # 7d, 12h, 90m, 3600 (seconds), P7D; off: never delete. S3 is never swept: give the bucket
+    # a lifecycle rule instead (docs/concepts/large-payloads.md).
+    retention: DurationOrOff = timedelta(days=7)
+
+    @model_validator(mode="after")
+    def _s3_needs_a_bucket(self) -> PayloadStorageSettings:
+        if self.driver == "s3" and not self.bucket:
+            raise ValueError("payload_storage.driver 's3' needs `bucket`")
+        return self
+
+
+class ContinueAsNewSettings(_Settings):
+    """When a long turn's run hands over to a fresh run (Temporal continue-as-new), so no run's
+    history nears Temporal's limits (50 MB, 51,200 events) and a worker that takes a turn over
+    replays only its current run. Checked between steps; the new run carries the conversation
+    in its input, so a threshold should stay well above the conversation's own size."""
+
+    history_bytes: int | None = Field(default=DEFAULT_CONTINUE_AS_NEW_BYTES, gt=0)
+    history_events: int | None = Field(default=DEFAULT_CONTINUE_AS_NEW_EVENTS, gt=0)
+    # Also when the server suggests it (its `limit.history*.suggestContinueAsNew` settings).
+    when_suggested: bool = True
+
+
+class VisibilitySettings(_Settings):
+    """What a turn publishes for operators (turnkeep/workflows/visibility.py)."""
+
+    # Mid-turn, search attributes (iterations, tokens) are upserted at most this often, in
+    # seconds of workflow time: each upsert is a history event and a write to the server's
+    # visibility store. A turn's start (by `start_turn` with the start request, the model
+    # excepted) and its end are always published, and the workflow's current details follow
+    # every step whatever this says. 0: after every answer. A minute by default: the cost is
+    # per running turn (a fleet of 1,000 turns at 10 s was 100 visibility writes a second),
+    # while the turn's own page shows its progress live through the current details.
+    search_attribute_interval: float = Field(default=60.0, ge=0)
+
+
+class ApprovalSettings(_Settings):
+    """Tool calls that wait for a person's decision (the ``decide`` update) before they run,
+    or that an approval policy decides first (allow, deny, or ask a person)."""
+
+    # fnmatch patterns on `server__tool`, e.g. `fs__write_*`, `shell__*`. With `policy`, the
+    # calls put to the policy (empty: every call); without, the calls that wait for a person.
+    tools: list[str] = Field(default_factory=list)
+    # A registered approval policy's name (turnkeep/activities/approval_policy.py).
+    policy: str | None = Field(default=None, min_length=1)
+    # How long a call waits: seconds or `1d`, `2h`, `30m`...
+    timeout: Annotated[float, BeforeValidator(_duration)] = Field(default=86400.0, gt=0)
+    # Then it is denied (by "timeout"); the model gets an isError result and can adapt.
+    on_timeout: Literal["deny"] = "deny"
+
+    @model_validator(mode="after")
+    def _tools_or_policy(self) -> ApprovalSettings:
+        if not self.tools and self.policy is None:
+            raise ValueError("approval needs `tools` (globs on server__tool), a `policy`, or both")
+        return self
+
+
+# -- payload encryption (turnkeep/payloads/codec.py, turnkeep/worker/codec_server.py) ------------
+
+AES_256_KEY_BYTES = 32
+# Key ids travel in every encrypted payload's metadata (in clear): short, printable, no secrets.
+_KEY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+_MIN_TOKEN_CHARS = 16
+
+
+def decode_key(key_id: str, value: SecretStr) -> bytes:
+    """The 32 bytes of one ``encryption.keys`` entry (standard or URL-safe base64). Errors name
+    the key's id, never the key."""
+    text = value.get_secret_value().strip().replace("-", "+").replace("_", "/")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(
+            f"encryption.keys[{key_id!r}] is not base64; make a key with `openssl rand -base64 32`"
+        ) from None
+    if len(raw) != AES_256_KEY_BYTES:
+        raise ValueError(
+            f"encryption.keys[{key_id!r}] decodes to {len(raw)} bytes, but an AES-256 key is "
+            f"{AES_256_KEY_BYTES} bytes; make one with `openssl rand -base64 32`"
+        )
+    return raw
+
+
+def _origin(value: str) -> str:
+    """``scheme://host[:port]`` as a browser sends it in ``Origin`` (lower case, no slash)."""
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+        raise ValueError(
+            f"{value!r} is not a web origin; write scheme://host:port, e.g. http://127.0.0.1:8233"
+        )
+    if parts.query or parts.fragment or "@" in parts.netloc:
+        raise ValueError(f"{value!r} is not a web origin (no query, fragment or user)")
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+Origin = Annotated[str, AfterValidator(_origin)]
+
+
+class _SecretSettings(_Settings):
+    # A validation error normally quotes the offending input: here that could be a key or token.
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+
+class CodecServerSettings(_SecretSettings):
+    """``turnkeep codec-server``: Temporal's remote codec protocol over HTTP, so the Web UI (and
+    ``temporal workflow show --codec-endpoint``) can show decrypted payloads."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8234, ge=0, le=65535)  # 0: any free port
+    # Every request must present it: `Authorization: Bearer <token>`, or the cookie the server's
+    # /login page sets for a browser. Required to start the server.
+    token: SecretStr | None = None
+    # Web UI origins (scheme://host:port) whose pages may call the server. When turnkeep starts
+    # the embedded Web UI together with the codec server, the UI's own origin is added.
+    origins: list[Origin] = Field(default_factory=list)
+    # How long a browser's /login sign-in lasts (`12h`, `90m`, seconds...); /logout ends it sooner.
+    session_lifetime: Annotated[
+        timedelta, BeforeValidator(_duration_or_off), AfterValidator(_positive)
+    ] = timedelta(hours=12)
+
+    @model_validator(mode="after")
+    def _long_enough_token(self) -> CodecServerSettings:
+        if self.token is not None and len(self.token.get_secret_value()) < _MIN_TOKEN_CHARS:
+            raise ValueError(
+                f"encryption.codec_server.token must be at least {_MIN_TOKEN_CHARS} characters; "
+                "make one with `openssl rand -base64 32`"
+            )
+        return self
+
+
+class EncryptionSettings(_SecretSettings):
+    """Every payload AES-256-GCM encrypted before it leaves the process
+    (``turnkeep/payloads/codec.py``): histories, query results and stored large payloads hold
+    ciphertext. Each payload names its key's id, so keys rotate: new payloads use
+    ``current_key``, and any key still listed in ``keys`` decrypts. Remove a key only once no
+    kept history or stored payload uses it."""
+
+    current_key: str
+    # key id -> base64 of 32 random bytes; give them as ${VAR} or in turnkeep.secrets.yaml.
+    keys: dict[str, SecretStr]
+    # zlib before encryption, kept only when it makes the payload smaller.
+    compress: bool = True
+    # Accept unencrypted payloads (from clients without the keys, or written before encryption
+    # was on). Off by default: a plain client's prompt would stay in clear in the history.
+    allow_plaintext: bool = False
+    codec_server: CodecServerSettings = Field(default_factory=CodecServerSettings)
+
+    @model_validator(mode="after")
+    def _usable_keys(self) -> EncryptionSettings:
+        for key_id, value in self.keys.items():
+            if not _KEY_ID.fullmatch(key_id):
+                raise ValueError(
+                    f"encryption key id {key_id!r} must be 1-64 letters, digits, '.', '_', ':' "
+                    "or '-' (it is stored, unencrypted, in every payload)"
+                )
+            decode_key(key_id, value)
+        if self.current_key not in self.keys:
+            raise ValueError(
+                f"encryption.current_key {self.current_key!r} is not in encryption.keys "
+                f"(ids: {sorted(self.keys)})"
+            )
+        return self
+
+    def key_bytes(self) -> dict[str, bytes]:
+        return {key_id: decode_key(key_id, value) for key_id, value in self.keys.items()}
+
+
+ALL_OVERRIDES = frozenset(TurnOverrides.model_fields) - {"model"}
+
+
+class AgentOptions(_Settings):
+    """What a YAML ``agents:`` entry (``AgentSettings``) and a Python ``turnkeep.Agent`` share:
+    all but how they name tools and hooks."""
+
+    model: str | None = None  # falls back to default_model
+    instruction: str | None = None
+    max_iterations: int = DEFAULT_MAX_ITERATIONS
+    use_history: bool = True
+    parallel_tool_calls: bool = True
+    temperature: float | None = None
+    max_tokens: int | None = None
+    # Which TurnInput overrides a turn may set; none unless listed (a turn may always lower
+    # max_iterations and max_tokens). `model` is governed by `models` instead.
+    overrides: list[str] = Field(default_factory=list)
+    # Model strings a turn may ask for instead of `model`.
+    models: list[str] = Field(default_factory=list)
+    # Scripted assistant messages for the `playback` model (a JSON file).
+    playback: Path | None = None
+    compaction: CompactionSettings = Field(default_factory=CompactionSettings)
+    llm_timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+    tool_timeouts: TimeoutSettings = Field(
+        default_factory=lambda: TimeoutSettings(start_to_close=300.0, max_attempts=3)
+    )
+    # The task queue its tools are listed and called on (a server's own `task_queue` wins);
+    # unset: the turn's own, where its model calls run.
+    task_queue: str | None = Field(default=None, min_length=1)
+    # Tool calls that wait for a person's approval; none when absent.
+    approval: ApprovalSettings | None = None
+    # In a session, what a message sent while a turn runs does (`queue`: answered by the next
+    # turn; `interrupt`: cancels the running one first). `open_session` passes it in.
+    on_new_message: NewMessageMode = "queue"
+
+    @model_validator(mode="after")
+    def _known_overrides(self) -> AgentOptions:
+        unknown = set(self.overrides) - ALL_OVERRIDES
+        if unknown:
+            raise ValueError(
+                f"unknown override(s) {sorted(unknown)}; choose from {sorted(ALL_OVERRIDES)}"
+            )
+        return self
+
+
+class AgentSettings(AgentOptions):
+    """One entry of ``agents:``."""
+
+    servers: list[str] = Field(default_factory=list)
+    # fast-agent's tool filter: server -> tool names (fnmatch patterns) the agent may see.
+    tools: dict[str, list[str]] | None = None
+    # Hook names (from the top-level `hooks`) to run at each of fast-agent's hook points.
+    hooks: dict[HookPoint, list[str]] = Field(default_factory=dict)
+
+
+class WorkerSettings(_Settings):
+    """How ``turnkeep worker`` runs as a service (docs/operations/worker.md); its command-line
+    flags override these."""
+
+    # On SIGTERM or SIGINT the worker stops polling and gives running activities this long to
+    # finish (`30s`, `2m`, seconds) before it cancels them. Keep the orchestrator's own grace
+    # period (Kubernetes' terminationGracePeriodSeconds) a little longer.
+    graceful_shutdown: Annotated[timedelta, BeforeValidator(_duration)] = timedelta(seconds=30)
+    # HOST:PORT serving GET /healthz and /readyz (e.g. `0.0.0.0:8080`); none when unset.
+    health: str | None = Field(default=None, pattern=r"^\S*:\d{1,5}$")
+    # Workflows (turns, sessions) kept in memory between their workflow tasks: past this, the
+    # least recently used is evicted and replayed from its history when it next has work.
+    # Keep it above the workflows with work in flight at once, or they are evicted and
+    # replayed over and over. None: the SDK's default (1,000).
+    max_cached_workflows: int | None = Field(default=None, ge=1)
+    # How long a session with no message to answer stays in the worker's workflow cache
+    # (`30s`, `5m`; `off`: until the cache needs its place). Past it, the session costs the
+    # worker no memory, and its next message replays it from its history. A turn waiting only
+    # for people leaves the cache at once. Any worker with TurnkeepPlugin follows it.
+    idle_session_cache: DurationOrOff = timedelta(minutes=5)
+
+
+class StreamingSettings(_Settings):
+    """The worker's live-stream server (``turnkeep/worker/live_stream.py``): the text of its
+    in-flight model calls, as the provider streams it, for ``TurnHandle.stream()`` and the CLI."""
+
+    # HOST:PORT it listens on; port 0 picks a free one. Plain HTTP: keep it on loopback or a
+    # private network (each stream needs its attempt's secret token; with encryption on the
+    # text is encrypted).
+    listen: str = Field(default="127.0.0.1:0", pattern=r"^\S*:\d{1,5}$")
+    # The URL clients on other machines reach it at (a proxy, the pod's address); by default
+    # http://<listen address>.
+    advertise: str | None = None
+
+
+class ObservabilitySettings(_Settings):
+    """Metrics and traces (docs/operations/observability.md)."""
+
+    # HOST:PORT where `turnkeep worker` serves Prometheus metrics (GET /metrics), e.g.
+    # `127.0.0.1:9464`; none when unset. `--metrics` overrides it.
+    metrics: str | None = Field(default=None, pattern=r"^\S*:\d{1,5}$")
+    # OpenTelemetry spans for each turn, model call and tool call (needs the `otel` extra);
+    # `turnkeep worker` exports them over OTLP as the standard OTEL_* variables say.
+    tracing: bool = False
+    # Put message content (model input and output, tool arguments and results) on spans.
+    # Off by default: conversations often hold what a tracing backend must not.
+    trace_content: bool = False
+
+
+# Errors don't quote input: a bad value anywhere in the file could be a key or token.
+class Settings(_SecretSettings):
+    default_model: str | None = None
+    task_queue: str = "turnkeep"
+    mcp: McpSettings = Field(default_factory=McpSettings)
+    # server name -> "package.module:function" import paths, served by an in-process FastMCP
+    # server under that name.
+    function_tools: dict[str, list[str]] = Field(default_factory=dict)
+    # hook name -> "package.module:function"; agents enable hooks by name per hook point.
+    hooks: dict[str, str] = Field(default_factory=dict)
+    # approval policy name -> "package.module:function"; agents name one in `approval.policy`.
+    approval_policies: dict[str, str] = Field(default_factory=dict)
+    agents: dict[str, AgentSettings] = Field(default_factory=dict)
+    # Tool results above this many bytes are truncated with a visible note. Unset (the default):
+    # with payload_storage on, never (a large result is stored whole and the model gets all of
+    # it); with it off, at 256 KiB, so one huge result cannot push a workflow payload past
+    # Temporal's 2 MB limit. Set it to cap what a model is shown even with storage on.
+    max_tool_result_bytes: int | None = Field(default=None, gt=0)
+    # Large payloads (tool results, the turn's result) in external storage, not in history.
+    payload_storage: PayloadStorageSettings = Field(default_factory=PayloadStorageSettings)
+    # Long turns continue as new past these history sizes.
+    continue_as_new: ContinueAsNewSettings = Field(default_factory=ContinueAsNewSettings)
+    visibility: VisibilitySettings = Field(default_factory=VisibilitySettings)
+    # `turnkeep worker`'s shutdown grace period and health endpoint.
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    # The live-stream server of model calls' text; off (message-level streaming) when absent.
+    streaming: StreamingSettings | None = None
+    # Prometheus metrics and OpenTelemetry traces.
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    # Payload encryption (AES-256-GCM) with rotating keys; off when absent.
+    encryption: EncryptionSettings | None = None
+    anthropic: AnthropicSettings | None = None
+    openai: ProviderSettings | None = None
+    generic: ProviderSettings | None = None
+    deepseek: ProviderSettings | None = None  # DeepSeek: `deepseek.<model>`, `deepseek-chat`
+    openrouter: ProviderSettings | None = None  # OpenRouter: `openrouter.<vendor>/<model>`
+    groq: ProviderSettings | None = None  # Groq: `groq.<model>`
+    xai: ProviderSettings | None = None  # xAI: `xai.<model>`, `grok`
+    # Google's OpenAI-compatible endpoint: `google.<model>`, `gemini25`...
+    google: ProviderSettings | None = None
+    azure: AzureSettings | None = None  # Azure OpenAI: `azure.<deployment>`
+    # Where relative paths in the file (cwd, playback) are resolved from.
+    base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
+    # The file these settings came from (the worker says so when it starts), and the
+    # fast-agent keys in it that turnkeep accepts but does nothing with
+    # (turnkeep/fastagent/keys.py), named once when a worker starts.
+    config_file: Path | None = Field(default=None, exclude=True)
+    ignored_keys: list[str] = Field(default_factory=list, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fast_agent_keys(cls, data: Any) -> Any:
+        return accept_fast_agent_keys(data, cls.model_fields)
+
+    def unknown_servers(self, known: set[str]) -> dict[str, list[str]]:
+        """Per agent, the servers it names that are not among ``known``."""
+        return {
+            name: missing
+            for name, agent in self.agents.items()
+            if (missing := [s for s in agent.servers if s not in known])
+        }
+
+    def unknown_hooks(self, known: set[str]) -> dict[str, list[str]]:
+        """Per agent, the hooks it enables that are not among ``known``."""
+        return {
+            name: missing
+            for name, agent in self.agents.items()
+            if (missing := sorted({h for hs in agent.hooks.values() for h in hs} - known))
+        }
+
+    def tool_task_queue(self, agent: AgentSettings, server: str) -> str | None:
+        """The task queue ``agent``'s calls to ``server`` run on (None: the turn's own)."""
+        config = self.mcp.servers.get(server)
+        return (config.task_queue if config else None) or agent.task_queue
+
+    def agent(self, name: str) -> AgentSettings:
+        """The agent a request names: every activity looks its agent up here, so a request
+        naming an agent this worker doesn't configure is refused wherever it comes from."""
+        agent = self.agents.get(name)
+        if agent is None:
+            raise config_error(
+                "UnknownAgent",
+                f"Unknown agent {name!r}. This worker's agents: {known(self.agents)}.",
+            )
+        return agent
+
+    def path(self, p: Path) -> Path:
+        return p if p.is_absolute() else self.base_dir / p

@@ -1,0 +1,91 @@
+"""Azure OpenAI (``azure.<deployment>``), as fast-agent's ``azure:`` block configures it.
+
+Calls go to ``https://<resource_name>.openai.azure.com/openai/deployments/<deployment>/
+chat/completions?api-version=<api_version>`` (or under the block's ``base_url``), with the key
+in Azure's ``api-key`` header. The model string's id is the deployment; ``azure`` alone means
+the block's ``azure_deployment``, as in fast-agent. Only API-key authentication: fast-agent's
+``use_default_azure_credential`` (Entra ID) is not supported.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import ClassVar
+
+from turnkeep.config.settings import AzureSettings, ProviderSettings, Settings
+from turnkeep.errors import config_error
+from turnkeep.providers.errors import missing_api_key
+from turnkeep.providers.model_strings import ModelRef
+from turnkeep.providers.openai_compat import OpenAICompatibleProvider
+from turnkeep.workflows.messages import Message
+from turnkeep.workflows.model_io import LlmRequest
+
+# fast-agent's default.
+DEFAULT_API_VERSION = "2024-10-21"
+
+
+class AzureProvider(OpenAICompatibleProvider):
+    name = "azure"
+    display_name = "Azure OpenAI"
+    default_base_url = ""  # per resource: see endpoint()
+    key_env = "AZURE_API_KEY"
+    # `azure` alone: the configured deployment.
+    aliases: ClassVar[Mapping[str, str]] = {"azure": ""}
+    context_windows: ClassVar[Mapping[str, int]] = {}
+    # Azure OpenAI is OpenAI's API: max_completion_tokens, as openai.<model> sends it.
+    legacy_max_tokens: ClassVar[bool] = False
+
+    def __init__(self, settings: ProviderSettings | None, *, timeout: float | None = None) -> None:
+        from openai import AsyncAzureOpenAI
+
+        settings = settings or AzureSettings()
+        key = settings.api_key.get_secret_value() if settings.api_key else None
+        key = key or os.environ.get(self.key_env)
+        if not key:
+            raise missing_api_key(self.display_name, "azure.api_key", self.key_env)
+        self._name = self.name
+        self._generic = self.legacy_max_tokens
+        self._timeout = timeout
+        self._key = key
+        self._deployment = getattr(settings, "azure_deployment", None)
+        self._client = AsyncAzureOpenAI(
+            api_key=key,
+            azure_endpoint=endpoint(settings),
+            api_version=getattr(settings, "api_version", None) or DEFAULT_API_VERSION,
+            max_retries=0,  # Temporal's retry policy does the retrying
+            default_headers=settings.default_headers,
+        )
+
+    @classmethod
+    def check(cls, settings: Settings) -> None:
+        endpoint(settings.azure)
+
+    async def complete_model(self, request: LlmRequest, model: ModelRef) -> Message:
+        deployment = model.name or self._deployment
+        if not deployment:
+            raise config_error(
+                "ModelNotConfigured",
+                "Model `azure` needs `azure: {azure_deployment: ...}` in the worker's config; "
+                "or name the deployment: azure.<deployment>.",
+            )
+        # The SDK puts the model, as the deployment, in the URL.
+        return await super().complete_model(
+            request, ModelRef(self.name, deployment, model.reasoning)
+        )
+
+
+def endpoint(settings: ProviderSettings | None) -> str:
+    """The resource's endpoint: ``base_url``, else the one ``resource_name`` names. Only the
+    config's: no turn can point the worker elsewhere."""
+    base_url = settings.base_url if settings else None
+    resource = getattr(settings, "resource_name", None)
+    if base_url:
+        return base_url
+    if resource:
+        return f"https://{resource}.openai.azure.com"
+    raise config_error(
+        "ModelNotConfigured",
+        "azure.<deployment> needs `azure: {resource_name: ...}` (or `base_url`) in the worker's "
+        "config.",
+    )

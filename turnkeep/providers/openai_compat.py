@@ -1,0 +1,165 @@
+"""The OpenAI-compatible providers fast-agent users most often configure: DeepSeek, OpenRouter,
+Groq, xAI and Google (its OpenAI-compatible endpoint), and Azure OpenAI (``azure.py``), each
+under fast-agent's config key and model prefix, with its default base URL and its key from the
+config block or fast-agent's environment variable (``DEEPSEEK_API_KEY``...). Any other
+OpenAI-compatible server is ``generic.<model>`` (``openai.py``).
+
+All speak Chat Completions through the ``openai`` SDK with its retries off, as ``openai.<model>``
+does: failures become the same classified errors (a 429 retried after its ``retry-after``, a
+401 final), named by the provider's config key, never showing its key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import ClassVar
+
+from temporalio.exceptions import ApplicationError
+
+from turnkeep.config.settings import ProviderSettings, Settings
+from turnkeep.providers.errors import missing_api_key
+from turnkeep.providers.model_strings import KNOWN_MODELS, ModelRef, Reasoning
+from turnkeep.providers.model_strings import aliases as model_aliases
+from turnkeep.providers.openai import PLACEHOLDER_GENERIC_KEY, OpenAIProvider
+from turnkeep.workflows.messages import Message
+from turnkeep.workflows.model_io import LlmRequest
+
+
+class OpenAICompatibleProvider(OpenAIProvider):
+    """One hosted OpenAI-compatible API: subclasses name it and say where it is."""
+
+    # Set by each subclass: its display name, default endpoint and fast-agent's key variable.
+    display_name: ClassVar[str]
+    default_base_url: ClassVar[str]
+    key_env: ClassVar[str]
+    # An environment variable that overrides the default endpoint (fast-agent reads one for
+    # some providers), below the config's base_url.
+    base_url_env: ClassVar[str | None] = None
+    # Compatible servers widely understand only max_tokens, not max_completion_tokens.
+    legacy_max_tokens: ClassVar[bool] = True
+    # Models turnkeep knows of the provider have a window; any other has none until the config
+    # gives one (`<provider>.context_window`).
+    context_window: ClassVar[int | None] = None
+
+    def __init__(self, settings: ProviderSettings | None, *, timeout: float | None = None) -> None:
+        """``timeout`` fixes the per-request timeout (tests); by default it follows the
+        activity's start-to-close timeout."""
+        # Here, not at the top: registering the provider must not load the SDK.
+        from openai import AsyncOpenAI
+
+        settings = settings or ProviderSettings()
+        key = settings.api_key.get_secret_value() if settings.api_key else None
+        key = key or os.environ.get(self.key_env)
+        if not key:
+            raise missing_api_key(self.display_name, f"{self.name}.api_key", self.key_env)
+        self._name = self.name
+        self._generic = self.legacy_max_tokens
+        self._timeout = timeout
+        self._key = key
+        self._client = AsyncOpenAI(
+            api_key=key or PLACEHOLDER_GENERIC_KEY,
+            base_url=self.base_url(settings),
+            max_retries=0,  # Temporal's retry policy does the retrying
+            default_headers=settings.default_headers,
+        )
+
+    @classmethod
+    def base_url(cls, settings: ProviderSettings) -> str:
+        env = os.environ.get(cls.base_url_env) if cls.base_url_env else None
+        return settings.base_url or env or cls.default_base_url
+
+    @classmethod
+    def settings_of(cls, settings: Settings) -> ProviderSettings | None:
+        block = getattr(settings, cls.name, None)
+        return block if isinstance(block, ProviderSettings) else None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> OpenAICompatibleProvider:
+        return cls(cls.settings_of(settings))
+
+    @classmethod
+    def default_model(cls, settings: Settings) -> str | None:
+        # fast-agent picks a default only among its first-party providers; so does turnkeep.
+        del settings
+        return None
+
+    async def complete_model(self, request: LlmRequest, model: ModelRef) -> Message:
+        try:
+            return await super().complete_model(request, model)
+        except ApplicationError as err:
+            if err.type != "ProviderAuthentication":
+                raise
+            # Which key was refused, by where it came from, not what it is.
+            raise ApplicationError(
+                f"{err.message} — {self.display_name} refused the API key: check "
+                f"`{self.name}.api_key` or {self.key_env} on the worker.",
+                type=err.type,
+                non_retryable=True,
+            ) from None
+
+
+class DeepSeekProvider(OpenAICompatibleProvider):
+    name = "deepseek"
+    display_name = "DeepSeek"
+    default_base_url = "https://api.deepseek.com"
+    key_env = "DEEPSEEK_API_KEY"
+    aliases: ClassVar[Mapping[str, str]] = model_aliases("deepseek")
+    context_windows: ClassVar[Mapping[str, int]] = KNOWN_MODELS["deepseek"]
+
+
+class OpenRouterProvider(OpenAICompatibleProvider):
+    """``openrouter.<vendor>/<model>``: OpenRouter's model ids name their vendor."""
+
+    name = "openrouter"
+    display_name = "OpenRouter"
+    default_base_url = "https://openrouter.ai/api/v1"
+    key_env = "OPENROUTER_API_KEY"
+    base_url_env = "OPENROUTER_BASE_URL"
+    aliases: ClassVar[Mapping[str, str]] = {}
+    context_windows: ClassVar[Mapping[str, int]] = {}
+
+
+class GroqProvider(OpenAICompatibleProvider):
+    name = "groq"
+    display_name = "Groq"
+    default_base_url = "https://api.groq.com/openai/v1"
+    key_env = "GROQ_API_KEY"
+    aliases: ClassVar[Mapping[str, str]] = model_aliases("groq")
+    context_windows: ClassVar[Mapping[str, int]] = KNOWN_MODELS["groq"]
+
+    @staticmethod
+    def effort(reasoning: Reasoning) -> str | None:
+        """Groq takes only ``default`` (thinking on) or ``none``, as fast-agent sends it."""
+        off = reasoning.value is False or reasoning.value == "none"
+        return "none" if off else "default"
+
+
+class XaiProvider(OpenAICompatibleProvider):
+    name = "xai"
+    display_name = "xAI"
+    default_base_url = "https://api.x.ai/v1"
+    key_env = "XAI_API_KEY"
+    aliases: ClassVar[Mapping[str, str]] = model_aliases("xai")
+    context_windows: ClassVar[Mapping[str, int]] = KNOWN_MODELS["xai"]
+
+
+class GoogleProvider(OpenAICompatibleProvider):
+    """``google.<model>`` through Google's OpenAI-compatible endpoint (fast-agent's
+    ``googleoai.`` prefix means the same here)."""
+
+    name = "google"
+    display_name = "Google"
+    default_base_url = "https://generativelanguage.googleapis.com/v1beta/openai"
+    key_env = "GOOGLE_API_KEY"
+    aliases: ClassVar[Mapping[str, str]] = model_aliases("google")
+    context_windows: ClassVar[Mapping[str, int]] = KNOWN_MODELS["google"]
+
+
+OPENAI_COMPATIBLE_PROVIDERS: tuple[type[OpenAICompatibleProvider], ...] = (
+    DeepSeekProvider,
+    OpenRouterProvider,
+    GroqProvider,
+    XaiProvider,
+    GoogleProvider,
+)

@@ -1,0 +1,253 @@
+"""Model strings → providers (docs/concepts/models.md), the way fast-agent spells them, through a
+registry of provider classes (``turnkeep/activities/providers/__init__.py``).
+
+``passthrough`` and ``playback`` are offline; ``anthropic.<model>``, ``openai.<model>``,
+``generic.<model>``, ``deepseek.``, ``openrouter.``, ``groq.``, ``xai.``, ``google.`` and
+``azure.<model>`` name a provider and the provider's own model id; fast-agent's aliases
+(``sonnet``, ``gpt-5.5``...) and known model names (``gpt-5-mini``) name both, and a
+``?reasoning=`` setting may follow (``turnkeep/activities/model_strings.py``). Other providers
+come from installed packages
+(the ``turnkeep.providers`` entry-point group) or from the worker's plugin
+(``TurnkeepPlugin(providers=[...])``). A model string resolves to a registered provider or to
+nothing: a turn cannot make a worker load code or reach an API its operator did not install.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable, Iterator
+
+from temporalio.exceptions import ApplicationError
+
+from turnkeep.config.settings import AgentSettings, Settings
+from turnkeep.errors import config_error
+from turnkeep.providers.anthropic import AnthropicProvider
+from turnkeep.providers.azure import AzureProvider
+from turnkeep.providers.base import ModelProvider
+from turnkeep.providers.model_strings import PREFIX_ALIASES, ModelRef, split_model_string
+from turnkeep.providers.openai import GenericProvider, OpenAIProvider
+from turnkeep.providers.openai_compat import OPENAI_COMPATIBLE_PROVIDERS
+from turnkeep.providers.passthrough import PassthroughProvider
+from turnkeep.providers.playback import PlaybackProvider
+from turnkeep.support.entry_points import register_installed
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "turnkeep.providers"
+# In this order: the first whose `default_model` answers is a config's default model.
+BUILTIN_PROVIDERS: tuple[type[ModelProvider], ...] = (
+    PassthroughProvider,
+    PlaybackProvider,
+    AnthropicProvider,
+    OpenAIProvider,
+    GenericProvider,
+    *OPENAI_COMPATIBLE_PROVIDERS,
+    AzureProvider,
+)
+
+__all__ = ["ModelRef", "ProviderRegistry", "allowed_models", "installed_providers"]
+
+
+class ProviderRegistry:
+    """Provider classes by name, and their aliases. Registering is all-or-nothing per class: a
+    name or alias another provider has is refused, never silently taken over."""
+
+    def __init__(self, providers: Iterable[type[ModelProvider]] = ()) -> None:
+        self._providers: dict[str, type[ModelProvider]] = {}
+        self._aliases: dict[str, ModelRef] = {}
+        for provider in providers:
+            self.register(provider)
+
+    def register(self, provider: type[ModelProvider]) -> None:
+        if not (isinstance(provider, type) and issubclass(provider, ModelProvider)):
+            raise TypeError(f"{provider!r} is not a ModelProvider subclass")
+        name = getattr(provider, "name", "")
+        if not isinstance(name, str) or not name or "." in name:
+            raise ValueError(f"{provider.__name__}.name must be a non-empty string without '.'")
+        known = self._providers.get(name)
+        if known is provider:
+            return
+        if known is not None:
+            raise ValueError(
+                f"two model providers are named {name!r}: {known.__qualname__} and "
+                f"{provider.__qualname__}"
+            )
+        bare = {p.name for p in self if p.bare} | ({name} if provider.bare else set())
+        clashes = sorted(a for a in provider.aliases if a in self._aliases or a in bare)
+        if provider.bare and name in self._aliases:
+            clashes.append(name)
+        if clashes:
+            raise ValueError(f"{provider.__qualname__}'s model string(s) {clashes} are taken")
+        self._providers[name] = provider
+        for alias, model in provider.aliases.items():
+            # An alias may carry a reasoning default (fast-agent's `gpt-5.5?reasoning=medium`).
+            model_id, reasoning, _ = split_model_string(model)
+            self._aliases[alias] = ModelRef(provider=name, name=model_id, reasoning=reasoning)
+
+    def with_providers(self, providers: Iterable[type[ModelProvider]]) -> ProviderRegistry:
+        """This registry and ``providers`` (a worker's own), leaving this one unchanged."""
+        registry = ProviderRegistry(self)
+        for provider in providers:
+            registry.register(provider)
+        return registry
+
+    def __iter__(self) -> Iterator[type[ModelProvider]]:
+        return iter(self._providers.values())
+
+    def resolve(self, model: str) -> ModelRef:
+        """What ``model`` names, parsed as fast-agent parses it (``model_strings.py``): an alias
+        or known model name, ``provider.model`` or ``provider/model``, and its reasoning
+        setting (``?reasoning=``, or the older ``.low`` suffix)."""
+        spec, queried, suffix = split_model_string(model)
+        ref = self._aliases.get(spec)
+        # A last `.low` is the older reasoning suffix when the rest names a model (as fast-agent
+        # did, even for `provider.model.low`), else part of the name.
+        if ref is None and suffix is not None:
+            ref = self._lookup(spec.rpartition(".")[0])
+        if ref is None or spec in self._aliases:
+            suffix = None
+            ref = ref or self._lookup(spec)
+        if ref is None:
+            spelled = [p.name if p.bare else f"{p.name}.<model>" for p in self]
+            raise config_error(
+                "UnknownModel",
+                f"Unknown model {model!r}. Use {', '.join(spelled)}, a model name or an alias "
+                f"({', '.join(sorted(a for a in self._aliases if a != self._aliases[a].name))}).",
+            )
+        if queried is not None and suffix is not None:
+            raise config_error(
+                "InvalidModel", f"Model {model!r} gives its reasoning twice (suffix and query)."
+            )
+        reasoning = queried or suffix or ref.reasoning
+        kinds = self._providers[ref.provider].reasoning
+        if reasoning is not None and reasoning.kind not in kinds:
+            takes = f"only {' or '.join(sorted(kinds))} settings" if kinds else "no setting"
+            raise config_error(
+                "InvalidModel",
+                f"Model {model!r}: the {ref.provider} provider takes {takes} for reasoning, "
+                f"not {reasoning.kind} {reasoning}.",
+            )
+        return ModelRef(provider=ref.provider, name=ref.name, reasoning=reasoning)
+
+    def _lookup(self, spec: str) -> ModelRef | None:
+        if (ref := self._aliases.get(spec)) is not None:
+            return ref
+        # fast-agent's `provider/model` first, then `provider.model`.
+        for separator in ("/", "."):
+            name, sep, model_id = spec.partition(separator)
+            provider = self._providers.get(PREFIX_ALIASES.get(name, name))
+            if sep and provider is not None and not provider.bare and model_id:
+                return ModelRef(provider=provider.name, name=model_id)
+        provider = self._providers.get(spec)
+        if provider is not None and provider.bare:
+            return ModelRef(provider=spec, name="")
+        return None
+
+    def same_model(self, a: str, b: str) -> bool:
+        """Whether two model strings name the same model (reasoning setting included)."""
+        try:
+            return self.resolve(a) == self.resolve(b)
+        except ApplicationError:
+            return False
+
+    def __getitem__(self, name: str) -> type[ModelProvider]:
+        """The provider named ``name`` (a ``ModelRef.provider``)."""
+        return self._providers[name]
+
+    def check(self, settings: Settings, model: str) -> None:
+        """Fail now if ``model`` is unknown, or its provider unusable with ``settings``."""
+        self[self.resolve(model).provider].check(settings)
+
+    def default_model(self, settings: Settings) -> str:
+        """fast-agent's precedence: config, then whichever provider has a key, then offline."""
+        if settings.default_model:
+            return settings.default_model
+        for provider in self:
+            if (model := provider.default_model(settings)) is not None:
+                return model
+        return PassthroughProvider.name
+
+    def context_window(self, model: str, settings: Settings | None = None) -> int | None:
+        """The model's context window in tokens: its provider block's ``context_window`` when
+        the config gives one, else the provider's for the model. None: unknown, and then a
+        turn gets no automatic compaction (an agent's ``compaction.context_window`` still
+        sets one)."""
+        ref = self.resolve(model)
+        provider = self[ref.provider]
+        configured = getattr(getattr(settings, provider.name, None), "context_window", None)
+        if isinstance(configured, int):
+            return configured
+        return provider.context_windows.get(ref.name, provider.context_window)
+
+    def max_tokens(self, model: str) -> int | None:
+        return self[self.resolve(model).provider].max_tokens
+
+
+@functools.cache
+def installed_providers() -> ProviderRegistry:
+    """The built-in providers and those of installed packages, whose distributions declare
+    ``[project.entry-points."turnkeep.providers"] myllm = "mypackage.provider:MyProvider"``.
+    Loaded once per process; a broken entry point stops the worker with its name."""
+    registry = ProviderRegistry(BUILTIN_PROVIDERS)
+    register_installed(registry.register, ENTRY_POINT_GROUP, "model provider")
+    return registry
+
+
+def allowed_models(
+    settings: Settings, agent: AgentSettings, providers: ProviderRegistry | None = None
+) -> list[str]:
+    """The models a turn of ``agent`` may run on: its model (else the worker's default) and
+    its ``models``. Both prepare_turn and the model activities hold requests to this."""
+    registry = providers or installed_providers()
+    return [agent.model or registry.default_model(settings), *agent.models]
+
+
+def max_tokens_limit(
+    agent: AgentSettings, model: str, providers: ProviderRegistry | None = None
+) -> int | None:
+    """The most output tokens a turn of ``agent`` on ``model`` asks for unless the agent lets
+    turns set ``max_tokens``: the agent's own, else the provider's default (None: no limit is
+    sent, so the model's own applies and any value is lower)."""
+    return agent.max_tokens or (providers or installed_providers()).max_tokens(model)
+
+
+def is_allowed(
+    model: str, allowed: Iterable[str], providers: ProviderRegistry | None = None
+) -> bool:
+    """Whether ``model`` is one of ``allowed``, comparing what they name, not how they are
+    spelled: ``sonnet`` is ``anthropic.claude-sonnet-5``, ``o3.high`` is
+    ``openai.o3?reasoning=high``, and a reasoning setting is part of the model, so a turn can't
+    raise its effort past what the agent lists."""
+    registry = providers or installed_providers()
+    return any(model == a or registry.same_model(model, a) for a in allowed)
+
+
+def unknown_context_windows(
+    settings: Settings, providers: ProviderRegistry | None = None
+) -> dict[str, str]:
+    """The agents' models whose context window turnkeep does not know and the config does not
+    give (their turns get no automatic compaction), each once, with their provider's name."""
+    registry = providers or installed_providers()
+    unknown: dict[str, str] = {}
+    for agent in settings.agents.values():
+        if not agent.compaction.enabled or agent.compaction.context_window:
+            continue
+        for model in allowed_models(settings, agent, registry):
+            try:
+                if registry.context_window(model, settings) is None:
+                    unknown[model] = registry.resolve(model).provider
+            except ApplicationError:  # an unknown model: its turns say so
+                continue
+    return unknown
+
+
+def announce_unknown_context_windows(models: dict[str, str]) -> None:
+    """One line per model at worker start: compaction is off for it until a window is set."""
+    for model, provider in models.items():
+        log.warning(
+            "model %r: context window unknown, so its turns are not compacted automatically; "
+            "set `%s.context_window` (tokens) or the agent's `compaction.context_window`",
+            model,
+            provider,
+        )

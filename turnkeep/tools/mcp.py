@@ -1,0 +1,297 @@
+"""MCP servers as tool sources (``stdio``, ``http``, ``sse``): one long-lived ``fastmcp.Client``
+per server, opened on first use and shared by every concurrent call (MCP multiplexes requests
+over one session). A connection that fails is thrown away so the next call opens a fresh one; a
+tool that merely reports an error is not a failure. How a server is started (command, URL) and
+what it wrote to stderr go to the worker's log only, with its secrets redacted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shlex
+import tempfile
+from abc import abstractmethod
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import mcp.types
+from fastmcp import Client
+from fastmcp.client.transports import (
+    ClientTransport,
+    SSETransport,
+    StdioTransport,
+    StreamableHttpTransport,
+)
+
+from turnkeep.config.settings import McpServerSettings, Settings
+from turnkeep.tools.failures import failure_reason, is_connection_failure, root_cause, start_failure
+from turnkeep.tools.redaction import Redactor
+from turnkeep.tools.source import (
+    ServerConnectionError,
+    ServerUnavailable,
+    ToolSource,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+# How much of a stdio server's stderr to log when it fails to start.
+_STDERR_TAIL_CHARS = 2000
+
+
+class McpSource(ToolSource):
+    """A server reached over an MCP session: one long-lived ``fastmcp.Client``, opened on first
+    use and shared by every concurrent call (MCP multiplexes requests over one session). A
+    connection that fails is thrown away so the next call opens a fresh one."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        init_timeout: float,
+        redact: Redactor,
+        request_timeout: float | None = None,
+    ) -> None:
+        self.name = name
+        self.redact = redact
+        self._init_timeout = init_timeout
+        # A tool call unanswered this long fails (fast-agent's `read_timeout_seconds`). Not
+        # listings: a server's first answer may be slow on a loaded host, and retries cover it.
+        self._request_timeout = request_timeout
+        self._client: Client[Any] | None = None
+        self._lock = asyncio.Lock()
+        self._closing: set[asyncio.Task[None]] = set()
+
+    @abstractmethod
+    def _transport(self) -> ClientTransport:
+        """A new transport for the next connection."""
+
+    def describe(self) -> str:
+        """How the server is reached, for the worker's log, secrets redacted:
+        ``stdio: python weather.py --token ***``."""
+        return self.kind
+
+    def _stderr_tail(self) -> str:
+        """What the server wrote to stderr while the last connection was opened."""
+        return ""
+
+    async def list_tools(self) -> list[mcp.types.Tool]:
+        try:
+            return await self._request("tools/list", lambda c: c.list_tools())
+        except ServerConnectionError:
+            # Listing is idempotent, so one immediate retry on a fresh connection is safe; it
+            # spares a stale pooled connection (server restarted since) from failing a turn.
+            return await self._request("tools/list", lambda c: c.list_tools())
+
+    async def call_tool(
+        self, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None
+    ) -> mcp.types.CallToolResult:
+        """Raises ``ServerUnavailable`` (cannot open), ``ServerConnectionError`` (connection
+        lost; not retried here because the tool may already have run), ``MCPError`` (the
+        server answered with a JSON-RPC error) or ``CancelledError`` (the MCP client has sent
+        the server a cancel notification; the connection stays usable)."""
+        return await self._request(
+            f"tools/call {tool}",
+            lambda c: c.call_tool_mcp(tool, arguments, meta=meta, timeout=self._request_timeout),
+        )
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            self._close_soon(client)
+        await asyncio.gather(*self._closing)
+
+    # --- the connection ---------------------------------------------------------------------
+
+    async def _request(self, what: str, send: Callable[[Client[Any]], Awaitable[T]]) -> T:
+        client = await self._connected()
+        try:
+            return await send(client)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            if not is_connection_failure(err):
+                raise
+            reason = self.redact(failure_reason(err))
+            log.warning(
+                "MCP server %r: %s failed, reconnecting next time: %s: %s",
+                self.name,
+                what,
+                type(root_cause(err)).__name__,
+                reason,
+            )
+            await self._discard(client)
+            raise ServerConnectionError(self.name, self.kind, reason) from err
+
+    async def _connected(self) -> Client[Any]:
+        client = self._client
+        if client is not None and client.is_connected():
+            return client
+        async with self._lock:
+            client = self._client
+            if client is not None and client.is_connected():
+                return client
+            if client is not None:
+                await self._discard(client)
+            client = await self._open()
+            self._client = client
+            return client
+
+    async def _discard(self, client: Client[Any]) -> None:
+        # Concurrent failures on one connection all land here; only the first closes it, and a
+        # connection that another call already replaced is left alone.
+        if self._client is client:
+            self._client = None
+            await asyncio.shield(self._close_soon(client))
+
+    def _close_soon(self, client: Client[Any]) -> asyncio.Task[None]:
+        # A task of its own, so a caller cancelled while waiting for the close (a stdio
+        # server gets seconds to exit) cannot leave a server process half shut down.
+        task = asyncio.create_task(_close_client(client))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        return task
+
+    async def _open(self) -> Client[Any]:
+        client: Client[Any] = Client(
+            self._transport(), name=f"turnkeep:{self.name}", init_timeout=self._init_timeout
+        )
+        try:
+            async with asyncio.timeout(self._init_timeout):
+                await client.__aenter__()
+        except asyncio.CancelledError:
+            self._close_soon(client)
+            raise
+        except Exception as err:
+            await asyncio.shield(self._close_soon(client))
+            reason, transient = start_failure(err, self.kind, self._init_timeout)
+            # The whole story, for the worker's log only: the failure itself reaches history.
+            tail = self._stderr_tail()
+            stderr = f"\n--- server stderr (last lines) ---\n{tail}" if tail else ""
+            log.warning(
+                "MCP server %r (%s) could not be started: %s (%s: %s)%s",
+                self.name,
+                self.describe(),
+                reason,
+                type(root_cause(err)).__name__,
+                self.redact(failure_reason(err)),
+                self.redact(stderr),
+            )
+            raise ServerUnavailable(self.name, self.kind, reason, transient=transient) from err
+        log.info("MCP server %r connected (%s)", self.name, self.describe())
+        return client
+
+
+class _ConfiguredSource(McpSource):
+    """An ``mcp.servers`` entry's MCP server."""
+
+    def __init__(self, name: str, config: McpServerSettings, settings: Settings) -> None:
+        super().__init__(
+            name,
+            init_timeout=config.init_timeout,
+            redact=Redactor.of(config),
+            request_timeout=config.read_timeout_seconds,
+        )
+        self._config = config
+        self._settings = settings
+
+    @classmethod
+    def from_config(cls, name: str, config: McpServerSettings, settings: Settings) -> ToolSource:
+        return cls(name, config, settings)
+
+    def describe(self) -> str:
+        cfg = self._config
+        where = shlex.join([cfg.command or "", *cfg.args]) if self.kind == "stdio" else cfg.url
+        return f"{self.kind}: {self.redact(where or '')}"
+
+
+class StdioSource(_ConfiguredSource):
+    """A server the worker runs as a subprocess, one per worker, talking over its stdio."""
+
+    kind = "stdio"
+
+    def __init__(self, name: str, config: McpServerSettings, settings: Settings) -> None:
+        super().__init__(name, config, settings)
+        assert config.command is not None  # guaranteed by McpServerSettings
+        self._command = config.command
+        # One append-only file for the source's lifetime: its tail explains a server that dies
+        # while starting, and the history of earlier crashes stays readable.
+        self._stderr_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._stderr_start = 0
+
+    def _transport(self) -> ClientTransport:
+        cfg = self._config
+        return StdioTransport(
+            self._command,
+            list(cfg.args),
+            env=dict(cfg.env) if cfg.env else None,
+            cwd=str(self._settings.path(cfg.cwd)) if cfg.cwd else None,
+            # The source owns the lifetime: closing the client must end the process.
+            keep_alive=False,
+            log_file=self._stderr_file(),
+        )
+
+    def _stderr_file(self) -> Path:
+        if self._stderr_dir is None:
+            self._stderr_dir = tempfile.TemporaryDirectory(prefix="turnkeep-mcp-")
+        path = Path(self._stderr_dir.name) / f"{self.name}.stderr.log"
+        path.touch()
+        self._stderr_start = path.stat().st_size
+        return path
+
+    def _stderr_tail(self) -> str:
+        if self._stderr_dir is None:
+            return ""
+        return _read_tail(
+            Path(self._stderr_dir.name) / f"{self.name}.stderr.log", self._stderr_start
+        )
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        if self._stderr_dir is not None:
+            self._stderr_dir.cleanup()
+            self._stderr_dir = None
+
+
+class HttpSource(_ConfiguredSource):
+    """A server at a URL, over MCP's streamable HTTP transport."""
+
+    kind = "http"
+
+    def __init__(self, name: str, config: McpServerSettings, settings: Settings) -> None:
+        super().__init__(name, config, settings)
+        assert config.url is not None  # guaranteed by McpServerSettings
+        self._url = config.url
+
+    def _transport(self) -> ClientTransport:
+        return StreamableHttpTransport(self._url, headers=self._config.headers)
+
+
+class SseSource(HttpSource):
+    """A server at a URL, over MCP's older SSE transport."""
+
+    kind = "sse"
+
+    def _transport(self) -> ClientTransport:
+        return SSETransport(self._url, headers=self._config.headers)
+
+
+async def _close_client(client: Client[Any]) -> None:
+    # Closing re-raises whatever killed the session; the point here is only to release the
+    # process or sockets, so a failing or slow close must not mask the error that matters.
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(10):
+            await client.close()
+
+
+def _read_tail(path: Path, start: int) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(start)
+            data = f.read()
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="replace").strip()[-_STDERR_TAIL_CHARS:]

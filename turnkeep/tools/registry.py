@@ -1,0 +1,156 @@
+"""A worker's tool servers: the registry of tool-source kinds (built in, installed, a
+worker's own) and ``ToolServers``, which builds one source per server and keeps it for the
+life of the worker process."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import mcp.types
+
+from turnkeep.config.settings import McpServerSettings, Settings
+from turnkeep.errors import known
+from turnkeep.support.entry_points import register_installed
+from turnkeep.tools.function_tools import FunctionToolSource
+from turnkeep.tools.mcp import HttpSource, SseSource, StdioSource
+from turnkeep.tools.source import (
+    ToolSource,
+    UnknownServer,
+)
+
+log = logging.getLogger(__name__)
+
+
+ENTRY_POINT_GROUP = "turnkeep.tool_sources"
+BUILTIN_TOOL_SOURCES: tuple[type[ToolSource], ...] = (StdioSource, HttpSource, SseSource)
+
+
+class ToolSourceRegistry:
+    """Tool-source classes by kind. A kind another class has is refused, never silently
+    taken over."""
+
+    def __init__(self, sources: Iterable[type[ToolSource]] = ()) -> None:
+        self._kinds: dict[str, type[ToolSource]] = {}
+        for source in sources:
+            self.register(source)
+
+    def register(self, source: type[ToolSource]) -> None:
+        if not (isinstance(source, type) and issubclass(source, ToolSource)):
+            raise TypeError(f"{source!r} is not a ToolSource subclass")
+        kind = getattr(source, "kind", "")
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"{source.__name__}.kind must be a non-empty string")
+        known_source = self._kinds.get(kind)
+        if known_source is source:
+            return
+        if known_source is not None:
+            raise ValueError(
+                f"two tool sources are of kind {kind!r}: {known_source.__qualname__} and "
+                f"{source.__qualname__}"
+            )
+        self._kinds[kind] = source
+
+    def with_sources(self, sources: Iterable[type[ToolSource]]) -> ToolSourceRegistry:
+        """This registry and ``sources`` (a worker's own), leaving this one unchanged."""
+        registry = ToolSourceRegistry(self)
+        for source in sources:
+            registry.register(source)
+        return registry
+
+    def __iter__(self) -> Iterator[type[ToolSource]]:
+        return iter(self._kinds.values())
+
+    def build(self, name: str, config: McpServerSettings, settings: Settings) -> ToolSource:
+        """Server ``name``'s source: the class of the kind its ``transport`` names."""
+        kind = config.transport or "stdio"
+        source = self._kinds.get(kind)
+        if source is None:
+            raise ValueError(
+                f"MCP server {name!r} has transport {kind!r}, which no registered tool source "
+                f"serves (known: {known(self._kinds)})"
+            )
+        return source.from_config(name, config, settings)
+
+
+@functools.cache
+def installed_tool_sources() -> ToolSourceRegistry:
+    """The built-in kinds and those of installed packages, whose distributions declare
+    ``[project.entry-points."turnkeep.tool_sources"] openapi = "mypackage.tools:OpenApi"``.
+    Loaded once per process; a broken entry point stops the worker with its name."""
+    registry = ToolSourceRegistry(BUILTIN_TOOL_SOURCES)
+    register_installed(registry.register, ENTRY_POINT_GROUP, "tool source")
+    return registry
+
+
+class ToolServers:
+    """A worker's tool sources by server name, for the life of its process: each
+    ``mcp.servers`` entry's (built by the registered kind its ``transport`` names) and each
+    function-tool server's."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        function_tools: Mapping[str, Sequence[Callable[..., Any]]] | None = None,
+        sources: ToolSourceRegistry | None = None,
+    ) -> None:
+        paths = settings.function_tools
+        functions = function_tools or {}
+        function_servers = sorted(set(paths) | set(functions))
+        clashing = [n for n in settings.mcp.servers if n in function_servers]
+        if clashing:
+            raise ValueError(f"server name(s) {clashing} are both MCP servers and function tools")
+        # Tool names are namespaced `server__tool` and split on the first `__`.
+        bad = [n for n in [*settings.mcp.servers, *function_servers] if "__" in n or not n]
+        if bad:
+            raise ValueError(
+                f"server name(s) {sorted(bad)} must be non-empty and must not contain '__'"
+            )
+        registry = sources or installed_tool_sources()
+        self._sources: dict[str, ToolSource] = {
+            name: registry.build(name, config, settings)
+            for name, config in settings.mcp.servers.items()
+        }
+        for name in function_servers:
+            self._sources[name] = FunctionToolSource(
+                name, paths.get(name, ()), functions.get(name, ()), settings.base_dir
+            )
+
+    @property
+    def servers(self) -> list[str]:
+        return sorted(self._sources)
+
+    def source(self, server: str) -> ToolSource:
+        try:
+            return self._sources[server]
+        except KeyError:
+            raise UnknownServer(server, self.servers) from None
+
+    async def list_tools(self, server: str) -> list[mcp.types.Tool]:
+        return await self.source(server).list_tools()
+
+    async def call_tool(
+        self,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        meta: dict[str, Any] | None = None,
+    ) -> mcp.types.CallToolResult:
+        """Call a tool (``ToolSource.call_tool``). An ``isError`` result is returned, not
+        raised."""
+        return await self.source(server).call_tool(tool, arguments, meta)
+
+    async def aclose(self) -> None:
+        """Close every open connection (ending stdio server processes). The pool stays usable:
+        a later call opens its server again."""
+        await asyncio.gather(*(source.aclose() for source in self._sources.values()))
+
+    async def __aenter__(self) -> ToolServers:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,210 @@
+"""The worker's live-text server: its in-flight model calls as server-sent events.
+
+With ``streaming:`` in its config a worker serves ``GET /v1/calls/<call key>`` with
+``Authorization: Bearer <token>``. Each attempt of ``llm_step`` opens a stream with a random key
+and a random token, and heartbeats its ``LiveAddress`` (url, key, token, call index, attempt)
+as its details, which only a client allowed to describe the turn's workflow reads (through the
+data converter: with encryption on, encrypted at rest and in transit). Each ``delta`` event
+holds a ``temporal.api.common.v1.Payload`` (protobuf, base64) of a ``LiveBatch``, encoded by
+the worker's payload converter and codec, so with encryption on the text travels encrypted
+with the turn's key; ``end`` closes a call's stream. A wrong or missing token, or an unknown
+key, gets 403. A stream keeps every delta of its attempt, so a watcher that connects late gets
+the text from the start; it is dropped ``LINGER_SECONDS`` after its call ends. The server
+runs in the worker's event loop, started by the first streamed model call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import secrets
+import socket
+from typing import Any
+
+from temporalio.converter import DataConverter
+
+from turnkeep.config.settings import StreamingSettings
+from turnkeep.providers.streaming import LiveCallSink
+from turnkeep.support.asgi import AsgiServer, bind, http_url
+from turnkeep.worker.health import parse_address
+from turnkeep.workflows.live_io import PATH_PREFIX, LiveAddress, LiveBatch, LiveDelta
+
+log = logging.getLogger(__name__)
+
+# A finished call's stream stays readable this long, for a watcher that connects late.
+LINGER_SECONDS = 30.0
+
+
+class LiveCall:
+    """One attempt of a model call: the ``DeltaSink`` its provider streams into."""
+
+    def __init__(self, address: LiveAddress, converter: DataConverter) -> None:
+        self.address = address
+        self.converter = converter
+        self.deltas: list[LiveDelta] = []
+        self.done = False
+        self._changed = asyncio.get_running_loop().create_future()
+
+    def text(self, text: str) -> None:
+        self._add(LiveDelta(kind="text", text=text))
+
+    def tool_call(self, name: str, call_id: str) -> None:
+        self._add(LiveDelta(kind="tool_call", name=name, call_id=call_id))
+
+    def finish(self) -> None:
+        self.done = True
+        self._wake()
+
+    def changed(self) -> asyncio.Future[None]:
+        """Done at the next delta or at the end (await it shielded: it is shared)."""
+        return self._changed
+
+    def _add(self, delta: LiveDelta) -> None:
+        self.deltas.append(delta)
+        self._wake()
+
+    def _wake(self) -> None:
+        # One future per wait generation: every watcher of the call wakes, none polls.
+        if not self._changed.done():
+            self._changed.set_result(None)
+            self._changed = asyncio.get_running_loop().create_future()
+
+    async def encode(self, deltas: list[LiveDelta]) -> str:
+        """A batch as the SSE data line: the Payload the worker's converter (and codec) makes."""
+        payloads = self.converter.payload_converter.to_payloads([LiveBatch(deltas=deltas)])
+        if self.converter.payload_codec is not None:
+            payloads = await self.converter.payload_codec.encode(payloads)
+        return base64.b64encode(payloads[0].SerializeToString()).decode("ascii")
+
+
+class LiveStreams:
+    """The worker's in-flight model calls, and the server that serves their text (started by
+    the first call, in the running event loop)."""
+
+    def __init__(self, settings: StreamingSettings, *, linger: float = LINGER_SECONDS) -> None:
+        self.settings = settings
+        self.linger = linger
+        self.url: str | None = None
+        self._calls: dict[str, LiveCall] = {}
+        self._server = AsgiServer(_App(self), name="live-stream server")
+        self._starting = asyncio.Lock()
+        self._failure: RuntimeError | None = None
+        # Compared against when the key is unknown, so a refusal takes the same time.
+        self._decoy = secrets.token_urlsafe(24)
+
+    async def open(self, converter: DataConverter, call_index: int, attempt: int) -> LiveCall:
+        url = await self._serving()
+        address = LiveAddress(
+            url=url,
+            call_key=secrets.token_urlsafe(16),
+            token=secrets.token_urlsafe(24),
+            call_index=call_index,
+            attempt=attempt,
+        )
+        call = LiveCall(address, converter)
+        self._calls[address.call_key] = call
+        return call
+
+    def close(self, call: LiveCallSink) -> None:
+        if isinstance(call, LiveCall):
+            call.finish()
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.linger, self._calls.pop, call.address.call_key, None)
+
+    def authorised(self, key: str, header: str | None) -> LiveCall | None:
+        call = self._calls.get(key)
+        scheme, _, token = (header or "").partition(" ")
+        expected = call.address.token if call is not None else self._decoy
+        good = hmac.compare_digest(token.encode(), expected.encode())
+        return call if call is not None and good and scheme.lower() == "bearer" else None
+
+    async def aclose(self) -> None:
+        for call in self._calls.values():
+            call.finish()
+        await self._server.stop()
+
+    async def _serving(self) -> str:
+        async with self._starting:
+            if self._failure is not None:
+                raise self._failure
+            if self.url is None:
+                try:
+                    self.url = await self._start()
+                except OSError as err:  # once: every model call would fail the same way
+                    self._failure = RuntimeError(
+                        f"the live-stream server cannot listen on {self.settings.listen}: {err}"
+                    )
+                    raise self._failure from None
+            return self.url
+
+    async def _start(self) -> str:
+        host, port = parse_address(self.settings.listen)
+        port = await self._server.start(bind(host, port))
+        if self.settings.advertise:
+            url = self.settings.advertise.rstrip("/")
+        else:
+            shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+            url = http_url(shown, port)
+        log.info("live-stream server on %s", url)
+        return url
+
+
+class _App:
+    """The ASGI app: one GET route, an SSE stream per authorised call."""
+
+    def __init__(self, streams: LiveStreams) -> None:
+        self.streams = streams
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        if scope["method"] != "GET" or not path.startswith(PATH_PREFIX):
+            await _plain(send, 404, "not found")
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        call = self.streams.authorised(path[len(PATH_PREFIX) :], headers.get("authorization"))
+        if call is None:
+            await _plain(send, 403, "forbidden")
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream"),
+                    (b"cache-control", b"no-store"),
+                    (b"x-accel-buffering", b"no"),  # proxies: pass each event on at once
+                ],
+            }
+        )
+        sent = 0
+        while True:
+            waiting = call.changed()  # before reading the state, so no wake-up is missed
+            if sent < len(call.deltas):
+                batch = call.deltas[sent:]
+                sent += len(batch)
+                data = await call.encode(batch)
+                event = f"event: delta\ndata: {data}\n\n"
+            elif call.done:
+                await send({"type": "http.response.body", "body": b"event: end\ndata:\n\n"})
+                return
+            else:
+                await asyncio.shield(waiting)
+                continue
+            await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
+
+
+async def _plain(send: Any, status: int, text: str) -> None:
+    data = json.dumps({"status": text}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"cache-control", b"no-store")],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
