@@ -36,10 +36,16 @@ from turnkeep.workflows.approval import (
     PendingCall,
 )
 from turnkeep.workflows.messages import Message
-from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnProgress, TurnResult
+from turnkeep.workflows.turn_io import (
+    DEFAULT_TASK_QUEUE,
+    TurnCancelledError,
+    TurnInput,
+    TurnProgress,
+    TurnResult,
+    agent_task_queue,
+)
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
-DEFAULT_TASK_QUEUE = "turnkeep"
 _QUERY_ATTEMPTS = 3
 # A query the server gave up on (a busy worker, or a run that has just continued as new and
 # answers once a worker has run its first task) is worth asking again; the SDK reports its own
@@ -80,8 +86,12 @@ async def start_turn(
     turn: TurnInput,
     *,
     workflow_id: str | None = None,
-    task_queue: str = DEFAULT_TASK_QUEUE,
+    task_queue: str | None = None,
 ) -> TurnHandle:
+    """Start ``turn`` and return its handle. ``task_queue``: where the turn runs; by default
+    its agent's queue on turnkeep's default task queue (``turnkeep.<agent>``), which only
+    workers with the agent poll. A worker whose config names another ``task_queue`` serves
+    ``agent_task_queue(that, agent)``; an application's own worker, its own queue."""
     # The search attributes the starter knows go with the start request: the workflow then
     # need not upsert them in its first task, one write to the server's visibility store less
     # per turn (5-9 ms of the dev server's CPU, measured with bench's throughput batches).
@@ -90,7 +100,7 @@ async def start_turn(
         WORKFLOW_NAME,
         turn,
         id=workflow_id or f"turn-{turn.agent}-{uuid.uuid4().hex[:12]}",
-        task_queue=task_queue,
+        task_queue=task_queue or agent_task_queue(DEFAULT_TASK_QUEUE, turn.agent),
         result_type=TurnResult,
         static_summary=summarize(turn),
         search_attributes=visibility.start_search_attributes(turn.agent, present),

@@ -34,7 +34,12 @@ from turnkeep.workflows.activity_io import (
     HookPoint,
 )
 from turnkeep.workflows.session_io import NewMessageMode
-from turnkeep.workflows.turn_io import DEFAULT_MAX_ITERATIONS, TurnOverrides
+from turnkeep.workflows.turn_io import (
+    DEFAULT_MAX_ITERATIONS,
+    DEFAULT_TASK_QUEUE,
+    TurnOverrides,
+    agent_task_queue,
+)
 
 
 class _Settings(BaseModel):
@@ -464,7 +469,9 @@ class ObservabilitySettings(_Settings):
 # Errors don't quote input: a bad value anywhere in the file could be a key or token.
 class Settings(_SecretSettings):
     default_model: str | None = None
-    task_queue: str = "turnkeep"
+    # The worker polls this queue, and for each of its agents the agent's own queue
+    # (`<task_queue>.<agent>`), where turnkeep's clients start that agent's turns.
+    task_queue: str = Field(default=DEFAULT_TASK_QUEUE, min_length=1)
     mcp: McpSettings = Field(default_factory=McpSettings)
     # server name -> "package.module:function" import paths, served by an in-process FastMCP
     # server under that name.
@@ -543,7 +550,10 @@ class Settings(_SecretSettings):
         if agent is None:
             raise config_error(
                 "UnknownAgent",
-                f"Unknown agent {name!r}. This worker's agents: {known(self.agents)}.",
+                f"Unknown agent {name!r}. This worker's agents: {known(self.agents)}. Turns of "
+                f"agent {name!r} run on task queue {agent_task_queue(self.task_queue, name)!r}, "
+                "which only workers with that agent poll: start them there (turnkeep's clients "
+                "and command line do).",
             )
         return agent
 

@@ -20,11 +20,10 @@ import logging
 import time
 from datetime import timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
-from temporalio.worker import Worker
 
 from turnkeep.config.files import ConfigError
 from turnkeep.support.asgi import AsgiServer, bind, http_url
@@ -51,13 +50,23 @@ def parse_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class Polling(Protocol):
+    """What the probes watch: a ``Worker``, or the ``TurnkeepWorkers`` of a process."""
+
+    @property
+    def is_running(self) -> bool: ...
+
+    @property
+    def client(self) -> Client: ...
+
+
 class WorkerState:
     """What the probes report: the worker's phase, set by ``turnkeep/worker/shutdown.py``."""
 
     def __init__(self, *, reuse_check_for: float = CHECK_REUSE_SECONDS) -> None:
         self.phase = "starting"
         self._reuse_check_for = reuse_check_for
-        self._worker: Worker | None = None
+        self._worker: Polling | None = None
         self._client: Client | None = None
         self._checked_at = float("-inf")
         self._reachable: str | None = None  # None: reachable; else why not
@@ -66,7 +75,7 @@ class WorkerState:
     def connecting(self) -> None:
         self.phase = "connecting to Temporal"
 
-    def polling(self, worker: Worker) -> None:
+    def polling(self, worker: Polling) -> None:
         self._worker = worker
         self._client = worker.client
         self.phase = "polling"

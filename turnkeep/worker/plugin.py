@@ -23,16 +23,15 @@ for this worker, on the same connection.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
-from temporalio.converter import (
-    DataConverter,
-    ExternalStorage,
-)
+from temporalio.client import Client
+from temporalio.converter import DataConverter, ExternalStorage
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import (
     Worker,
@@ -160,13 +159,13 @@ class TurnkeepPlugin(SimplePlugin):
             read_child_turn,
         ]
 
-        @asynccontextmanager
-        async def close_connections() -> AsyncIterator[None]:
-            try:
-                yield
-            finally:
-                await pool.aclose()
-                await models.aclose()
+        # The agents whose turns this plugin serves (each on its own task queue, with
+        # `build_workers`), and what the workers sharing it close when the last one stops.
+        self.agents = sorted(settings.agents)
+        self._closing = (pool.aclose, models.aclose)
+        self._workers_running = 0
+        self._process: AsyncExitStack | None = None
+        self._process_lock = asyncio.Lock()
 
         # Traces first (outermost), when observability.tracing is on; metrics always: they go
         # to whatever exporter the worker's runtime has (none: nothing is recorded).
@@ -191,7 +190,6 @@ class TurnkeepPlugin(SimplePlugin):
             activities=activities,
             workflow_runner=with_passthrough,
             interceptors=interceptors,
-            run_context=close_connections,
         )
 
     def _converter(self, existing: DataConverter | None) -> DataConverter:
@@ -208,22 +206,50 @@ class TurnkeepPlugin(SimplePlugin):
         return super().configure_worker(config)
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
+        async with self._serving_process(worker.client):
+            with self._cache_release.serving(worker):
+                await next(worker)
+
+    @asynccontextmanager
+    async def _serving_process(self, client: Client) -> AsyncIterator[None]:
+        """What the process does once however many workers share this plugin (one per task
+        queue, with ``build_workers``): the first to start announces the configuration, checks
+        the search attributes and starts the payload sweeper; the last to stop closes them,
+        the model clients and the tool connections."""
+        async with self._process_lock:
+            if self._workers_running == 0:
+                self._process = await self._start_process(client)
+            self._workers_running += 1
+        try:
+            yield
+        finally:
+            async with self._process_lock:
+                self._workers_running -= 1
+                if self._workers_running == 0 and self._process is not None:
+                    process, self._process = self._process, None
+                    await process.aclose()
+
+    async def _start_process(self, client: Client) -> AsyncExitStack:
         announce_configuration(self._config_file, self._ignored_keys)
         announce_unknown_context_windows(self._unknown_windows)
         # Payload storage records the bytes it writes on this worker's runtime.
-        set_storage_runtime(worker.client.service_client.config.runtime)
+        set_storage_runtime(client.service_client.config.runtime)
         # Before it polls: which search attributes its turns may set (warns once if some are
         # missing). prepare_turn records this in each turn's plan.
-        usable = await usable_search_attributes(worker.client)
+        usable = await usable_search_attributes(client)
         self._setup.visibility = self._setup.visibility.model_copy(
             update={"search_attributes": usable}
         )
+        stack = AsyncExitStack()
+        for close in self._closing:
+            stack.push_async_callback(close)
         # While a worker runs it sweeps old files from local payload storage, at start and
         # then periodically. A worker's job (not a replayer's or a client's): it has the
         # settings, and several workers sweeping one directory is safe.
-        with self._cache_release.serving(worker):
-            async with payload_sweeper(self.storage, self._payload_retention, worker.client):
-                await super().run_worker(worker, next)
+        await stack.enter_async_context(
+            payload_sweeper(self.storage, self._payload_retention, client)
+        )
+        return stack
 
 
 def _check_tool_result_limit(settings: Settings, storage: ExternalStorage | None) -> None:
