@@ -126,8 +126,12 @@ class TurnkeepPlugin(SimplePlugin):
         )
         # YAML and Python agents alike: what every activity re-checks requests against.
         settings = declared.settings
-        self.storage = storage if storage is not None else external_storage(settings)
-        self.codec = payload_codec(settings)
+        self.storage = (
+            storage
+            if storage is not None
+            else external_storage(settings.payload_storage, settings.base_dir)
+        )
+        self.codec = payload_codec(settings.encryption)
         _check_tool_result_limit(settings, self.storage)
         self._payload_retention = settings.payload_storage.retention
         # Server entries are served by the built-in and installed tool sources, and these.
