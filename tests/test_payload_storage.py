@@ -291,7 +291,7 @@ def test_tool_results_are_cut_only_without_storage_or_when_asked(
     tmp_path: Path, cap: int | None, storage_on: bool, limit: int | None
 ) -> None:
     settings = make_settings(tmp_path, max_tool_result_bytes=cap)
-    assert tool_result_limit(settings, storage_on=storage_on) == limit
+    assert tool_result_limit(settings.max_tool_result_bytes, storage_on=storage_on) == limit
 
 
 def test_without_storage_tool_results_must_stay_under_the_limit(tmp_path: Path) -> None:
