@@ -179,7 +179,7 @@ async def run(args: argparse.Namespace) -> Results:
         out.session_targets += targets
 
     async def live_section(env: Environment) -> None:
-        out.tables.append(await live_stream(env.client, 5 if quick else 20))
+        out.tables.append(await live_stream(env.client, 5 if quick else 20, env.payloads))
 
     async def memory_section(env: Environment) -> None:
         with FakeProvider(default=Reply.delay(3600, then=Reply.text("done"))) as fake:

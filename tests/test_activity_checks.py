@@ -18,9 +18,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from tests.conftest import Harness, HarnessFactory, make_settings
+from tests.conftest import Harness, HarnessFactory, make_settings, turn_setup
 from tests.crafted_workflow import CraftedWorkflow
-from turnkeep.activities.turn_setup import plan_turn
 from turnkeep.providers.openai import OpenAIProvider
 from turnkeep.testing.fake_provider import FakeProvider, Reply
 from turnkeep.workflows.activity_io import (
@@ -271,7 +270,7 @@ async def test_run_hook_runs_only_hooks_the_agent_enables_there(
 def plan(tmp_path: Path, agent: dict[str, Any], **overrides: Any) -> Any:
     settings = make_settings(tmp_path, agents={"a": agent})
     request = PrepareTurnRequest(agent="a", overrides=TurnOverrides(**overrides))
-    return plan_turn(settings, request)
+    return turn_setup(settings).plan(request)
 
 
 def refusal(tmp_path: Path, agent: dict[str, Any], **overrides: Any) -> ApplicationError:
@@ -348,4 +347,4 @@ def test_generic_models_need_a_configured_server(tmp_path: Path) -> None:
         agents={"a": {"model": "generic.llama3.2"}},
     )
     request = PrepareTurnRequest(agent="a", overrides=TurnOverrides())
-    assert plan_turn(settings, request).model == "generic.llama3.2"
+    assert turn_setup(settings).plan(request).model == "generic.llama3.2"

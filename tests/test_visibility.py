@@ -25,11 +25,11 @@ from tests.conftest import (
     HarnessFactory,
     eventually,
     make_settings,
+    turn_setup,
     turnkeep,
     write_script,
 )
 from tests.test_replay import replayer, replays_fresh_and_recorded
-from turnkeep.activities.turn_setup import TurnSetupActivities
 from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle
 from turnkeep.config.paths import state_dir
@@ -46,6 +46,7 @@ from turnkeep.worker.build import build_worker
 from turnkeep.workflows import visibility
 from turnkeep.workflows.activity_io import (
     HookPoint,
+    PrepareTurnRequest,
     Timeouts,
     ToolCallRequest,
     TurnPlan,
@@ -54,7 +55,7 @@ from turnkeep.workflows.activity_io import (
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import CallToolResult, Message, StopReason, ToolCall
 from turnkeep.workflows.model_io import LlmRequest
-from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, Usage
+from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnOverrides, Usage
 
 SEARCH_ATTRIBUTES_LOG = "turnkeep.observability.search_attributes"
 
@@ -256,12 +257,14 @@ def test_search_attribute_definitions_for_the_dev_server() -> None:
 def test_plans_take_the_configured_interval_and_publish_nothing_unchecked() -> None:
     """Until the worker has checked the namespace's search attributes, turns upsert none."""
     config = {"agents": {"a": {"model": "passthrough"}}}
-    setup = TurnSetupActivities(Settings.model_validate(config))
+    setup = turn_setup(Settings.model_validate(config))
     assert setup.visibility == VisibilityPlan(search_attribute_interval=60)
     config["visibility"] = {"search_attribute_interval": 0.5}
-    assert TurnSetupActivities(Settings.model_validate(config)).visibility == VisibilityPlan(
-        search_attribute_interval=0.5
-    )
+    setup = turn_setup(Settings.model_validate(config))
+    assert setup.visibility == VisibilityPlan(search_attribute_interval=0.5)
+    # Every plan carries it.
+    request = PrepareTurnRequest(agent="a", overrides=TurnOverrides())
+    assert setup.plan(request).visibility == setup.visibility
     with pytest.raises(ValidationError, match="search_attribute_interval"):
         Settings.model_validate({**config, "visibility": {"search_attribute_interval": -1}})
 

@@ -76,12 +76,6 @@ async def contexts_seen(temporal: ServerInfo, runner: WorkflowRunner) -> list[st
     return codec.seen
 
 
-def test_the_fast_path_is_active_on_this_sdk_version() -> None:
-    # Fails when an SDK upgrade removes the private names the runner uses: the runner then
-    # falls back to the stock (slower) behaviour, which should be a conscious decision.
-    assert WORKFLOW_RUNNER.fast_contexts
-
-
 async def test_contexts_match_the_stock_sandbox(temporal: ServerInfo) -> None:
     stock = SandboxedWorkflowRunner(restrictions=WORKFLOW_RUNNER.restrictions)
     expected = await contexts_seen(temporal, stock)

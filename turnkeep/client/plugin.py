@@ -25,8 +25,12 @@ class TurnkeepClientPlugin(SimplePlugin):
         self, settings: Settings | None = None, *, storage: ExternalStorage | None = None
     ) -> None:
         settings = settings or Settings()
-        self.storage = storage if storage is not None else external_storage(settings)
-        self.codec = payload_codec(settings)
+        self.storage = (
+            storage
+            if storage is not None
+            else external_storage(settings.payload_storage, settings.base_dir)
+        )
+        self.codec = payload_codec(settings.encryption)
         super().__init__("turnkeep-client", data_converter=self._converter)
 
     def _converter(self, existing: DataConverter | None) -> DataConverter:

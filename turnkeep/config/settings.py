@@ -27,7 +27,6 @@ from pydantic import (
 )
 
 from turnkeep.config.fastagent.keys import accept_fast_agent_keys
-from turnkeep.errors import config_error, known
 from turnkeep.workflows.activity_io import (
     DEFAULT_CONTINUE_AS_NEW_BYTES,
     DEFAULT_CONTINUE_AS_NEW_EVENTS,
@@ -38,7 +37,6 @@ from turnkeep.workflows.turn_io import (
     DEFAULT_MAX_ITERATIONS,
     DEFAULT_TASK_QUEUE,
     TurnOverrides,
-    agent_task_queue,
 )
 
 
@@ -521,41 +519,6 @@ class Settings(_SecretSettings):
     @classmethod
     def _fast_agent_keys(cls, data: Any) -> Any:
         return accept_fast_agent_keys(data, cls.model_fields)
-
-    def unknown_servers(self, known: set[str]) -> dict[str, list[str]]:
-        """Per agent, the servers it names that are not among ``known``."""
-        return {
-            name: missing
-            for name, agent in self.agents.items()
-            if (missing := [s for s in agent.servers if s not in known])
-        }
-
-    def unknown_hooks(self, known: set[str]) -> dict[str, list[str]]:
-        """Per agent, the hooks it enables that are not among ``known``."""
-        return {
-            name: missing
-            for name, agent in self.agents.items()
-            if (missing := sorted({h for hs in agent.hooks.values() for h in hs} - known))
-        }
-
-    def tool_task_queue(self, agent: AgentSettings, server: str) -> str | None:
-        """The task queue ``agent``'s calls to ``server`` run on (None: the turn's own)."""
-        config = self.mcp.servers.get(server)
-        return (config.task_queue if config else None) or agent.task_queue
-
-    def agent(self, name: str) -> AgentSettings:
-        """The agent a request names: every activity looks its agent up here, so a request
-        naming an agent this worker doesn't configure is refused wherever it comes from."""
-        agent = self.agents.get(name)
-        if agent is None:
-            raise config_error(
-                "UnknownAgent",
-                f"Unknown agent {name!r}. This worker's agents: {known(self.agents)}. Turns of "
-                f"agent {name!r} run on task queue {agent_task_queue(self.task_queue, name)!r}, "
-                "which only workers with that agent poll: start them there (turnkeep's clients "
-                "and command line do).",
-            )
-        return agent
 
     def path(self, p: Path) -> Path:
         return p if p.is_absolute() else self.base_dir / p

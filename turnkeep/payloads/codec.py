@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import EncodingPayloadConverter, PayloadCodec
 
-from turnkeep.config.settings import AES_256_KEY_BYTES, EncryptionSettings, Settings
+from turnkeep.config.settings import AES_256_KEY_BYTES, EncryptionSettings
 
 ENCODING = b"binary/encrypted"
 KEY_ID = "encryption-key-id"
@@ -251,11 +251,11 @@ def refuse_encrypted(payload: Payload) -> NoReturn:
     )
 
 
-def payload_codec(settings: Settings) -> EncryptionCodec | None:
-    """The codec ``settings.encryption`` describes; ``None`` when encryption is off."""
-    if settings.encryption is None:
+def payload_codec(encryption: EncryptionSettings | None) -> EncryptionCodec | None:
+    """The codec the ``encryption`` section describes; ``None`` when encryption is off."""
+    if encryption is None:
         return None
-    return EncryptionCodec.from_settings(settings.encryption)
+    return EncryptionCodec.from_settings(encryption)
 
 
 def same_codec(a: PayloadCodec | None, b: PayloadCodec | None) -> bool:

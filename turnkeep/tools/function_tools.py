@@ -23,6 +23,7 @@ from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec, dedupe_with_versions
 
 from turnkeep.config.callables import import_callable
+from turnkeep.support.sdk_private import server_info_stamp
 from turnkeep.tools.failures import failure_reason
 from turnkeep.tools.mcp import McpSource
 from turnkeep.tools.redaction import Redactor
@@ -195,7 +196,9 @@ def _as_call_tool_result(
     # the rest of ``_meta``, so it stays for results to read as they always did.
     meta = dict(result.meta or {})
     if meta.get(mcp.types.SERVER_INFO_META_KEY) is None:
-        meta[mcp.types.SERVER_INFO_META_KEY] = server._mcp_server.server_info_stamp
+        stamp = server_info_stamp(server)
+        if stamp is not None:
+            meta[mcp.types.SERVER_INFO_META_KEY] = stamp
     return result.model_copy(update={"meta": meta})
 
 

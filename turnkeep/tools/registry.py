@@ -89,7 +89,11 @@ def installed_tool_sources() -> ToolSourceRegistry:
 class ToolServers:
     """A worker's tool sources by server name, for the life of its process: each
     ``mcp.servers`` entry's (built by the registered kind its ``transport`` names) and each
-    function-tool server's."""
+    function-tool server's.
+
+    It is given the whole ``Settings``, and only while it builds the sources: a source's
+    ``from_config`` is an extension point documented for third parties, and takes them whole.
+    Nothing is kept but the sources."""
 
     def __init__(
         self,

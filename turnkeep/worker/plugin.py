@@ -44,9 +44,10 @@ from turnkeep.activities.hooks import Hook, HookActivities
 from turnkeep.activities.model import ModelActivities
 from turnkeep.activities.model_input import ModelInputHandoffInterceptor
 from turnkeep.activities.tools import ToolActivities, tool_result_limit
-from turnkeep.activities.turn_setup import TurnSetupActivities
+from turnkeep.activities.turn_setup import TurnSetupActivities, continue_as_new_plan
 from turnkeep.config.agents import Agent, McpServer, declare
 from turnkeep.config.callables import import_callable
+from turnkeep.config.catalog import AgentCatalog
 from turnkeep.config.files import announce_configuration
 from turnkeep.config.settings import Settings
 from turnkeep.errors import known
@@ -59,9 +60,9 @@ from turnkeep.payloads.limits import result_size_guard
 from turnkeep.payloads.storage import external_storage, payload_sweeper
 from turnkeep.providers.base import ModelProvider
 from turnkeep.providers.registry import (
+    ModelCatalog,
     announce_unknown_context_windows,
     installed_providers,
-    unknown_context_windows,
 )
 from turnkeep.tools.registry import ToolServers, installed_tool_sources
 from turnkeep.tools.source import ToolSource
@@ -123,11 +124,20 @@ class TurnkeepPlugin(SimplePlugin):
             {**named_hooks, **(hooks or {})},
             {**named_policies, **(approval_policies or {})},
         )
-        # YAML and Python agents alike: what every activity re-checks requests against.
         settings = declared.settings
-        self.storage = storage if storage is not None else external_storage(settings)
-        self.codec = payload_codec(settings)
-        _check_tool_result_limit(settings, self.storage)
+        # Each part of the worker gets the part of the settings it uses, cut here. YAML and
+        # Python agents alike: what every activity re-checks requests against.
+        agent_catalog = AgentCatalog.of(settings)
+        self.storage = (
+            storage
+            if storage is not None
+            else external_storage(settings.payload_storage, settings.base_dir)
+        )
+        self.codec = payload_codec(settings.encryption)
+        max_result_bytes = tool_result_limit(
+            settings.max_tool_result_bytes, storage_on=self.storage is not None
+        )
+        _check_tool_result_limit(max_result_bytes, self.storage)
         self._payload_retention = settings.payload_storage.retention
         # Server entries are served by the built-in and installed tool sources, and these.
         pool = ToolServers(
@@ -136,25 +146,32 @@ class TurnkeepPlugin(SimplePlugin):
             installed_tool_sources().with_sources(tool_sources),
         )
         all_hooks = declared.hooks
-        _check_names(settings, set(pool.servers), set(all_hooks))
+        _check_names(agent_catalog, set(pool.servers), set(all_hooks))
         # Every policy an agent names, or the worker does not start.
-        policies = load_policies(settings, declared.approval_policies)
-        tools = ToolActivities(settings, pool, storage_on=self.storage is not None)
+        policies = load_policies(agent_catalog, declared.approval_policies)
+        tools = ToolActivities(agent_catalog, pool, max_result_bytes=max_result_bytes)
         # Model strings resolve to the built-in and installed providers, and these.
-        registry = installed_providers().with_providers(providers)
+        model_catalog = ModelCatalog(settings, installed_providers().with_providers(providers))
         live = LiveStreams(settings.streaming) if settings.streaming else None
-        models = ModelActivities(settings, registry, live)
-        self._setup = TurnSetupActivities(settings, registry)
+        models = ModelActivities(agent_catalog, model_catalog, live)
+        self._setup = TurnSetupActivities(
+            agent_catalog,
+            model_catalog,
+            continue_as_new=continue_as_new_plan(
+                settings.continue_as_new, storage_on=settings.payload_storage.driver != "off"
+            ),
+            visibility=settings.visibility,
+        )
         self._config_file, self._ignored_keys = settings.config_file, settings.ignored_keys
-        self._unknown_windows = unknown_context_windows(settings, registry)
+        self._unknown_windows = model_catalog.unknown_context_windows(agent_catalog.values())
         activities: list[Callable[..., Any]] = [
             self._setup.prepare_turn,
             models.llm_step,
             models.compact_history,
             tools.list_tools,
             tools.call_tool,
-            HookActivities(settings, all_hooks).run_hook,
-            ApprovalPolicyActivities(settings, policies).approval_policy,
+            HookActivities(agent_catalog, all_hooks).run_hook,
+            ApprovalPolicyActivities(agent_catalog, policies).approval_policy,
             # A parent workflow's `turnkeep.workflow.run_turn` reads a cancelled turn with it.
             read_child_turn,
         ]
@@ -252,13 +269,12 @@ class TurnkeepPlugin(SimplePlugin):
         return stack
 
 
-def _check_tool_result_limit(settings: Settings, storage: ExternalStorage | None) -> None:
+def _check_tool_result_limit(limit: int | None, storage: ExternalStorage | None) -> None:
     """Without external storage a tool result must fit in one payload with room to spare.
     (With it, results are not cut unless max_tool_result_bytes asks: they are stored whole.)"""
     if storage is not None:
         return
     ceiling = PAYLOAD_LIMIT_BYTES - PAYLOAD_ENVELOPE_BYTES
-    limit = tool_result_limit(settings, storage_on=False)
     if limit is not None and limit > ceiling:
         raise ValueError(
             f"max_tool_result_bytes is {limit:,} but payload_storage is off, so a tool result "
@@ -267,14 +283,14 @@ def _check_tool_result_limit(settings: Settings, storage: ExternalStorage | None
         )
 
 
-def _check_names(settings: Settings, servers: set[str], hooks: set[str]) -> None:
+def _check_names(agents: AgentCatalog, servers: set[str], hooks: set[str]) -> None:
     """A worker whose agents name servers or hooks it doesn't have must not start."""
-    for agent, missing in settings.unknown_servers(servers).items():
+    for agent, missing in agents.unknown_servers(servers).items():
         raise ValueError(
             f"agent {agent!r} names server(s) {missing} that are neither in mcp.servers nor "
             f"in function_tools (known: {known(servers)})"
         )
-    for agent, missing in settings.unknown_hooks(hooks).items():
+    for agent, missing in agents.unknown_hooks(hooks).items():
         raise ValueError(
             f"agent {agent!r} enables hook(s) {missing} that are not registered "
             f"(known: {known(hooks)})"
