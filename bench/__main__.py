@@ -23,7 +23,16 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
-from bench import approvals, history, overhead, recovery, report, sessions, throughput
+from bench import (
+    approvals,
+    history,
+    overhead,
+    recovery,
+    report,
+    session_storage,
+    sessions,
+    throughput,
+)
 from bench.environment import Environment, environment
 from bench.live_stream import live_stream
 from bench.memory import worker_memory
@@ -176,6 +185,9 @@ async def run(args: argparse.Namespace) -> Results:
     async def sessions_section(env: Environment) -> None:
         tables, targets = await sessions.sessions(env, session_turns, idle_sessions)
         out.tables += tables
+        out.session_targets += targets
+        table, targets = await session_storage.storage(env, session_turns)
+        out.tables.append(table)
         out.session_targets += targets
 
     async def live_section(env: Environment) -> None:

@@ -35,6 +35,7 @@ from turnkeep.payloads.codec import (
     PlaintextPayloadError,
     UnknownKeyError,
 )
+from turnkeep.payloads.composition import inner_codec
 from turnkeep.testing.fake_provider import FakeProvider, Reply
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows.messages import StopReason
@@ -177,7 +178,7 @@ async def test_an_encrypted_turn_leaves_no_plaintext_in_the_history(
     assert clear and all(CLEAR_BY_DESIGN.search(where) for where in clear), clear
 
     # Decrypted, the payloads hold the turn, and still never the provider's key.
-    codec = h.client.data_converter.payload_codec
+    codec = inner_codec(h.client.data_converter.payload_codec)
     assert isinstance(codec, EncryptionCodec)
     decrypted = b"".join(p.SerializeToString() for p in await codec.decode(encrypted))
     assert all(s.encode() in decrypted for s in CONTENT)
@@ -241,7 +242,7 @@ async def test_stored_large_payloads_are_encrypted_on_disk(
     # The SDK encodes before it stores: every stored file is an encrypted payload.
     files = [path.read_bytes() for path in store.iterdir()]
     assert files, "nothing was stored"
-    codec = h.client.data_converter.payload_codec
+    codec = inner_codec(h.client.data_converter.payload_codec)
     assert isinstance(codec, EncryptionCodec)
     for data in files:
         assert LARGE_MARK.encode() not in data and PROMPT.encode() not in data

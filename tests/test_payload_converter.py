@@ -14,7 +14,7 @@ from temporalio.converter import StorageDriverStoreContext, WorkflowSerializatio
 from turnkeep.config.settings import PayloadStorageSettings
 from turnkeep.payloads.codec import EncryptionCodec, EncryptionNotConfiguredError
 from turnkeep.payloads.composition import data_converter
-from turnkeep.payloads.converter import _JSON
+from turnkeep.payloads.converter import _STORING_JSON
 from turnkeep.payloads.storage import external_storage
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.model_io import LlmStepRequest
@@ -34,10 +34,11 @@ def test_payloads_are_what_temporals_pydantic_converter_writes() -> None:
 
 
 def test_derived_converters_share_one_adapter_cache(tmp_path: Path) -> None:
-    # With payload storage, as by default: the SDK then rebuilds the converter per context.
+    # With payload storage, as by default: the SDK then rebuilds the converter per context
+    # (the one that writes a session's conversation by reference).
     base = data_converter(external_storage(PayloadStorageSettings(path=tmp_path)))
     [payload] = base.payload_converter.to_payloads([STEP])
-    _JSON._type_adapter.cache_clear()
+    _STORING_JSON._type_adapter.cache_clear()
     for i in range(20):  # what the SDK does for every activation and activity task
         derived = base._with_contexts(
             WorkflowSerializationContext(namespace="default", workflow_id=f"wf-{i}"),
@@ -45,7 +46,7 @@ def test_derived_converters_share_one_adapter_cache(tmp_path: Path) -> None:
         )
         assert derived.payload_converter is not base.payload_converter
         assert derived.payload_converter.from_payloads([payload], [LlmStepRequest]) == [STEP]
-    info = _JSON._type_adapter.cache_info()
+    info = _STORING_JSON._type_adapter.cache_info()
     assert (info.misses, info.hits) == (1, 19)
 
 

@@ -33,12 +33,12 @@ from turnkeep.client.connection import connect
 from turnkeep.client.turns import get_turn, start_turn
 from turnkeep.config.settings import PayloadStorageSettings
 from turnkeep.devserver.embedded import ServerInfo
-from turnkeep.payloads import storage as payload_storage
+from turnkeep.payloads import gc as payload_gc
+from turnkeep.payloads.gc import collect
 from turnkeep.payloads.storage import (
     LocalDirectoryDriver,
     MissingPayloadError,
     PayloadExpiredError,
-    collect,
     sweep,
 )
 from turnkeep.worker.build import build_worker
@@ -194,7 +194,7 @@ async def test_a_swept_payload_is_told_apart_from_a_misplaced_one(tmp_path: Path
 async def test_a_worker_sweeps_at_start_and_then_periodically(
     temporal: ServerInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(payload_storage, "SWEEP_EVERY", timedelta(seconds=0.2))
+    monkeypatch.setattr(payload_gc, "SWEEP_EVERY", timedelta(seconds=0.2))
     store = tmp_path / "payloads"
     before_start = payload_file(store, b"old before the worker started", old=True)
     fresh = payload_file(store, b"fresh", old=False)
@@ -209,7 +209,7 @@ async def test_a_worker_sweeps_at_start_and_then_periodically(
 async def test_a_worker_warns_when_retention_is_shorter_than_the_namespaces(
     temporal: ServerInfo, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger=payload_storage.__name__)
+    caplog.set_level(logging.WARNING, logger=payload_gc.__name__)
     # The dev server keeps closed workflows for a day.
     config = {"payload_storage": {"path": str(tmp_path / "p"), "retention": "12h"}}
 

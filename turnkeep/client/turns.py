@@ -27,6 +27,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkeep.client.history import read_turn
 from turnkeep.client.live import StreamEvent, stream_turn
 from turnkeep.observability.search_attributes import present_search_attributes
+from turnkeep.payloads.conversations import with_history
 from turnkeep.workflows import visibility
 from turnkeep.workflows.approval import (
     DECIDE_UPDATE,
@@ -203,9 +204,12 @@ class TurnHandle:
 
     async def result(self) -> TurnResult:
         """The turn's result; raises ``TurnCancelledError`` (with the repaired conversation)
-        when it was cancelled."""
+        when it was cancelled. A session's turn hands its history back by reference: it is
+        read from the conversation store (the same payload storage as the workers')."""
         try:
-            return await self.handle.result()
+            return await with_history(
+                self.client.data_converter.payload_codec, await self.handle.result()
+            )
         except WorkflowFailureError as err:
             if isinstance(err.cause, CancelledError):
                 raise TurnCancelledError(await self.current()) from err
@@ -273,7 +277,9 @@ class TurnHandle:
         history has it (a cancelled turn's repaired conversation; as far as a failed one got),
         replayed here (``worker.turn_history``), so no worker has to be running."""
         try:
-            return await self.handle.result()
+            return await with_history(
+                self.client.data_converter.payload_codec, await self.handle.result()
+            )
         except WorkflowFailureError:
             pass
         # Any run the handle knows of pins the turn (should its workflow id be reused);

@@ -25,7 +25,12 @@ from temporalio.converter import (
 )
 
 from turnkeep.payloads.codec import EncryptionCodec, describe_codec, same_codec
-from turnkeep.payloads.converter import TurnkeepDataConverter, TurnkeepPayloadConverter
+from turnkeep.payloads.conversations import ConversationCodec, conversation_store
+from turnkeep.payloads.converter import (
+    StoringPayloadConverter,
+    TurnkeepDataConverter,
+    TurnkeepPayloadConverter,
+)
 from turnkeep.payloads.storage import describe_storage, same_storage
 
 # Payload converters whose payloads turnkeep's reads and writes alike: Temporal's JSON, and
@@ -58,8 +63,9 @@ def turnkeep_converter(
         _check_storage(existing.external_storage, storage)
         # A client encrypting with keys the settings lack is a mismatch too; a codec of the
         # application's own is not turnkeep's business.
-        if codec is not None or isinstance(existing.payload_codec, EncryptionCodec):
-            _check_codec(existing.payload_codec, codec)
+        theirs = inner_codec(existing.payload_codec)
+        if codec is not None or isinstance(theirs, EncryptionCodec):
+            _check_codec(theirs, codec)
         return existing
     base = existing or DataConverter.default
     if not issubclass(base.payload_converter_class, _COMPATIBLE_CONVERTERS):
@@ -85,17 +91,30 @@ def turnkeep_converter(
     if codec is not None and failure is DefaultFailureConverter:
         failure = DefaultFailureConverterWithEncodedAttributes
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init}
+    # No codec at all rather than a pass-through one where nothing needs one: the SDK then
+    # skips a pass over every payload. An encrypted payload is refused by the payload converter
+    # instead. With payload storage, sessions store their conversations beside it.
+    payload_codec = base.payload_codec or codec
+    store = conversation_store(storage)
+    if store is not None:
+        payload_codec = ConversationCodec(store, payload_codec)
     return TurnkeepDataConverter(
         **{
             **fields,
-            "payload_converter_class": TurnkeepPayloadConverter,
-            # No codec at all rather than a pass-through one: the SDK then skips a pass over
-            # every payload. An encrypted payload is refused by the payload converter instead.
-            "payload_codec": base.payload_codec or codec,
+            "payload_converter_class": (
+                StoringPayloadConverter if store is not None else TurnkeepPayloadConverter
+            ),
+            "payload_codec": payload_codec,
             "failure_converter_class": failure,
             "external_storage": storage,
         }
     )
+
+
+def inner_codec(codec: PayloadCodec | None) -> PayloadCodec | None:
+    """The codec under turnkeep's conversation store, if any: encryption, an application's
+    own, or none."""
+    return codec.inner if isinstance(codec, ConversationCodec) else codec
 
 
 def with_converter(client: Client, converter: DataConverter) -> Client:

@@ -35,7 +35,9 @@ from temporalio.exceptions import ApplicationError
 
 from turnkeep.payloads.codec import ENCODING as ENCRYPTED
 from turnkeep.payloads.codec import EncryptedPayloadRefusal, refuse_encrypted
+from turnkeep.payloads.conversations import ConversationCodec
 from turnkeep.support.sdk_private import DecodeStage, DecodingStages, decoding_outside_commands
+from turnkeep.workflows.conversation import STORE_CONTEXT
 
 UNDECODABLE = b"binary/turnkeep-undecodable"
 ERROR_TYPE = "turnkeep-error-type"
@@ -75,6 +77,16 @@ class _JSONConverter(PydanticJSONPlainPayloadConverter):
     ``Any``. A turn's input holds the whole conversation, and its first workflow task parses
     it on the worker that is starting the turn for a session at that moment."""
 
+    def __init__(self, *, stores_conversations: bool) -> None:
+        super().__init__()
+        # Tells the models that can (a session's turn result, a session's state) whether to
+        # write a stored conversation by reference: only where the codec stores segments.
+        self._context = {STORE_CONTEXT: stores_conversations}
+
+    def to_payload(self, value: Any) -> Payload | None:
+        data = pydantic_core.to_json(value, context=self._context)
+        return Payload(metadata={"encoding": self.encoding.encode()}, data=data)
+
     def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
         if type_hint is None:
             try:
@@ -84,22 +96,31 @@ class _JSONConverter(PydanticJSONPlainPayloadConverter):
         return super().from_payload(payload, type_hint)
 
 
-_JSON = _JSONConverter()
 _REFUSE_ENCRYPTED = EncryptedPayloadRefusal()
-# Temporal's defaults with the shared JSON converter, by encoding, built once: the SDK
-# constructs this class for every payload it converts (a ``dataclasses.replace`` of the data
-# converter re-runs its ``__post_init__``), ~15 times per turn iteration with payload storage on.
-_CONVERTERS = {
-    c.encoding.encode(): c
-    for c in (
-        *(
-            _JSON if isinstance(c, JSONPlainPayloadConverter) else c
-            for c in DefaultPayloadConverter.default_encoding_payload_converters
-        ),
-        _REFUSE_ENCRYPTED,
-        _UndecodableConverter(),
-    )
-}
+
+
+def _converters(json_converter: _JSONConverter) -> dict[bytes, EncodingPayloadConverter]:
+    """Temporal's defaults with ``json_converter``, by encoding."""
+    return {
+        c.encoding.encode(): c
+        for c in (
+            *(
+                json_converter if isinstance(c, JSONPlainPayloadConverter) else c
+                for c in DefaultPayloadConverter.default_encoding_payload_converters
+            ),
+            _REFUSE_ENCRYPTED,
+            _UndecodableConverter(),
+        )
+    }
+
+
+# Built once: the SDK constructs a payload converter for every payload it converts (a
+# ``dataclasses.replace`` of the data converter re-runs its ``__post_init__``), ~15 times per
+# turn iteration with payload storage on.
+_JSON = _JSONConverter(stores_conversations=False)
+_STORING_JSON = _JSONConverter(stores_conversations=True)
+_CONVERTERS = _converters(_JSON)
+_STORING_CONVERTERS = _converters(_STORING_JSON)
 
 
 class TurnkeepPayloadConverter(CompositePayloadConverter):
@@ -111,6 +132,14 @@ class TurnkeepPayloadConverter(CompositePayloadConverter):
         # Shared, not copied: nothing mutates the mapping (``with_context`` gives a new
         # instance its own), and building it was most of this constructor's cost.
         self.converters = _CONVERTERS
+
+
+class StoringPayloadConverter(TurnkeepPayloadConverter):
+    """The same, for a data converter whose codec stores conversations: a session's turns and
+    state are written with their conversation by reference."""
+
+    def __init__(self) -> None:
+        self.converters = _STORING_CONVERTERS
 
 
 # Set while ``decode``/``decode_failure`` run: their callers (clients, activities, `turnkeep
@@ -179,7 +208,10 @@ class TurnkeepDataConverter(DecodingStages):
         return decoded
 
     async def codec_decode(self, payloads: Sequence[Payload]) -> list[Payload]:
-        if self.payload_codec is None:
+        codec = self.payload_codec
+        if isinstance(codec, ConversationCodec):
+            codec = codec.inner
+        if codec is None:
             # Here too, not only in the payload converter: a workflow converting it would
             # fail its task with "Failed decoding arguments".
             for payload in payloads:

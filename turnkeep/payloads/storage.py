@@ -47,16 +47,14 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from temporalio.api.common.v1 import Payload
-from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
-from temporalio.client import Client
 from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
 from temporalio.converter import (
     ExternalStorage,
@@ -69,7 +67,6 @@ from temporalio.converter import (
 from turnkeep.config.paths import state_home
 from turnkeep.config.settings import PayloadStorageSettings
 from turnkeep.observability.recording import payload_bytes_stored
-from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 LOCAL_DRIVER_NAME = "turnkeep.local"
 S3_DRIVER_NAME = "aws.s3driver"  # the SDK's default, so other SDKs' S3 drivers can read ours
@@ -254,7 +251,7 @@ class LocalDirectoryDriver(StorageDriver):
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        _fsync_directory(self.directory)
+        fsync_directory(self.directory)
         payload_bytes_stored("local", len(data))
         return digest
 
@@ -366,7 +363,7 @@ def describe_duration(span: timedelta) -> str:
     raise AssertionError("unreachable")
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     """Make the rename durable too (a payload referenced from history must survive a crash)."""
     with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
@@ -378,18 +375,11 @@ def _fsync_directory(directory: Path) -> None:
 
 # --- garbage collection (local driver) -------------------------------------------------------
 
-# How often a worker sweeps (or every quarter of the retention, if sooner): a sweep is one
-# directory listing and a stat per file, and nothing is lost by removing a file an hour late.
-SWEEP_EVERY = timedelta(hours=1)
 # A writer's temporary file left for this long is a crashed write's (a write takes seconds).
 _ABANDONED_TEMP = timedelta(hours=1)
 _TEMP = re.compile(r"\.[0-9a-f]{16}\..+\.tmp")
 # A payload a sweep has renamed aside before deleting it (left behind if the sweep crashed).
 _ASIDE = re.compile(r"\.([0-9a-f]{64})\.[0-9a-f]+\.gc")
-# A claim's digest in a reference payload (JSON) as it sits, undecoded, in a history event,
-# and the digests of its pieces when it was stored in pieces.
-_CLAIMED_DIGEST = re.compile(rb'"hash_value"\s*:\s*"([0-9a-f]{64})"')
-_CLAIMED_PIECES = re.compile(rb'"pieces"\s*:\s*"([0-9a-f,]+)"')
 
 
 @dataclass
@@ -405,29 +395,14 @@ class SweepReport:
     in_use: int = 0
     errors: list[str] = field(default_factory=list)
 
-
-async def collect(
-    directory: Path, retention: timedelta, client: Client, *, dry_run: bool = False
-) -> SweepReport:
-    """``sweep`` ``directory``, sparing every payload that a running turn references."""
-    in_use = await running_turn_payloads(client)
-    return await asyncio.to_thread(sweep, directory, retention, keep=in_use, dry_run=dry_run)
-
-
-async def running_turn_payloads(client: Client) -> set[str]:
-    """The digests of the stored payloads that running turns' histories reference: a worker
-    may replay any of them at any time. Read from the reference payloads as they are in the
-    history, without fetching what they point to."""
-    digests: set[str] = set()
-    query = f"WorkflowType = '{WORKFLOW_NAME}' AND ExecutionStatus = 'Running'"
-    async for execution in client.list_workflows(query):
-        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
-        async for event in handle.fetch_history_events():
-            raw = event.SerializeToString()
-            digests.update(digest.decode() for digest in _CLAIMED_DIGEST.findall(raw))
-            for pieces in _CLAIMED_PIECES.findall(raw):
-                digests.update(pieces.decode().split(","))
-    return digests
+    def add(self, other: SweepReport) -> None:
+        """Count ``other``'s files (a subdirectory's sweep) in this report."""
+        self.removed += other.removed
+        self.removed_bytes += other.removed_bytes
+        self.kept += other.kept
+        self.kept_bytes += other.kept_bytes
+        self.in_use += other.in_use
+        self.errors += other.errors
 
 
 def sweep(
@@ -462,10 +437,10 @@ def sweep(
             if _SHA256.fullmatch(entry.name):
                 if old and entry.name in keep:
                     report.in_use += 1
-                gone = old and entry.name not in keep and (dry_run or _remove_if_old(path, cutoff))
+                gone = old and entry.name not in keep and (dry_run or remove_if_old(path, cutoff))
             elif aside := _ASIDE.fullmatch(entry.name):
                 back = path.with_name(aside[1])
-                gone = old if dry_run else _remove_if_old(path, cutoff, put_back=back)
+                gone = old if dry_run else remove_if_old(path, cutoff, put_back=back)
             elif _TEMP.fullmatch(entry.name) and stat.st_mtime < temp_cutoff:
                 if not dry_run:
                     path.unlink()
@@ -486,7 +461,7 @@ def sweep(
     return report
 
 
-def _remove_if_old(path: Path, cutoff: float, *, put_back: Path | None = None) -> bool:
+def remove_if_old(path: Path, cutoff: float, *, put_back: Path | None = None) -> bool:
     """Delete ``path`` if its mtime is before ``cutoff`` once nobody can refresh it any more;
     otherwise leave it (or, set aside, put it back) under its payload name."""
     if put_back is None:
@@ -504,81 +479,6 @@ def _remove_if_old(path: Path, cutoff: float, *, put_back: Path | None = None) -
     return False
 
 
-@asynccontextmanager
-async def payload_sweeper(
-    storage: ExternalStorage | None, retention: timedelta | None, client: Client
-) -> AsyncIterator[None]:
-    """While inside: ``collect`` in ``storage``'s local directories now and every
-    ``SWEEP_EVERY``, in a background task, asking ``client``'s namespace which turns are
-    running; first warn if ``retention`` is not longer than the namespace's. Nothing to do for
-    S3, for storage off, or with retention off."""
-    directories = [
-        d.directory
-        for d in (storage.drivers if storage else [])
-        if isinstance(d, LocalDirectoryDriver)
-    ]
-    if not directories or retention is None:
-        yield
-        return
-    task = asyncio.create_task(
-        _sweep_forever(directories, retention, client), name="turnkeep payload sweep"
-    )
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-async def _sweep_forever(directories: Sequence[Path], retention: timedelta, client: Client) -> None:
-    await warn_if_shorter_than_namespace(client, retention)
-    interval = min(SWEEP_EVERY, retention / 4).total_seconds()
-    while True:
-        for directory in directories:
-            try:
-                report = await collect(directory, retention, client)
-            except Exception as err:
-                # Not knowing which turns run (server unreachable...), delete nothing; and a
-                # sweep must never take the worker down.
-                log.warning("payload sweep of %s skipped: %s", directory, err)
-                continue
-            if report.removed:
-                log.info(
-                    "payload sweep: removed %d file(s), %s bytes, unused for %s, from %s",
-                    len(report.removed),
-                    f"{report.removed_bytes:,}",
-                    describe_duration(retention),
-                    directory,
-                )
-            for error in report.errors:
-                log.warning("payload sweep: %s", error)
-        await asyncio.sleep(interval)
-
-
-async def warn_if_shorter_than_namespace(client: Client, retention: timedelta) -> None:
-    """Log a warning if payloads would be swept while closed turns' histories, which reference
-    them, are still kept. Best effort: a client that may not describe its namespace skips it."""
-    try:
-        described = await client.workflow_service.describe_namespace(
-            DescribeNamespaceRequest(namespace=client.namespace), timeout=timedelta(seconds=10)
-        )
-    except Exception as err:
-        log.debug("cannot compare payload retention with the namespace's: %s", err)
-        return
-    kept = described.config.workflow_execution_retention_ttl.ToTimedelta()
-    if retention <= kept:
-        log.warning(
-            "payload_storage.retention (%s) is not longer than the retention of namespace %r "
-            "(%s): payloads of closed turns may be deleted while their histories are still "
-            "kept, and reading those turns will fail. Set it above your longest turn plus %s.",
-            describe_duration(retention),
-            client.namespace,
-            describe_duration(kept),
-            describe_duration(kept),
-        )
-
-
 # --- S3 --------------------------------------------------------------------------------------
 
 
@@ -594,12 +494,15 @@ def s3_driver(bucket: str, prefix: str = "") -> StorageDriver:
             'pip install "temporalio[aioboto3]"'
         ) from err
     client = _LazyS3Client(lambda: aioboto3.Session().client("s3"), new_aioboto3_client, prefix)
-    return _S3Driver(client, bucket)
+    return S3Driver(client, bucket)
 
 
-class _S3Driver(S3StorageDriver):
+class S3Driver(S3StorageDriver):
     def __init__(self, client: _LazyS3Client, bucket: str) -> None:
         super().__init__(client=client, bucket=bucket, driver_name=S3_DRIVER_NAME)
+        # Stored conversations go to the same bucket, through the same client.
+        self.objects = client
+        self.bucket = bucket
         # What `same_storage` and error messages compare and show.
         self.location = f"s3 bucket {bucket}" + (
             f" prefix {client.prefix}" if client.prefix else ""

@@ -56,8 +56,9 @@ from turnkeep.observability.search_attributes import usable_search_attributes
 from turnkeep.observability.setup import tracing_interceptors
 from turnkeep.payloads.codec import payload_codec
 from turnkeep.payloads.composition import turnkeep_converter, with_converter
+from turnkeep.payloads.gc import payload_sweeper
 from turnkeep.payloads.limits import result_size_guard
-from turnkeep.payloads.storage import external_storage, payload_sweeper
+from turnkeep.payloads.storage import external_storage
 from turnkeep.providers.base import ModelProvider
 from turnkeep.providers.registry import (
     ModelCatalog,

@@ -30,6 +30,7 @@ from turnkeep.workflows.approval import (
     PendingCall,
     format_seconds,
 )
+from turnkeep.workflows.conversation import ConversationRef, after_turn
 from turnkeep.workflows.messages import (
     CallToolResult,
     Message,
@@ -76,6 +77,8 @@ class TurnState(BaseModel):
     pending_approvals: dict[str, PendingCall] = Field(default_factory=dict)
     # Every decision taken on this turn's calls, in order: the audit trail.
     decisions: list[DecisionRecord] = Field(default_factory=list)
+    # Where `history` is stored, for a session's turn (`TurnInput.history_ref`).
+    history_ref: ConversationRef | None = None
 
     # -- starting -------------------------------------------------------------------------
 
@@ -86,7 +89,7 @@ class TurnState(BaseModel):
         As in fast-agent, the history is healed only when it is used and none of the new
         messages carries tool results: those answer the dangling calls themselves, and a
         second, contradictory result for the same call id is refused by strict providers."""
-        state = cls(plan=plan, history=list(turn.history))
+        state = cls(plan=plan, history=list(turn.history), history_ref=turn.history_ref)
         if plan.use_history and not any(m.tool_results for m in turn.messages):
             state._heal(turn.history)
         state.messages.extend(turn.messages)
@@ -391,7 +394,7 @@ class TurnState(BaseModel):
 
     def result(self) -> TurnResult:
         final = self._final()
-        return TurnResult(
+        result = TurnResult(
             final=final,
             messages=self.messages,
             history=self.conversation() if self.plan.use_history else self.history,
@@ -403,6 +406,17 @@ class TurnState(BaseModel):
             structured=_parse_json(final.text) if final and self.plan.structured_output else None,
             decisions=self.decisions,
         )
+        if self.history_ref is not None:
+            # A session's turn hands its messages back as a segment of the session's stored
+            # conversation, and the conversation by reference.
+            result.conversation, result._segment = after_turn(
+                self.history_ref,
+                self.messages,
+                appended=self.plan.use_history,
+                summary=self.summary,
+                compacted_upto=self.compacted_upto,
+            )
+        return result
 
     def _history_change(self) -> HistoryChange:
         if not self.plan.use_history:

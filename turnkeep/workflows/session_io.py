@@ -3,10 +3,18 @@ to run, what its updates answer and what it ends with."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
+from turnkeep.workflows.conversation import ConversationRef, stores
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.turn_io import NAME_MAX_CHARS
 
@@ -41,15 +49,33 @@ class SessionInput(BaseModel):
     on_new_message: NewMessageMode = "queue"
 
 
-class SessionState(BaseModel):
-    """What one run of a session hands the next when it continues as new. Payload storage
-    keeps a long conversation out of the history, with only a reference in it."""
+class _ByReference(BaseModel):
+    """A session's conversation, with its history and transcript written by reference in a
+    payload of a converter that stores segments (``turnkeep.workflows.conversation``)."""
 
     # The conversation: the next turn's `history` (compacted when a turn compacted it).
+    # Kept up to date only while the conversation is not stored (`conversation` is None).
     history: list[Message] = Field(default_factory=list)
     # Every message of every turn, in order (each turn's `TurnResult.messages`): what
     # followers index into, so indices stay valid across turns and runs.
     transcript: list[Message] = Field(default_factory=list)
+    # Where the conversation is stored, once a turn has stored its messages.
+    conversation: ConversationRef | None = None
+
+    @model_serializer(mode="wrap")
+    def _by_reference(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        data = handler(self)
+        ref = self.conversation
+        if isinstance(data, dict) and ref is not None and stores(info):
+            data["history"] = ref.history_marker()
+            data["transcript"] = ref.transcript_marker()
+        return data
+
+
+class SessionState(_ByReference):
+    """What one run of a session hands the next when it continues as new: the conversation by
+    reference once it is stored, so a long session's runs stay the same size."""
+
     # Messages sent but not yet handed to a turn: the next turn's `messages`.
     queued: list[Message] = Field(default_factory=list)
     turns: int = 0  # turns started so far: the next one is `<session id>/turn-<turns + 1>`
@@ -81,10 +107,8 @@ class Sent(BaseModel):
     queued: bool  # whether it waits for the running turn to end
 
 
-class SessionResult(BaseModel):
+class SessionResult(_ByReference):
     """What a closed session ends with: its conversation, readable without a worker."""
 
-    history: list[Message]
-    transcript: list[Message]
     turns: int
     tokens: int

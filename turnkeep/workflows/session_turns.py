@@ -1,18 +1,15 @@
 """How a ``SessionWorkflow`` hands its conversation to each turn and takes the turn's outcome
 back, without converting the whole conversation each turn.
 
-A session of a thousand turns holds a conversation of thousands of messages. Converting it into
-a turn's input and back out of the turn's result on every turn (as ``TurnInput`` and
-``TurnResult`` objects) would make the session's own workflow task slower to start each turn
-the longer the session has run (the benchmarks' ``sessions`` section). So the session
-keeps each message's JSON once it has it and writes a turn's input by joining them
-(``ConversationJson``); it reads back only what a turn added (``TurnOutcome``: the turn's
-``messages`` and usage, with its ``history`` skipped unparsed) unless the turn rewrote the
-conversation (a compaction), the one case in which it takes the whole ``history`` again.
-
-The input is still one payload like any turn's: over ``payload_storage.threshold_bytes`` it is
-kept in payload storage with only a reference in the histories of the session and of the turn,
-and the turn checks it as it checks any client's input.
+Once the conversation is stored (``turnkeep.workflows.conversation``: a worker whose data
+converter stores segments, which turnkeep's do with payload storage on), a turn's input names
+it by reference and the turn's result hands back its own messages as a stored segment and the
+conversation by reference: what the histories of the session and its turns record per turn no
+longer grows with the conversation. The first turn of a session (nothing to store yet) is
+handed an empty reference; a session whose first turn comes back without a reference (payload
+storage off) hands every turn its conversation itself, as JSON kept per message
+(``ConversationJson``), and reads back only what a turn added (``TurnOutcome``) unless the turn
+rewrote the conversation (a compaction).
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 
+from turnkeep.workflows.conversation import ConversationRef
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.turn_io import HistoryChange, TurnResult, Usage
 
@@ -41,6 +39,8 @@ class TurnOutcome(BaseModel):
     messages: list[Message]
     usage: dict[str, Usage] = Field(default_factory=dict)
     history_change: HistoryChange = HistoryChange.APPENDED
+    # The session's stored conversation after the turn, when the turn stored its messages.
+    conversation: ConversationRef | None = None
 
 
 class ConversationJson:
@@ -51,15 +51,29 @@ class ConversationJson:
         self._messages: list[Message] = []
         self._json: list[str] = []
 
-    def turn_input(self, agent: str, history: list[Message], messages: list[Message]) -> RawValue:
-        """A ``TurnInput`` for ``agent`` answering ``messages`` after ``history``, as the
-        payload the converter would write for it."""
-        self._cover(history)
-        text = (
-            f'{{"agent":{json.dumps(agent)},'
-            f'"messages":[{",".join(m.model_dump_json() for m in messages)}],'
-            f'"history":[{",".join(self._json)}]}}'
-        )
+    def turn_input(
+        self,
+        agent: str,
+        history: list[Message],
+        messages: list[Message],
+        ref: ConversationRef | None = None,
+    ) -> RawValue:
+        """A ``TurnInput`` for ``agent`` answering ``messages`` after the conversation: by
+        reference when it is stored (``ref``; the data converter expands it), else
+        ``history`` itself. As the payload the converter would write for it."""
+        new = ",".join(m.model_dump_json() for m in messages)
+        if ref is not None:
+            marker = json.dumps(ref.history_marker(), separators=(",", ":"))
+            text = (
+                f'{{"agent":{json.dumps(agent)},"messages":[{new}],"history":{marker},'
+                f'"history_ref":{ref.model_dump_json()}}}'
+            )
+        else:
+            self._cover(history)
+            text = (
+                f'{{"agent":{json.dumps(agent)},"messages":[{new}],'
+                f'"history":[{",".join(self._json)}]}}'
+            )
         return RawValue(Payload(metadata={"encoding": _JSON_ENCODING}, data=text.encode()))
 
     def _cover(self, history: list[Message]) -> None:

@@ -29,6 +29,7 @@ from temporalio.exceptions import ApplicationError, ChildWorkflowError, Workflow
 
 from turnkeep.workflows import visibility, worker_cache
 from turnkeep.workflows.child_turn import start_child, turn_child_result
+from turnkeep.workflows.conversation import ConversationRef
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.session_io import (
     SESSION_WORKFLOW_NAME,
@@ -124,6 +125,7 @@ class SessionWorkflow:
         return SessionResult(
             history=state.history,
             transcript=state.transcript,
+            conversation=state.conversation,
             turns=state.turns,
             tokens=state.tokens,
         )
@@ -133,7 +135,12 @@ class SessionWorkflow:
         messages, state.queued = state.queued, []
         state.turns += 1
         turn_id = _turn_id(state.turns)
-        turn = self._history_json.turn_input(session.agent, state.history, messages)
+        ref = state.conversation
+        if ref is None and not state.history and not state.transcript:
+            # The session's first turn: an empty conversation by reference, so a worker that
+            # stores segments hands back the start of a stored one.
+            ref = ConversationRef(owner=workflow.info().workflow_id)
+        turn = self._history_json.turn_input(session.agent, state.history, messages, ref)
         while True:
             try:
                 child = await start_child(turn, messages[-1], RawValue, id=turn_id, task_queue=None)
@@ -155,16 +162,20 @@ class SessionWorkflow:
         try:
             result = await turn_child_result(child)
             outcome = decode(result, TurnOutcome)
-            state.history = take_in(state.history, outcome, result)
+            if outcome.conversation is None:
+                state.history = take_in(state.history, outcome, result)
         except TurnCancelledError as err:
             cancelled = err
             if err.result is not None:
                 outcome = TurnOutcome.model_validate(err.result, from_attributes=True)
-                state.history = err.result.history
+                if outcome.conversation is None:
+                    state.history = err.result.history
         except ChildWorkflowError as err:
             # An unknown agent, say: its messages go unanswered and the session goes on.
             workflow.logger.warning("turn %s failed: %s", turn_id, err.cause or err)
         if outcome is not None:
+            if outcome.conversation is not None:
+                state.conversation = outcome.conversation
             state.transcript += outcome.messages
             state.tokens += sum(u.input_tokens + u.output_tokens for u in outcome.usage.values())
         self._turn = None

@@ -5,10 +5,20 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 from temporalio.exceptions import CancelledError
 
 from turnkeep.workflows.approval import DecisionRecord
+from turnkeep.workflows.conversation import ConversationRef, Segment, stores
 from turnkeep.workflows.messages import Message, StopReason
 
 DEFAULT_MAX_ITERATIONS = 199
@@ -62,6 +72,10 @@ class TurnInput(TurnOverrides):
     agent: str = Field(min_length=1, max_length=NAME_MAX_CHARS)
     messages: list[InputMessage] = Field(min_length=1)
     history: list[Message] = Field(default_factory=list)
+    # Set by a session: `history` came from this stored conversation (the data converter
+    # expanded it), and the turn hands its own messages back the same way. Honoured only for
+    # a child turn of the session that owns it.
+    history_ref: ConversationRef | None = None
 
     def overrides(self) -> TurnOverrides:
         return TurnOverrides.model_validate(
@@ -119,6 +133,27 @@ class TurnResult(BaseModel):
     structured: Any = None
     # Every approval decision on the turn's tool calls (who, what, when, edits), in order.
     decisions: list[DecisionRecord] = Field(default_factory=list)
+    # For a session's turn whose messages were stored: the session's conversation after the
+    # turn (its `history` is then left empty: the session has it by reference).
+    conversation: ConversationRef | None = None
+
+    # The segment that holds `messages`, for a turn started from a stored conversation.
+    _segment: Segment | None = PrivateAttr(default=None)
+
+    @model_serializer(mode="wrap")
+    def _by_reference(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        """In a payload of a converter that stores segments, the turn's messages as a segment
+        to store and the conversation by reference; in any other payload, no reference."""
+        data = handler(self)
+        if not isinstance(data, dict) or not isinstance(info.context, dict):
+            return data
+        if not stores(info):
+            # The segment is not stored: whoever reads this takes the conversation itself.
+            data["conversation"] = None
+        elif self._segment is not None and self.conversation is not None:
+            data["messages"] = self._segment.marker()
+            data["history"] = []
+        return data
 
 
 class TurnProgress(BaseModel):

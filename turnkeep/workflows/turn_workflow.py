@@ -484,8 +484,28 @@ def _start_arguments(args: Sequence[Any]) -> _Start:
     value = args[0] if args else None
     if isinstance(value, dict) and "history" in value and (len(args) == 1 or args[1] is None):
         turn, _ = _checked_start([{**value, "history": []}])
+        _check_owner(turn)
         return _Start(turn, None, value)
-    return _Start(*_checked_start(args))
+    start = _Start(*_checked_start(args))
+    _check_owner(start.turn)
+    return start
+
+
+def _check_owner(turn: TurnInput) -> None:
+    """A stored conversation is handed only by the session that owns it, to its own child
+    turns: any client could copy a reference from another session's history (digests are no
+    secret), and the worker would expand it into that session's messages."""
+    ref = turn.history_ref
+    if ref is None:
+        return
+    parent = workflow.info().parent
+    if parent is None or parent.workflow_id != ref.owner:
+        raise ApplicationError(
+            "history_ref names the stored conversation of another workflow: only the session "
+            "that owns a conversation may hand it to a turn, as its child",
+            type="InvalidTurnInput",
+            non_retryable=True,
+        )
 
 
 def _with_history(start: _Start) -> TurnInput:

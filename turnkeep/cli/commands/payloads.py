@@ -14,7 +14,8 @@ from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
 from turnkeep.config.files import find_config, load_settings
 from turnkeep.config.settings import DurationOrOff
-from turnkeep.payloads.storage import SweepReport, collect, describe_duration, payload_directory
+from turnkeep.payloads.gc import collect
+from turnkeep.payloads.storage import SweepReport, describe_duration, payload_directory
 
 app = typer.Typer()
 

@@ -1,0 +1,237 @@
+"""A session's storage against its conversation (issue #37): one session per kind of turn, its
+history and stored bytes measured as it grows.
+
+Each session answers ``turns`` messages one after another, as ``turnkeep chat`` does. *short*:
+the ``playback`` model answers at once; *tools*: it first calls a function tool that returns
+5 KB, then answers. At each checkpoint (after 50, 200 and 1,000 turns, those the session
+reaches) it reports:
+
+- the conversation: the JSON of every message the session holds (its transcript);
+- history: every event of every run of the session so far, and of every child turn;
+- stored: what payload storage gained since the session started.
+
+Targets: history + stored ≤ 2× the conversation + 10 KB per turn, and the growth exponent
+of history + stored between the first and the last checkpoint ≤ 1.1 (a session of twice the
+turns costs at most 2.14× the bytes). Also the replay of the session's last complete run, out
+of any cache, per turn in it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHistory
+from temporalio.worker import Replayer
+
+from bench.environment import Environment
+from bench.report import Table, Target, progress
+from bench.turns import runs_of
+from turnkeep.client.sessions import open_session
+from turnkeep.config.settings import Settings
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.replay import replay_plugin
+
+CHECKPOINTS = (50, 200, 1000)
+KINDS = ("short", "tools")
+RESULT_BYTES = 5 * 1024
+AGENT = "talk"
+FACTOR = 2.0
+PER_TURN_BYTES = 10 * 1024
+EXPONENT_MAX = 1.1
+REPLAY_MS_MAX = 5.0
+SIZE_TARGET = f"history + stored ≤ {FACTOR:g}× the conversation + 10 KB per turn"
+GROWTH_TARGET = f"growth of history + stored with the session's turns: exponent ≤ {EXPONENT_MAX}"
+REPLAY_TARGET = f"replaying a session run out of cache ≤ {REPLAY_MS_MAX:g} ms per turn in it"
+TARGETS = [SIZE_TARGET, GROWTH_TARGET, REPLAY_TARGET]
+
+
+def five_kb() -> str:
+    """Returns 5 KB of text."""
+    return "x" * RESULT_BYTES
+
+
+def _config(directory: Path, payloads: Path, kind: str) -> dict[str, Any]:
+    script = directory / f"{kind}.json"
+    if kind == "tools":
+        call = {"tool_calls": {"c1": {"name": "local__five_kb", "arguments": {}}}}
+        entries: list[Any] = [call, "done"]
+        servers = ["local"]
+    else:
+        entries, servers = ["done"], []
+    script.write_text(json.dumps(entries), encoding="utf-8")
+    agent = {"model": "playback", "playback": str(script), "servers": servers}
+    return {
+        "base_dir": str(directory),
+        "payload_storage": {"path": str(payloads)},
+        "agents": {AGENT: agent},
+    }
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    turns: int
+    conversation: int
+    history: int
+    stored: int
+
+    @property
+    def total(self) -> int:
+        return self.history + self.stored
+
+    @property
+    def allowed(self) -> float:
+        return FACTOR * self.conversation + PER_TURN_BYTES * self.turns
+
+
+@dataclass(frozen=True)
+class Growth:
+    kind: str
+    checkpoints: list[Checkpoint]
+    replay_ms_per_turn: float | None
+    replayed_turns: int
+
+    @property
+    def exponent(self) -> float | None:
+        if len(self.checkpoints) < 2:
+            return None
+        a, b = self.checkpoints[0], self.checkpoints[-1]
+        return math.log(b.total / a.total) / math.log(b.turns / a.turns)
+
+
+def _bytes(events: list[Any]) -> int:
+    return sum(e.ByteSize() for e in events)
+
+
+def _stored(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+async def _history_bytes(
+    client: Client, session_id: str, first_run: str, turns: int, known: dict[int, int]
+) -> int:
+    total = sum(_bytes(run) for run in await runs_of(client, session_id, first_run))
+    for n in range(1, turns + 1):
+        if n not in known:  # an ended turn's history no longer changes
+            known[n] = sum(_bytes(r) for r in await runs_of(client, f"{session_id}/turn-{n}"))
+        total += known[n]
+    return total
+
+
+async def _replay(
+    client: Client, settings: Settings, session_id: str, first_run: str
+) -> tuple[float | None, int]:
+    """Milliseconds per turn to replay the session's last complete run, and its turns."""
+    runs = await runs_of(client, session_id, first_run)
+    if len(runs) < 2:
+        return None, 0
+    run = runs[-2]  # the last one that continued as new: complete
+    turns = sum(
+        1 for e in run if e.HasField("start_child_workflow_execution_initiated_event_attributes")
+    )
+    history = WorkflowHistory(session_id, run)
+    replayer = Replayer(workflows=[], plugins=[replay_plugin(settings)])
+    await replayer.replay_workflow(history)  # warm: imports, the sandbox
+    started = time.perf_counter()
+    await replayer.replay_workflow(history)
+    return (time.perf_counter() - started) * 1000 / max(turns, 1), turns
+
+
+async def growth(env: Environment, kind: str, turns: int) -> Growth:
+    directory = env.tmp / f"storage-{kind}"
+    directory.mkdir(exist_ok=True)
+    settings = Settings.model_validate(_config(directory, env.payloads, kind))
+    queue = f"bench-storage-{uuid.uuid4().hex[:6]}"
+    stored_before = _stored(env.payloads)
+    points = [c for c in CHECKPOINTS if c <= turns] or [turns]
+    checkpoints: list[Checkpoint] = []
+    known: dict[int, int] = {}
+    async with build_worker(
+        env.client, settings, function_tools={"local": [five_kb]}, task_queue=queue
+    ):
+        session = await open_session(env.client, agent=AGENT, task_queue=queue)
+        first_run = (await session.handle.describe()).run_id or ""
+        conversation = 0
+        index = 0
+        for n in range(1, turns + 1):
+            sent = await session.send(f"message {n}")
+            async for message in session.messages(index, until_turn=sent.turn):
+                index += 1
+                conversation += len(message.model_dump_json())
+            if n in points:
+                history = await _history_bytes(env.client, session.session_id, first_run, n, known)
+                checkpoints.append(
+                    Checkpoint(n, conversation, history, _stored(env.payloads) - stored_before)
+                )
+                progress(f"storage ({kind}): {n} of {turns} turns")
+        replay_ms, replayed = await _replay(env.client, settings, session.session_id, first_run)
+        await session.handle.terminate()
+    return Growth(kind, checkpoints, replay_ms, replayed)
+
+
+def table(results: list[Growth]) -> tuple[Table, list[Target]]:
+    out = Table(
+        "Sessions: storage against the conversation",
+        [
+            "turns",
+            "kind",
+            "conversation (KB)",
+            "history (KB)",
+            "stored (KB)",
+            "(history + stored) / conversation",
+            f"budget: {FACTOR:g}× + 10 KB/turn (KB)",
+        ],
+    )
+    size_ok, growth_ok, replay_ok = True, True, True
+    exponents, replays = [], []
+    for g in results:
+        for c in g.checkpoints:
+            out.add(
+                f"{c.turns:,}",
+                g.kind,
+                f"{c.conversation / 1024:,.0f}",
+                f"{c.history / 1024:,.0f}",
+                f"{c.stored / 1024:,.0f}",
+                f"{c.total / c.conversation:.2f}×",
+                f"{c.allowed / 1024:,.0f}",
+            )
+            size_ok &= c.total <= c.allowed
+        if g.exponent is not None:
+            exponents.append(f"{g.kind} {g.exponent:.2f}")
+            growth_ok &= g.exponent <= EXPONENT_MAX
+        if g.replay_ms_per_turn is not None:
+            replays.append(f"{g.kind} {g.replay_ms_per_turn:.1f} ms ({g.replayed_turns} turns)")
+            replay_ok &= g.replay_ms_per_turn <= REPLAY_MS_MAX
+    out.notes.append(
+        "*history*: every event of every run of the session and of each of its child turns; "
+        "*stored*: what payload storage gained; *conversation*: the JSON of every message "
+        "of the session's transcript. Checkpoints are of one session per kind as it grows "
+        "(*tools*: each turn calls a tool that returns 5 KB)."
+    )
+    targets = [
+        Target(
+            SIZE_TARGET,
+            "met at every checkpoint" if size_ok else "over at some checkpoint",
+            size_ok,
+        ),
+        Target(
+            GROWTH_TARGET,
+            ", ".join(exponents) or "one checkpoint only",
+            growth_ok and bool(exponents),
+        ),
+        Target(REPLAY_TARGET, ", ".join(replays) or "no complete run", replay_ok and bool(replays)),
+    ]
+    return out, targets
+
+
+async def storage(env: Environment, turns: int) -> tuple[Table, list[Target]]:
+    results = []
+    for kind in KINDS:
+        progress(f"storage: a session of {turns} {kind} turns")
+        results.append(await growth(env, kind, turns))
+    return table(results)

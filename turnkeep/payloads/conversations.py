@@ -1,0 +1,462 @@
+"""Stored conversations: where a session's turns keep their messages, and the codec that stores
+and expands them (``turnkeep.workflows.conversation`` says why and what a segment is).
+
+Workflow code marks what it hands over by reference; this module does the I/O, in the data
+converter's codec, outside the workflow:
+
+- **encode**: a segment that still carries its messages is written to the store under its
+  digest (checked; through the inner codec, so encryption covers it) and its messages are left
+  out of the payload;
+- **decode**: after the inner codec, a segment gets its messages back, a history reference
+  becomes the history's messages and a transcript reference the transcript's.
+
+A payload without a marker is passed through untouched (one substring check). Segments are
+immutable and named by their digest, so a worker keeps the ones it has read or written, and
+the expansions of the chains it has walked, in memory: the consecutive turns of one session
+read each segment once.
+
+The store sits beside payload storage: with the ``local`` driver, a directory per session under
+``conversations/`` of the payload directory (``sweep_conversations`` deletes a session's
+segments once it is closed and nobody has read or written them for the retention); with
+``s3``, keys under ``conversations/`` of the bucket and prefix (a bucket lifecycle rule
+expires them, as it does stored payloads: make it longer than your sessions last).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.common.v1 import Payload
+from temporalio.converter import ExternalStorage, PayloadCodec
+
+from turnkeep.observability.recording import payload_bytes_stored
+from turnkeep.payloads.storage import (
+    LocalDirectoryDriver,
+    MissingPayloadError,
+    PayloadStorageError,
+    S3Driver,
+    SweepReport,
+    fsync_directory,
+    remove_if_old,
+)
+from turnkeep.workflows.conversation import MARKER, ConversationRef, segment_digest
+from turnkeep.workflows.messages import Message
+from turnkeep.workflows.turn_io import TurnResult
+
+JSON = b"json/plain"
+_MARKER_BYTES = f'"{MARKER}"'.encode()
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+DIRECTORY = "conversations"
+# What a worker keeps of the segments it has read or written, by their messages' JSON size.
+CACHE_BYTES = 64 * 1024 * 1024
+# Expansions of chains kept, each a tuple of references to the cached messages' JSON.
+CHAINS = 64
+
+
+async def with_history(codec: PayloadCodec | None, result: TurnResult) -> TurnResult:
+    """``result`` with its ``history`` read from the store when the turn handed it back by
+    reference (a session's turn): what a client reading the turn expects."""
+    if result.conversation is None or result.history or not isinstance(codec, ConversationCodec):
+        return result
+    return result.model_copy(update={"history": await codec.history(result.conversation)})
+
+
+class MissingSegmentError(MissingPayloadError):
+    """A stored conversation refers to a segment that is not in the store."""
+
+
+@dataclass(frozen=True)
+class _Segment:
+    parent: str | None
+    prev: str | None
+    messages: tuple[str, ...]
+    summary: str | None
+
+    @property
+    def digest(self) -> str:
+        return segment_digest(self.parent, self.prev, self.messages, self.summary)
+
+    @property
+    def size(self) -> int:
+        return sum(len(text) for text in self.messages) + len(self.summary or "")
+
+
+def owner_key(owner: str) -> str:
+    """Where a session's segments go: its workflow id's SHA-256 (any string is an id)."""
+    return hashlib.sha256(owner.encode()).hexdigest()[:32]
+
+
+class ConversationStore(ABC):
+    """Segment bytes by session and digest. Writing one twice is harmless (same content)."""
+
+    location: str
+
+    @abstractmethod
+    async def put(self, owner: str, digest: str, data: bytes) -> None: ...
+
+    @abstractmethod
+    async def get(self, owner: str, digest: str) -> bytes:
+        """The segment's bytes; ``MissingSegmentError`` when it is not there."""
+
+
+class LocalConversationStore(ConversationStore):
+    """A file per segment, in a directory per session: written under a temporary name and
+    renamed into place (a reader never sees half a file); reading refreshes its mtime."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.location = f"local directory {directory}"
+
+    def _path(self, owner: str, digest: str) -> Path:
+        if not _SHA256.fullmatch(digest):
+            # Digests come from payloads any client may send: never a path of their own.
+            raise PayloadStorageError(f"not a segment digest: {digest!r}")
+        return self.directory / owner_key(owner) / digest
+
+    async def put(self, owner: str, digest: str, data: bytes) -> None:
+        await asyncio.to_thread(self._write, self._path(owner, digest), data)
+
+    async def get(self, owner: str, digest: str) -> bytes:
+        return await asyncio.to_thread(self._read, self._path(owner, digest))
+
+    def _write(self, path: Path, data: bytes) -> None:
+        if path.exists():
+            with contextlib.suppress(OSError):
+                os.utime(path)
+            return
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".tmp")
+        except OSError as err:
+            raise PayloadStorageError(
+                f"cannot write conversations to {self.directory}: {err}"
+            ) from err
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        fsync_directory(path.parent)
+        payload_bytes_stored("local", len(data))
+
+    def _read(self, path: Path) -> bytes:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise MissingSegmentError(
+                f"a stored conversation refers to segment {path.name}, which is not in "
+                f"{path.parent} (removed by a sweep, or another payload_storage.path)"
+            ) from None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # in use: keep it from the sweep
+        return data
+
+
+class S3ConversationStore(ConversationStore):
+    """Objects under ``conversations/<session>/<digest>`` of payload storage's bucket."""
+
+    def __init__(self, driver: S3Driver) -> None:
+        self._client = driver.objects
+        self._bucket = driver.bucket
+        self.location = f"{driver.location} ({DIRECTORY}/)"
+
+    def _key(self, owner: str, digest: str) -> str:
+        if not _SHA256.fullmatch(digest):
+            raise PayloadStorageError(f"not a segment digest: {digest!r}")
+        return f"{DIRECTORY}/{owner_key(owner)}/{digest}"
+
+    async def put(self, owner: str, digest: str, data: bytes) -> None:
+        key = self._key(owner, digest)
+        if not await self._client.object_exists(bucket=self._bucket, key=key):
+            await self._client.put_object(bucket=self._bucket, key=key, data=data)
+
+    async def get(self, owner: str, digest: str) -> bytes:
+        key = self._key(owner, digest)
+        try:
+            return await self._client.get_object(bucket=self._bucket, key=key)
+        except Exception as err:
+            raise MissingSegmentError(
+                f"a stored conversation refers to segment {digest}, which cannot be read from "
+                f"{self.location}: {type(err).__name__}"
+            ) from None
+
+
+def conversation_store(storage: ExternalStorage | None) -> ConversationStore | None:
+    """The store beside ``storage``'s first driver that turnkeep built (local or S3); None
+    without one (payload storage off, or a driver of the application's own): sessions then
+    hand their turns the conversation itself."""
+    for driver in storage.drivers if storage is not None else ():
+        if isinstance(driver, LocalDirectoryDriver):
+            return LocalConversationStore(driver.directory / DIRECTORY)
+        if isinstance(driver, S3Driver):
+            return S3ConversationStore(driver)
+    return None
+
+
+class ConversationCodec(PayloadCodec):
+    """Stores the segments a payload carries and expands the references it holds, around
+    ``inner`` (turnkeep's encryption, an application's codec, or none)."""
+
+    def __init__(self, store: ConversationStore, inner: PayloadCodec | None) -> None:
+        self.store = store
+        self.inner = inner
+        self._segments: OrderedDict[tuple[str, str], _Segment] = OrderedDict()
+        self._cached_bytes = 0
+        self._chains: OrderedDict[tuple[str, str, str], tuple[str, ...]] = OrderedDict()
+
+    # -- encoding ------------------------------------------------------------------------------
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        out = list(payloads)
+        for i, payload in enumerate(out):
+            if _marked(payload):
+                out[i] = await self._store_segments(payload)
+        return await self.inner.encode(out) if self.inner is not None else out
+
+    async def _store_segments(self, payload: Payload) -> Payload:
+        document = json.loads(payload.data)
+        stored = False
+        for marker in _markers(document):
+            if marker[MARKER] == "segment" and "messages" in marker:
+                await self._store(marker)
+                del marker["messages"]
+                marker.pop("summary", None)
+                stored = True
+        if not stored:
+            return payload
+        return Payload(metadata=payload.metadata, data=_dumps(document).encode())
+
+    async def _store(self, marker: dict[str, Any]) -> None:
+        owner, digest = str(marker["owner"]), str(marker["digest"])
+        messages = tuple(str(m) for m in marker["messages"])
+        segment = _Segment(
+            marker.get("parent"), marker.get("prev"), messages, marker.get("summary")
+        )
+        if segment.digest != digest:
+            raise PayloadStorageError(f"segment {digest} does not match its messages")
+        if (owner, digest) in self._segments:
+            return  # written by this process already
+        body = {
+            "parent": segment.parent,
+            "prev": segment.prev,
+            "messages": list(messages),
+            "summary": segment.summary,
+        }
+        data = Payload(metadata={"encoding": JSON}, data=_dumps(body).encode())
+        if self.inner is not None:
+            [data] = await self.inner.encode([data])
+        await self.store.put(owner, digest, data.SerializeToString())
+        self._keep(owner, digest, segment)
+
+    # -- decoding ------------------------------------------------------------------------------
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        out = await self.inner.decode(payloads) if self.inner is not None else list(payloads)
+        for i, payload in enumerate(out):
+            if _marked(payload):
+                out[i] = await self._expand(payload)
+        return out
+
+    async def _expand(self, payload: Payload) -> Payload:
+        document = json.loads(payload.data)
+        fragments: list[str] = []
+
+        async def expanded(marker: dict[str, Any]) -> str:
+            kind, owner = marker[MARKER], str(marker.get("owner", ""))
+            if kind == "segment":
+                texts = (await self._segment(owner, str(marker["digest"]))).messages
+            elif kind == "history":
+                chain = await self._chain(owner, marker.get("head"), "parent")
+                summary = await self._summary(owner, marker.get("summary"))
+                texts = summary + chain[int(marker.get("start") or 0) :]
+            elif kind == "transcript":
+                texts = await self._chain(owner, marker.get("head"), "prev")
+            else:
+                raise PayloadStorageError(f"unknown conversation reference {kind!r}")
+            fragments.append(f"[{','.join(texts)}]")
+            return f"\x00{token}{len(fragments) - 1}\x00"
+
+        # Placeholders no message can hold by chance, swapped for the messages' JSON as is.
+        token = os.urandom(8).hex()
+        document = await _replace_markers(document, expanded)
+        text = _dumps(document)
+        for n, fragment in enumerate(fragments):
+            text = text.replace(json.dumps(f"\x00{token}{n}\x00"), fragment, 1)
+        return Payload(metadata=payload.metadata, data=text.encode())
+
+    async def history(self, ref: ConversationRef) -> list[Message]:
+        """The history ``ref`` names, as messages (a client reading a session's turn, whose
+        result hands its history back by reference)."""
+        chain = await self._chain(ref.owner, ref.head, "parent")
+        texts = await self._summary(ref.owner, ref.summary) + chain[ref.start :]
+        return [Message.model_validate_json(text) for text in texts]
+
+    async def _summary(self, owner: str, digest: str | None) -> tuple[str, ...]:
+        """The summary message the segment ``digest`` holds, as the history's first message."""
+        if digest is None:
+            return ()
+        summary = (await self._segment(owner, digest)).summary
+        if summary is None:
+            raise PayloadStorageError(f"stored conversation segment {digest} holds no summary")
+        return (summary,)
+
+    async def _chain(self, owner: str, head: str | None, pointer: str) -> tuple[str, ...]:
+        """Every message of the chain ending at ``head``, oldest first, following ``pointer``
+        (``parent``: the history; ``prev``: the transcript)."""
+        if head is None:
+            return ()
+        walked: list[_Segment] = []
+        base: tuple[str, ...] = ()
+        digest: str | None = head
+        while digest is not None:
+            cached = self._chains.get((owner, digest, pointer))
+            if cached is not None:
+                self._chains.move_to_end((owner, digest, pointer))
+                base = cached
+                break
+            segment = await self._segment(owner, digest)
+            walked.append(segment)
+            digest = segment.parent if pointer == "parent" else segment.prev
+        chain = base + tuple(text for segment in reversed(walked) for text in segment.messages)
+        self._chains[(owner, head, pointer)] = chain
+        while len(self._chains) > CHAINS:
+            self._chains.popitem(last=False)
+        return chain
+
+    async def _segment(self, owner: str, digest: str) -> _Segment:
+        cached = self._segments.get((owner, digest))
+        if cached is not None:
+            self._segments.move_to_end((owner, digest))
+            return cached
+        stored = Payload()
+        stored.ParseFromString(await self.store.get(owner, digest))
+        if self.inner is not None:
+            [stored] = await self.inner.decode([stored])
+        body = json.loads(stored.data)
+        segment = _Segment(
+            body.get("parent"),
+            body.get("prev"),
+            tuple(body.get("messages") or ()),
+            body.get("summary"),
+        )
+        if segment.digest != digest:
+            raise PayloadStorageError(
+                f"stored conversation segment {digest} is damaged: its contents no longer "
+                "match their digest"
+            )
+        self._keep(owner, digest, segment)
+        return segment
+
+    def _keep(self, owner: str, digest: str, segment: _Segment) -> None:
+        self._segments[(owner, digest)] = segment
+        self._cached_bytes += segment.size
+        while self._cached_bytes > CACHE_BYTES and len(self._segments) > 1:
+            _, dropped = self._segments.popitem(last=False)
+            self._cached_bytes -= dropped.size
+
+
+def _marked(payload: Payload) -> bool:
+    return payload.metadata.get("encoding") == JSON and _MARKER_BYTES in payload.data
+
+
+def _markers(node: Any) -> list[dict[str, Any]]:
+    """The marker objects in a JSON document, outermost first."""
+    found: list[dict[str, Any]] = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get(MARKER), str):
+                found.append(item)
+                continue
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+async def _replace_markers(node: Any, replace: Any) -> Any:
+    if isinstance(node, dict):
+        if isinstance(node.get(MARKER), str):
+            return await replace(node)
+        return {key: await _replace_markers(value, replace) for key, value in node.items()}
+    if isinstance(node, list):
+        return [await _replace_markers(item, replace) for item in node]
+    return node
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+# --- garbage collection (local store) -------------------------------------------------------
+
+
+def sweep_conversations(
+    directory: Path,
+    retention: timedelta,
+    *,
+    running: Collection[str],
+    dry_run: bool = False,
+) -> SweepReport:
+    """Delete the segments of every session that is not ``running`` (workflow ids) and whose
+    segments nobody has written or read for ``retention``; a running session's segments are
+    all kept, however long it has been idle (its next turn reads them)."""
+    report = SweepReport(directory)
+    keep = {owner_key(owner) for owner in running}
+    cutoff = time.time() - retention.total_seconds()
+    try:
+        sessions = list(os.scandir(directory))
+    except FileNotFoundError:
+        return report
+    for session in sessions:
+        if not session.is_dir(follow_symlinks=False):
+            continue
+        files = [e for e in os.scandir(session.path) if e.is_file(follow_symlinks=False)]
+        for entry in files:
+            path = Path(entry.path)
+            try:
+                stat = entry.stat(follow_symlinks=False)
+                old = stat.st_mtime < cutoff
+                if old and session.name in keep:
+                    report.in_use += 1
+                gone = (
+                    old
+                    and session.name not in keep
+                    and _SHA256.fullmatch(entry.name)
+                    and (dry_run or remove_if_old(path, cutoff))
+                )
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                report.errors.append(f"{path}: {err}")
+                continue
+            if gone:
+                report.removed.append(path)
+                report.removed_bytes += stat.st_size
+            else:
+                report.kept += 1
+                report.kept_bytes += stat.st_size
+        if not dry_run:
+            with contextlib.suppress(OSError):
+                os.rmdir(session.path)  # only once empty
+    return report

@@ -1,0 +1,155 @@
+"""A session's conversation by reference: content-addressed segments, chained.
+
+A session runs a child turn per exchange. Handing each turn the whole conversation, and taking
+it back in the turn's result, would record the conversation again for every turn: bytes
+growing with the square of the session's length. Instead each turn's messages are stored once,
+as a **segment**, and the session and its turns hand each other a **reference**:
+
+- A segment holds the messages one turn appended, and two pointers: ``parent``, the last
+  segment of the history that turn saw, and ``prev``, the session's previous turn's segment.
+  Its digest covers both and each message's JSON, so it names its content and its place.
+- The **transcript** (every turn's messages, in order) is the chain of ``prev`` pointers from
+  the session's last segment.
+- The **history** (what the next turn sees) is the messages of the chain of ``parent``
+  pointers from ``head``, from index ``start``, after the summary of the last compaction if
+  there was one (kept in the segment of the turn that compacted): a turn that compacted starts
+  the history anew from its summary, one that does not use history leaves it as it was.
+
+Workflow code only names segments and computes their digests (pure). Storing a segment and
+expanding a reference back into messages happen in the data converter's codec, outside the
+workflow, when a payload carries a marker (``MARKER``): a segment with its messages is stored
+and stripped on the way out; a segment, a history or a transcript reference is replaced by its
+messages on the way in. So a turn's code sees its history as a plain list, and what a history
+records per turn no longer grows with the conversation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from turnkeep.workflows.messages import Message
+
+# The key that marks a reference or a segment inside a payload's JSON.
+MARKER = "$turnkeep"
+# The serialization context under which models write references instead of messages: set by
+# the payload converter of a worker or client whose converter stores segments.
+STORE_CONTEXT = "turnkeep_conversation_store"
+
+Kind = Literal["segment", "history", "transcript"]
+
+
+class ConversationRef(BaseModel):
+    """Where a session's conversation is: its history is the summary held by segment
+    ``summary`` (if any), then the messages of the ``parent`` chain ending at ``head`` from
+    index ``start``; its transcript is the ``prev`` chain ending at ``transcript``. ``owner``
+    is the session: only its own child turns may hand a turn such a reference
+    (``TurnWorkflow`` checks)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    owner: str = Field(min_length=1)
+    head: str | None = None
+    start: int = Field(default=0, ge=0)
+    summary: str | None = None
+    transcript: str | None = None
+
+    def history_marker(self) -> dict[str, Any]:
+        """What a payload holds in place of the history: the codec expands it."""
+        return {
+            MARKER: "history",
+            "owner": self.owner,
+            "head": self.head,
+            "start": self.start,
+            "summary": self.summary,
+        }
+
+    def transcript_marker(self) -> dict[str, Any]:
+        return {MARKER: "transcript", "owner": self.owner, "head": self.transcript}
+
+
+class Segment(BaseModel):
+    """One turn's messages in a session's chain, as their JSON (each message's
+    ``model_dump_json``: what its digest is taken over), and the summary it compacted the
+    conversation to, if it did."""
+
+    owner: str
+    parent: str | None
+    prev: str | None
+    messages: list[str]
+    summary: str | None = None
+
+    @property
+    def digest(self) -> str:
+        return segment_digest(self.parent, self.prev, self.messages, self.summary)
+
+    def marker(self) -> dict[str, Any]:
+        """What a payload holds in place of the segment's messages: stored and stripped on the
+        way out, filled in again on the way in."""
+        return {
+            MARKER: "segment",
+            "owner": self.owner,
+            "digest": self.digest,
+            "parent": self.parent,
+            "prev": self.prev,
+            "messages": self.messages,
+            "summary": self.summary,
+        }
+
+
+def segment_digest(
+    parent: str | None, prev: str | None, messages: Sequence[str], summary: str | None = None
+) -> str:
+    """The SHA-256 of a segment: its pointers, each message's own SHA-256 and its summary's."""
+    parts = [parent or "", prev or "", _sha256(summary) if summary else "", *map(_sha256, messages)]
+    return _sha256("\n".join(parts))
+
+
+def after_turn(
+    ref: ConversationRef,
+    messages: Sequence[Message],
+    *,
+    appended: bool,
+    summary: Message | None,
+    compacted_upto: int,
+) -> tuple[ConversationRef, Segment]:
+    """The session's conversation after a turn that started from ``ref`` and appended
+    ``messages`` (``TurnResult.messages``), and the segment that holds them.
+
+    ``appended``: the turn's messages extend the history (it uses history); ``summary`` and
+    ``compacted_upto``: a compaction replaced the turn's conversation (``ref``'s history then
+    the turn's messages) before that index with this summary."""
+    segment = Segment(
+        owner=ref.owner,
+        parent=ref.head,
+        prev=ref.transcript,
+        messages=[m.model_dump_json() for m in messages],
+        summary=summary.model_dump_json() if summary is not None else None,
+    )
+    digest = segment.digest
+    if summary is not None:
+        # The conversation was `[summary] + chain[start:] + messages` = `[summary] + new
+        # chain[start:]`; the compaction kept it from `compacted_upto` on, past any summary.
+        start = ref.start + compacted_upto - (1 if ref.summary else 0)
+        after = ref.model_copy(
+            update={"head": digest, "start": start, "summary": digest, "transcript": digest}
+        )
+    elif appended:
+        after = ref.model_copy(update={"head": digest, "transcript": digest})
+    else:
+        after = ref.model_copy(update={"transcript": digest})
+    return after, segment
+
+
+def stores(info: Any) -> bool:
+    """Whether a model being dumped for a payload may write references (pydantic's
+    ``SerializationInfo``): the payload converter of a converter that stores segments."""
+    context = info.context if info is not None else None
+    return isinstance(context, dict) and bool(context.get(STORE_CONTEXT))
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
