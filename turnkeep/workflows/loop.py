@@ -281,7 +281,7 @@ class TurnState(BaseModel):
         # never ends on a call without its result.
         if self.iteration > self.plan.max_iterations:
             # Replaced, not changed in place: a message in the conversation never changes
-            # (model calls' digests rely on it, see activity_io.MessageJson).
+            # (model calls' digests rely on it, see model_io.MessageJson).
             self.messages[-2] = self.messages[-2].model_copy(
                 update={"stop_reason": StopReason.MAX_ITERATIONS}
             )

@@ -110,7 +110,7 @@ class TurnWorkflow:
             turn_metrics.turn_started(turn.agent)
         if self._state is None:
             try:
-                # Shared with the worker's other turns of the agent (activity_io.shared).
+                # Shared with the worker's other turns of the agent (``turnkeep.workflows.shared``).
                 plan = shared(await actions.prepare_turn(turn))
                 turn = _with_history(self._start)
             except (ActivityError, ApplicationError):  # an unknown agent, a bad history...
