@@ -45,10 +45,11 @@ from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
 from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
 from turnkeep.workflows.turn_io import TurnInput
 
 T = TypeVar("T")
-ACTIVITY = {"tool": "call_tool", "model": "llm_step"}
+ACTIVITY = {"tool": CALL_TOOL, "model": LLM_STEP}
 
 
 @dataclass(frozen=True)
