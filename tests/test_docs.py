@@ -200,3 +200,20 @@ def test_the_python_reference_names_every_public_name() -> None:
 
     reference = hooks.python_reference()
     assert [name for name in turnkeep.__all__ if f"## `{name}`" not in reference] == []
+
+
+@pytest.mark.parametrize("uri", sorted(hooks.REFERENCES))
+def test_the_committed_references_are_current(uri: str) -> None:
+    """The references are committed so their links work on a code host too; the site renders
+    them afresh. A stale copy: `python -m docs.hooks` writes them anew."""
+    committed = (DOCS / uri).read_text(encoding="utf-8")
+    assert committed == hooks.REFERENCES[uri]() + "\n", f"{uri} is stale: run python -m docs.hooks"
+
+
+def test_the_readmes_python_runs_when_pasted_into_a_file() -> None:
+    """Each Python block of the README is a whole module: no `await` outside a function."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    assert len(blocks) >= 2
+    for block in blocks:
+        compile(block, "README.md", "exec")  # a top-level await is a SyntaxError here
