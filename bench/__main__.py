@@ -5,7 +5,7 @@
 Every figure but the dev-server flags comes from one run on one freshly started embedded dev
 server, next to a floor measured in the same run (the machine may be shared and noisy: the
 ratios are the point). Progress goes to stderr; stdout gets markdown tables, ending with the
-targets of issue #7 and whether this run met them. See bench/README.md.
+targets of issue #7 and whether this run met them. The benchmarks' README explains each section.
 """
 
 from __future__ import annotations

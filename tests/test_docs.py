@@ -1,9 +1,9 @@
 """The documentation's links and generated references (no server needed).
 
-Every relative link in the READMEs, the changelog and ``docs/`` must resolve to a file of this
-repository (or a page ``docs/hooks.py`` generates), an ``#anchor`` to a heading of its target,
-and an absolute link must be a public http(s) URL: nothing may point outside the repository,
-as a link to a design document elsewhere once did. ``mkdocs build --strict`` (in ``make
+Every relative link in the READMEs, the changelog and the documentation must resolve to a file of
+this repository (or a page the site's build hooks generate), an ``#anchor`` to a heading of its
+target, and an absolute link must be a public http(s) URL: nothing may point outside the
+repository, as a link to a design document elsewhere once did. ``mkdocs build --strict`` (in ``make
 lint``) checks the site's own links again, as MkDocs resolves them.
 """
 

@@ -247,7 +247,7 @@ async def test_turnkeep_worker_serves_metrics_from_its_config(
     assert f"metrics at http://127.0.0.1:{port}/metrics" in output.decode()
 
 
-# A worker process starts in 10 to 30 s on a loaded 2-core machine.
+# Slow: a worker process of its own can take tens of seconds to start on a loaded machine.
 @pytest.mark.slow
 async def test_a_bounded_workflow_cache_lets_idle_sessions_go_and_brings_them_back(
     temporal: ServerInfo, client: Client, tmp_path: Path

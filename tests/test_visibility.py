@@ -1,6 +1,6 @@
-"""What an operator sees of a turn in the Temporal Web UI and filters turns by
-(docs/operations/web-ui.md): activity summaries with the model's outcomes, current details as the
-turn runs, search attributes, and a cluster without those attributes (the worker warns once,
+"""What an operator sees of a turn in the Temporal Web UI and filters turns by (the
+documentation's *The Web UI*): activity summaries with the model's outcomes, current details as
+the turn runs, search attributes, and a cluster without those attributes (the worker warns once,
 `turnkeep setup` registers them). The text itself is unit-tested first, without a server."""
 
 from __future__ import annotations
@@ -755,8 +755,8 @@ async def test_a_turn_with_visibility_replays_fresh_and_recorded(
     harness: HarnessFactory, tmp_path: Path
 ) -> None:
     """Upserts and outcome timers replay deterministically, from this code and from the
-    recorded history (tests/histories/visibility_timers.json; refresh as tests/test_replay.py
-    says)."""
+    recorded history (``visibility_timers`` among the replay tests' histories; refresh it as
+    ``tests.test_replay`` says)."""
     # One call runs, one names no tool: the answer's outcome gets a timer, cancelled later.
     mixed = calls(("c1", 1, 2))
     mixed["tool_calls"]["c2"] = {"name": "local__nope", "arguments": {}}
