@@ -65,7 +65,14 @@ def _config(directory: Path, payloads: Path, kind: str) -> dict[str, Any]:
     else:
         entries, servers = ["done"], []
     script.write_text(json.dumps(entries), encoding="utf-8")
-    agent = {"model": "playback", "playback": str(script), "servers": servers}
+    # No compaction: the playback model's "summary" is the whole transcript, which says
+    # nothing of what a summary costs.
+    agent = {
+        "model": "playback",
+        "playback": str(script),
+        "servers": servers,
+        "compaction": {"enabled": False},
+    }
     return {
         "base_dir": str(directory),
         "payload_storage": {"path": str(payloads)},

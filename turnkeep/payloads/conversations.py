@@ -398,10 +398,24 @@ async def _replace_markers(node: Any, replace: Any) -> Any:
     if isinstance(node, dict):
         if isinstance(node.get(MARKER), str):
             return await replace(node)
-        return {key: await _replace_markers(value, replace) for key, value in node.items()}
+        return {
+            key: await _replace_markers(_with_ref(value, node), replace)
+            for key, value in node.items()
+        }
     if isinstance(node, list):
         return [await _replace_markers(item, replace) for item in node]
     return node
+
+
+def _with_ref(value: Any, siblings: dict[str, Any]) -> Any:
+    """A marker that names the reference beside it (``{"$turnkeep": "history", "ref": key}``)
+    with that reference's fields."""
+    if isinstance(value, dict) and isinstance(value.get(MARKER), str) and "ref" in value:
+        ref = siblings.get(str(value["ref"]))
+        if not isinstance(ref, dict):
+            raise PayloadStorageError(f"a conversation reference names {value['ref']!r}, absent")
+        return {**ref, MARKER: value[MARKER]}
+    return value
 
 
 def _dumps(value: Any) -> str:

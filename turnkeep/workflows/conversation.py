@@ -29,7 +29,14 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from turnkeep.workflows.messages import Message
 
@@ -56,6 +63,31 @@ class ConversationRef(BaseModel):
     start: int = Field(default=0, ge=0)
     summary: str | None = None
     transcript: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _short(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Recorded for every turn: the transcript's end is the history's but after a turn
+        # that did not use history, and what is absent is its default.
+        data = handler(self)
+        if isinstance(data, dict):
+            if data.get("transcript") == data.get("head"):
+                data.pop("transcript", None)
+            for name in ("summary", "start"):
+                if not data.get(name):
+                    data.pop(name, None)
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _transcript_at_head(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "transcript" not in data:
+            data = {**data, "transcript": data.get("head")}
+        return data
+
+    def sibling_marker(self, key: str) -> dict[str, Any]:
+        """What a payload holds in place of the history when it carries this reference under
+        ``key`` beside it (a turn's input): the codec expands it from there."""
+        return {MARKER: "history", "ref": key}
 
     def history_marker(self) -> dict[str, Any]:
         """What a payload holds in place of the history: the codec expands it."""

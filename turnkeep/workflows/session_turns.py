@@ -63,7 +63,7 @@ class ConversationJson:
         ``history`` itself. As the payload the converter would write for it."""
         new = ",".join(m.model_dump_json() for m in messages)
         if ref is not None:
-            marker = json.dumps(ref.history_marker(), separators=(",", ":"))
+            marker = json.dumps(ref.sibling_marker("history_ref"), separators=(",", ":"))
             text = (
                 f'{{"agent":{json.dumps(agent)},"messages":[{new}],"history":{marker},'
                 f'"history_ref":{ref.model_dump_json()}}}'

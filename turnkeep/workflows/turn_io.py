@@ -15,6 +15,7 @@ from pydantic import (
     SerializationInfo,
     SerializerFunctionWrapHandler,
     model_serializer,
+    model_validator,
 )
 from temporalio.exceptions import CancelledError
 
@@ -123,7 +124,7 @@ class TurnResult(BaseModel):
     # needed, the input messages, then what the loop produced. Watchers index into this list.
     messages: list[Message]
     # The whole conversation after the turn: the next turn's `history`.
-    history: list[Message]
+    history: list[Message] = Field(default_factory=list)
     history_change: HistoryChange = HistoryChange.APPENDED
     stop_reason: StopReason
     iterations: int
@@ -152,9 +153,40 @@ class TurnResult(BaseModel):
             # The segment is not stored: whoever reads this takes the conversation itself.
             data["conversation"] = None
         elif self._segment is not None and self.conversation is not None:
+            # Recorded once per turn in the turn's history and again in its session's: what
+            # the reader can tell from the rest stays out (``_read_by_reference``).
             data["messages"] = self._segment.marker()
-            data["history"] = []
+            for name in ("final", "history"):
+                del data[name]
+            for name in _LEFT_OUT_WHEN_DEFAULT:
+                if data.get(name) == _DEFAULTS[name]:
+                    del data[name]
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_by_reference(cls, data: Any) -> Any:
+        """A result written by reference: its final answer is its last assistant message."""
+        if (
+            isinstance(data, dict)
+            and "final" not in data
+            and isinstance(data.get("messages"), list)
+        ):
+            answers = [
+                m for m in data["messages"] if isinstance(m, dict) and m.get("role") == "assistant"
+            ]
+            data = {**data, "final": answers[-1] if answers else None}
+        return data
+
+
+# What a result written by reference leaves out when it holds its default.
+_LEFT_OUT_WHEN_DEFAULT = ("rollback", "structured", "decisions", "history_change")
+_DEFAULTS: dict[str, Any] = {
+    "rollback": None,
+    "structured": None,
+    "decisions": [],
+    "history_change": HistoryChange.APPENDED.value,
+}
 
 
 class TurnProgress(BaseModel):

@@ -1,0 +1,182 @@
+"""A session's conversation by reference (``turnkeep.workflows.conversation``,
+``turnkeep.payloads.conversations``): each turn stores its messages once, as a segment, and the
+session and its turns hand each other references, against the real dev server. The passthrough
+model echoes the prompt, so each message names the turn it belongs to."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from temporalio.api.common.v1 import Payload
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.common import RawValue
+
+from tests.conftest import Harness, HarnessFactory, eventually, history_text
+from turnkeep.client.sessions import SessionHandle, open_session
+from turnkeep.client.turns import get_turn
+from turnkeep.payloads.conversations import DIRECTORY, owner_key
+from turnkeep.payloads.gc import collect
+from turnkeep.payloads.storage import payload_directory
+from turnkeep.workflows.conversation import ConversationRef
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
+
+pytestmark = pytest.mark.asyncio
+
+AGENT = {"test": {"model": "passthrough"}}
+
+
+def conversations(h: Harness) -> Path:
+    return payload_directory(h.settings.payload_storage, h.settings.base_dir) / DIRECTORY
+
+
+async def talk(session: SessionHandle, *lines: str) -> list[str]:
+    """Send each line, following the session until its turn has ended; the texts seen."""
+    start = (await session.progress()).count
+    seen: list[str] = []
+    for line in lines:
+        sent = await session.send(line)
+        index = start + len(seen)
+        seen += [m.text async for m in session.messages(index, until_turn=sent.turn)]
+    return seen
+
+
+async def test_each_message_is_stored_once_and_turns_get_the_conversation_by_reference(
+    harness: HarnessFactory,
+) -> None:
+    async with harness(agents=AGENT) as h:
+        session = await open_session(h.client, agent="test", task_queue=h.task_queue)
+        lines = [f"line {n} {uuid.uuid4().hex}" for n in range(1, 7)]
+        seen = await talk(session, *lines)
+        assert seen == [text for line in lines for text in (line, line)]
+        # One segment per turn, in the session's own directory.
+        segments = list((conversations(h) / owner_key(session.session_id)).iterdir())
+        assert len(segments) == len(lines)
+        # The last turn saw the whole conversation, but its history records none of the earlier
+        # turns' messages: only a reference and its own.
+        last = await get_turn(h.client, f"{session.session_id}/turn-6").handle.fetch_history()
+        text = history_text(last)
+        assert not any(line in text for line in lines[:-1]) and lines[-1] in text
+        # A client reading that turn still gets its history, read back from the store.
+        result = await get_turn(h.client, f"{session.session_id}/turn-6").result()
+        assert result.conversation is not None
+        assert [m.text for m in result.history] == [t for line in lines for t in (line, line)]
+        # Nor does the session's own history record the conversation again for each turn: the
+        # first turn's message is in it no more often than the last's.
+        recorded = history_text(await session.handle.fetch_history())
+        assert recorded.count(lines[0]) == recorded.count(lines[-1])
+        await session.close()
+        closed = await session.result()
+    assert [m.text for m in closed.transcript] == seen
+    assert [m.text for m in closed.history] == seen
+
+
+async def test_a_session_continued_as_new_carries_references(harness: HarnessFactory) -> None:
+    async with harness(agents=AGENT) as h:
+        session = await open_session(
+            h.client, agent="test", task_queue=h.task_queue, turns_per_run=2
+        )
+        lines = [f"run line {n}" for n in range(1, 6)]
+        seen = await talk(session, *lines)
+        described = await session.handle.describe()
+        first = described.raw_description.workflow_execution_info.first_run_id
+        assert first and first != described.run_id  # it continued as new
+        # The run it continued into was handed references, not the conversation.
+        start = await h.client.get_workflow_handle(session.session_id).fetch_history()
+        started = start.events[0].workflow_execution_started_event_attributes
+        carried = [p.data for p in started.input.payloads]
+        assert not any(lines[0].encode() in data for data in carried)
+        # A follower from the start still reads every message, across the runs.
+        assert [m.text async for m in session.messages(until_turn=5)] == seen
+        turn = await get_turn(h.client, f"{session.session_id}/turn-5").result()
+        assert [m.text for m in turn.history] == [t for line in lines for t in (line, line)]
+
+
+async def test_a_reference_copied_into_another_turn_is_refused(harness: HarnessFactory) -> None:
+    """Digests are visible in any history; a client that copies one into a turn of its own
+    must not get another session's conversation expanded into it."""
+    async with harness(agents=AGENT) as h:
+        session = await open_session(h.client, agent="test", task_queue=h.task_queue)
+        secret = f"secret {uuid.uuid4().hex}"
+        await talk(session, secret)
+        turn = await get_turn(h.client, f"{session.session_id}/turn-1").result()
+        ref = turn.conversation
+        assert ref is not None and ref.head is not None
+        # Copied into a turn a client starts itself: refused before anything runs.
+        crafted = await _start(h, ref, "tell me what was said")
+        with pytest.raises(WorkflowFailureError) as failed:
+            await crafted.result()
+        assert "only the session that owns a conversation" in str(failed.value.cause)
+        history = await crafted.fetch_history()
+        assert not any(
+            e.HasField("activity_task_scheduled_event_attributes") for e in history.events
+        )
+        assert secret not in history_text(history)
+        # Under another owner (its own id), the digest names nothing there: refused too.
+        mine = ref.model_copy(update={"owner": "turn-mine"})
+        crafted = await _start(h, mine, "again", workflow_id="turn-mine")
+        with pytest.raises(WorkflowFailureError) as failed:
+            await crafted.result()
+        assert "not in" in str(failed.value.cause) or "only the session" in str(failed.value.cause)
+
+
+async def _start(h: Harness, ref: ConversationRef, prompt: str, workflow_id: str | None = None):
+    """A TurnWorkflow started by a client with a history reference, as a session writes one."""
+    text = json.dumps(
+        {
+            "agent": "test",
+            "messages": [prompt],
+            "history": ref.history_marker(),
+            "history_ref": ref.model_dump(mode="json"),
+        }
+    )
+    payload = Payload(metadata={"encoding": b"json/plain"}, data=text.encode())
+    return await h.client.start_workflow(
+        WORKFLOW_NAME,
+        RawValue(payload),
+        id=workflow_id or f"crafted-{uuid.uuid4().hex[:8]}",
+        task_queue=h.task_queue,
+    )
+
+
+async def test_gc_keeps_an_open_sessions_segments_however_old(
+    harness: HarnessFactory, client: Client
+) -> None:
+    async with harness(agents=AGENT) as h:
+        session = await open_session(h.client, agent="test", task_queue=h.task_queue)
+        await talk(session, "one", "two")
+        directory = conversations(h)
+        segments = list((directory / owner_key(session.session_id)).iterdir())
+        assert len(segments) == 2
+        _age(segments, days=30)
+        retention = timedelta(days=7)
+        report = await collect(directory.parent, retention, client)
+        assert report.in_use == 2 and not any(p in report.removed for p in segments)
+        assert all(p.exists() for p in segments)
+        # The session reads them for its next turn, which sees the whole conversation.
+        assert await talk(session, "three") == ["three", "three"]
+        turn = await get_turn(h.client, f"{session.session_id}/turn-3").result()
+        assert [m.text for m in turn.history] == ["one", "one", "two", "two", "three", "three"]
+        # Closed, and unread past the retention: its segments go.
+        await session.close()
+        await session.result()
+        segments = list((directory / owner_key(session.session_id)).iterdir())
+        _age(segments, days=30)
+
+        async def swept() -> bool:
+            # The namespace's list of running workflows catches up with the close soon.
+            await collect(directory.parent, retention, client)
+            return not any(p.exists() for p in segments)
+
+        await eventually(swept, "the closed session's segments were swept")
+
+
+def _age(paths: list[Path], *, days: float) -> None:
+    then = time.time() - days * 86400
+    for path in paths:
+        os.utime(path, (then, then))
