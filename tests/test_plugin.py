@@ -29,6 +29,7 @@ from turnkeep.activities.model_input import ModelInputHandoffInterceptor
 from turnkeep.config.agents import declare
 from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.payloads.composition import inner_codec
 from turnkeep.payloads.converter import TurnkeepDataConverter
 from turnkeep.workflows.activity_io import HookContext
 
@@ -104,7 +105,8 @@ async def test_turns_run_beside_an_apps_workflows_on_its_queue_and_through_its_c
     # The worker's converter is turnkeep's with the application's codec kept.
     converter = worker.client.data_converter
     assert isinstance(converter, TurnkeepDataConverter)
-    assert isinstance(converter.payload_codec, AppCodec)
+    # The app's codec encodes every payload, under the store of sessions' conversations.
+    assert isinstance(inner_codec(converter.payload_codec), AppCodec)
     assert any(isinstance(i, ModelInputHandoffInterceptor) for i in active.get("interceptors", []))
     assert active.get("sticky_queue_schedule_to_start_timeout") == timedelta(seconds=3)
     # A client that starts turns: the application's converter, with turnkeep's added.
