@@ -605,11 +605,12 @@ async def test_cli_run_streams_a_continued_turn_and_show_shows_all_of_it(
     args = ["run", "calculate", "--worker", "--id", workflow_id, "--json"]
     ran_cli = await asyncio.to_thread(turnkeep, *args, temporal=temporal, cwd=tmp_path)
     assert ran_cli.returncode == 0, ran_cli.stderr
-    streamed, _, json_out = ran_cli.stdout.partition("{\n")
-    # Every call was streamed as it happened, over all seven runs, through to the answer.
+    # Every call was streamed as it happened, over all seven runs, through to the answer (on
+    # stderr: with --json, stdout holds the result alone).
+    streamed = ran_cli.stderr
     for name in ("calc0", "calc1", "calc2", "that is 42, 4 and 7", "stop reason: endTurn"):
         assert name in streamed, (name, streamed)
-    result = TurnResult.model_validate_json("{\n" + json_out)
+    result = TurnResult.model_validate_json(ran_cli.stdout)
     assert [r.text for m in result.messages if m.tool_results for r in m.tool_results.values()] == [
         "42",
         "4",

@@ -244,7 +244,7 @@ async def test_the_cli_finds_the_project_from_a_nested_directory(
         )
 
     assert done.returncode == 0, done.stderr
-    result = TurnResult.model_validate_json(done.stdout[done.stdout.index("{\n") :])
+    result = TurnResult.model_validate_json(done.stdout)  # with --json, the result alone
     texts = {cid: r.text for m in result.messages for cid, r in (m.tool_results or {}).items()}
     assert texts == {"c1": "9", "c2": "remote"}
     assert result.final is not None and result.final.text == "nine"
