@@ -28,7 +28,7 @@ from tests.conftest import (
     turnkeep,
     write_script,
 )
-from tests.test_replay import replayer, replays_fresh_and_recorded
+from tests.test_replay import replays_fresh_and_recorded
 from turnkeep.activities.turn_setup import TurnSetupActivities
 from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle
@@ -41,7 +41,8 @@ from turnkeep.devserver.embedded import (
     ensure_background_server,
 )
 from turnkeep.observability.search_attributes import registration
-from turnkeep.testing.fake_provider import FakeProvider, Reply, Tokens
+from turnkeep.testing import check_replay
+from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows import visibility
 from turnkeep.workflows.activity_io import (
@@ -438,11 +439,11 @@ async def test_an_outcome_whose_tools_need_no_activity_is_still_recorded(
         first.timer_started_event_attributes.timer_id
     )
     assert not any(e.event_type == EventType.EVENT_TYPE_TIMER_FIRED for e in events)
-    await replayer().replay_workflow(history)
+    await check_replay([history])
 
 
 async def test_a_failed_model_call_reads_error(
-    fake: FakeProvider, harness: HarnessFactory, client: Client
+    fake: FakeModelApi, harness: HarnessFactory, client: Client
 ) -> None:
     fake.script(Reply.error(400, "bad request"), api="anthropic")
     config = {
@@ -463,7 +464,7 @@ async def test_a_failed_model_call_reads_error(
 
 @pytest.mark.parametrize("interval", [0, 3600])
 async def test_current_details_follow_the_turn(
-    fake: FakeProvider, harness: HarnessFactory, interval: float
+    fake: FakeModelApi, harness: HarnessFactory, interval: float
 ) -> None:
     """Waiting on a tool, then on a slow model (the fake API holds its answer), then cancelled:
     the details say so at each step, and so do the search attributes, mid-turn after every
@@ -580,7 +581,7 @@ async def test_start_turn_sets_what_it_knows_so_a_quick_turn_upserts_once(
     assert plain_ended.pop("TurnkeepTokens") == tokens
     assert len(upserts(theirs)) == 2 and plain_ended == ended
     for history in (ours, theirs):
-        await replayer().replay_workflow(history)
+        await check_replay([history])
 
 
 async def test_a_turn_that_fails_before_its_plan_does_not_stay_running(
@@ -594,7 +595,7 @@ async def test_a_turn_that_fails_before_its_plan_does_not_stay_running(
         history = await handle.handle.fetch_history()
     assert attributes["TurnkeepAgent"] == "nobody"
     assert attributes["TurnkeepStatus"] == "Failed"
-    await replayer().replay_workflow(history)
+    await check_replay([history])
 
 
 async def test_turns_are_found_by_search_attributes(
