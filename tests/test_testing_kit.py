@@ -177,6 +177,30 @@ def test_a_fake_models_name_is_one_model_id() -> None:
             fake.model(name)
 
 
+async def test_a_session_on_the_harness_keeps_the_conversation(
+    turnkeep_worker: WorkerFactory, fake_model: FakeModel
+) -> None:
+    fake_model.script("chatty", Reply.text("Hello, Ada."), Reply.text("You are Ada."))
+    async with turnkeep_worker(
+        agents=[Agent(name="chatty", model=fake_model.model("chatty"))]
+    ) as worker:
+        session = await worker.session()
+        for text in ("I am Ada.", "Who am I?"):
+            sent = await session.send(text)
+        async for _ in session.messages(until_turn=sent.turn):
+            pass
+        await session.close()
+        closed = await session.result()
+    assert [m.text for m in closed.transcript] == [
+        "I am Ada.",
+        "Hello, Ada.",
+        "Who am I?",
+        "You are Ada.",
+    ]
+    # The second turn's model call was given the first exchange.
+    assert "I am Ada." in json.dumps(fake_model.requests("chatty")[1].body["messages"])
+
+
 async def test_a_worker_with_several_agents_needs_one_named(
     turnkeep_worker: WorkerFactory,
 ) -> None:
