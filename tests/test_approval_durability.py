@@ -25,7 +25,8 @@ from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows import visibility
 from turnkeep.workflows.approval import PendingCall
 
-pytestmark = pytest.mark.asyncio
+# Servers and worker processes of its own, killed on purpose: slow, and marked so.
+pytestmark = [pytest.mark.asyncio, pytest.mark.server, pytest.mark.slow]
 
 ASK = Reply.tool_calls(("c1", TOOL, {"tag": "gated"}))
 DONE = Reply.text("all done")

@@ -268,6 +268,7 @@ class SuggestingServer(EmbeddedServer):
         return [*super().argv(), "--dynamic-config-value", value]
 
 
+@pytest.mark.server
 async def test_the_servers_suggestion_alone_continues_as_new_unless_told_not_to(
     tmp_path: Path,
 ) -> None:

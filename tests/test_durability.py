@@ -47,7 +47,8 @@ from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.messages import Message, StopReason
 from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
-pytestmark = pytest.mark.asyncio
+# Servers and worker processes of its own, killed on purpose: slow, and marked so.
+pytestmark = [pytest.mark.asyncio, pytest.mark.server, pytest.mark.slow]
 
 TOOL = "effects__effect"
 VOLATILE_CHANNELS = ("tool_timing", "usage")

@@ -648,6 +648,7 @@ async def bare_server() -> AsyncIterator[ServerInfo]:
         yield info
 
 
+@pytest.mark.server
 async def test_without_the_attributes_turns_run_and_setup_registers_them(
     bare_server: ServerInfo, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -699,6 +700,7 @@ async def test_without_the_attributes_turns_run_and_setup_registers_them(
     }
 
 
+@pytest.mark.server
 async def test_an_attribute_of_another_type_is_left_alone(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -729,6 +731,7 @@ async def test_an_attribute_of_another_type_is_left_alone(
     assert attributes["TurnkeepTokens"] > 0
 
 
+@pytest.mark.server
 async def test_a_reused_background_server_gets_the_attributes(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
