@@ -46,6 +46,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(lambda: shutil.rmtree(state, ignore_errors=True))
 
 
+# Before `-m` selects by marker, which it does in this same hook.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         # Whatever asks for the session's server, directly or through another fixture
