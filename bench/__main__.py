@@ -5,7 +5,7 @@
 Every figure but the dev-server flags comes from one run on one freshly started embedded dev
 server, next to a floor measured in the same run (the machine may be shared and noisy: the
 ratios are the point). Progress goes to stderr; stdout gets markdown tables, ending with the
-targets of issue #7 and whether this run met them. See bench/README.md.
+targets of issue #7 and whether this run met them. The benchmarks' README explains each section.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ async def run(args: argparse.Namespace) -> Results:
         out.session_targets += targets
 
     async def live_section(env: Environment) -> None:
-        out.tables.append(await live_stream(env.client, 5 if quick else 20))
+        out.tables.append(await live_stream(env.client, 5 if quick else 20, env.payloads))
 
     async def memory_section(env: Environment) -> None:
         with FakeModelApi(default=Reply.delay(3600, then=Reply.text("done"))) as fake:

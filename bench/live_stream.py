@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import tempfile
 import time
 import uuid
@@ -44,12 +45,14 @@ TTFT = 0.3  # a real API's time to first token is longer: this is the hard case 
 TARGET_P95_MS = 100.0
 
 
-def _settings(fake: FakeModelApi, tmp: Path, streaming: bool) -> Settings:
+def _settings(fake: FakeModelApi, tmp: Path, streaming: bool, payloads: Path | None) -> Settings:
     config: dict[str, Any] = {
         "anthropic": {"api_key": "bench", "base_url": fake.base_url_anthropic},
         "agents": {"live": {"model": "anthropic.bench-model"}},
         "base_dir": tmp,
     }
+    if payloads is not None:  # the client's own storage, which the worker must share
+        config["payload_storage"] = {"path": str(payloads)}
     if streaming:
         config["streaming"] = {"listen": "127.0.0.1:0"}
     return Settings.model_validate(config)
@@ -70,12 +73,13 @@ async def _turns(
     *,
     streaming: bool,
     watch_live: bool = True,
+    payloads: Path | None = None,
 ) -> tuple[list[float], float]:
     """(first-token latencies in seconds, CPU seconds) for ``turns`` turns, one at a time."""
     queue = f"bench-live-{uuid.uuid4().hex[:8]}"
     text = " ".join(f"token{i}" for i in range(TOKENS))
     latencies: list[float] = []
-    async with build_worker(client, _settings(fake, tmp, streaming), task_queue=queue):
+    async with build_worker(client, _settings(fake, tmp, streaming, payloads), task_queue=queue):
         # One turn first, outside the figures: SDK imports, the live server's start.
         for warm in (True, *([False] * turns)):
             answer = Answer(text=text, chunk_delay=CHUNK_DELAY, sent=[])
@@ -109,13 +113,16 @@ def _percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-async def live_stream(client: Client, turns: int) -> Table:
+async def live_stream(client: Client, turns: int, payloads: Path | None = None) -> Table:
+    """``payloads``: the payload storage directory ``client`` was connected with (None: the
+    default one)."""
     with tempfile.TemporaryDirectory(prefix="turnkeep-live-") as name, FakeModelApi() as fake:
         tmp = Path(name)
         progress(f"live streaming: {turns} streamed turns, {turns} unstreamed")
-        latencies, streamed_cpu = await _turns(client, fake, tmp, turns, streaming=True)
-        _, unwatched_cpu = await _turns(client, fake, tmp, turns, streaming=True, watch_live=False)
-        _, plain_cpu = await _turns(client, fake, tmp, turns, streaming=False)
+        run = functools.partial(_turns, client, fake, tmp, turns, payloads=payloads)
+        latencies, streamed_cpu = await run(streaming=True)
+        _, unwatched_cpu = await run(streaming=True, watch_live=False)
+        _, plain_cpu = await run(streaming=False)
     p50, p95 = (_percentile(latencies, p) * 1000 for p in (50, 95))
     per_token_us = (streamed_cpu - plain_cpu) / (turns * TOKENS) * 1e6
     worker_us = (unwatched_cpu - plain_cpu) / (turns * TOKENS) * 1e6

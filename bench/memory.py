@@ -2,10 +2,11 @@
 with ``count`` turns waiting on a slow model, against the floor — a bare worker process with as
 many bare workflows waiting on a slow activity.
 
-The turn worker (``bench/memory_worker.py turn``) is built as ``turnkeep worker`` builds one,
-for an agent whose model is the fake Anthropic API on loopback (``turnkeep.testing.FakeModelApi``),
-holding every answer. Both workers get ``count`` + 10 activity slots and cached workflows, so
-every turn really has its model call open (the SDK's default is 100 activities at a time).
+The turn worker (``python -m bench.memory_worker turn``) is built as ``turnkeep worker`` builds
+one, for an agent whose model is the fake Anthropic API on loopback
+(``turnkeep.testing.FakeModelApi``), holding every answer. Both workers get ``count`` + 10
+activity slots and cached workflows, so every turn really has its model call open (the SDK's
+default is 100 activities at a time).
 """
 
 from __future__ import annotations

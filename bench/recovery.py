@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.recovery [--runs 3] [--heartbeats 2,10] [--tool-seconds 3]
 
 Everything runs in one go on a freshly started embedded dev server, with ``turnkeep worker``
-processes (``tests/worker_process.py``) on one task queue. Each line is one way of dying:
+processes (``tests.worker_process``) on one task queue. Each line is one way of dying:
 
 - ``tool``: a turn's tool call (a stdio MCP tool that takes ``--tool-seconds``) is running when
   the worker running it is SIGKILLed;
@@ -45,10 +45,11 @@ from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
 from turnkeep.testing.fake_api import FakeModelApi, Reply
+from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
 from turnkeep.workflows.turn_io import TurnInput
 
 T = TypeVar("T")
-ACTIVITY = {"tool": "call_tool", "model": "llm_step"}
+ACTIVITY = {"tool": CALL_TOOL, "model": LLM_STEP}
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,13 @@ time, so ``mkdocs build --strict`` is self-contained and a reference can never b
   every command with its usage, arguments and options.
 - ``reference/python.md`` from the public facade: each name in ``turnkeep.__all__`` with its
   signature and docstring.
-- ``changelog.md``: the repository's CHANGELOG.md, so the site shows it too.
+- ``changelog.md``: the repository's CHANGELOG.md, so the site shows it too; a page links
+  ``../CHANGELOG.md`` (which a code host resolves) and the site gets ``changelog.md``.
 
-The pages exist only in the built site (nothing is written to ``docs/``); ``tests/test_docs.py``
-calls the same functions.
+The three references are also committed under ``docs/reference/``, so their links work when
+the docs are read on a code host; the site renders them afresh, and ``tests/test_docs.py``
+fails when a committed copy differs from what the code gives (``python -m docs.hooks`` writes
+them anew).
 """
 
 from __future__ import annotations
@@ -457,17 +460,41 @@ def changelog() -> str:
     return (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
 
 
-GENERATED: dict[str, Callable[[], str]] = {
+# Committed under docs/ and rendered afresh into the site.
+REFERENCES: dict[str, Callable[[], str]] = {
     "reference/configuration.md": configuration_reference,
     "reference/cli.md": cli_reference,
     "reference/python.md": python_reference,
-    "changelog.md": changelog,
 }
+# Only in the site.
+GENERATED: dict[str, Callable[[], str]] = {**REFERENCES, "changelog.md": changelog}
+
+_CHANGELOG_LINK = re.compile(r"\]\((?:\.\./)+CHANGELOG\.md(#[^)]*)?\)")
 
 
 def on_files(files: Any, config: Any) -> Any:
     from mkdocs.structure.files import File
 
     for uri, render in GENERATED.items():
+        committed = files.get_file_from_path(uri)
+        if committed is not None:
+            files.remove(committed)
         files.append(File.generated(config, uri, content=render()))
     return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """The repository's ``CHANGELOG.md``, which a page links for code hosts, is the site's
+    ``changelog.md``."""
+    depth = page.file.src_uri.count("/")
+    return _CHANGELOG_LINK.sub(lambda m: f"]({'../' * depth}changelog.md{m[1] or ''})", markdown)
+
+
+def write_references() -> None:
+    """Write the committed copies of the references anew."""
+    for uri, render in REFERENCES.items():
+        (ROOT / "docs" / uri).write_text(render() + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    write_references()

@@ -26,7 +26,10 @@ import pytest
 from temporalio.client import Client, WorkflowHistory
 
 from turnkeep import Settings, connect
+from turnkeep.activities.turn_setup import TurnSetupActivities, continue_as_new_plan
+from turnkeep.config.catalog import AgentCatalog
 from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.providers.registry import ModelCatalog
 from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi
 from turnkeep.testing.fake_model import FakeModel
@@ -81,6 +84,19 @@ def fake(fake_model: FakeModel) -> FakeModelApi:
 def make_settings(base_dir: Path, **config: Any) -> Settings:
     """Settings as a turnkeep.yaml would give them, with relative paths under ``base_dir``."""
     return Settings.model_validate({**config, "base_dir": base_dir})
+
+
+def turn_setup(settings: Settings) -> TurnSetupActivities:
+    """``prepare_turn``'s side of a worker with ``settings``, given their parts as
+    ``TurnkeepPlugin`` gives them (its ``plan`` is the activity without a workflow)."""
+    return TurnSetupActivities(
+        AgentCatalog.of(settings),
+        ModelCatalog(settings),
+        continue_as_new=continue_as_new_plan(
+            settings.continue_as_new, storage_on=settings.payload_storage.driver != "off"
+        ),
+        visibility=settings.visibility,
+    )
 
 
 def write_script(path: Path, *entries: Any) -> Path:

@@ -1,8 +1,8 @@
 """A tool call awaiting approval survives real crashes (issue 23, Proof): the worker process
 SIGKILLed while the call waits, and the Temporal dev server SIGKILLed and restarted on its
-SQLite file while it waits. Workers run as separate OS processes (``tests/worker_process.py``),
+SQLite file while it waits. Workers run as separate OS processes (``tests.worker_process``),
 the model is the fake Anthropic API (so the test sees what the model was sent), and the tool is
-the effect server of ``tests/test_durability.py``, which logs every execution across processes.
+the effect server of ``tests.test_durability``, which logs every execution across processes.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ async def test_signed_in_operator_sees_summaries_and_prompt(
     stack: Stack, finished_turn: FinishedTurn, page: Page, tmp_path: Path
 ) -> None:
     summaries = finished_turn.summaries
-    # What the workflow wrote (turnkeep/workflows/visibility.py); the page is then checked for
+    # What the workflow wrote (``turnkeep.workflows.visibility``); the page is then checked for
     # exactly that. Summaries are payloads too, so they are encrypted and need the codec server.
     assert "llm #1 · passthrough" in summaries, summaries
     # Its call runs, so the `tool …` row tells that outcome: no row of its own.

@@ -1,6 +1,6 @@
-"""Cancelling turns on the real server (docs/concepts/turn-loop.md, docs/concepts/cancellation.md,
-docs/operations/web-ui.md): every cancelled turn ends **Canceled** in Temporal with its conversation
-repaired exactly as fast-agent repairs it, readable through ``TurnHandle.result()``
+"""Cancelling turns on the real server (the documentation's *The turn loop*, *Cancellation and
+repair* and *The Web UI*): every cancelled turn ends **Canceled** in Temporal with its
+conversation repaired exactly as fast-agent repairs it, readable through ``TurnHandle.result()``
 (``TurnCancelledError.result``) and ``TurnHandle.current()``; in-flight model and tool calls are
 really abandoned, not left running."""
 

@@ -1,7 +1,7 @@
 """A turn as one step of a user's workflow (``turnkeep.workflow``): ``run_turn`` runs
 ``TurnWorkflow`` as a child and returns its result; cancelling the parent cancels the turn and
 hands the parent the repaired conversation; ``start_turn`` returns the child's handle. The
-parents (``tests/child_turn_workflows.py``) run on the same worker as the turns, as in an app
+parents (``tests.child_turn_workflows``) run on the same worker as the turns, as in an app
 that adds ``TurnkeepPlugin`` to its own worker."""
 
 from __future__ import annotations

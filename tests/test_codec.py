@@ -403,7 +403,7 @@ def test_bad_keys_are_refused_without_showing_them(
 async def test_an_encrypted_session_hands_its_turns_their_conversation_encrypted(
     temporal: ServerInfo, client: Client, tmp_path: Path
 ) -> None:
-    # A session writes each turn's input itself (turnkeep/workflows/session_turns.py): it goes
+    # A session writes each turn's input itself (``turnkeep.workflows.session_turns``): it goes
     # through the codec like every other payload.
     settings = make_settings(
         tmp_path,

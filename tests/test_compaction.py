@@ -1,5 +1,6 @@
-"""Mid-turn compaction (docs/concepts/compaction.md) on the real server: success, skip, failure, and
-a cancel while it runs — with the summary written by a real SDK against the fake provider."""
+"""Mid-turn compaction (the documentation's *Compaction*) on the real server: success, skip,
+failure, and a cancel while it runs — with the summary written by a real SDK against the fake
+provider."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The documentation's links and generated references (no server needed), and the examples of
 "Testing your agents" (docs/testing.md), run as a user would run them (they start servers).
 
-Every relative link in the READMEs, the changelog and ``docs/`` must resolve to a file of this
-repository (or a page ``docs/hooks.py`` generates), an ``#anchor`` to a heading of its target,
-and an absolute link must be a public http(s) URL: nothing may point outside the repository,
-as a link to a design document elsewhere once did. ``mkdocs build --strict`` (in ``make
+Every relative link in the READMEs, the changelog and the documentation must resolve to a file of
+this repository (or a page the site's build hooks generate), an ``#anchor`` to a heading of its
+target, and an absolute link must be a public http(s) URL: nothing may point outside the
+repository, as a link to a design document elsewhere once did. ``mkdocs build --strict`` (in ``make
 lint``) checks the site's own links again, as MkDocs resolves them.
 """
 
@@ -263,3 +263,20 @@ def test_the_testing_pages_examples_run(tmp_path: Path) -> None:
     assert "4 passed" in tests_out, tests_out
     assert example.returncode == 0, example_err
     assert example_out == "Hello!\n"
+
+
+@pytest.mark.parametrize("uri", sorted(hooks.REFERENCES))
+def test_the_committed_references_are_current(uri: str) -> None:
+    """The references are committed so their links work on a code host too; the site renders
+    them afresh. A stale copy: `python -m docs.hooks` writes them anew."""
+    committed = (DOCS / uri).read_text(encoding="utf-8")
+    assert committed == hooks.REFERENCES[uri]() + "\n", f"{uri} is stale: run python -m docs.hooks"
+
+
+def test_the_readmes_python_runs_when_pasted_into_a_file() -> None:
+    """Each Python block of the README is a whole module: no `await` outside a function."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    assert len(blocks) >= 2
+    for block in blocks:
+        compile(block, "README.md", "exec")  # a top-level await is a SyntaxError here

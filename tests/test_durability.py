@@ -1,10 +1,10 @@
 """Durability, shown by killing real processes (issue 5, items 1, 2, 3 and 5).
 
-Workers run as separate OS processes (``tests/worker_process.py``) and are SIGKILLed (a) while a
+Workers run as separate OS processes (``tests.worker_process``) and are SIGKILLed (a) while a
 model call is in flight, (b) while a tool call is in flight, (c) between iterations; the
 Temporal dev server itself is SIGKILLed and restarted on its SQLite file mid-turn; and a chaos
 test kills workers at random under load. Tools run in a stdio MCP server
-(``tests/mcp_servers_idempotent.py``) that logs each execution with the idempotency key it was
+(``tests.mcp_servers_idempotent``) that logs each execution with the idempotency key it was
 sent and the pid of the worker that called it, so executions are counted across processes.
 
 What every test here asserts:

@@ -265,7 +265,7 @@ async def test_background_server_is_reused_and_stopped(
         assert os.getsid(info.pid) == info.pid
         # The database (and its WAL) holds every conversation: only its owner may read it.
         assert _mode(state) == 0o700
-        files = [state / "server.log", *state.glob("temporal.db*")]
+        files = [state / "server.json", state / "server.log", *state.glob("temporal.db*")]
         assert state / "temporal.db-wal" in files
         assert {f.name: _mode(f) for f in files} == {f.name: 0o600 for f in files}
         # Nor does it inherit provider keys or turnkeep's own.

@@ -25,6 +25,7 @@ from tests.mcp_servers.launch import STDIO_SCRIPT
 from turnkeep.activities.tools import IDEMPOTENCY_KEY_META, ToolActivities
 from turnkeep.client.turns import start_turn
 from turnkeep.config.agents import Agent, McpServer
+from turnkeep.config.catalog import AgentCatalog
 from turnkeep.config.settings import McpServerSettings, Settings
 from turnkeep.providers.base import ModelProvider
 from turnkeep.providers.registry import ProviderRegistry, installed_providers
@@ -175,7 +176,7 @@ def test_registering_the_built_ins_loads_no_sdk() -> None:
     # must not pay for it.
     probe = (
         "import sys\n"
-        "from turnkeep.activities.turn_setup import plan_turn\n"
+        "from turnkeep.activities.turn_setup import TurnSetupActivities\n"
         "from turnkeep.providers.registry import installed_providers\n"
         "installed_providers().context_window('sonnet')\n"
         "print(sorted(m for m in ('anthropic', 'openai') if m in sys.modules))\n"
@@ -416,7 +417,9 @@ async def test_tool_activities_refuse_a_server_meant_for_another_queue(tmp_path:
         mcp={"servers": {"gpu": {"command": "no-such-command", "task_queue": "gpu-hosts"}}},
         agents={"test": {"servers": ["gpu"]}},
     )
-    activities = ToolActivities(settings, ToolServers(settings))
+    activities = ToolActivities(
+        AgentCatalog.of(settings), ToolServers(settings), max_result_bytes=None
+    )
     env = ActivityEnvironment()
     call = ToolCallRequest(agent="test", call_id="c1", name="gpu__render", arguments={})
     for run in (

@@ -1,24 +1,36 @@
 """Live text of a durable turn (issue #26): the worker's live-stream server, ``llm_step``
 streaming through the official SDKs from the fake API's server-sent events, and
-``TurnHandle.stream()`` on the real dev server. Nothing here measures time: the fake API holds
-a call's last chunk until the test has seen its first deltas, so "before the call completes"
-is a fact of the order of events, not of a clock."""
+``TurnHandle.stream()`` on the real dev server; and the reader's own promises (it gives up on a
+silent server, hangs up when cancelled, verifies TLS) against a bare server. Nothing here
+measures time: the fake API holds a call's last chunk until the test has seen its first
+deltas, so "before the call completes" is a fact of the order of events, not of a clock."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
+import datetime
+import ipaddress
 import os
+import ssl
 import threading
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from google.protobuf import json_format
 from temporalio.client import Client
 
 from tests.conftest import HarnessFactory, eventually, make_settings
 from tests.worker_process import WorkerProcesses, write_config
+from turnkeep.client import live
 from turnkeep.client.connection import connect
 from turnkeep.client.live import (
     PATH_PREFIX,
@@ -29,7 +41,8 @@ from turnkeep.client.live import (
     TextDelta,
     ToolCallStart,
     live_address,
-    sse_lines,
+    live_http_client,
+    sse_events,
 )
 from turnkeep.client.sessions import open_session
 from turnkeep.client.turns import TurnHandle, start_turn
@@ -201,7 +214,7 @@ async def test_the_live_stream_refuses_a_wrong_or_missing_token(
             )
             held.set()
             right = [
-                line async for line in sse_lines(url, {"authorization": f"Bearer {found.token}"})
+                event async for event in sse_events(url, {"authorization": f"Bearer {found.token}"})
             ]
             result = await handle.result()
     finally:
@@ -209,15 +222,16 @@ async def test_the_live_stream_refuses_a_wrong_or_missing_token(
     assert (wrong, missing, other_key) == (403, 403, 403)
     # The right token gets the whole stream, ending with `end`; the text itself is a
     # converter payload, not plain text on the wire.
-    assert [line for line in right if line.startswith("event:")][-1] == "event: end"
-    assert "delta" in "".join(right) and "Secret" not in "".join(right)
+    assert [event.event for event in right][-1] == "end"
+    assert "delta" in {event.event for event in right}
+    assert "Secret" not in "".join(event.data for event in right)
     assert found.call_index == 1 and found.attempt == 1
     assert result.final is not None and result.final.text == "Secret words stream here."
 
 
 async def status_of(url: str, headers: dict[str, str]) -> int:
     try:
-        async for _ in sse_lines(url, headers):
+        async for _ in sse_events(url, headers):
             return 200
     except LiveStreamRefused as refused:
         return refused.status
@@ -343,14 +357,10 @@ async def test_with_encryption_the_address_and_the_text_travel_encrypted(
             # The same stream as it travelled (a finished call's stream stays readable a while).
             auth = {"authorization": f"Bearer {found.token}"}
             url = f"{found.url}{PATH_PREFIX}{found.call_key}"
-            raw = [line async for line in sse_lines(url, auth)]
+            raw = [event async for event in sse_events(url, auth)]
     finally:
         held.set()
-    wire = b"".join(
-        base64.b64decode(line[5:].strip())
-        for line in raw
-        if line.startswith("data:") and line[5:].strip()
-    )
+    wire = b"".join(base64.b64decode(event.data) for event in raw if event.data)
     assert wire and b"narwhal" not in wire and b"Confidential" not in wire
     assert b"binary/encrypted" in wire  # the codec's payload encoding
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == secret
@@ -378,3 +388,122 @@ async def test_a_session_streams_its_turns_live(
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Hello from a session."
     assert messages(events) == transcript
     assert transcript[-1].text == "Hello from a session."
+
+
+# --- the reader's own promises, against a bare server -----------------------------------------
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+
+
+def sse_answer(events: bytes, *, ends: bool = True) -> bytes:
+    """An event stream's answer: whole, or (``ends`` false) one that stays open."""
+    length = f"content-length: {len(events)}\r\n".encode() if ends else b""
+    return SSE_HEAD + length + b"\r\n" + events
+
+
+@contextlib.asynccontextmanager
+async def bare_server(
+    answer: bytes | None, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[tuple[str, asyncio.Event]]:
+    """A server that reads a request, writes ``answer`` (None: nothing, ever) and waits for the
+    client to hang up; yields its URL and an event set once the client has."""
+    hung_up = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            if answer is not None:
+                writer.write(answer)
+                await writer.drain()
+            await reader.read()  # until the client closes its end
+        hung_up.set()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}/v1/calls/k", hung_up
+
+
+async def test_a_live_server_that_never_answers_is_given_up_on_and_hung_up_on() -> None:
+    async with bare_server(None) as (url, hung_up):
+        with pytest.raises(TimeoutError):
+            async for _ in sse_events(url, {}, connect_timeout=0.2):
+                pass
+        await asyncio.wait_for(hung_up.wait(), 30)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_a_cancelled_reader_closes_its_connection(shared: bool) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        http = await stack.enter_async_context(live_http_client()) if shared else None
+        url, hung_up = await stack.enter_async_context(
+            bare_server(sse_answer(b"event: delta\ndata: AAAA\n\n", ends=False))
+        )
+        first: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        async def read() -> None:
+            async for event in sse_events(url, {}, http=http):
+                first.set_result(event.event)
+
+        reader = asyncio.ensure_future(read())
+        assert await asyncio.wait_for(first, 30) == "delta"
+        reader.cancel()  # while it waits for the next event, as stream_turn's end does
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        await asyncio.wait_for(hung_up.wait(), 30)
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 that no system trusts, and its key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "turnkeep test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = directory / "cert.pem", directory / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
+
+
+async def test_an_https_address_is_read_over_verified_tls(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cert_file, key_file = _self_signed(tmp_path)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert_file, key_file)
+    answer = sse_answer(b"event: end\ndata:\n\n")
+    try:
+        # A certificate the system does not trust is refused...
+        async with bare_server(answer, tls) as (url, _):
+            with pytest.raises(httpx2.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                async for _ in sse_events(url, {}):
+                    pass
+        # ...and one it trusts (as SSL_CERT_FILE says) is read.
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert_file))
+        live._tls_context.cache_clear()  # the system's CAs are loaded once per process
+        async with bare_server(answer, tls) as (url, _):
+            assert [event.event async for event in sse_events(url, {})] == ["end"]
+    finally:
+        monkeypatch.undo()
+        live._tls_context.cache_clear()

@@ -238,11 +238,3 @@ async def test_undecodable_updates_queries_and_signals_leave_a_running_turn_alon
 
 async def _pending_tool(handle: Any) -> bool:
     return bool((await handle.describe()).raw_description.pending_activities)
-
-
-def test_the_sdk_still_says_which_command_a_payload_belongs_to() -> None:
-    # Without this private context variable of temporalio's (another SDK version), every
-    # undecodable payload fails the workflow task again, retried for ever: upgrade with care.
-    from turnkeep.payloads import converter as payload_converter
-
-    assert payload_converter.current_command_info is not None

@@ -21,6 +21,7 @@ from temporalio.testing import ActivityEnvironment
 
 from tests.mcp_servers.launch import STDIO_SCRIPT, free_port, http_server
 from turnkeep.activities.tools import ToolActivities, json_size, to_wire_result, truncate_result
+from turnkeep.config.catalog import AgentCatalog
 from turnkeep.config.settings import Settings
 from turnkeep.tools.registry import ToolServers
 from turnkeep.tools.source import ServerConnectionError, ServerUnavailable
@@ -375,7 +376,7 @@ async def activities(tmp_path: Path) -> AsyncIterator[ToolActivities]:
         max_tool_result_bytes=LIMIT,
     )
     async with ToolServers(config, {"fn": [shout, boom]}) as pool:
-        yield ToolActivities(config, pool)
+        yield ToolActivities(AgentCatalog.of(config), pool, max_result_bytes=LIMIT)
 
 
 @pytest.fixture

@@ -12,16 +12,15 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from tests.conftest import HarnessFactory, make_settings
-from turnkeep.activities.turn_setup import plan_turn
+from tests.conftest import HarnessFactory, make_settings, turn_setup
 from turnkeep.config.settings import AnthropicSettings, ProviderSettings
 from turnkeep.providers.anthropic import THINKING_BLOCKS, AnthropicProvider
 from turnkeep.providers.model_strings import ModelRef, Reasoning
 from turnkeep.providers.openai import OpenAIProvider
 from turnkeep.providers.registry import (
+    ModelCatalog,
     announce_unknown_context_windows,
     installed_providers,
-    unknown_context_windows,
 )
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.activity_io import PrepareTurnRequest, ToolSpec
@@ -96,7 +95,7 @@ def test_bad_model_strings_say_what_is_wrong(model: str, kind: str, words: str) 
 def plan(tmp_path: Path, agent: dict[str, Any], model: str | None = None, **config: Any) -> Any:
     settings = make_settings(tmp_path, agents={"a": agent}, **config)
     request = PrepareTurnRequest(agent="a", overrides=TurnOverrides(model=model))
-    return plan_turn(settings, request)
+    return turn_setup(settings).plan(request)
 
 
 def test_an_agent_allows_models_by_what_they_name_reasoning_included(tmp_path: Path) -> None:
@@ -140,7 +139,7 @@ def test_unknown_context_windows_mean_no_compaction_until_configured(
             "d": {"model": "generic.mistral", "compaction": {"enabled": False}},
         },
     )
-    unknown = unknown_context_windows(settings)
+    unknown = ModelCatalog(settings).unknown_context_windows(settings.agents.values())
     assert unknown == {"generic.llama3.2": "generic", "openrouter.x/y": "openrouter"}
     with caplog.at_level(logging.WARNING):
         announce_unknown_context_windows(unknown)

@@ -291,7 +291,7 @@ def test_tool_results_are_cut_only_without_storage_or_when_asked(
     tmp_path: Path, cap: int | None, storage_on: bool, limit: int | None
 ) -> None:
     settings = make_settings(tmp_path, max_tool_result_bytes=cap)
-    assert tool_result_limit(settings, storage_on=storage_on) == limit
+    assert tool_result_limit(settings.max_tool_result_bytes, storage_on=storage_on) == limit
 
 
 def test_without_storage_tool_results_must_stay_under_the_limit(tmp_path: Path) -> None:
@@ -416,20 +416,23 @@ def test_default_directory_follows_the_state_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TURNKEEP_STATE_DIR", str(tmp_path / "state"))
-    storage = external_storage(make_settings(tmp_path))
+    storage = external_storage(make_settings(tmp_path).payload_storage)
     assert storage is not None and storage.payload_size_threshold == 256 * 1024
     [driver] = storage.drivers
     assert isinstance(driver, LocalDirectoryDriver)
     assert driver.directory == tmp_path / "state" / "payloads"
-    relative = external_storage(make_settings(tmp_path, payload_storage={"path": "blobs"}))
+    # A relative path is relative to the config file's directory.
+    settings = make_settings(tmp_path, payload_storage={"path": "blobs"})
+    relative = external_storage(settings.payload_storage, settings.base_dir)
     assert relative is not None
     [driver] = relative.drivers
     assert isinstance(driver, LocalDirectoryDriver) and driver.directory == tmp_path / "blobs"
-    assert external_storage(make_settings(tmp_path, payload_storage={"driver": "off"})) is None
+    off = make_settings(tmp_path, payload_storage={"driver": "off"})
+    assert external_storage(off.payload_storage, off.base_dir) is None
 
 
 @pytest.mark.skipif(importlib.util.find_spec("aioboto3") is not None, reason="aioboto3 installed")
 def test_s3_without_aioboto3_says_what_to_install(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, payload_storage={"driver": "s3", "bucket": "b"})
     with pytest.raises(PayloadStorageConfigError, match=r'pip install "temporalio\[aioboto3\]"'):
-        external_storage(settings)
+        external_storage(settings.payload_storage)

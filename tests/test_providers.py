@@ -347,7 +347,7 @@ async def test_no_provider_changes_the_request_it_sends(
     api: str, fake: FakeModelApi, tmp_path: Path
 ) -> None:
     # The model calls of a turn on one worker share the Message objects they send
-    # (turnkeep/activities/parsed_messages.py): a provider that changed one would change later
+    # (``turnkeep.providers.parsed_messages``): a provider that changed one would change later
     # calls.
     attached = Message(
         role="user",

@@ -23,7 +23,7 @@ from turnkeep.providers.openai_compat import (
     OpenRouterProvider,
     XaiProvider,
 )
-from turnkeep.providers.registry import installed_providers
+from turnkeep.providers.registry import ModelCatalog, installed_providers
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.messages import Message, TextContent
 from turnkeep.workflows.model_io import LlmRequest
@@ -233,7 +233,7 @@ async def test_azure_endpoint_from_resource_name_and_bare_azure_is_the_configure
     assert second.path == expected_path(AzureProvider, "gpt4o-eu")
 
     with pytest.raises(ApplicationError, match="resource_name") as caught:
-        registry.check(Settings.model_validate({"azure": {"api_key": KEY}}), "azure.x")
+        ModelCatalog(Settings.model_validate({"azure": {"api_key": KEY}})).check("azure.x")
     assert caught.value.type == "ModelNotConfigured"
 
 

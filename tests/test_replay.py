@@ -1,9 +1,10 @@
 """Determinism guard: turn histories replay against the current workflow code.
 
-Histories under ``tests/histories/`` were recorded from representative turns by an earlier
-version of the code; replaying them here makes an unguarded change to ``turnkeep/workflows/``
-fail CI. Refresh them with ``TURNKEEP_RECORD_HISTORIES=1 pytest tests/test_replay.py`` only
-once the old path a guarded change kept is gone (docs/design.md, "Changing the workflow safely").
+The histories beside this module (``HISTORIES``) were recorded from representative turns by an
+earlier version of the code; replaying them here makes an unguarded change to
+``turnkeep.workflows`` fail CI. Refresh them by running this module with
+``TURNKEEP_RECORD_HISTORIES=1`` only once the old path a guarded change kept is gone (the design
+notes' *Changing the workflow safely*).
 """
 
 from __future__ import annotations

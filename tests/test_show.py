@@ -28,7 +28,7 @@ from turnkeep.workflows.turn_io import RollbackState, TurnCancelledError, TurnIn
 
 pytestmark = pytest.mark.asyncio
 
-HISTORIES = Path(__file__).with_name("histories")  # recorded by tests/test_replay.py
+HISTORIES = Path(__file__).with_name("histories")  # recorded by ``tests.test_replay``
 
 gate = asyncio.Event()
 

@@ -1,6 +1,6 @@
-"""What an operator sees of a turn in the Temporal Web UI and filters turns by
-(docs/operations/web-ui.md): activity summaries with the model's outcomes, current details as the
-turn runs, search attributes, and a cluster without those attributes (the worker warns once,
+"""What an operator sees of a turn in the Temporal Web UI and filters turns by (the
+documentation's *The Web UI*): activity summaries with the model's outcomes, current details as
+the turn runs, search attributes, and a cluster without those attributes (the worker warns once,
 `turnkeep setup` registers them). The text itself is unit-tested first, without a server."""
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from tests.conftest import (
     HarnessFactory,
     eventually,
     make_settings,
+    turn_setup,
     turnkeep,
     write_script,
 )
 from tests.test_replay import replays_fresh_and_recorded
-from turnkeep.activities.turn_setup import TurnSetupActivities
 from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle
 from turnkeep.config.paths import state_dir
@@ -47,6 +47,7 @@ from turnkeep.worker.build import build_worker
 from turnkeep.workflows import visibility
 from turnkeep.workflows.activity_io import (
     HookPoint,
+    PrepareTurnRequest,
     Timeouts,
     ToolCallRequest,
     TurnPlan,
@@ -55,7 +56,7 @@ from turnkeep.workflows.activity_io import (
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import CallToolResult, Message, StopReason, ToolCall
 from turnkeep.workflows.model_io import LlmRequest
-from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, Usage
+from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnOverrides, Usage
 
 SEARCH_ATTRIBUTES_LOG = "turnkeep.observability.search_attributes"
 
@@ -257,12 +258,14 @@ def test_search_attribute_definitions_for_the_dev_server() -> None:
 def test_plans_take_the_configured_interval_and_publish_nothing_unchecked() -> None:
     """Until the worker has checked the namespace's search attributes, turns upsert none."""
     config = {"agents": {"a": {"model": "passthrough"}}}
-    setup = TurnSetupActivities(Settings.model_validate(config))
+    setup = turn_setup(Settings.model_validate(config))
     assert setup.visibility == VisibilityPlan(search_attribute_interval=60)
     config["visibility"] = {"search_attribute_interval": 0.5}
-    assert TurnSetupActivities(Settings.model_validate(config)).visibility == VisibilityPlan(
-        search_attribute_interval=0.5
-    )
+    setup = turn_setup(Settings.model_validate(config))
+    assert setup.visibility == VisibilityPlan(search_attribute_interval=0.5)
+    # Every plan carries it.
+    request = PrepareTurnRequest(agent="a", overrides=TurnOverrides())
+    assert setup.plan(request).visibility == setup.visibility
     with pytest.raises(ValidationError, match="search_attribute_interval"):
         Settings.model_validate({**config, "visibility": {"search_attribute_interval": -1}})
 
@@ -756,8 +759,8 @@ async def test_a_turn_with_visibility_replays_fresh_and_recorded(
     harness: HarnessFactory, tmp_path: Path
 ) -> None:
     """Upserts and outcome timers replay deterministically, from this code and from the
-    recorded history (tests/histories/visibility_timers.json; refresh as tests/test_replay.py
-    says)."""
+    recorded history (``visibility_timers`` among the replay tests' histories; refresh it as
+    ``tests.test_replay`` says)."""
     # One call runs, one names no tool: the answer's outcome gets a timer, cancelled later.
     mixed = calls(("c1", 1, 2))
     mixed["tool_calls"]["c2"] = {"name": "local__nope", "arguments": {}}

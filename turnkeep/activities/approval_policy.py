@@ -1,6 +1,6 @@
 """The ``approval_policy`` activity: an agent's approval policy, a Python callable registered on
 the worker by name, deciding on each held tool call of a batch from its arguments: allow, deny,
-or ask a person (``turnkeep/workflows/approval.py``).
+or ask a person (``turnkeep.workflows.approval``).
 
 Policies are registered by ``TurnkeepPlugin(approval_policies=...)`` / ``build_worker``, as
 ``approval_policies:`` import paths in turnkeep.yaml, as functions on a Python ``Agent``'s
@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from turnkeep.config.settings import Settings
+from turnkeep.config.catalog import AgentCatalog
 from turnkeep.errors import config_error, known, require_workflow
 from turnkeep.workflows.activity_io import TOOL_SEPARATOR
 from turnkeep.workflows.approval import (
@@ -40,14 +40,14 @@ ENTRY_POINT_GROUP = "turnkeep.approval_policies"
 
 
 class ApprovalPolicyActivities:
-    def __init__(self, settings: Settings, policies: Mapping[str, ApprovalPolicy]) -> None:
-        self._settings = settings
+    def __init__(self, agents: AgentCatalog, policies: Mapping[str, ApprovalPolicy]) -> None:
+        self._agents = agents
         self._policies = dict(policies)
 
     @activity.defn(name=APPROVAL_POLICY)
     async def approval_policy(self, request: PolicyRequest) -> PolicyVerdicts:
         require_workflow()
-        rules = self._settings.agent(request.agent).approval
+        rules = self._agents.agent(request.agent).approval
         # A policy may do anything its code does: run only the one the named agent configures,
         # and only on calls its rules put to it.
         if rules is None or rules.policy != request.policy:
@@ -131,17 +131,13 @@ def _decision(answer: Any, name: str) -> PolicyDecision:
 
 
 def load_policies(
-    settings: Settings, registered: Mapping[str, ApprovalPolicy]
+    agents: AgentCatalog, registered: Mapping[str, ApprovalPolicy]
 ) -> dict[str, ApprovalPolicy]:
     """``registered`` with the policies the agents name that only an installed package's
     ``turnkeep.approval_policies`` entry point provides (loaded only when named, so a broken
     package nobody uses cannot stop the worker). A name no one provides stops the worker."""
     policies = dict(registered)
-    wanted = {
-        agent.approval.policy: name
-        for name, agent in settings.agents.items()
-        if agent.approval is not None and agent.approval.policy is not None
-    }
+    wanted = agents.approval_policies()
     missing = {policy: agent for policy, agent in wanted.items() if policy not in policies}
     if missing:
         for entry in entry_points(group=ENTRY_POINT_GROUP):

@@ -16,7 +16,7 @@ from typing import Any
 
 from temporalio import activity
 
-from turnkeep.config.settings import Settings
+from turnkeep.config.catalog import AgentCatalog
 from turnkeep.errors import config_error, known, require_workflow
 from turnkeep.workflows.activity_io import RUN_HOOK, HookChange, HookContext, HookRequest
 
@@ -25,8 +25,8 @@ Hook = Callable[[HookContext], "HookChange | dict[str, Any] | Awaitable[Any] | N
 
 
 class HookActivities:
-    def __init__(self, settings: Settings, hooks: Mapping[str, Hook]) -> None:
-        self._settings = settings
+    def __init__(self, agents: AgentCatalog, hooks: Mapping[str, Hook]) -> None:
+        self._agents = agents
         self._hooks = dict(hooks)
 
     @activity.defn(name=RUN_HOOK)
@@ -34,7 +34,7 @@ class HookActivities:
         require_workflow()
         point, name = request.context.hook_point, request.context.agent
         # A hook may do anything its code does: run only what the named agent enables there.
-        enabled = self._settings.agent(name).hooks.get(point, [])
+        enabled = self._agents.agent(name).hooks.get(point, [])
         if request.hook not in enabled:
             raise config_error(
                 "HookNotEnabled",

@@ -13,12 +13,13 @@ from turnkeep.activities.compaction import summary_request
 from turnkeep.activities.heartbeat import heartbeating
 from turnkeep.activities.model_input import MODEL_INPUTS, model_input
 from turnkeep.activities.turn_setup import check_overrides
-from turnkeep.config.settings import AgentSettings, Settings
+from turnkeep.config.catalog import AgentCatalog
+from turnkeep.config.settings import AgentSettings
 from turnkeep.errors import require_workflow
 from turnkeep.observability import spans
 from turnkeep.providers.base import ModelProvider
 from turnkeep.providers.model_strings import ModelRef
-from turnkeep.providers.registry import ProviderRegistry, allowed_models, installed_providers
+from turnkeep.providers.registry import ModelCatalog
 from turnkeep.providers.streaming import LiveServer, streaming_to
 from turnkeep.workflows.activity_io import COMPACT_HISTORY, LLM_STEP, CompactRequest
 from turnkeep.workflows.messages import Message
@@ -31,15 +32,12 @@ from turnkeep.workflows.turn_io import TurnOverrides
 
 class ModelActivities:
     def __init__(
-        self,
-        settings: Settings,
-        providers: ProviderRegistry | None = None,
-        live: LiveServer | None = None,
+        self, agents: AgentCatalog, models: ModelCatalog, live: LiveServer | None = None
     ) -> None:
         """``live``: the worker's live-stream server; with it, model calls stream."""
-        self._settings = settings
+        self._agents = agents
+        self._models = models
         self._live = live
-        self._registry = providers or installed_providers()
         # SDK clients hold connection pools: one instance per provider per worker process.
         self._providers: dict[str, ModelProvider] = {}
         # Build the providers the agents will need now: importing an SDK takes seconds, and
@@ -61,9 +59,9 @@ class ModelActivities:
             # the server to give up on the dead worker, and that must not use up this attempt.
             request = await heartbeating(model_input(step), "reading model input")
         # The workflow that answered the query chose the parameters: hold them to the agent.
-        agent = self._settings.agent(step.agent)
+        agent = self._agents.agent(step.agent)
         overrides = call_overrides(agent, step.model, request)
-        check_overrides(self._settings, step.agent, overrides, self._registry)
+        check_overrides(self._agents, self._models, step.agent, overrides)
         provider = self._provider(ref)
         spans.model_call(ref.provider, ref.name, request)  # the call's span, when tracing
         answer = await self._call(provider, request, ref, step.call_index)
@@ -114,24 +112,24 @@ class ModelActivities:
             await self._live.aclose()
 
     def _configured_models(self) -> list[ModelRef]:
-        names = {self._registry.default_model(self._settings)}
-        for agent in self._settings.agents.values():
-            names.update(allowed_models(self._settings, agent, self._registry))
+        names = {self._models.default_model()}
+        for agent in self._agents.values():
+            names.update(self._models.allowed_models(agent))
         refs = []
         for name in sorted(names):
             with contextlib.suppress(ApplicationError):  # reported per turn, with context
-                refs.append(self._registry.resolve(name))
+                refs.append(self._models.resolve(name))
         return refs
 
     def _allowed_model(self, agent: str, model: str) -> ModelRef:
         overrides = TurnOverrides.model_construct(model=model)
-        check_overrides(self._settings, agent, overrides, self._registry)
-        return self._registry.resolve(model)
+        check_overrides(self._agents, self._models, agent, overrides)
+        return self._models.resolve(model)
 
     def _provider(self, ref: ModelRef) -> ModelProvider:
         provider = self._providers.get(ref.provider)
         if provider is None:
-            provider = self._registry[ref.provider].from_settings(self._settings)
+            provider = self._models.build(ref.provider)
             self._providers[ref.provider] = provider
         return provider
 
@@ -148,7 +146,7 @@ def call_overrides(agent: AgentSettings, model: str, request: LlmRequest) -> Tur
     return TurnOverrides.model_construct(
         model=model,
         structured_output=request.structured_output,
-        temperature=None if request.temperature == agent.temperature else request.temperature,
+        temperature=request.temperature,
         max_tokens=request.max_tokens or (None if agent.max_tokens is None else NO_LIMIT),
     )
 

@@ -16,13 +16,15 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from turnkeep.activities.heartbeat import heartbeating
-from turnkeep.config.settings import AgentSettings, Settings
+from turnkeep.config.catalog import AgentCatalog
+from turnkeep.config.settings import AgentSettings
 from turnkeep.errors import require_workflow
 from turnkeep.tools.registry import ToolServers
 from turnkeep.tools.source import ServerConnectionError, ServerUnavailable
 from turnkeep.workflows.activity_io import (
     CALL_TOOL,
     LIST_TOOLS,
+    TOOL_SEPARATOR,
     ToolCallOutcome,
     ToolCallRequest,
     ToolCatalog,
@@ -31,7 +33,6 @@ from turnkeep.workflows.activity_io import (
 )
 from turnkeep.workflows.messages import CallToolResult, TextContent
 
-SEPARATOR = "__"
 # Retryable: the pool has dropped the broken connection and the next attempt opens a new one.
 # Deliberately not "ServerUnavailable", which the workflow treats as a configuration error.
 CONNECTION_ERROR_TYPE = "McpConnectionError"
@@ -45,20 +46,17 @@ INLINE_TOOL_RESULT_BYTES = 256 * 1024
 
 class ToolActivities:
     def __init__(
-        self, settings: Settings, pool: ToolServers, *, storage_on: bool | None = None
+        self, agents: AgentCatalog, pool: ToolServers, *, max_result_bytes: int | None
     ) -> None:
-        """``storage_on``: whether this worker has external payload storage (default: what
-        ``settings.payload_storage`` says); it decides whether large results are cut."""
-        self._settings = settings
+        """``max_result_bytes``: where results are cut (``tool_result_limit``); None: never."""
+        self._agents = agents
         self._pool = pool
-        if storage_on is None:
-            storage_on = settings.payload_storage.driver != "off"
-        self._max_result_bytes = tool_result_limit(settings, storage_on=storage_on)
+        self._max_result_bytes = max_result_bytes
 
     @activity.defn(name=LIST_TOOLS)
     async def list_tools(self, req: ToolsRequest) -> ToolCatalog:
         require_workflow()
-        agent = self._settings.agent(req.agent)
+        agent = self._agents.agent(req.agent)
         servers = agent.servers if req.servers is None else req.servers
         for server in servers:
             self._check_server(req.agent, agent, server)
@@ -87,8 +85,8 @@ class ToolActivities:
     @activity.defn(name=CALL_TOOL)
     async def call_tool(self, req: ToolCallRequest) -> ToolCallOutcome:
         require_workflow()
-        agent = self._settings.agent(req.agent)
-        server, _, tool = req.name.partition(SEPARATOR)
+        agent = self._agents.agent(req.agent)
+        server, _, tool = req.name.partition(TOOL_SEPARATOR)
         # The workflow answers unknown tools itself; this guards against a crafted request
         # reaching a server or tool the agent was never given.
         if server not in agent.servers or not tool or not tool_allowed(agent, server, tool):
@@ -140,7 +138,7 @@ class ToolActivities:
                 type="ToolNotAllowed",
                 non_retryable=True,
             )
-        queue = self._settings.tool_task_queue(agent, server)
+        queue = self._agents.tool_task_queue(agent, server)
         if queue is not None and queue != activity.info().task_queue:
             raise ApplicationError(
                 f"The tools of server {server!r} run on task queue {queue!r}, not here.",
@@ -162,7 +160,7 @@ def tool_allowed(agent: AgentSettings, server: str, tool: str) -> bool:
 
 def _spec(server: str, tool: mcp.types.Tool) -> ToolSpec:
     return ToolSpec(
-        name=f"{server}{SEPARATOR}{tool.name}",
+        name=f"{server}{TOOL_SEPARATOR}{tool.name}",
         description=tool.description,
         input_schema=dict(tool.input_schema),
     )
@@ -218,15 +216,15 @@ def _valid_utf8(value: Any) -> Any:
 # apart and pure.
 
 
-def tool_result_limit(settings: Settings, *, storage_on: bool) -> int | None:
+def tool_result_limit(max_tool_result_bytes: int | None, *, storage_on: bool) -> int | None:
     """How many bytes of a tool result the model is shown (``None``: all of them).
 
-    ``max_tool_result_bytes`` when set. Otherwise no limit with payload storage on: a result
-    over the threshold goes to the store whole and the history holds a reference, so its size
-    is no concern of Temporal's (the model's context window is the provider's to police, and
-    its error says so). Without storage, ``INLINE_TOOL_RESULT_BYTES``."""
-    if settings.max_tool_result_bytes is not None:
-        return settings.max_tool_result_bytes
+    ``max_tool_result_bytes`` (the setting) when set. Otherwise no limit with payload storage
+    on: a result over the threshold goes to the store whole and the history holds a reference,
+    so its size is no concern of Temporal's (the model's context window is the provider's to
+    police, and its error says so). Without storage, ``INLINE_TOOL_RESULT_BYTES``."""
+    if max_tool_result_bytes is not None:
+        return max_tool_result_bytes
     return None if storage_on else INLINE_TOOL_RESULT_BYTES
 
 

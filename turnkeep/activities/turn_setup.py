@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from turnkeep.config.settings import AgentSettings, Settings, TimeoutSettings
-from turnkeep.errors import config_error, known, require_workflow
-from turnkeep.providers.registry import (
-    ProviderRegistry,
-    allowed_models,
-    installed_providers,
-    is_allowed,
-    max_tokens_limit,
+from turnkeep.config.catalog import AgentCatalog
+from turnkeep.config.settings import (
+    FREE_OVERRIDES,
+    AgentSettings,
+    ContinueAsNewSettings,
+    TimeoutSettings,
+    VisibilitySettings,
 )
+from turnkeep.errors import config_error, known, require_workflow
+from turnkeep.providers.registry import ModelCatalog
 from turnkeep.workflows.activity_io import (
     PAYLOAD_ENVELOPE_BYTES,
     PAYLOAD_LIMIT_BYTES,
@@ -30,73 +31,75 @@ from turnkeep.workflows.turn_io import TurnOverrides
 
 
 class TurnSetupActivities:
-    def __init__(self, settings: Settings, providers: ProviderRegistry | None = None) -> None:
-        self._settings = settings
-        self._providers = providers or installed_providers()
+    """``prepare_turn``, from the parts of the settings a plan is made of: the agents, the
+    models they may use, and what the worker decides for every turn (continue-as-new, what a
+    turn publishes)."""
+
+    def __init__(
+        self,
+        agents: AgentCatalog,
+        models: ModelCatalog,
+        *,
+        continue_as_new: ContinueAsNewPlan,
+        visibility: VisibilitySettings,
+    ) -> None:
+        self._agents = agents
+        self._models = models
+        self._continue_as_new = continue_as_new
         # Which search attributes turns may upsert: none until the worker has checked the
         # namespace at start (turnkeep/worker/search_attributes.py), which replaces this before
         # it polls.
         self.visibility = VisibilityPlan(
-            search_attribute_interval=settings.visibility.search_attribute_interval
+            search_attribute_interval=visibility.search_attribute_interval
         )
 
     @activity.defn(name=PREPARE_TURN)
     async def prepare_turn(self, request: PrepareTurnRequest) -> TurnPlan:
         require_workflow()
-        return plan_turn(self._settings, request, self.visibility, self._providers)
+        return self.plan(request)
 
+    def plan(self, request: PrepareTurnRequest) -> TurnPlan:
+        """The plan of a turn of ``request.agent``, once its overrides are checked."""
+        agent = self._agents.agent(request.agent)
+        overrides = request.overrides
+        model = check_overrides(self._agents, self._models, request.agent, overrides)
 
-def plan_turn(
-    settings: Settings,
-    request: PrepareTurnRequest,
-    visibility: VisibilityPlan | None = None,
-    providers: ProviderRegistry | None = None,
-) -> TurnPlan:
-    providers = providers or installed_providers()
-    agent = settings.agent(request.agent)
-    overrides = request.overrides
-    model = check_overrides(settings, request.agent, overrides, providers)
+        def pick(name: str) -> object:
+            value = getattr(overrides, name)
+            return value if value is not None else getattr(agent, name, None)
 
-    def pick(name: str) -> object:
-        value = getattr(overrides, name)
-        return value if value is not None else getattr(agent, name, None)
-
-    return TurnPlan.model_validate(
-        {
-            "agent": request.agent,
-            "model": model,
-            "instruction": agent.instruction,
-            **{name: pick(name) for name in TurnOverrides.model_fields if name != "model"},
-            "has_tools": bool(agent.servers),
-            "hooks": {point: names for point, names in agent.hooks.items() if names},
-            "compaction": _compaction(agent, providers.context_window(model, settings)),
-            "continue_as_new": _continue_as_new(settings),
-            "visibility": visibility or VisibilityPlan(),
-            "llm": _timeouts(agent.llm_timeouts),
-            "tools": _timeouts(agent.tool_timeouts),
-            "tool_task_queues": _tool_task_queues(settings, agent),
-            "approval": _approval(agent),
-        }
-    )
+        return TurnPlan.model_validate(
+            {
+                "agent": request.agent,
+                "model": model,
+                "instruction": agent.instruction,
+                **{name: pick(name) for name in TurnOverrides.model_fields if name != "model"},
+                "has_tools": bool(agent.servers),
+                "hooks": {point: names for point, names in agent.hooks.items() if names},
+                "compaction": _compaction(agent, self._models.context_window(model)),
+                "continue_as_new": self._continue_as_new,
+                "visibility": self.visibility,
+                "llm": _timeouts(agent.llm_timeouts),
+                "tools": _timeouts(agent.tool_timeouts),
+                "tool_task_queues": _tool_task_queues(self._agents, agent),
+                "approval": _approval(agent),
+            }
+        )
 
 
 def check_overrides(
-    settings: Settings,
-    name: str,
-    overrides: TurnOverrides,
-    providers: ProviderRegistry | None = None,
+    agents: AgentCatalog, models: ModelCatalog, name: str, overrides: TurnOverrides
 ) -> str:
     """The model a turn (or one model call) of agent ``name`` runs on, once ``overrides`` are
-    checked against the agent: a model from ``allowed_models``, only the overrides the agent
-    lists, and always lower (never higher) ``max_iterations`` and ``max_tokens``. The model
-    activities hold each call to this same rule."""
-    providers = providers or installed_providers()
-    agent = settings.agent(name)
-    allowed = allowed_models(settings, agent, providers)
+    checked against the agent: a model from ``allowed_models``; any of ``FREE_OVERRIDES``; and
+    the agent's bounds (``BOUNDED_OVERRIDES``) kept to, unless the agent lists the setting in
+    ``overrides``. The model activities hold each call to this same rule."""
+    agent = agents.agent(name)
+    allowed = models.allowed_models(agent)
     model = overrides.model or allowed[0]
     # By what the strings name: `sonnet` is `anthropic.claude-sonnet-5`, and a reasoning
     # setting is part of the model (turnkeep/activities/model_strings.py).
-    if not is_allowed(model, allowed, providers):
+    if not models.is_allowed(model, allowed):
         raise config_error(
             "ModelNotAllowed",
             f"Agent {name!r} does not let a turn use model {model!r} "
@@ -104,28 +107,35 @@ def check_overrides(
         )
     # An unknown model string, or one whose provider the config leaves unusable (generic with
     # no server), fails the turn here, before any model call.
-    providers.check(settings, model)
-    limits = {
+    models.check(model)
+    # None: no bound. parallel_tool_calls is bounded by the agent's own: on only if it is.
+    bounds: dict[str, int | None] = {
         "max_iterations": agent.max_iterations,
-        "max_tokens": max_tokens_limit(agent, model, providers),
+        "max_tokens": models.max_tokens_limit(agent, model),
+        "parallel_tool_calls": agent.parallel_tool_calls,
     }
-    lowered = {
+    beyond = sorted(
         field
-        for field, limit in limits.items()
-        if (value := getattr(overrides, field)) is not None and (limit is None or value <= limit)
-    }
-    refused = overrides.given() - set(agent.overrides) - {"model"} - lowered
-    if refused:
-        bounds = ", ".join(
-            f"{field} (to at most {limit})" if limit is not None else field
-            for field, limit in limits.items()
-        )
+        for field in overrides.given() - FREE_OVERRIDES - {"model"} - set(agent.overrides)
+        # A setting neither free nor bounded here (new, and not yet placed) is refused.
+        if field not in bounds
+        or ((bound := bounds[field]) is not None and getattr(overrides, field) > bound)
+    )
+    if beyond:
         raise config_error(
             "OverrideNotAllowed",
-            f"Agent {name!r} does not let a turn set {', '.join(sorted(refused))} "
-            f"(it allows: {known(agent.overrides)}; a turn may always lower {bounds}).",
+            f"Agent {name!r} does not let a turn set "
+            f"{', '.join(_past(field, bounds.get(field)) for field in beyond)} (a turn may lower a "
+            "limit and turn parallel_tool_calls off; the agent's `overrides`, which let it go "
+            f"further, list: {known(agent.overrides)}).",
         )
     return model
+
+
+def _past(field: str, bound: int | None) -> str:
+    if field == "parallel_tool_calls":
+        return "parallel_tool_calls on"
+    return f"{field} above {bound}" if bound is not None else field
 
 
 def _timeouts(t: TimeoutSettings) -> Timeouts:
@@ -134,25 +144,24 @@ def _timeouts(t: TimeoutSettings) -> Timeouts:
     )
 
 
-def _continue_as_new(settings: Settings) -> ContinueAsNewPlan:
-    config = settings.continue_as_new
+def continue_as_new_plan(config: ContinueAsNewSettings, *, storage_on: bool) -> ContinueAsNewPlan:
+    """Every turn's continue-as-new thresholds. ``storage_on``: whether ``payload_storage``
+    puts large payloads in external storage."""
     return ContinueAsNewPlan(
         history_bytes=config.history_bytes,
         history_events=config.history_events,
         when_suggested=config.when_suggested,
         # Without external storage the new run's input (turn and carried state) is recorded
         # inline and must fit under Temporal's payload limit, with room for its envelope.
-        max_carried_bytes=PAYLOAD_LIMIT_BYTES - PAYLOAD_ENVELOPE_BYTES
-        if settings.payload_storage.driver == "off"
-        else None,
+        max_carried_bytes=None if storage_on else PAYLOAD_LIMIT_BYTES - PAYLOAD_ENVELOPE_BYTES,
     )
 
 
-def _tool_task_queues(settings: Settings, agent: AgentSettings) -> dict[str, str | None]:
+def _tool_task_queues(agents: AgentCatalog, agent: AgentSettings) -> dict[str, str | None]:
     """Where each of the agent's servers is called, when any is called elsewhere than on the
     turn's own task queue (None: there); empty when none is, so the turn's tool activities
     are scheduled as they always were."""
-    queues = {server: settings.tool_task_queue(agent, server) for server in agent.servers}
+    queues = {server: agents.tool_task_queue(agent, server) for server in agent.servers}
     return queues if any(queues.values()) else {}
 
 

@@ -12,23 +12,22 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.worker import Worker
 
 from turnkeep.cli.connect import client_for
 from turnkeep.config.files import ConfigError, find_config
 from turnkeep.config.settings import Settings, StreamingSettings
 from turnkeep.devserver.embedded import ServerInfo
-from turnkeep.worker.build import build_worker
+from turnkeep.worker.build import TurnkeepWorkers, build_workers
 
 
 def in_process_worker(
     client: Client, settings: Settings, config: Path | None, **worker_options: Any
-) -> Worker:
-    """``build_worker``, with what the config gets wrong as a ``ConfigError``: an agent naming
-    a server or hook that is not there, a hook that does not import, storage or keys the
-    client does not share. ``worker_options`` go to ``Worker``."""
+) -> TurnkeepWorkers:
+    """``build_workers``, with what the config gets wrong as a ``ConfigError``: an agent
+    naming a server or hook that is not there, a hook that does not import, storage or keys
+    the client does not share. ``worker_options`` go to each ``Worker``."""
     try:
-        return build_worker(client, settings, **worker_options)
+        return build_workers(client, settings, **worker_options)
     except (ValueError, TypeError, ImportError, AttributeError) as err:
         where = find_config(config) or "the configuration"
         raise ConfigError(f"{where} cannot run a worker: {err}") from err

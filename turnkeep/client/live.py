@@ -15,17 +15,26 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+import ssl
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
+import httpx2
 from pydantic import BaseModel
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHandle
 
 from turnkeep.workflows.activity_io import LLM_STEP
-from turnkeep.workflows.live_io import PATH_PREFIX, LiveAddress, LiveBatch, LiveDelta
+from turnkeep.workflows.live_io import (
+    DELTA_EVENT,
+    END_EVENT,
+    PATH_PREFIX,
+    LiveAddress,
+    LiveBatch,
+    LiveDelta,
+)
 from turnkeep.workflows.messages import Message
 
 log = logging.getLogger(__name__)
@@ -108,78 +117,71 @@ class LiveStreamRefused(ConnectionError):
 
 
 async def read_live(
-    client: Client, address: LiveAddress, *, connect_timeout: float = CONNECT_SECONDS
+    client: Client,
+    address: LiveAddress,
+    *,
+    connect_timeout: float = CONNECT_SECONDS,
+    http: httpx2.AsyncClient | None = None,
 ) -> AsyncIterator[LiveDelta]:
     """The deltas of one attempt, from its start, until its stream ends. Raises on a refused
     or broken connection (the caller falls back)."""
-    event = ""
-    async for line in sse_lines(
+    events = sse_events(
         f"{address.url}{PATH_PREFIX}{address.call_key}",
         {"authorization": f"Bearer {address.token}"},
         connect_timeout=connect_timeout,
-    ):
-        if line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:") and event == "delta":
-            for delta in await _decode(client, line[5:].strip()):
-                yield delta
-        elif line.startswith("data:") and event == "end":
-            return
+        http=http,
+    )
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if event.event == DELTA_EVENT:
+                for delta in await _decode(client, event.data):
+                    yield delta
+            elif event.event == END_EVENT:
+                return
     raise ConnectionError("the live stream ended before its call did")
 
 
-async def sse_lines(
-    url: str, headers: dict[str, str], *, connect_timeout: float = CONNECT_SECONDS
-) -> AsyncIterator[str]:
-    """The lines of an event stream: a plain HTTP/1.1 GET on asyncio streams (http, or https
-    for an ``advertise`` URL behind a TLS proxy), so following a turn needs no HTTP library."""
-    parsed = urlsplit(url)
-    tls = parsed.scheme == "https"
-    host = parsed.hostname or "127.0.0.1"
-    port = parsed.port or (443 if tls else 80)
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(host, port, ssl=tls or None), connect_timeout
+async def sse_events(
+    url: str,
+    headers: dict[str, str],
+    *,
+    connect_timeout: float = CONNECT_SECONDS,
+    http: httpx2.AsyncClient | None = None,
+) -> AsyncGenerator[httpx2.ServerSentEvent, None]:
+    """The events of an event stream, over ``http`` (default: a client of its own); http, or
+    https for an ``advertise`` URL behind a TLS proxy. The answer's head must come within
+    ``connect_timeout``, its events may take as long as a model call; any status but 200
+    raises ``LiveStreamRefused``."""
+    async with contextlib.AsyncExitStack() as stack:
+        if http is None:
+            http = await stack.enter_async_context(live_http_client())
+        async with asyncio.timeout(connect_timeout):
+            # No size limit: a late watcher's first event holds the whole text so far.
+            source = await stack.enter_async_context(
+                http.sse(url, headers=headers, max_event_size=None)
+            )
+        if source.response.status_code != 200:
+            raise LiveStreamRefused(source.response.status_code)
+        async for event in source:
+            yield event
+
+
+def live_http_client() -> httpx2.AsyncClient:
+    """An HTTP client for live streams, which ``follow_live`` keeps for all a turn's calls."""
+    return httpx2.AsyncClient(
+        verify=_tls_context(),
+        # The address the worker heartbeats is reached as it is, through no proxy the
+        # environment names (HTTPS_PROXY, ALL_PROXY).
+        trust_env=False,
+        # sse_events bounds the wait for an answer's head; between events, a model may think.
+        timeout=httpx2.Timeout(None),
     )
-    try:
-        lines = [
-            f"GET {parsed.path or '/'} HTTP/1.1",
-            f"host: {parsed.netloc}",
-            "accept: text/event-stream",
-            "connection: close",
-            *(f"{name}: {value}" for name, value in headers.items()),
-        ]
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-        await writer.drain()
-        status_line = await asyncio.wait_for(reader.readline(), connect_timeout)
-        parts = status_line.split()
-        status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-        chunked = False
-        while (header := await reader.readline()) not in (b"\r\n", b"\n", b""):
-            name, _, value = header.decode("latin-1").partition(":")
-            if name.strip().lower() == "transfer-encoding" and "chunked" in value.lower():
-                chunked = True
-        if status != 200:
-            raise LiveStreamRefused(status)
-        pending = b""
-        while True:
-            if chunked:
-                size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    return
-                data = await reader.readexactly(size + 2)
-                data = data[:-2]
-            else:
-                data = await reader.read(65536)
-                if not data:
-                    return
-            pending += data
-            *complete, pending = pending.split(b"\n")
-            for line in complete:
-                yield line.rstrip(b"\r").decode("utf-8")
-    finally:
-        writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    # The system's CAs, loaded once per process: they are most of what a new client costs.
+    return ssl.create_default_context()
 
 
 async def _decode(client: Client, data: str) -> list[LiveDelta]:
@@ -209,50 +211,52 @@ async def follow_live(
     tried: set[str] = set()  # call keys already read (or given up on)
     nudge = nudge or asyncio.Event()
     delay = poll
-    while True:
-        # asyncio.wait_for can swallow a cancellation that lands as its wait ends (Python
-        # 3.11); the task still says it is being cancelled, so this loop cannot outlive it.
-        _raise_if_cancelled()
-        try:
-            address = await live_address(client, handle)
-        except Exception as err:
-            _raise_if_cancelled()  # a cancelled RPC raises an RPCError, not CancelledError
-            log.debug("cannot describe the turn for its live address: %s", type(err).__name__)
-            address = None
-        if address is None or address.call_key in tried:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(nudge.wait(), delay)
-            delay = poll if nudge.is_set() else min(delay * 1.5, MAX_POLL_SECONDS)
-            nudge.clear()
-            continue
-        delay = poll
-        tried.add(address.call_key)
-        previous = followed.get(address.call_index)
-        if previous is not None and address.attempt > previous:
-            emit(Restarted(call_index=address.call_index, attempt=address.attempt))
-        followed[address.call_index] = address.attempt
-        try:
-            async for delta in read_live(client, address):
-                if delta.kind == "text":
-                    emit(
-                        TextDelta(
-                            text=delta.text,
-                            call_index=address.call_index,
-                            attempt=address.attempt,
-                        )
-                    )
-                else:
-                    emit(
-                        ToolCallStart(
-                            name=delta.name or "",
-                            call_id=delta.call_id or "",
-                            call_index=address.call_index,
-                        )
-                    )
-        except Exception as err:
+    # One client for the turn's calls: the next call's stream may reuse the connection.
+    async with live_http_client() as http:
+        while True:
+            # asyncio.wait_for can swallow a cancellation that lands as its wait ends (Python
+            # 3.11); the task still says it is being cancelled, so this loop cannot outlive it.
             _raise_if_cancelled()
-            # Unreachable, refused, cut off (the worker died), undecodable: message-level.
-            log.debug("live stream of model call #%d: %s", address.call_index, repr(err)[:200])
+            try:
+                address = await live_address(client, handle)
+            except Exception as err:
+                _raise_if_cancelled()  # a cancelled RPC raises an RPCError, not CancelledError
+                log.debug("cannot describe the turn for its live address: %s", type(err).__name__)
+                address = None
+            if address is None or address.call_key in tried:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(nudge.wait(), delay)
+                delay = poll if nudge.is_set() else min(delay * 1.5, MAX_POLL_SECONDS)
+                nudge.clear()
+                continue
+            delay = poll
+            tried.add(address.call_key)
+            previous = followed.get(address.call_index)
+            if previous is not None and address.attempt > previous:
+                emit(Restarted(call_index=address.call_index, attempt=address.attempt))
+            followed[address.call_index] = address.attempt
+            try:
+                async for delta in read_live(client, address, http=http):
+                    if delta.kind == "text":
+                        emit(
+                            TextDelta(
+                                text=delta.text,
+                                call_index=address.call_index,
+                                attempt=address.attempt,
+                            )
+                        )
+                    else:
+                        emit(
+                            ToolCallStart(
+                                name=delta.name or "",
+                                call_id=delta.call_id or "",
+                                call_index=address.call_index,
+                            )
+                        )
+            except Exception as err:
+                _raise_if_cancelled()
+                # Unreachable, refused, cut off (the worker died), undecodable: message-level.
+                log.debug("live stream of model call #%d: %s", address.call_index, repr(err)[:200])
 
 
 def _raise_if_cancelled() -> None:

@@ -13,7 +13,7 @@ from turnkeep.payloads.storage import external_storage
 
 class TurnkeepClientPlugin(SimplePlugin):
     """For clients that start and watch turns: turnkeep's data converter, added to the
-    client's own (``turnkeep/worker/composition.py``), nothing else.
+    client's own (``turnkeep.payloads.composition``), nothing else.
 
     Payload storage comes from ``storage`` if given, else from ``settings.payload_storage``
     (default settings when none are given: the ``local`` driver under the state directory),
@@ -25,8 +25,12 @@ class TurnkeepClientPlugin(SimplePlugin):
         self, settings: Settings | None = None, *, storage: ExternalStorage | None = None
     ) -> None:
         settings = settings or Settings()
-        self.storage = storage if storage is not None else external_storage(settings)
-        self.codec = payload_codec(settings)
+        self.storage = (
+            storage
+            if storage is not None
+            else external_storage(settings.payload_storage, settings.base_dir)
+        )
+        self.codec = payload_codec(settings.encryption)
         super().__init__("turnkeep-client", data_converter=self._converter)
 
     def _converter(self, existing: DataConverter | None) -> DataConverter:

@@ -31,7 +31,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.history import TurnView, read_turn
 from turnkeep.client.live import MessageEvent, StreamEvent
-from turnkeep.client.turns import DEFAULT_TASK_QUEUE, get_turn, query_retrying
+from turnkeep.client.turns import get_turn, query_retrying
 from turnkeep.observability.search_attributes import present_search_attributes
 from turnkeep.workflows import visibility
 from turnkeep.workflows.messages import Message
@@ -45,6 +45,7 @@ from turnkeep.workflows.session_io import (
     SessionResult,
 )
 from turnkeep.workflows.session_workflow import SessionWorkflow
+from turnkeep.workflows.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
 
 
 class SessionClosedError(RuntimeError):
@@ -56,7 +57,7 @@ async def open_session(
     *,
     agent: str,
     session_id: str | None = None,
-    task_queue: str = DEFAULT_TASK_QUEUE,
+    task_queue: str | None = None,
     idle_timeout: float | None = None,
     turns_per_run: int = DEFAULT_TURNS_PER_RUN,
     on_new_message: NewMessageMode = "queue",
@@ -67,7 +68,9 @@ async def open_session(
 
     ``on_new_message`` is what a message sent while a turn runs does: ``queue`` waits for the
     turn, ``interrupt`` cancels it. Pass the agent's own setting
-    (``AgentOptions.on_new_message``): the session cannot read the worker's config."""
+    (``AgentOptions.on_new_message``): the session cannot read the worker's config.
+    ``task_queue``: where the session and its turns run, by default the agent's queue
+    (``start_turn``)."""
     session = SessionInput(
         agent=agent,
         idle_timeout=idle_timeout,
@@ -81,7 +84,7 @@ async def open_session(
             SESSION_WORKFLOW_NAME,
             session,
             id=workflow_id,
-            task_queue=task_queue,
+            task_queue=task_queue or agent_task_queue(DEFAULT_TASK_QUEUE, agent),
             result_type=SessionResult,
             static_summary=f"session with {agent}",
             search_attributes=visibility.start_search_attributes(agent, present),

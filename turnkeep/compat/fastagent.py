@@ -15,7 +15,8 @@ changed, and a worker serves the agents it declares::
     )
     async def main() -> None: ...
 
-    worker = Worker(client, task_queue="turnkeep", plugins=[fast.plugin()])
+    async with fast.workers(client):  # or Worker(..., plugins=[fast.plugin()]) of your own
+        ...
 
 The decorated function is returned unchanged: turnkeep runs the agent's turns on a worker
 rather than in the function, so ``fast.run()`` and the interactive console have no
@@ -28,11 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from turnkeep.config.agents import Agent, Tool
 from turnkeep.config.fastagent.request_params import RequestParams
 from turnkeep.config.settings import Settings
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
 
 __all__ = ["FastAgent", "RequestParams"]
 
@@ -169,6 +173,14 @@ class FastAgent:
 
         return TurnkeepPlugin(settings or self.settings(), agents=self.agents, **options)
 
+    def workers(self, client: Client, settings: Settings | None = None, **options: Any) -> Any:
+        """The workers ``turnkeep worker`` runs for these agents (``build_workers``): on the
+        task queue and on each agent's own queue, where ``turnkeep.start_turn`` starts their
+        turns. Run them with ``async with``; ``options`` go to ``build_workers``."""
+        from turnkeep.worker.build import build_workers
+
+        return build_workers(client, settings or self.settings(), agents=self.agents, **options)
+
     # fast-agent's workflows and runtime, which turnkeep does not have.
 
     def _refuse(self, what: str) -> NoReturn:
@@ -203,6 +215,6 @@ class FastAgent:
     def run(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError(
             "turnkeep runs agents on a worker, not in fast.run(): serve them with "
-            "`Worker(client, task_queue=..., plugins=[fast.plugin()])` and start turns with "
+            "`async with fast.workers(client): ...` and start turns with "
             "turnkeep.start_turn or `turnkeep run`"
         )

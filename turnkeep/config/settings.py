@@ -27,14 +27,17 @@ from pydantic import (
 )
 
 from turnkeep.config.fastagent.keys import accept_fast_agent_keys
-from turnkeep.errors import config_error, known
 from turnkeep.workflows.activity_io import (
     DEFAULT_CONTINUE_AS_NEW_BYTES,
     DEFAULT_CONTINUE_AS_NEW_EVENTS,
     HookPoint,
 )
 from turnkeep.workflows.session_io import NewMessageMode
-from turnkeep.workflows.turn_io import DEFAULT_MAX_ITERATIONS, TurnOverrides
+from turnkeep.workflows.turn_io import (
+    DEFAULT_MAX_ITERATIONS,
+    DEFAULT_TASK_QUEUE,
+    TurnOverrides,
+)
 
 
 class _Settings(BaseModel):
@@ -358,6 +361,13 @@ class EncryptionSettings(_SecretSettings):
 
 
 ALL_OVERRIDES = frozenset(TurnOverrides.model_fields) - {"model"}
+# What a turn may set whatever its agent lists: none of it lets a turn reach a model, server,
+# tool or hook the agent does not, or spend more (fast-agent sets them per call, `structured()`
+# and `RequestParams`).
+FREE_OVERRIDES = frozenset({"use_history", "structured_output", "temperature"})
+# Bounds the agent sets: a turn may always stay within them (lower a limit, turn parallel tool
+# calls off), and go past them only for those the agent lists in `overrides`.
+BOUNDED_OVERRIDES = frozenset({"max_iterations", "max_tokens", "parallel_tool_calls"})
 
 
 class AgentOptions(_Settings):
@@ -371,8 +381,10 @@ class AgentOptions(_Settings):
     parallel_tool_calls: bool = True
     temperature: float | None = None
     max_tokens: int | None = None
-    # Which TurnInput overrides a turn may set; none unless listed (a turn may always lower
-    # max_iterations and max_tokens). `model` is governed by `models` instead.
+    # Which of the agent's bounds a turn may go past: max_iterations and max_tokens (raised),
+    # parallel_tool_calls (turned on when the agent has it off). Unlisted, a turn may still lower
+    # a limit or turn parallel calls off, and set use_history, structured_output and
+    # temperature, which widen nothing. `model` is governed by `models` instead.
     overrides: list[str] = Field(default_factory=list)
     # Model strings a turn may ask for instead of `model`.
     models: list[str] = Field(default_factory=list)
@@ -464,7 +476,9 @@ class ObservabilitySettings(_Settings):
 # Errors don't quote input: a bad value anywhere in the file could be a key or token.
 class Settings(_SecretSettings):
     default_model: str | None = None
-    task_queue: str = "turnkeep"
+    # The worker polls this queue, and for each of its agents the agent's own queue
+    # (`<task_queue>.<agent>`), where turnkeep's clients start that agent's turns.
+    task_queue: str = Field(default=DEFAULT_TASK_QUEUE, min_length=1)
     mcp: McpSettings = Field(default_factory=McpSettings)
     # server name -> "package.module:function" import paths, served by an in-process FastMCP
     # server under that name.
@@ -514,38 +528,6 @@ class Settings(_SecretSettings):
     @classmethod
     def _fast_agent_keys(cls, data: Any) -> Any:
         return accept_fast_agent_keys(data, cls.model_fields)
-
-    def unknown_servers(self, known: set[str]) -> dict[str, list[str]]:
-        """Per agent, the servers it names that are not among ``known``."""
-        return {
-            name: missing
-            for name, agent in self.agents.items()
-            if (missing := [s for s in agent.servers if s not in known])
-        }
-
-    def unknown_hooks(self, known: set[str]) -> dict[str, list[str]]:
-        """Per agent, the hooks it enables that are not among ``known``."""
-        return {
-            name: missing
-            for name, agent in self.agents.items()
-            if (missing := sorted({h for hs in agent.hooks.values() for h in hs} - known))
-        }
-
-    def tool_task_queue(self, agent: AgentSettings, server: str) -> str | None:
-        """The task queue ``agent``'s calls to ``server`` run on (None: the turn's own)."""
-        config = self.mcp.servers.get(server)
-        return (config.task_queue if config else None) or agent.task_queue
-
-    def agent(self, name: str) -> AgentSettings:
-        """The agent a request names: every activity looks its agent up here, so a request
-        naming an agent this worker doesn't configure is refused wherever it comes from."""
-        agent = self.agents.get(name)
-        if agent is None:
-            raise config_error(
-                "UnknownAgent",
-                f"Unknown agent {name!r}. This worker's agents: {known(self.agents)}.",
-            )
-        return agent
 
     def path(self, p: Path) -> Path:
         return p if p.is_absolute() else self.base_dir / p

@@ -13,25 +13,16 @@ import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
-from turnkeep.config.paths import state_dir
 from turnkeep.config.settings import Settings
-from turnkeep.devserver.background import (
-    acquire_state_lock,
-    pid_alive,
-    release_state_lock,
-    spawn_detached,
-    terminate,
-)
+from turnkeep.devserver.background import BackgroundProcess, pid_alive, terminate
 from turnkeep.devserver.embedded import log_tail
 from turnkeep.payloads.codec import EncryptionCodec
 from turnkeep.payloads.codec_server import CodecServerError, require_token, token_digest
-from turnkeep.support.asgi import bind
+from turnkeep.support.asgi import port_taken
 
-
-def _record_path() -> Path:
-    return state_dir() / "codec-server.json"
+# `codec-server` in its command line: the recorded pid is still `turnkeep codec-server`.
+BACKGROUND = BackgroundProcess("codec-server", marker=b"codec-server")
 
 
 def _fingerprint(settings: Settings, origins: Iterable[str], config: Path) -> str:
@@ -49,16 +40,6 @@ def _fingerprint(settings: Settings, origins: Iterable[str], config: Path) -> st
 
 def _absolute(path: Path) -> Path:
     return Path(os.path.abspath(path))
-
-
-def _is_codec_server(pid: int) -> bool:
-    cmdline = Path(f"/proc/{pid}/cmdline")
-    if not cmdline.parent.exists():
-        return True
-    try:
-        return b"codec-server" in cmdline.read_bytes()
-    except OSError:
-        return False
 
 
 def background_codec_server_url(settings: Settings) -> str | None:
@@ -89,78 +70,41 @@ async def ensure_background_codec_server(
     origins = sorted({*server.origins, *([ui_origin] if ui_origin else [])})
     config = _absolute(config)  # the same file, whichever directory asks
     fingerprint = _fingerprint(settings, origins, config)
-    lock = await asyncio.to_thread(acquire_state_lock, state_dir())
-    try:
-        record = _read_record()
-        if record is not None and _alive(record):
+    async with BACKGROUND.locked():
+        record = BACKGROUND.running()
+        if record is not None:
             if record.get("fingerprint") == fingerprint:
                 return url
             terminate(record["pid"])  # other keys, token or address: replace it
-        _record_path().unlink(missing_ok=True)
-        if _in_use(server.host, server.port):
+        BACKGROUND.forget()
+        if port_taken(server.host, server.port):
             raise CodecServerError(
                 f"port {server.port} on {server.host} (encryption.codec_server.port) is taken "
                 "by something that is not turnkeep's background codec server; stop it or "
                 "choose another port"
             )
         return await _start_background_codec_server(url, config, origins, fingerprint)
-    finally:
-        release_state_lock(lock)
 
 
 async def _start_background_codec_server(
     url: str, config: Path, origins: list[str], fingerprint: str
 ) -> str:
-    log_file = state_dir() / "codec-server.log"
-    log_file.write_bytes(b"")
+    log_file = BACKGROUND.new_log()
     argv = [sys.executable, "-m", "turnkeep.cli", "codec-server", "--config", str(config)]
     for origin in origins:
         argv += ["--origin", origin]
-    pid = spawn_detached(argv, log_file)
-    record = {"pid": pid, "url": url, "fingerprint": fingerprint, "log_file": str(log_file)}
-    _record_path().write_text(json.dumps(record, indent=2) + "\n")
-    os.chmod(_record_path(), 0o600)
+    pid = BACKGROUND.start(argv, url=url, fingerprint=fingerprint)["pid"]
     try:
         await _wait_until_serving(url, pid, log_file)
     except BaseException:
-        terminate(pid)
-        _record_path().unlink(missing_ok=True)
+        BACKGROUND.abandon(pid)
         raise
     return url
 
 
 def stop_background_codec_server() -> bool:
     """Stop the codec server ``ensure_background_codec_server`` started; False if none ran."""
-    lock = acquire_state_lock(state_dir())
-    try:
-        record = _read_record()
-        _record_path().unlink(missing_ok=True)
-        if record is None or not _alive(record):
-            return False
-        terminate(record["pid"])
-        return True
-    finally:
-        release_state_lock(lock)
-
-
-def _in_use(host: str, port: int) -> bool:
-    try:
-        bind(host, port).close()
-    except OSError:
-        return True
-    return False
-
-
-def _read_record() -> dict[str, Any] | None:
-    try:
-        record = json.loads(_record_path().read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and isinstance(record.get("pid"), int) else None
-
-
-def _alive(record: dict[str, Any]) -> bool:
-    return pid_alive(record["pid"]) and _is_codec_server(record["pid"])
+    return BACKGROUND.stop()
 
 
 async def _wait_until_serving(url: str, pid: int, log_file: Path, within: float = 30.0) -> None:

@@ -2,7 +2,7 @@
 
 Two ways to run one:
 
-- `EmbeddedServer`: a child process owned by the caller (tests, benchmarks, `turnkeep dev`).
+- `EmbeddedServer`: a child process owned by the caller (tests, benchmarks, `turnkeep server`).
 - `ensure_background_server()`: a detached server that outlives the CLI, so the Web UI link
   printed by `turnkeep run` keeps working after the command returns. It is recorded in
   `state_dir()/server.json` and stopped with `stop_background_server()`.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import os
 import re
 import shutil
@@ -23,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -32,20 +31,22 @@ from urllib.parse import quote
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 
-from turnkeep.config.paths import state_dir
+from turnkeep.config.paths import GROUP_AND_OTHER_BITS, OWNER_ONLY_FILE_MODE, state_dir
 from turnkeep.devserver.background import (
     STOP_GRACE_SECONDS,
-    acquire_state_lock,
+    BackgroundProcess,
     detached_exit_code,
-    pid_alive,
-    release_state_lock,
-    spawn_detached,
-    terminate,
 )
 from turnkeep.observability.search_attributes import SetupError, register
+from turnkeep.support.asgi import port_taken
 from turnkeep.workflows.visibility import search_attribute_types
 
 HOST = "127.0.0.1"
+# Where `temporal server start-dev` listens by default: the frontend (gRPC), the Web UI.
+DEFAULT_PORT = 7233
+DEFAULT_UI_PORT = 8233
+# The database of turnkeep's dev server in the state directory, in the background or not.
+DB_FILE_NAME = "temporal.db"
 START_TIMEOUT = 60.0
 START_ATTEMPTS = 2
 
@@ -189,7 +190,8 @@ class EmbeddedServer:
         self.db_file = db_file
         self.namespace = namespace
         self.fast = fast
-        # The Web UI's remote codec server (worker.codec_server), for encrypted payloads.
+        # The Web UI's remote codec server (``turnkeep.payloads.codec_server``), for encrypted
+        # payloads.
         self.codec_endpoint = codec_endpoint
         own = search_attribute_types() if turnkeep_search_attributes else {}
         self.search_attributes = {**own, **(search_attributes or {})}
@@ -302,7 +304,7 @@ def _spawn_child(argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=server_environment(),
-            umask=0o077,  # its database holds every conversation: 0600, like its WAL
+            umask=GROUP_AND_OTHER_BITS,  # its database and WAL hold every conversation
         )
 
 
@@ -389,40 +391,8 @@ async def _describe(address: str, namespace: str) -> None:
 
 # --- the detached background server -------------------------------------------------------
 
-
-def _record_path() -> Path:
-    return state_dir() / "server.json"
-
-
-def _read_record() -> dict[str, Any] | None:
-    try:
-        record = json.loads(_record_path().read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and isinstance(record.get("pid"), int) else None
-
-
-def _is_temporal_process(pid: int) -> bool:
-    # Guards against a recycled pid (e.g. after a reboot). Without /proc (macOS) the readiness
-    # check that follows is the only guard.
-    cmdline = Path(f"/proc/{pid}/cmdline")
-    if not cmdline.parent.exists():
-        return True
-    try:
-        return b"start-dev" in cmdline.read_bytes()
-    except OSError:
-        return False
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # Same option the server uses, so a socket lingering in TIME_WAIT does not count.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return True
-    return False
+# `start-dev` in its command line: the recorded pid is still a Temporal dev server.
+BACKGROUND = BackgroundProcess("server", marker=b"start-dev")
 
 
 def _info_from_record(record: Mapping[str, Any]) -> ServerInfo:
@@ -436,7 +406,7 @@ def _info_from_record(record: Mapping[str, Any]) -> ServerInfo:
 
 
 async def ensure_background_server(
-    *, port: int = 7233, ui_port: int = 8233, codec_endpoint: str | None = None
+    *, port: int = DEFAULT_PORT, ui_port: int = DEFAULT_UI_PORT, codec_endpoint: str | None = None
 ) -> ServerInfo:
     """Reuse turnkeep's background server if it is running, else start one that outlives us.
 
@@ -444,26 +414,25 @@ async def ensure_background_server(
     Web UI has another ``codec_endpoint`` (the returned info says which): there is only one
     database, and two servers must not share it.
     """
-    lock = await asyncio.to_thread(acquire_state_lock, state_dir())
-    try:
-        record = _read_record()
-        if record is not None and pid_alive(record["pid"]) and _is_temporal_process(record["pid"]):
+    async with BACKGROUND.locked():
+        record = BACKGROUND.running()
+        if record is not None:
             info = _info_from_record(record)
             await wait_until_ready(
                 info.address,
                 info.namespace,
                 exit_code=None,
-                log_file=Path(record.get("log_file", state_dir() / "server.log")),
+                log_file=Path(record.get("log_file", BACKGROUND.log_file)),
                 within=15.0,
             )
             # Started by an older turnkeep, it may lack search attributes added since.
             with contextlib.suppress(SetupError):
                 await register(await Client.connect(info.address, namespace=info.namespace))
             return info
-        _record_path().unlink(missing_ok=True)
+        BACKGROUND.forget()
 
         for wanted, what in ((port, "gRPC"), (ui_port, "Web UI")):
-            if _port_in_use(wanted):
+            if port_taken(HOST, wanted):
                 raise EmbeddedServerError(
                     f"Port {wanted} ({what}) on {HOST} is already in use by something that is not "
                     f"turnkeep's background Temporal server. If it is a Temporal server you want "
@@ -471,17 +440,14 @@ async def ensure_background_server(
                     f"stop it or choose other ports."
                 )
         return await _start_background(port, ui_port, codec_endpoint)
-    finally:
-        release_state_lock(lock)
 
 
 async def _start_background(port: int, ui_port: int, codec_endpoint: str | None) -> ServerInfo:
-    directory = state_dir()
-    db_file, log_file = directory / "temporal.db", directory / "server.log"
-    log_file.write_bytes(b"")  # one log per server; the old one only explains an old failure
-    # Made before this version tightened them (new ones are created 0600, below).
-    for existing in (log_file, *directory.glob(f"{db_file.name}*")):
-        existing.chmod(0o600)
+    db_file = state_dir() / DB_FILE_NAME
+    log_file = BACKGROUND.new_log()
+    # Made before turnkeep tightened them (new ones are its owner's only: see start()).
+    for existing in db_file.parent.glob(f"{db_file.name}*"):
+        existing.chmod(OWNER_ONLY_FILE_MODE)
     argv = build_argv(
         find_temporal_binary(),
         port=port,
@@ -491,50 +457,37 @@ async def _start_background(port: int, ui_port: int, codec_endpoint: str | None)
         codec_endpoint=codec_endpoint,
     )
     for attempt in range(START_ATTEMPTS):
-        # The umask 077 makes the database and its WAL and shared-memory files 0600: they hold
-        # every conversation. The server creates them itself, so it inherits the mask.
-        previous = os.umask(0o077)
-        try:
-            pid = spawn_detached(argv, log_file, server_environment())
-        finally:
-            os.umask(previous)
-        info = ServerInfo(
-            f"{HOST}:{port}", f"http://{HOST}:{ui_port}", pid, codec_endpoint=codec_endpoint
+        record = BACKGROUND.start(
+            argv,
+            server_environment(),
+            address=f"{HOST}:{port}",
+            ui_url=f"http://{HOST}:{ui_port}",
+            namespace="default",
+            codec_endpoint=codec_endpoint,
+            db_file=str(db_file),
+            argv=argv,
         )
-        record = {**asdict(info), "db_file": str(db_file), "log_file": str(log_file), "argv": argv}
-        # Written before the wait so `turnkeep server stop` can find a server that never got ready.
-        _record_path().write_text(json.dumps(record, indent=2) + "\n")
+        info = _info_from_record(record)
         try:
             await wait_until_ready(
                 info.address,
                 info.namespace,
-                exit_code=functools.partial(detached_exit_code, pid),
+                exit_code=functools.partial(detached_exit_code, info.pid),
                 log_file=log_file,
                 within=START_TIMEOUT,
             )
             return info
         except ServerExitedError as e:
-            _record_path().unlink(missing_ok=True)
+            BACKGROUND.forget()
             if not e.transient or attempt + 1 == START_ATTEMPTS:
                 raise
         except BaseException:
-            terminate(pid)
-            _record_path().unlink(missing_ok=True)
+            BACKGROUND.abandon(info.pid)
             raise
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def stop_background_server() -> bool:
-    """Stop the recorded background server; False if none was running."""
-    lock = acquire_state_lock(state_dir())
-    try:
-        record = _read_record()
-        _record_path().unlink(missing_ok=True)
-        if record is None or not pid_alive(record["pid"]):
-            return False
-        if not _is_temporal_process(record["pid"]):
-            return False  # the pid was recycled; that server is long gone
-        terminate(record["pid"])
-        return True
-    finally:
-        release_state_lock(lock)
+    """Stop the recorded background server; False if none was running (or the recorded pid
+    was recycled: that server is long gone)."""
+    return BACKGROUND.stop()

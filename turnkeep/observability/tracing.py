@@ -41,7 +41,6 @@ from opentelemetry.trace import (
     TracerProvider,
 )
 from temporalio import activity, workflow
-from temporalio.api.common.v1 import Payload
 from temporalio.contrib.opentelemetry import TracingInterceptor, TracingWorkflowInboundInterceptor
 from temporalio.worker import (
     ActivityInboundInterceptor,
@@ -52,13 +51,14 @@ from temporalio.worker import (
 
 from turnkeep.observability.recording import error_class
 from turnkeep.observability.spans import MODEL_CALL_HOOK
+from turnkeep.support.sdk_private import Carrier, WorkflowTracingHooks
 from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP, ToolCallOutcome
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.model_io import LlmRequest
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 log = logging.getLogger(__name__)
 
-TURN_WORKFLOW = "TurnWorkflow"  # turnkeep.workflows.turn_workflow.WORKFLOW_NAME
 TRACER_NAME = "turnkeep"
 # The tracer the turn spans are made with: its id generator hands out the turn's own ids.
 _TURN_TRACER_NAME = "turnkeep.turn"
@@ -196,14 +196,14 @@ class _TurnIds:
 # -- workflow side (in the sandbox) ----------------------------------------------------------
 
 
-class _TurnWorkflowInbound(TracingWorkflowInboundInterceptor):
+class _TurnWorkflowInbound(WorkflowTracingHooks, TracingWorkflowInboundInterceptor):
     def _is_turn(self) -> bool:
-        return workflow.info().workflow_type == TURN_WORKFLOW
+        return workflow.info().workflow_type == WORKFLOW_NAME
 
-    def _load_workflow_context_carrier(self) -> dict[str, Any] | None:
-        if self._workflow_context_carrier or not self._is_turn():
-            return super()._load_workflow_context_carrier()
-        headers = super()._load_workflow_context_carrier() or {}
+    def workflow_carrier(self, from_headers: Carrier | None) -> Carrier | None:
+        if not self._is_turn():
+            return from_headers
+        headers = from_headers or {}
         info = workflow.info()
         trace_id, span_id = turn_ids(info.first_execution_run_id)
         # The span the turn started under: named by a continued run's carrier, else the
@@ -219,26 +219,20 @@ class _TurnWorkflowInbound(TracingWorkflowInboundInterceptor):
         turn = SpanContext(
             trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)
         )
-        carrier: dict[str, Any] = {}
+        carrier: Carrier = {}
         context = opentelemetry.trace.set_span_in_context(NonRecordingSpan(turn))
         self.text_map_propagator.inject(carrier, context)
         carrier[_START_KEY] = headers.get(_START_KEY) or str(int(info.start_time.timestamp() * 1e9))
         if parent:
             carrier[_PARENT_KEY] = parent
-        self._workflow_context_carrier = carrier
         return carrier
 
-    def _context_to_headers(self, headers: Mapping[str, Payload]) -> Mapping[str, Payload]:
+    def next_run_carrier(self) -> Carrier:
         # Only used for continue-as-new: the next run gets the turn's start and parent too.
         if not self._is_turn():
-            return super()._context_to_headers(headers)
-        carrier: dict[str, Any] = {}
-        self.text_map_propagator.inject(carrier)
-        turn = self._load_workflow_context_carrier() or {}
-        for key in (_START_KEY, _PARENT_KEY):
-            if key in turn:
-                carrier[key] = turn[key]
-        return self._context_carrier_to_headers(carrier, headers)
+            return {}
+        turn = self.loaded_carrier() or {}
+        return {key: turn[key] for key in (_START_KEY, _PARENT_KEY) if key in turn}
 
     async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
         if not self._is_turn():
@@ -269,7 +263,7 @@ class _TurnWorkflowInbound(TracingWorkflowInboundInterceptor):
     def _turn_span(
         self, input: ExecuteWorkflowInput, result: Any, err: BaseException | None
     ) -> None:
-        carrier = self._load_workflow_context_carrier() or {}
+        carrier = self.loaded_carrier() or {}
         info = workflow.info()
         trace_id, span_id = turn_ids(info.first_execution_run_id)
         parent = carrier.get(_PARENT_KEY)
@@ -285,7 +279,7 @@ class _TurnWorkflowInbound(TracingWorkflowInboundInterceptor):
             "temporalRunID": info.run_id,
         }
         attributes.update(_turn_attributes(result, err))
-        self._extern_functions[_EXTERN](  # type: ignore[literal-required]
+        workflow.extern_functions()[_EXTERN](
             _TurnSpan(
                 name=f"invoke_agent {agent}",
                 trace_id=trace_id,

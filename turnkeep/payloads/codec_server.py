@@ -50,8 +50,6 @@ from starlette.types import ASGIApp
 from temporalio.api.common.v1 import Payloads
 
 from turnkeep.config.settings import EncryptionSettings
-
-# The background server's process handling, shared so both detached servers behave alike.
 from turnkeep.payloads.codec import EncryptionCodec, EncryptionError
 from turnkeep.payloads.storage import describe_duration
 from turnkeep.support.asgi import AsgiServer, bind, http_url

@@ -17,7 +17,7 @@ decoded, from failing the workflow's task for ever (see its docstring).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -27,20 +27,15 @@ from temporalio.api.failure.v1 import Failure
 from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
 from temporalio.converter import (
     CompositePayloadConverter,
-    DataConverter,
     DefaultPayloadConverter,
     EncodingPayloadConverter,
     JSONPlainPayloadConverter,
 )
 from temporalio.exceptions import ApplicationError
 
-try:  # private (temporalio 1.35): which workflow command the payload being decoded belongs to
-    from temporalio.worker._command_aware_visitor import current_command_info
-except ImportError:  # pragma: no cover - another SDK version: every decoding error raises
-    current_command_info = None  # type: ignore[assignment]
-
 from turnkeep.payloads.codec import ENCODING as ENCRYPTED
 from turnkeep.payloads.codec import EncryptedPayloadRefusal, refuse_encrypted
+from turnkeep.support.sdk_private import DecodeStage, DecodingStages, decoding_outside_commands
 
 UNDECODABLE = b"binary/turnkeep-undecodable"
 ERROR_TYPE = "turnkeep-error-type"
@@ -122,10 +117,8 @@ class TurnkeepPayloadConverter(CompositePayloadConverter):
 # show`) get the decoding error itself, raised where it happens.
 _RAISE_AT_ONCE: ContextVar[bool] = ContextVar("turnkeep_raise_at_once", default=False)
 
-_Stage = Callable[[Sequence[Payload]], Awaitable[list[Payload]]]
 
-
-class TurnkeepDataConverter(DataConverter):
+class TurnkeepDataConverter(DecodingStages):
     """Temporal's data converter, except for payloads a client sent to a workflow that cannot
     be decoded.
 
@@ -162,55 +155,37 @@ class TurnkeepDataConverter(DataConverter):
         finally:
             _RAISE_AT_ONCE.reset(token)
 
-    async def _decode_reference_payload_sequence(
-        self, payloads: Sequence[Payload]
-    ) -> list[Payload]:
-        return await _or_stand_in(super()._decode_reference_payload_sequence, payloads)
+    async def decode_stage(self, stage: DecodeStage, payloads: Sequence[Payload]) -> list[Payload]:
+        """``stage`` applied to ``payloads``, with a stand-in for each client's payload that it
+        cannot decode."""
+        if _RAISE_AT_ONCE.get() or not decoding_outside_commands():
+            return await stage(payloads)
+        pending = [i for i, p in enumerate(payloads) if p.metadata.get("encoding") != UNDECODABLE]
+        if len(pending) == len(payloads):
+            try:
+                return await stage(payloads)
+            except Exception as err:
+                if _transient(err):
+                    raise
+        # One at a time, to tell the bad payloads from the good ones.
+        decoded = list(payloads)
+        for i in pending:
+            try:
+                [decoded[i]] = await stage([payloads[i]])
+            except Exception as err:
+                if _transient(err):
+                    raise
+                decoded[i] = _stand_in(err)
+        return decoded
 
-    async def _external_retrieve_payload_sequence(
-        self, payloads: Sequence[Payload]
-    ) -> list[Payload]:
-        return await _or_stand_in(super()._external_retrieve_payload_sequence, payloads)
-
-    async def _decode_payload_sequence(self, payloads: Sequence[Payload]) -> list[Payload]:
-        return await _or_stand_in(self._decrypt, payloads)
-
-    async def _decrypt(self, payloads: Sequence[Payload]) -> list[Payload]:
+    async def codec_decode(self, payloads: Sequence[Payload]) -> list[Payload]:
         if self.payload_codec is None:
             # Here too, not only in the payload converter: a workflow converting it would
             # fail its task with "Failed decoding arguments".
             for payload in payloads:
                 if payload.metadata.get("encoding") == ENCRYPTED:
                     refuse_encrypted(payload)
-        return await super()._decode_payload_sequence(payloads)
-
-
-async def _or_stand_in(stage: _Stage, payloads: Sequence[Payload]) -> list[Payload]:
-    """``stage`` applied to ``payloads``, with a stand-in for each client's payload that it
-    cannot decode (``TurnkeepDataConverter``)."""
-    if (
-        _RAISE_AT_ONCE.get()
-        or current_command_info is None
-        or current_command_info.get() is not None
-    ):
-        return await stage(payloads)
-    pending = [i for i, p in enumerate(payloads) if p.metadata.get("encoding") != UNDECODABLE]
-    if len(pending) == len(payloads):
-        try:
-            return await stage(payloads)
-        except Exception as err:
-            if _transient(err):
-                raise
-    # One at a time, to tell the bad payloads from the good ones.
-    decoded = list(payloads)
-    for i in pending:
-        try:
-            [decoded[i]] = await stage([payloads[i]])
-        except Exception as err:
-            if _transient(err):
-                raise
-            decoded[i] = _stand_in(err)
-    return decoded
+        return await super().codec_decode(payloads)
 
 
 def _transient(err: BaseException) -> bool:

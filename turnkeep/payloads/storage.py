@@ -34,7 +34,7 @@ gc``. Why that is safe:
 S3 objects are keyed per workflow run and are never swept here: a bucket lifecycle rule
 expires them.
 
-The SDK's API is experimental (temporalio 1.35); this module is the one place that touches it.
+The SDK marks this API experimental; this module is the one place that touches it.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ from temporalio.converter import (
     StorageDriverStoreContext,
 )
 
-from turnkeep.config.paths import state_home
-from turnkeep.config.settings import PayloadStorageSettings, Settings
+from turnkeep.config.paths import OWNER_ONLY_DIR_MODE, state_home
+from turnkeep.config.settings import PayloadStorageSettings
 from turnkeep.observability.recording import payload_bytes_stored
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
@@ -95,27 +95,29 @@ class PayloadStorageConfigError(ValueError):
     """``payload_storage`` names a driver this installation cannot provide."""
 
 
-def payload_directory(settings: Settings | PayloadStorageSettings) -> Path:
-    """Where the ``local`` driver keeps payloads: ``payload_storage.path`` (relative to the
-    config file's directory), else ``<state dir>/payloads``."""
-    config = settings.payload_storage if isinstance(settings, Settings) else settings
+def payload_directory(config: PayloadStorageSettings, base_dir: Path | None = None) -> Path:
+    """Where the ``local`` driver keeps payloads: ``config.path`` (relative to ``base_dir``,
+    the config file's directory, when given), else ``<state dir>/payloads``."""
     if config.path is None:
         path = state_home() / "payloads"
-    elif isinstance(settings, Settings):
-        path = settings.path(config.path.expanduser())
     else:
-        path = config.path.expanduser()
+        # An absolute path stays as it is.
+        path = config.path.expanduser() if base_dir is None else base_dir / config.path.expanduser()
     return Path(os.path.abspath(path))
 
 
-def external_storage(settings: Settings | PayloadStorageSettings) -> ExternalStorage | None:
-    """The ``ExternalStorage`` that ``payload_storage`` describes; ``None`` when it is off."""
-    config = settings.payload_storage if isinstance(settings, Settings) else settings
+def external_storage(
+    config: PayloadStorageSettings, base_dir: Path | None = None
+) -> ExternalStorage | None:
+    """The ``ExternalStorage`` that ``payload_storage`` describes; ``None`` when it is off.
+    ``base_dir``: what a relative ``path`` is relative to (the config file's directory)."""
     driver: StorageDriver
     if config.driver == "off":
         return None
     if config.driver == "local":
-        driver = LocalDirectoryDriver(payload_directory(settings), retention=config.retention)
+        driver = LocalDirectoryDriver(
+            payload_directory(config, base_dir), retention=config.retention
+        )
     else:
         assert config.bucket  # the settings validator requires it
         driver = s3_driver(config.bucket, config.prefix)
@@ -236,7 +238,7 @@ class LocalDirectoryDriver(StorageDriver):
                 os.utime(path)
                 return digest
         try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.directory.mkdir(mode=OWNER_ONLY_DIR_MODE, parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{digest[:16]}.", suffix=".tmp")
         except OSError as err:
             raise PayloadStorageError(

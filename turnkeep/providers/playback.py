@@ -10,6 +10,7 @@ not a turn call: it is echoed, as passthrough does.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +66,20 @@ class PlaybackProvider(ModelProvider):
     bare = True
     context_window = 200_000
 
-    def __init__(self, scripts: Path | Settings) -> None:
-        """``scripts``: one script for every call, or the settings whose agents name theirs."""
+    def __init__(self, scripts: Path | Mapping[str, Path]) -> None:
+        """``scripts``: one script for every call, or each agent's own by agent name."""
         self._scripts = scripts
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PlaybackProvider:
-        return cls(settings)
+        # Only the agents' scripts, resolved now: the settings' base directory never changes.
+        return cls(
+            {
+                name: settings.path(agent.playback)
+                for name, agent in settings.agents.items()
+                if agent.playback is not None
+            }
+        )
 
     async def complete(self, request: LlmRequest, model_name: str) -> Message:
         if request.call_index < 1:
@@ -93,9 +101,9 @@ class PlaybackProvider(ModelProvider):
     def _script(self, agent: str) -> Path:
         if isinstance(self._scripts, Path):
             return self._scripts
-        script = self._scripts.agent(agent).playback
+        script = self._scripts.get(agent)
         if script is None:
             raise config_error(
                 "UnknownModel", f"agent {agent!r} uses playback but names no playback script"
             )
-        return self._scripts.path(script)
+        return script

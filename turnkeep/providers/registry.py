@@ -1,15 +1,15 @@
-"""Model strings → providers (docs/concepts/models.md), the way fast-agent spells them, through a
-registry of provider classes (``turnkeep/activities/providers/__init__.py``).
+"""Model strings → providers (the documentation's *Models*), the way fast-agent spells them,
+through a registry of ``ModelProvider`` classes.
 
 ``passthrough`` and ``playback`` are offline; ``anthropic.<model>``, ``openai.<model>``,
 ``generic.<model>``, ``deepseek.``, ``openrouter.``, ``groq.``, ``xai.``, ``google.`` and
 ``azure.<model>`` name a provider and the provider's own model id; fast-agent's aliases
 (``sonnet``, ``gpt-5.5``...) and known model names (``gpt-5-mini``) name both, and a
-``?reasoning=`` setting may follow (``turnkeep/activities/model_strings.py``). Other providers
-come from installed packages
-(the ``turnkeep.providers`` entry-point group) or from the worker's plugin
-(``TurnkeepPlugin(providers=[...])``). A model string resolves to a registered provider or to
-nothing: a turn cannot make a worker load code or reach an API its operator did not install.
+``?reasoning=`` setting may follow (``turnkeep.providers.model_strings``). Other providers come
+from installed packages (the ``turnkeep.providers`` entry-point group) or from the worker's
+plugin (``TurnkeepPlugin(providers=[...])``). A model string resolves to a registered provider
+or to nothing: a turn cannot make a worker load code or reach an API its operator did not
+install.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ BUILTIN_PROVIDERS: tuple[type[ModelProvider], ...] = (
     AzureProvider,
 )
 
-__all__ = ["ModelRef", "ProviderRegistry", "allowed_models", "installed_providers"]
+__all__ = ["ModelCatalog", "ModelRef", "ProviderRegistry", "installed_providers"]
 
 
 class ProviderRegistry:
@@ -96,7 +96,7 @@ class ProviderRegistry:
         return iter(self._providers.values())
 
     def resolve(self, model: str) -> ModelRef:
-        """What ``model`` names, parsed as fast-agent parses it (``model_strings.py``): an alias
+        """What ``model`` names, parsed as fast-agent parses it (``model_strings``): an alias
         or known model name, ``provider.model`` or ``provider/model``, and its reasoning
         setting (``?reasoning=``, or the older ``.low`` suffix)."""
         spec, queried, suffix = split_model_string(model)
@@ -155,33 +155,96 @@ class ProviderRegistry:
         """The provider named ``name`` (a ``ModelRef.provider``)."""
         return self._providers[name]
 
-    def check(self, settings: Settings, model: str) -> None:
-        """Fail now if ``model`` is unknown, or its provider unusable with ``settings``."""
-        self[self.resolve(model).provider].check(settings)
-
-    def default_model(self, settings: Settings) -> str:
-        """fast-agent's precedence: config, then whichever provider has a key, then offline."""
-        if settings.default_model:
-            return settings.default_model
-        for provider in self:
-            if (model := provider.default_model(settings)) is not None:
-                return model
-        return PassthroughProvider.name
-
-    def context_window(self, model: str, settings: Settings | None = None) -> int | None:
-        """The model's context window in tokens: its provider block's ``context_window`` when
-        the config gives one, else the provider's for the model. None: unknown, and then a
-        turn gets no automatic compaction (an agent's ``compaction.context_window`` still
-        sets one)."""
+    def context_window(self, model: str) -> int | None:
+        """The model's context window in tokens, as its provider knows it (None: unknown).
+        ``ModelCatalog.context_window`` puts the config's over it."""
         ref = self.resolve(model)
         provider = self[ref.provider]
-        configured = getattr(getattr(settings, provider.name, None), "context_window", None)
-        if isinstance(configured, int):
-            return configured
         return provider.context_windows.get(ref.name, provider.context_window)
 
     def max_tokens(self, model: str) -> int | None:
         return self[self.resolve(model).provider].max_tokens
+
+
+class ModelCatalog:
+    """The models a worker's settings make usable: its provider registry, bound to the
+    settings its providers are built and checked with. The model activities and
+    ``prepare_turn`` share it, so a turn and each of its model calls are held to one rule.
+
+    It holds the whole ``Settings`` on purpose: ``ModelProvider.from_settings``, ``check`` and
+    ``default_model`` are extension points documented for third parties, and take them whole (a
+    provider reads its own block, ``playback`` the agents' scripts). Besides handing them to
+    providers, it reads only ``default_model`` and the provider blocks' ``context_window``."""
+
+    def __init__(self, settings: Settings, registry: ProviderRegistry | None = None) -> None:
+        self.registry = registry or installed_providers()
+        self._settings = settings
+
+    def resolve(self, model: str) -> ModelRef:
+        return self.registry.resolve(model)
+
+    def build(self, provider: str) -> ModelProvider:
+        """A new instance of the provider named ``provider``, built from the settings (it may
+        raise a ``config_error``: no key)."""
+        return self.registry[provider].from_settings(self._settings)
+
+    def check(self, model: str) -> None:
+        """Fail now if ``model`` is unknown, or its provider unusable with the settings."""
+        self.registry[self.resolve(model).provider].check(self._settings)
+
+    def default_model(self) -> str:
+        """fast-agent's precedence: config, then whichever provider has a key, then offline."""
+        if self._settings.default_model:
+            return self._settings.default_model
+        for provider in self.registry:
+            if (model := provider.default_model(self._settings)) is not None:
+                return model
+        return PassthroughProvider.name
+
+    def allowed_models(self, agent: AgentSettings) -> list[str]:
+        """The models a turn of ``agent`` may run on: its model (else the worker's default) and
+        its ``models``. Both prepare_turn and the model activities hold requests to this."""
+        return [agent.model or self.default_model(), *agent.models]
+
+    def is_allowed(self, model: str, allowed: Iterable[str]) -> bool:
+        """Whether ``model`` is one of ``allowed``, comparing what they name, not how they are
+        spelled: ``sonnet`` is ``anthropic.claude-sonnet-5``, ``o3.high`` is
+        ``openai.o3?reasoning=high``, and a reasoning setting is part of the model, so a turn
+        can't raise its effort past what the agent lists."""
+        return any(model == a or self.registry.same_model(model, a) for a in allowed)
+
+    def max_tokens_limit(self, agent: AgentSettings, model: str) -> int | None:
+        """The most output tokens a turn of ``agent`` on ``model`` asks for unless the agent
+        lets turns set ``max_tokens``: the agent's own, else the provider's default (None: no
+        limit is sent, so the model's own applies and any value is lower)."""
+        return agent.max_tokens or self.registry.max_tokens(model)
+
+    def context_window(self, model: str) -> int | None:
+        """The model's context window in tokens: its provider block's ``context_window`` when
+        the config gives one, else the provider's for the model. None: unknown, and then a
+        turn gets no automatic compaction (an agent's ``compaction.context_window`` still
+        sets one)."""
+        provider = self.resolve(model).provider
+        configured = getattr(getattr(self._settings, provider, None), "context_window", None)
+        if isinstance(configured, int):
+            return configured
+        return self.registry.context_window(model)
+
+    def unknown_context_windows(self, agents: Iterable[AgentSettings]) -> dict[str, str]:
+        """The models of ``agents`` whose context window turnkeep does not know and the config
+        does not give (their turns get no automatic compaction), each once, with their
+        provider's name."""
+        unknown: dict[str, str] = {}
+        for agent in agents:
+            if not agent.compaction.enabled or agent.compaction.context_window:
+                continue
+            for model in self.allowed_models(agent):
+                try:
+                    if self.context_window(model) is None:
+                        unknown[model] = self.resolve(model).provider
+                except ApplicationError:  # an unknown model: its turns say so
+                    continue
+        return unknown
 
 
 @functools.cache
@@ -192,54 +255,6 @@ def installed_providers() -> ProviderRegistry:
     registry = ProviderRegistry(BUILTIN_PROVIDERS)
     register_installed(registry.register, ENTRY_POINT_GROUP, "model provider")
     return registry
-
-
-def allowed_models(
-    settings: Settings, agent: AgentSettings, providers: ProviderRegistry | None = None
-) -> list[str]:
-    """The models a turn of ``agent`` may run on: its model (else the worker's default) and
-    its ``models``. Both prepare_turn and the model activities hold requests to this."""
-    registry = providers or installed_providers()
-    return [agent.model or registry.default_model(settings), *agent.models]
-
-
-def max_tokens_limit(
-    agent: AgentSettings, model: str, providers: ProviderRegistry | None = None
-) -> int | None:
-    """The most output tokens a turn of ``agent`` on ``model`` asks for unless the agent lets
-    turns set ``max_tokens``: the agent's own, else the provider's default (None: no limit is
-    sent, so the model's own applies and any value is lower)."""
-    return agent.max_tokens or (providers or installed_providers()).max_tokens(model)
-
-
-def is_allowed(
-    model: str, allowed: Iterable[str], providers: ProviderRegistry | None = None
-) -> bool:
-    """Whether ``model`` is one of ``allowed``, comparing what they name, not how they are
-    spelled: ``sonnet`` is ``anthropic.claude-sonnet-5``, ``o3.high`` is
-    ``openai.o3?reasoning=high``, and a reasoning setting is part of the model, so a turn can't
-    raise its effort past what the agent lists."""
-    registry = providers or installed_providers()
-    return any(model == a or registry.same_model(model, a) for a in allowed)
-
-
-def unknown_context_windows(
-    settings: Settings, providers: ProviderRegistry | None = None
-) -> dict[str, str]:
-    """The agents' models whose context window turnkeep does not know and the config does not
-    give (their turns get no automatic compaction), each once, with their provider's name."""
-    registry = providers or installed_providers()
-    unknown: dict[str, str] = {}
-    for agent in settings.agents.values():
-        if not agent.compaction.enabled or agent.compaction.context_window:
-            continue
-        for model in allowed_models(settings, agent, registry):
-            try:
-                if registry.context_window(model, settings) is None:
-                    unknown[model] = registry.resolve(model).provider
-            except ApplicationError:  # an unknown model: its turns say so
-                continue
-    return unknown
 
 
 def announce_unknown_context_windows(models: dict[str, str]) -> None:

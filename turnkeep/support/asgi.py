@@ -25,6 +25,16 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def port_taken(host: str, port: int) -> bool:
+    """Whether something listens on ``host:port`` (binding as a server would, so a socket
+    lingering in TIME_WAIT does not count)."""
+    try:
+        bind(host, port).close()
+    except OSError:
+        return True
+    return False
+
+
 def http_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 

@@ -26,7 +26,7 @@ from typing import TypeVar
 from pydantic import SecretStr
 
 from turnkeep.config.settings import AnthropicSettings, ProviderSettings, Settings
-from turnkeep.providers.registry import installed_providers
+from turnkeep.providers.registry import ModelCatalog
 from turnkeep.testing.fake_api import Api, FakeModelApi, Recorded, Step
 
 # What the SDKs send as the key: never a real one, so nothing a test does can reach a real API
@@ -92,7 +92,7 @@ class FakeModel:
         if settings.default_model is None:
             # Agents that name no model keep the one they had: with a key configured, the
             # default would otherwise become a provider's (fast-agent's precedence).
-            update["default_model"] = installed_providers().default_model(settings)
+            update["default_model"] = ModelCatalog(settings).default_model()
         return settings.model_copy(update=update)
 
     def start(self) -> FakeModel:

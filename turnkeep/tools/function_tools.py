@@ -23,6 +23,7 @@ from fastmcp.tools import Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec, dedupe_with_versions
 
 from turnkeep.config.callables import import_callable
+from turnkeep.support.sdk_private import server_info_stamp
 from turnkeep.tools.failures import failure_reason
 from turnkeep.tools.mcp import McpSource
 from turnkeep.tools.redaction import Redactor
@@ -76,8 +77,8 @@ def _tool_error(err: BaseException) -> ToolError:
 class _FixedToolsServer(FastMCP):
     """A FastMCP server whose tools are all registered when it is built and never change
     (turnkeep's function-tool servers), so each is looked up once. FastMCP looks a tool up on
-    every call through its providers (an anyio task group): 0.6 ms of a function tool's
-    2.5 ms activity inside a turn, measured alone."""
+    every call through its providers (an anyio task group), a large share of what a quick
+    function tool's activity costs."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -167,7 +168,7 @@ async def call_function_tool(
 def _as_call_tool_result(
     server: FastMCP, tool: str, outcome: ToolResult | Exception
 ) -> mcp.types.CallToolResult:
-    """What an MCP client of ``server`` receives for ``outcome``: mirrors fastmcp 4.2's
+    """What an MCP client of ``server`` receives for ``outcome``: mirrors fastmcp's
     ``MCPOperationsMixin._on_call_tool`` and the SDK runner's ``_stamp_server_info`` on a
     2026-07-28 connection. Input-required and extension results do not arise here: the server
     has neither guard tools nor extensions."""
@@ -195,7 +196,9 @@ def _as_call_tool_result(
     # the rest of ``_meta``, so it stays for results to read as they always did.
     meta = dict(result.meta or {})
     if meta.get(mcp.types.SERVER_INFO_META_KEY) is None:
-        meta[mcp.types.SERVER_INFO_META_KEY] = server._mcp_server.server_info_stamp
+        stamp = server_info_stamp(server)
+        if stamp is not None:
+            meta[mcp.types.SERVER_INFO_META_KEY] = stamp
     return result.model_copy(update={"meta": meta})
 
 

@@ -188,7 +188,7 @@ class McpSource(ToolSource):
 class _ConfiguredSource(McpSource):
     """An ``mcp.servers`` entry's MCP server."""
 
-    def __init__(self, name: str, config: McpServerSettings, settings: Settings) -> None:
+    def __init__(self, name: str, config: McpServerSettings) -> None:
         super().__init__(
             name,
             init_timeout=config.init_timeout,
@@ -196,11 +196,11 @@ class _ConfiguredSource(McpSource):
             request_timeout=config.read_timeout_seconds,
         )
         self._config = config
-        self._settings = settings
 
     @classmethod
     def from_config(cls, name: str, config: McpServerSettings, settings: Settings) -> ToolSource:
-        return cls(name, config, settings)
+        del settings  # the entry says it all
+        return cls(name, config)
 
     def describe(self) -> str:
         cfg = self._config
@@ -213,14 +213,21 @@ class StdioSource(_ConfiguredSource):
 
     kind = "stdio"
 
-    def __init__(self, name: str, config: McpServerSettings, settings: Settings) -> None:
-        super().__init__(name, config, settings)
+    def __init__(self, name: str, config: McpServerSettings, cwd: Path | None = None) -> None:
+        """``cwd``: where the server runs (``config.cwd`` resolved against the config file's
+        directory); None: the worker's own."""
+        super().__init__(name, config)
         assert config.command is not None  # guaranteed by McpServerSettings
         self._command = config.command
+        self._cwd = cwd
         # One append-only file for the source's lifetime: its tail explains a server that dies
         # while starting, and the history of earlier crashes stays readable.
         self._stderr_dir: tempfile.TemporaryDirectory[str] | None = None
         self._stderr_start = 0
+
+    @classmethod
+    def from_config(cls, name: str, config: McpServerSettings, settings: Settings) -> ToolSource:
+        return cls(name, config, settings.path(config.cwd) if config.cwd else None)
 
     def _transport(self) -> ClientTransport:
         cfg = self._config
@@ -228,7 +235,7 @@ class StdioSource(_ConfiguredSource):
             self._command,
             list(cfg.args),
             env=dict(cfg.env) if cfg.env else None,
-            cwd=str(self._settings.path(cfg.cwd)) if cfg.cwd else None,
+            cwd=str(self._cwd) if self._cwd is not None else None,
             # The source owns the lifetime: closing the client must end the process.
             keep_alive=False,
             log_file=self._stderr_file(),
@@ -261,8 +268,8 @@ class HttpSource(_ConfiguredSource):
 
     kind = "http"
 
-    def __init__(self, name: str, config: McpServerSettings, settings: Settings) -> None:
-        super().__init__(name, config, settings)
+    def __init__(self, name: str, config: McpServerSettings) -> None:
+        super().__init__(name, config)
         assert config.url is not None  # guaranteed by McpServerSettings
         self._url = config.url
 

@@ -21,6 +21,7 @@ from turnkeep.tools.source import (
     ToolSource,
     UnknownServer,
 )
+from turnkeep.workflows.activity_io import TOOL_SEPARATOR
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,11 @@ def installed_tool_sources() -> ToolSourceRegistry:
 class ToolServers:
     """A worker's tool sources by server name, for the life of its process: each
     ``mcp.servers`` entry's (built by the registered kind its ``transport`` names) and each
-    function-tool server's."""
+    function-tool server's.
+
+    It is given the whole ``Settings``, and only while it builds the sources: a source's
+    ``from_config`` is an extension point documented for third parties, and takes them whole.
+    Nothing is kept but the sources."""
 
     def __init__(
         self,
@@ -104,10 +109,12 @@ class ToolServers:
         if clashing:
             raise ValueError(f"server name(s) {clashing} are both MCP servers and function tools")
         # Tool names are namespaced `server__tool` and split on the first `__`.
-        bad = [n for n in [*settings.mcp.servers, *function_servers] if "__" in n or not n]
+        names = [*settings.mcp.servers, *function_servers]
+        bad = [n for n in names if TOOL_SEPARATOR in n or not n]
         if bad:
             raise ValueError(
-                f"server name(s) {sorted(bad)} must be non-empty and must not contain '__'"
+                f"server name(s) {sorted(bad)} must be non-empty and must not contain "
+                f"{TOOL_SEPARATOR!r}"
             )
         registry = sources or installed_tool_sources()
         self._sources: dict[str, ToolSource] = {

@@ -1,10 +1,13 @@
-"""Building a turnkeep worker that turnkeep owns (``turnkeep worker``, the tests, the
-benchmarks): a Temporal ``Worker`` with ``TurnkeepPlugin``, as an application builds one."""
+"""Building the workers turnkeep owns (``turnkeep worker``, the command line's in-process worker,
+the tests, the benchmarks): Temporal ``Worker``s with ``TurnkeepPlugin``, as an application
+builds one."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
 from typing import Any
 
 from temporalio.client import Client
@@ -18,6 +21,7 @@ from turnkeep.tools.source import ToolSource
 from turnkeep.worker.plugin import FunctionTools, TurnkeepPlugin
 from turnkeep.worker.runner import WORKFLOW_RUNNER
 from turnkeep.workflows.approval import ApprovalPolicy
+from turnkeep.workflows.turn_io import agent_task_queue
 
 
 def build_worker(
@@ -35,11 +39,9 @@ def build_worker(
     model_input_handoff: bool = True,
     **worker_options: Any,
 ) -> Worker:
-    """A worker serving turns only, on ``task_queue`` (else ``settings.task_queue``).
-    ``worker_options`` go to ``Worker``; the rest to ``TurnkeepPlugin``."""
-    # The worker runs no one else's workflows, so it may share turnkeep's workflow modules on
-    # turnkeep's faster runner (turnkeep/worker/workflow_runner.py).
-    worker_options.setdefault("workflow_runner", WORKFLOW_RUNNER)
+    """A worker serving turns only, on ``task_queue`` (else ``settings.task_queue``) alone.
+    ``worker_options`` go to ``Worker``; the rest to ``TurnkeepPlugin``. A process that serves
+    turns for its agents wherever turnkeep's clients start them uses ``build_workers``."""
     plugin = TurnkeepPlugin(
         settings,
         agents=agents,
@@ -51,19 +53,104 @@ def build_worker(
         tool_sources=tool_sources,
         model_input_handoff=model_input_handoff,
     )
-    return Worker(
-        client, task_queue=task_queue or settings.task_queue, plugins=[plugin], **worker_options
+    return _worker(client, plugin, task_queue or settings.task_queue, worker_options)
+
+
+def build_workers(
+    client: Client,
+    settings: Settings,
+    *,
+    agents: Sequence[Agent] = (),
+    servers: Sequence[McpServer] = (),
+    function_tools: FunctionTools | None = None,
+    hooks: Mapping[str, Hook] | None = None,
+    approval_policies: Mapping[str, ApprovalPolicy] | None = None,
+    providers: Sequence[type[ModelProvider]] = (),
+    tool_sources: Sequence[type[ToolSource]] = (),
+    task_queue: str | None = None,
+    model_input_handoff: bool = True,
+    **worker_options: Any,
+) -> TurnkeepWorkers:
+    """What ``turnkeep worker`` runs: a worker on ``task_queue`` (else ``settings.task_queue``)
+    and one on each agent's own queue (``agent_task_queue``), sharing one ``TurnkeepPlugin``
+    (its model clients, tool connections and payload sweeper). Arguments as ``build_worker``."""
+    plugin = TurnkeepPlugin(
+        settings,
+        agents=agents,
+        servers=servers,
+        function_tools=function_tools,
+        hooks=hooks,
+        approval_policies=approval_policies,
+        providers=providers,
+        tool_sources=tool_sources,
+        model_input_handoff=model_input_handoff,
     )
+    queue = task_queue or settings.task_queue
+    queues = [queue, *(agent_task_queue(queue, agent) for agent in plugin.agents)]
+    return TurnkeepWorkers([_worker(client, plugin, q, worker_options) for q in queues])
+
+
+def _worker(
+    client: Client, plugin: TurnkeepPlugin, task_queue: str, options: Mapping[str, Any]
+) -> Worker:
+    # The worker runs no one else's workflows, so it may share turnkeep's workflow modules on
+    # turnkeep's faster runner (``turnkeep.worker.runner``).
+    options = {"workflow_runner": WORKFLOW_RUNNER, **options}
+    return Worker(client, task_queue=task_queue, plugins=[plugin], **options)
+
+
+class TurnkeepWorkers:
+    """The Temporal workers of a process that serves turns (``build_workers``): started
+    together by ``async with``, running while all of them run, and shut down together, each
+    stopping its polling at once and giving its running activities its grace period.
+
+    Why a worker per agent's queue: Temporal hands a task to any worker polling its queue, so
+    workers of different configs sharing one queue would take each other's turns and fail
+    them (an unknown agent). On its agent's queue a turn only meets workers that have it."""
+
+    def __init__(self, workers: Sequence[Worker]) -> None:
+        self.workers = list(workers)
+        self._stack: AsyncExitStack | None = None
+
+    @property
+    def task_queue(self) -> str:
+        """The worker's own task queue (the agents' queues are named after it)."""
+        return self.workers[0].task_queue
+
+    @property
+    def task_queues(self) -> list[str]:
+        return [worker.task_queue for worker in self.workers]
+
+    @property
+    def client(self) -> Client:
+        return self.workers[0].client
+
+    @property
+    def is_running(self) -> bool:
+        return all(worker.is_running for worker in self.workers)
+
+    async def __aenter__(self) -> TurnkeepWorkers:
+        async with AsyncExitStack() as stack:
+            for worker in self.workers:
+                await stack.enter_async_context(worker)
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        # All at once: one after another, the last would keep taking work while the first
+        # drains, and the grace periods would add up.
+        await asyncio.gather(*(worker.shutdown() for worker in self.workers))
+        if self._stack is not None:
+            await self._stack.__aexit__(*exc)  # type: ignore[arg-type]
 
 
 def freeze_startup_heap() -> None:
     """For a process that serves turns for long (``turnkeep worker``, the benchmarks): once the
-    worker is built, take everything alive (the SDKs, FastMCP, pydantic's schemas: ~160,000
-    objects) out of the cyclic garbage collector's scans. It would otherwise walk them all in
-    every full collection: measured on the bench's worker, a ~120 ms pause once every ~8
-    twenty-iteration turns, and 1.0-1.3 s of each 100-turn batch in collections (0.4-0.8 s
-    frozen). Those objects live as long as the process anyway; the collection before the
-    freeze frees what is already garbage."""
+    worker is built, take everything alive (the SDKs, FastMCP, pydantic's schemas) out of the
+    cyclic garbage collector's scans. It would otherwise walk them all in every full
+    collection: a pause every few turns, which adds up over a batch of them (the benchmarks'
+    notes have the figures). Those objects live as long as the process anyway; the collection
+    before the freeze frees what is already garbage."""
     gc.collect()
     gc.freeze()
 
@@ -76,7 +163,7 @@ YOUNG_GENERATION_THRESHOLD = 50_000
 def tune_garbage_collector() -> None:
     """For a process that serves turns for long (``turnkeep worker``, the benchmarks), once
     the worker is built: ``freeze_startup_heap``, and collect the youngest generation every
-    50,000 allocations instead of Python's default.
+    ``YOUNG_GENERATION_THRESHOLD`` allocations instead of Python's default.
 
     A turn builds its conversation as objects (thousands of messages in a long session's
     later turns) and drops them when it ends. Collected every few hundred allocations, most

@@ -2,18 +2,18 @@
 workflow asks, because it now waits for people (``turnkeep/workflows/worker_cache.py`` says
 why and when).
 
-Temporal's Python SDK has no public call for this. The worker's Core bridge has one,
-``request_workflow_eviction``: the same request the cache makes when it is full and lets its
-least recently used workflow go. Core carries it out once the workflow's current task is done.
-It is reached through the ``Worker``'s private ``_bridge_worker``. Where that is missing (another
-SDK version), workflows stay cached as any workflow does, and ``tests/test_metrics.py`` says so.
+Temporal's Python SDK has no public call for this. The worker's Core bridge has one
+(``workflow_evictor`` reaches it): the same request the cache makes when it is full and lets
+its least recently used workflow go. Core carries it out once the workflow's current task is
+done. Where this SDK version does not let it be reached, workflows stay cached as any workflow
+does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -27,13 +27,12 @@ from temporalio.worker import (
     WorkflowInterceptorClassInput,
 )
 
+from turnkeep.support.sdk_private import Evict, workflow_evictor
 from turnkeep.workflows.session_workflow import SessionWorkflow
 from turnkeep.workflows.turn_workflow import TurnWorkflow
 from turnkeep.workflows.worker_cache import LEAVE_CACHE, When, ask_after_query
 
 logger = logging.getLogger(__name__)
-
-Evict = Callable[[str], None]
 
 
 class CacheRelease(Interceptor):
@@ -55,7 +54,7 @@ class CacheRelease(Interceptor):
     @contextmanager
     def serving(self, worker: Worker) -> Iterator[None]:
         """While ``worker`` runs (on this event loop), its workflows' requests reach it."""
-        evict = evictor(worker)
+        evict = workflow_evictor(worker)
         if evict is None:  # pragma: no cover - another SDK version: workflows stay cached
             yield
             return
@@ -125,10 +124,3 @@ class _AskAfterQueries(WorkflowInboundInterceptor):
         elif isinstance(instance, SessionWorkflow) and instance.idle():
             ask_after_query("idle")
         return answer
-
-
-def evictor(worker: Worker) -> Evict | None:
-    """``worker``'s request to drop a run from its cache, if this SDK version has it."""
-    bridge = getattr(worker, "_bridge_worker", None)
-    evict = getattr(bridge, "request_workflow_eviction", None)
-    return evict if callable(evict) else None

@@ -7,8 +7,8 @@
   unreachable. It turns 503 the moment SIGTERM arrives, before the worker has drained. For a
   readiness probe.
 
-Served like the codec server (``turnkeep/worker/codec_server.py``): uvicorn on a socket bound
-here, in the worker's own event loop, leaving signals to the worker. The answers hold no
+A Starlette app served like the codec server (``AsgiServer``): uvicorn on a socket bound here,
+in the worker's own event loop, leaving signals to the worker. The answers hold no
 configuration, only states and SDK error class names.
 """
 
@@ -20,11 +20,14 @@ import logging
 import time
 from datetime import timedelta
 from types import TracebackType
-from typing import Any
+from typing import Protocol
 
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
-from temporalio.worker import Worker
 
 from turnkeep.config.files import ConfigError
 from turnkeep.support.asgi import AsgiServer, bind, http_url
@@ -51,13 +54,23 @@ def parse_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class Polling(Protocol):
+    """What the probes watch: a ``Worker``, or the ``TurnkeepWorkers`` of a process."""
+
+    @property
+    def is_running(self) -> bool: ...
+
+    @property
+    def client(self) -> Client: ...
+
+
 class WorkerState:
-    """What the probes report: the worker's phase, set by ``turnkeep/worker/shutdown.py``."""
+    """What the probes report: the worker's phase, set by ``WorkerService``."""
 
     def __init__(self, *, reuse_check_for: float = CHECK_REUSE_SECONDS) -> None:
         self.phase = "starting"
         self._reuse_check_for = reuse_check_for
-        self._worker: Worker | None = None
+        self._worker: Polling | None = None
         self._client: Client | None = None
         self._checked_at = float("-inf")
         self._reachable: str | None = None  # None: reachable; else why not
@@ -66,7 +79,7 @@ class WorkerState:
     def connecting(self) -> None:
         self.phase = "connecting to Temporal"
 
-    def polling(self, worker: Worker) -> None:
+    def polling(self, worker: Polling) -> None:
         self._worker = worker
         self._client = worker.client
         self.phase = "polling"
@@ -108,38 +121,43 @@ class WorkerState:
         return None
 
 
-class _App:
-    """The ASGI app: two GET routes, JSON answers, nothing cached by proxies."""
+def _app(state: WorkerState) -> Starlette:
+    """Two GET routes (and HEAD), JSON answers, nothing cached by proxies."""
 
-    def __init__(self, state: WorkerState) -> None:
-        self.state = state
+    async def healthz(request: Request) -> Response:
+        return _answer(200, {"status": "ok"})
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        if scope["method"] not in ("GET", "HEAD"):
-            await _answer(send, scope, 405, {"status": "method not allowed"})
-        elif scope["path"] == "/healthz":
-            await _answer(send, scope, 200, {"status": "ok"})
-        elif scope["path"] == "/readyz":
-            reason = await self.state.readiness()
-            if reason is None:
-                await _answer(send, scope, 200, {"status": "ready"})
-            else:
-                await _answer(send, scope, 503, {"status": "not ready", "reason": reason})
-        else:
-            await _answer(send, scope, 404, {"status": "not found"})
+    async def readyz(request: Request) -> Response:
+        reason = await state.readiness()
+        if reason is None:
+            return _answer(200, {"status": "ready"})
+        return _answer(503, {"status": "not ready", "reason": reason})
+
+    async def refused(request: Request, exc: Exception) -> Response:
+        # A probe only reads: any other method is 405, on any path.
+        if request.method not in ("GET", "HEAD"):
+            return _answer(405, {"status": "method not allowed"})
+        return _answer(404, {"status": "not found"})
+
+    app = Starlette(
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+        ],
+        exception_handlers={404: refused, 405: refused},
+    )
+    app.router.redirect_slashes = False  # /healthz/ is not found, not redirected
+    return app
 
 
-async def _answer(send: Any, scope: Any, status: int, body: dict[str, str]) -> None:
-    data = (json.dumps(body) + "\n").encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(data)).encode()),
-        (b"cache-control", b"no-store"),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else data})
+def _answer(status: int, body: dict[str, str]) -> Response:
+    # A HEAD request gets the same headers without the body (uvicorn drops it).
+    return Response(
+        (json.dumps(body) + "\n").encode(),
+        status,
+        headers={"cache-control": "no-store"},
+        media_type="application/json",
+    )
 
 
 class HealthServer:
@@ -150,7 +168,7 @@ class HealthServer:
         self.host, self.port = parse_address(address)
         self.state = state
         self.url: str | None = None
-        self._server = AsgiServer(_App(state), name="health endpoint")
+        self._server = AsgiServer(_app(state), name="health endpoint")
 
     async def __aenter__(self) -> HealthServer:
         try:

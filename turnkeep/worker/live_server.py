@@ -22,15 +22,26 @@ import json
 import logging
 import secrets
 import socket
-from typing import Any
+from collections.abc import AsyncIterator
 
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
 from temporalio.converter import DataConverter
 
 from turnkeep.config.settings import StreamingSettings
 from turnkeep.providers.streaming import LiveCallSink
 from turnkeep.support.asgi import AsgiServer, bind, http_url
 from turnkeep.worker.health import parse_address
-from turnkeep.workflows.live_io import PATH_PREFIX, LiveAddress, LiveBatch, LiveDelta
+from turnkeep.workflows.live_io import (
+    DELTA_EVENT,
+    END_EVENT,
+    PATH_PREFIX,
+    LiveAddress,
+    LiveBatch,
+    LiveDelta,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +83,22 @@ class LiveCall:
             self._changed.set_result(None)
             self._changed = asyncio.get_running_loop().create_future()
 
+    async def events(self) -> AsyncIterator[bytes]:
+        """The call's server-sent events: its deltas from the first, in batches of what
+        arrived since the last, then ``end``."""
+        sent = 0
+        while True:
+            waiting = self.changed()  # before reading the state, so no wake-up is missed
+            if sent < len(self.deltas):
+                batch = self.deltas[sent:]
+                sent += len(batch)
+                yield f"event: {DELTA_EVENT}\ndata: {await self.encode(batch)}\n\n".encode()
+            elif self.done:
+                yield f"event: {END_EVENT}\ndata:\n\n".encode()
+                return
+            else:
+                await asyncio.shield(waiting)
+
     async def encode(self, deltas: list[LiveDelta]) -> str:
         """A batch as the SSE data line: the Payload the worker's converter (and codec) makes."""
         payloads = self.converter.payload_converter.to_payloads([LiveBatch(deltas=deltas)])
@@ -89,7 +116,7 @@ class LiveStreams:
         self.linger = linger
         self.url: str | None = None
         self._calls: dict[str, LiveCall] = {}
-        self._server = AsgiServer(_App(self), name="live-stream server")
+        self._server = AsgiServer(_app(self), name="live-stream server")
         self._starting = asyncio.Lock()
         self._failure: RuntimeError | None = None
         # Compared against when the key is unknown, so a refusal takes the same time.
@@ -152,59 +179,42 @@ class LiveStreams:
         return url
 
 
-class _App:
-    """The ASGI app: one GET route, an SSE stream per authorised call."""
+def _app(streams: LiveStreams) -> Starlette:
+    """One GET route, an SSE stream per authorised call; JSON refusals."""
 
-    def __init__(self, streams: LiveStreams) -> None:
-        self.streams = streams
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        path: str = scope["path"]
-        if scope["method"] != "GET" or not path.startswith(PATH_PREFIX):
-            await _plain(send, 404, "not found")
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        call = self.streams.authorised(path[len(PATH_PREFIX) :], headers.get("authorization"))
+    async def call_stream(request: Request) -> Response:
+        if request.method != "GET":  # HEAD, which Starlette adds to every GET route
+            return _plain(404, "not found")
+        key: str = request.path_params["key"]
+        call = streams.authorised(key, request.headers.get("authorization"))
         if call is None:
-            await _plain(send, 403, "forbidden")
-            return
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"text/event-stream"),
-                    (b"cache-control", b"no-store"),
-                    (b"x-accel-buffering", b"no"),  # proxies: pass each event on at once
-                ],
-            }
+            return _plain(403, "forbidden")
+        return StreamingResponse(
+            call.events(),
+            headers={
+                # Given whole: Starlette would add a charset to a text/ media type.
+                "content-type": "text/event-stream",
+                "cache-control": "no-store",
+                "x-accel-buffering": "no",  # proxies: pass each event on at once
+            },
         )
-        sent = 0
-        while True:
-            waiting = call.changed()  # before reading the state, so no wake-up is missed
-            if sent < len(call.deltas):
-                batch = call.deltas[sent:]
-                sent += len(batch)
-                data = await call.encode(batch)
-                event = f"event: delta\ndata: {data}\n\n"
-            elif call.done:
-                await send({"type": "http.response.body", "body": b"event: end\ndata:\n\n"})
-                return
-            else:
-                await asyncio.shield(waiting)
-                continue
-            await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
 
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _plain(404, "not found")
 
-async def _plain(send: Any, status: int, text: str) -> None:
-    data = json.dumps({"status": text}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"cache-control", b"no-store")],
-        }
+    app = Starlette(
+        # `path`: a key with a slash is an unknown key (403), as any other.
+        routes=[Route(f"{PATH_PREFIX}{{key:path}}", call_stream, methods=["GET"])],
+        exception_handlers={404: not_found, 405: not_found},
     )
-    await send({"type": "http.response.body", "body": data})
+    app.router.redirect_slashes = False
+    return app
+
+
+def _plain(status: int, text: str) -> Response:
+    return Response(
+        json.dumps({"status": text}).encode(),
+        status,
+        headers={"cache-control": "no-store"},
+        media_type="application/json",
+    )

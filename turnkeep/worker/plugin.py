@@ -1,15 +1,15 @@
 """``TurnkeepPlugin``: turnkeep's client and worker set-up through Temporal's plugin API, the
 one way a worker gets turnkeep (``build_worker`` and ``turnkeep worker`` use it too).
 
-It adds to an application's set-up rather than replacing it (``turnkeep/worker/composition.py``):
+It adds to an application's set-up rather than replacing it (``turnkeep.payloads.composition``):
 every payload is a pydantic model as JSON, and payloads above
 ``payload_storage.threshold_bytes`` go to external storage with only a reference in the history
-(``turnkeep/payloads/storage.py``), while the application's payload codec keeps encoding them.
+(``turnkeep.payloads.storage``), while the application's payload codec keeps encoding them.
 A worker's plugin also registers ``TurnWorkflow`` and the activities built from the worker's
-settings and its Python agents (``turnkeep/agents.py``), beside the application's own; adds the
-model-input hand-off interceptor and the one that lets turns and sessions waiting for people
-leave the worker's cache (``turnkeep/worker/cache_release.py``); and closes pooled MCP
-connections when the worker stops.
+settings and its Python agents (``turnkeep.config.agents``), beside the application's own; adds
+the model-input hand-off interceptor and the one that lets turns and sessions waiting for people
+leave the worker's cache (``turnkeep.worker.cache_release``); and closes pooled MCP connections
+when the worker stops.
 
 With ``encryption`` in the settings, every payload also goes through ``turnkeep.payloads.codec``'s
 ``EncryptionCodec`` (AES-256-GCM); the SDK encodes before it stores, so stored payloads are
@@ -23,16 +23,15 @@ for this worker, on the same connection.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
-from temporalio.converter import (
-    DataConverter,
-    ExternalStorage,
-)
+from temporalio.client import Client
+from temporalio.converter import DataConverter, ExternalStorage
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import (
     Worker,
@@ -45,9 +44,10 @@ from turnkeep.activities.hooks import Hook, HookActivities
 from turnkeep.activities.model import ModelActivities
 from turnkeep.activities.model_input import ModelInputHandoffInterceptor
 from turnkeep.activities.tools import ToolActivities, tool_result_limit
-from turnkeep.activities.turn_setup import TurnSetupActivities
+from turnkeep.activities.turn_setup import TurnSetupActivities, continue_as_new_plan
 from turnkeep.config.agents import Agent, McpServer, declare
 from turnkeep.config.callables import import_callable
+from turnkeep.config.catalog import AgentCatalog
 from turnkeep.config.files import announce_configuration
 from turnkeep.config.settings import Settings
 from turnkeep.errors import known
@@ -60,9 +60,9 @@ from turnkeep.payloads.limits import result_size_guard
 from turnkeep.payloads.storage import external_storage, payload_sweeper
 from turnkeep.providers.base import ModelProvider
 from turnkeep.providers.registry import (
+    ModelCatalog,
     announce_unknown_context_windows,
     installed_providers,
-    unknown_context_windows,
 )
 from turnkeep.tools.registry import ToolServers, installed_tool_sources
 from turnkeep.tools.source import ToolSource
@@ -84,7 +84,7 @@ class TurnkeepPlugin(SimplePlugin):
     workflows, on its task queue.
 
     ``settings`` (a turnkeep.yaml's; default: no agents, payload storage under the state
-    directory) are merged with ``agents`` and ``servers`` (``turnkeep/agents.py``);
+    directory) are merged with ``agents`` and ``servers`` (``turnkeep.config.agents``);
     ``function_tools``, ``hooks`` and ``approval_policies`` register more functions by server,
     hook and policy name, over the settings' hooks and policies of the same name; ``storage``
     replaces what ``settings.payload_storage`` describes. ``providers`` and ``tool_sources``
@@ -124,11 +124,20 @@ class TurnkeepPlugin(SimplePlugin):
             {**named_hooks, **(hooks or {})},
             {**named_policies, **(approval_policies or {})},
         )
-        # YAML and Python agents alike: what every activity re-checks requests against.
         settings = declared.settings
-        self.storage = storage if storage is not None else external_storage(settings)
-        self.codec = payload_codec(settings)
-        _check_tool_result_limit(settings, self.storage)
+        # Each part of the worker gets the part of the settings it uses, cut here. YAML and
+        # Python agents alike: what every activity re-checks requests against.
+        agent_catalog = AgentCatalog.of(settings)
+        self.storage = (
+            storage
+            if storage is not None
+            else external_storage(settings.payload_storage, settings.base_dir)
+        )
+        self.codec = payload_codec(settings.encryption)
+        max_result_bytes = tool_result_limit(
+            settings.max_tool_result_bytes, storage_on=self.storage is not None
+        )
+        _check_tool_result_limit(max_result_bytes, self.storage)
         self._payload_retention = settings.payload_storage.retention
         # Server entries are served by the built-in and installed tool sources, and these.
         pool = ToolServers(
@@ -137,36 +146,43 @@ class TurnkeepPlugin(SimplePlugin):
             installed_tool_sources().with_sources(tool_sources),
         )
         all_hooks = declared.hooks
-        _check_names(settings, set(pool.servers), set(all_hooks))
+        _check_names(agent_catalog, set(pool.servers), set(all_hooks))
         # Every policy an agent names, or the worker does not start.
-        policies = load_policies(settings, declared.approval_policies)
-        tools = ToolActivities(settings, pool, storage_on=self.storage is not None)
+        policies = load_policies(agent_catalog, declared.approval_policies)
+        tools = ToolActivities(agent_catalog, pool, max_result_bytes=max_result_bytes)
         # Model strings resolve to the built-in and installed providers, and these.
-        registry = installed_providers().with_providers(providers)
+        model_catalog = ModelCatalog(settings, installed_providers().with_providers(providers))
         live = LiveStreams(settings.streaming) if settings.streaming else None
-        models = ModelActivities(settings, registry, live)
-        self._setup = TurnSetupActivities(settings, registry)
+        models = ModelActivities(agent_catalog, model_catalog, live)
+        self._setup = TurnSetupActivities(
+            agent_catalog,
+            model_catalog,
+            continue_as_new=continue_as_new_plan(
+                settings.continue_as_new, storage_on=settings.payload_storage.driver != "off"
+            ),
+            visibility=settings.visibility,
+        )
         self._config_file, self._ignored_keys = settings.config_file, settings.ignored_keys
-        self._unknown_windows = unknown_context_windows(settings, registry)
+        self._unknown_windows = model_catalog.unknown_context_windows(agent_catalog.values())
         activities: list[Callable[..., Any]] = [
             self._setup.prepare_turn,
             models.llm_step,
             models.compact_history,
             tools.list_tools,
             tools.call_tool,
-            HookActivities(settings, all_hooks).run_hook,
-            ApprovalPolicyActivities(settings, policies).approval_policy,
+            HookActivities(agent_catalog, all_hooks).run_hook,
+            ApprovalPolicyActivities(agent_catalog, policies).approval_policy,
             # A parent workflow's `turnkeep.workflow.run_turn` reads a cancelled turn with it.
             read_child_turn,
         ]
 
-        @asynccontextmanager
-        async def close_connections() -> AsyncIterator[None]:
-            try:
-                yield
-            finally:
-                await pool.aclose()
-                await models.aclose()
+        # The agents whose turns this plugin serves (each on its own task queue, with
+        # `build_workers`), and what the workers sharing it close when the last one stops.
+        self.agents = sorted(settings.agents)
+        self._closing = (pool.aclose, models.aclose)
+        self._workers_running = 0
+        self._process: AsyncExitStack | None = None
+        self._process_lock = asyncio.Lock()
 
         # Traces first (outermost), when observability.tracing is on; metrics always: they go
         # to whatever exporter the worker's runtime has (none: nothing is recorded).
@@ -180,8 +196,8 @@ class TurnkeepPlugin(SimplePlugin):
         ]
         if model_input_handoff:
             # A model call that runs on this worker takes its input from the workflow in
-            # memory instead of by query (turnkeep/activities/model_activity.py): a round trip
-            # less per iteration.
+            # memory instead of by query (``ModelInputHandoff``): a round trip less per
+            # iteration.
             interceptors.append(ModelInputHandoffInterceptor())
         super().__init__(
             "turnkeep",
@@ -191,7 +207,6 @@ class TurnkeepPlugin(SimplePlugin):
             activities=activities,
             workflow_runner=with_passthrough,
             interceptors=interceptors,
-            run_context=close_connections,
         )
 
     def _converter(self, existing: DataConverter | None) -> DataConverter:
@@ -208,31 +223,58 @@ class TurnkeepPlugin(SimplePlugin):
         return super().configure_worker(config)
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
+        async with self._serving_process(worker.client):
+            with self._cache_release.serving(worker):
+                await next(worker)
+
+    @asynccontextmanager
+    async def _serving_process(self, client: Client) -> AsyncIterator[None]:
+        """What the process does once however many workers share this plugin (one per task
+        queue, with ``build_workers``): the first to start announces the configuration, checks
+        the search attributes and starts the payload sweeper; the last to stop closes them,
+        the model clients and the tool connections."""
+        async with self._process_lock:
+            if self._workers_running == 0:
+                self._process = await self._start_process(client)
+            self._workers_running += 1
+        try:
+            yield
+        finally:
+            async with self._process_lock:
+                self._workers_running -= 1
+                if self._workers_running == 0 and self._process is not None:
+                    process, self._process = self._process, None
+                    await process.aclose()
+
+    async def _start_process(self, client: Client) -> AsyncExitStack:
         announce_configuration(self._config_file, self._ignored_keys)
         announce_unknown_context_windows(self._unknown_windows)
         # Payload storage records the bytes it writes on this worker's runtime.
-        set_storage_runtime(worker.client.service_client.config.runtime)
+        set_storage_runtime(client.service_client.config.runtime)
         # Before it polls: which search attributes its turns may set (warns once if some are
         # missing). prepare_turn records this in each turn's plan.
-        usable = await usable_search_attributes(worker.client)
+        usable = await usable_search_attributes(client)
         self._setup.visibility = self._setup.visibility.model_copy(
             update={"search_attributes": usable}
         )
+        stack = AsyncExitStack()
+        for close in self._closing:
+            stack.push_async_callback(close)
         # While a worker runs it sweeps old files from local payload storage, at start and
         # then periodically. A worker's job (not a replayer's or a client's): it has the
         # settings, and several workers sweeping one directory is safe.
-        with self._cache_release.serving(worker):
-            async with payload_sweeper(self.storage, self._payload_retention, worker.client):
-                await super().run_worker(worker, next)
+        await stack.enter_async_context(
+            payload_sweeper(self.storage, self._payload_retention, client)
+        )
+        return stack
 
 
-def _check_tool_result_limit(settings: Settings, storage: ExternalStorage | None) -> None:
+def _check_tool_result_limit(limit: int | None, storage: ExternalStorage | None) -> None:
     """Without external storage a tool result must fit in one payload with room to spare.
     (With it, results are not cut unless max_tool_result_bytes asks: they are stored whole.)"""
     if storage is not None:
         return
     ceiling = PAYLOAD_LIMIT_BYTES - PAYLOAD_ENVELOPE_BYTES
-    limit = tool_result_limit(settings, storage_on=False)
     if limit is not None and limit > ceiling:
         raise ValueError(
             f"max_tool_result_bytes is {limit:,} but payload_storage is off, so a tool result "
@@ -241,14 +283,14 @@ def _check_tool_result_limit(settings: Settings, storage: ExternalStorage | None
         )
 
 
-def _check_names(settings: Settings, servers: set[str], hooks: set[str]) -> None:
+def _check_names(agents: AgentCatalog, servers: set[str], hooks: set[str]) -> None:
     """A worker whose agents name servers or hooks it doesn't have must not start."""
-    for agent, missing in settings.unknown_servers(servers).items():
+    for agent, missing in agents.unknown_servers(servers).items():
         raise ValueError(
             f"agent {agent!r} names server(s) {missing} that are neither in mcp.servers nor "
             f"in function_tools (known: {known(servers)})"
         )
-    for agent, missing in settings.unknown_hooks(hooks).items():
+    for agent, missing in agents.unknown_hooks(hooks).items():
         raise ValueError(
             f"agent {agent!r} enables hook(s) {missing} that are not registered "
             f"(known: {known(hooks)})"

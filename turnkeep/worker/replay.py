@@ -30,10 +30,10 @@ def replay_plugin(
     encrypted payloads) and interceptors. The replay tests pass ``STRICT_WORKFLOW_RUNNER``."""
     settings = settings or Settings()
     if storage is None:
-        storage = external_storage(settings)
+        storage = external_storage(settings.payload_storage, settings.base_dir)
     return SimplePlugin(
         "turnkeep-replay",
-        data_converter=data_converter(storage, payload_codec(settings)),
+        data_converter=data_converter(storage, payload_codec(settings.encryption)),
         workflows=[TurnWorkflow, SessionWorkflow],
         workflow_runner=workflow_runner,
         interceptors=result_size_guard(storage),

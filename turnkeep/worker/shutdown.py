@@ -1,6 +1,6 @@
 """``turnkeep worker`` as a service: it starts, serves until SIGTERM or SIGINT, then shuts
 down gracefully, and says which phase it is in to the health endpoint
-(``turnkeep/worker/health.py``) and the log.
+(``turnkeep.worker.health``) and the log.
 
 On the first signal the readiness probe turns 503 at once, the worker stops polling, and the
 activities it is running get the grace period (``--graceful-shutdown``,
@@ -31,6 +31,7 @@ from temporalio.worker import Worker
 from turnkeep.config.files import ConfigError
 from turnkeep.config.settings import WorkerSettings
 from turnkeep.payloads.storage import describe_duration
+from turnkeep.worker.build import TurnkeepWorkers
 from turnkeep.worker.health import HealthServer, WorkerState
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ class WorkerService:
         return task.result()
 
     @asynccontextmanager
-    async def serving(self, worker: Worker) -> AsyncIterator[None]:
+    async def serving(self, worker: Worker | TurnkeepWorkers) -> AsyncIterator[None]:
         """Run ``worker`` for the block (ready once it polls); on leaving, shut it down with
         the grace period, logging each phase."""
         overdue: asyncio.Task[None] | None = None
@@ -169,7 +170,10 @@ class WorkerService:
             # its search attributes); a worker that fails there raises out of `async with`.
             await self.unless_stopped(_until_running(worker))
             self.state.polling(worker)
-            log.info("polling task queue %r", worker.task_queue)
+            queues = (
+                worker.task_queues if isinstance(worker, TurnkeepWorkers) else [worker.task_queue]
+            )
+            log.info("polling task queue(s) %s", ", ".join(queues))
             yield
             self.state.shutting_down()
             log.info("stopped polling; waiting for running activities to finish")
@@ -191,7 +195,7 @@ class WorkerService:
         )
 
 
-async def _until_running(worker: Worker) -> None:
+async def _until_running(worker: Worker | TurnkeepWorkers) -> None:
     # The SDK tells no event when its worker starts, only this flag.
     while not worker.is_running:  # noqa: ASYNC110
         await asyncio.sleep(0.05)

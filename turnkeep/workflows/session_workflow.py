@@ -13,7 +13,7 @@ the conversation (payload storage keeps a big one out of the history). ``close``
 
 Followers long-poll ``wait_for_messages`` and read ``transcript``: every turn's messages in
 order, indexed across turns and runs, with the running turn's id so a client can follow it
-live (``turnkeep/worker/session.py``).
+live (``turnkeep.client.sessions``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What a client sends to start a turn and what it gets back (docs/library.md)."""
+"""What a client sends to start a turn and what it gets back (the documentation's *Using
+turnkeep from your own Temporal app*)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,18 @@ from turnkeep.workflows.approval import DecisionRecord
 from turnkeep.workflows.messages import Message, StopReason
 
 DEFAULT_MAX_ITERATIONS = 199
+
+# The task queue turnkeep's workers poll unless their config's `task_queue` names another.
+DEFAULT_TASK_QUEUE = "turnkeep"
+
+
+def agent_task_queue(task_queue: str, agent: str) -> str:
+    """The task queue the turns and sessions of ``agent`` run on: ``turnkeep.demo`` for agent
+    ``demo`` of workers on ``turnkeep``. A worker polls one such queue for each agent in its
+    config (besides ``task_queue`` itself), so a turn started there can only reach a worker that
+    has its agent, however many workers of different configs share ``task_queue``."""
+    return f"{task_queue}.{agent}"
+
 
 # Names a client or a model hands over (agent, model, tool names) are short in any real
 # configuration. A bound keeps a megabyte-long one out of summaries, error texts and histories.

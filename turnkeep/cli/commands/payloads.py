@@ -51,7 +51,7 @@ def gc(
     if retention is None:
         console.print("payload_storage.retention is off: nothing removed (--older-than overrides)")
         return
-    directory = payload_directory(settings)
+    directory = payload_directory(storage, settings.base_dir)
 
     async def go() -> SweepReport:
         # The server says which turns are running: their payloads stay, however old.

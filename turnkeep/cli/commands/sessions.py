@@ -21,6 +21,7 @@ from turnkeep.client.sessions import SessionHandle, open_session
 from turnkeep.config.files import find_config, load_settings
 from turnkeep.workflows import visibility
 from turnkeep.workflows.session_io import SESSION_WORKFLOW_NAME
+from turnkeep.workflows.turn_io import agent_task_queue
 
 app = typer.Typer()
 
@@ -56,7 +57,7 @@ def chat(
                 client,
                 agent=name,
                 session_id=session_id,
-                task_queue=settings.task_queue,
+                task_queue=agent_task_queue(settings.task_queue, name),
                 on_new_message=options.on_new_message if options else "queue",
             )
             console.print(f"[bold]session[/] {session.session_id}")

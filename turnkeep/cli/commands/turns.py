@@ -23,7 +23,12 @@ from turnkeep.client.turns import TurnHandle, get_turn, start_turn
 from turnkeep.config.files import find_config, load_settings
 from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import ServerInfo
-from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnResult
+from turnkeep.workflows.turn_io import (
+    TurnCancelledError,
+    TurnInput,
+    TurnResult,
+    agent_task_queue,
+)
 
 # What `run` and `watch` exit with once Ctrl-C has cancelled the turn: 128 + SIGINT, as a
 # shell reports a command that Ctrl-C stopped (scripts can tell it from a finished turn).
@@ -69,7 +74,10 @@ def run(
             embedded,
         ):
             handle = await start_turn(
-                client, turn, workflow_id=workflow_id, task_queue=settings.task_queue
+                client,
+                turn,
+                workflow_id=workflow_id,
+                task_queue=agent_task_queue(settings.task_queue, turn.agent),
             )
             _announce(handle, embedded)
             result, interrupted = await _stream(handle)

@@ -117,7 +117,8 @@ def run_worker(
             worker = in_process_worker(client, settings, config, **options)
             async with service.serving(worker):
                 console.print(
-                    f"worker on task queue [bold]{settings.task_queue}[/] · agents: "
+                    f"worker on task queue [bold]{settings.task_queue}[/] and its agents' "
+                    f"queues ({escape(', '.join(worker.task_queues[1:]))}) · agents: "
                     + ", ".join(settings.agents)
                     + f" · config: {escape(str(settings.config_file or 'none'))}"
                 )

@@ -1,0 +1,84 @@
+"""``AgentCatalog``: a worker's agents, the slice of its ``Settings`` that the activities check
+requests against. An activity gets this rather than the whole configuration: it needs the
+agent a request names (its servers, tool filter, hooks, approval rules, models) and where each
+server's tools run, never the keys, storage or encryption beside them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from turnkeep.config.settings import AgentSettings, McpServerSettings, Settings
+from turnkeep.errors import config_error, known
+from turnkeep.workflows.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
+
+
+class AgentCatalog(Mapping[str, AgentSettings]):
+    """The worker's agents by name (YAML and Python ones alike, once ``declare`` has merged
+    them), and the ``mcp.servers`` entries' task queues."""
+
+    def __init__(
+        self,
+        agents: Mapping[str, AgentSettings],
+        servers: Mapping[str, McpServerSettings] | None = None,
+        task_queue: str = DEFAULT_TASK_QUEUE,
+    ) -> None:
+        self._agents = agents
+        self._servers: Mapping[str, McpServerSettings] = servers or {}
+        # The worker's task queue, to name an agent's own queue in a refusal.
+        self._task_queue = task_queue
+
+    @classmethod
+    def of(cls, settings: Settings) -> AgentCatalog:
+        return cls(settings.agents, settings.mcp.servers, settings.task_queue)
+
+    def __getitem__(self, name: str) -> AgentSettings:
+        return self._agents[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._agents)
+
+    def __len__(self) -> int:
+        return len(self._agents)
+
+    def agent(self, name: str) -> AgentSettings:
+        """The agent a request names: every activity looks its agent up here, so a request
+        naming an agent this worker doesn't configure is refused wherever it comes from."""
+        agent = self._agents.get(name)
+        if agent is None:
+            raise config_error(
+                "UnknownAgent",
+                f"Unknown agent {name!r}. This worker's agents: {known(self._agents)}. Turns of "
+                f"agent {name!r} run on task queue "
+                f"{agent_task_queue(self._task_queue, name)!r}, which only workers with that "
+                "agent poll: start them there (turnkeep's clients and command line do).",
+            )
+        return agent
+
+    def tool_task_queue(self, agent: AgentSettings, server: str) -> str | None:
+        """The task queue ``agent``'s calls to ``server`` run on (None: the turn's own)."""
+        config = self._servers.get(server)
+        return (config.task_queue if config else None) or agent.task_queue
+
+    def unknown_servers(self, servers: set[str]) -> dict[str, list[str]]:
+        """Per agent, the servers it names that are not among ``servers``."""
+        return {
+            name: missing
+            for name, agent in self._agents.items()
+            if (missing := [s for s in agent.servers if s not in servers])
+        }
+
+    def unknown_hooks(self, hooks: set[str]) -> dict[str, list[str]]:
+        """Per agent, the hooks it enables that are not among ``hooks``."""
+        return {
+            name: missing
+            for name, agent in self._agents.items()
+            if (missing := sorted({h for hs in agent.hooks.values() for h in hs} - hooks))
+        }
+
+    def approval_policies(self) -> dict[str, str]:
+        """Each approval policy an agent names, with (the last) agent naming it."""
+        return {
+            agent.approval.policy: name
+            for name, agent in self._agents.items()
+            if agent.approval is not None and agent.approval.policy is not None
+        }
