@@ -16,6 +16,11 @@ stream, answering from a script of steps, one per request, in order, per API::
 
 It records every request (JSON body, headers, arrival time) for assertions.
 
+``refuse_field`` plays a server that does not know a request field (an OpenAI-compatible one
+refusing ``stream_options``, say): every request carrying it gets a 400 naming the field::
+
+    fake.refuse_field("stream_options")
+
 ``mount`` serves an API under a provider's own path too, optionally only to requests carrying
 its auth header (others get a 401 in the API's shape, without using up a script step)::
 
@@ -193,6 +198,7 @@ class FakeProvider:
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._mounts: list[Mount] = []
+        self._refused_fields: dict[str, int] = {}
         self.port = 0
 
     # --- public API -------------------------------------------------------------------------
@@ -219,6 +225,13 @@ class FakeProvider:
             self._mounts.append(mount)
         return f"http://127.0.0.1:{self.port}{prefix.rstrip('/')}"
 
+    def refuse_field(self, name: str, *, status: int = 400) -> None:
+        """Answer every request whose JSON body has the top-level field ``name`` with a
+        ``status`` error naming it, as a server that does not know the field does, using up no
+        script step (the request is still recorded). ``reset`` forgets it."""
+        with self._lock:
+            self._refused_fields[name] = status
+
     def script(self, *steps: Step, api: Api | None = None) -> None:
         """Append steps to the script of one API, or of both (each serves its own copy)."""
         with self._lock:
@@ -242,6 +255,7 @@ class FakeProvider:
             for queue in self._scripts.values():
                 queue.clear()
             self._requests.clear()
+            self._refused_fields.clear()
 
     def start(self) -> FakeProvider:
         ready = threading.Event()
@@ -338,10 +352,15 @@ class FakeProvider:
         with self._lock:
             self._requests.append(Recorded(api, path, headers, body, time.monotonic()))
             script = self._scripts[api]
+            unknown = [f for f in self._refused_fields if isinstance(body, dict) and f in body]
             step: Step | None
             if refused:
                 # Never echoing what was sent: it could be a key.
                 step = Failure(401, "Invalid authentication credentials", code="invalid_api_key")
+            elif unknown:
+                # The wording of OpenAI's own API for a field it does not take.
+                status = self._refused_fields[unknown[0]]
+                step = Failure(status, f"Unrecognized request argument supplied: {unknown[0]}")
             else:
                 step = script.popleft() if script else self.default
         if step is None:
