@@ -193,6 +193,46 @@ async def test_a_watcher_that_cannot_reach_the_live_stream_gets_the_messages(
     assert result.final is not None and result.final.text == "Only whole messages here."
 
 
+async def test_a_server_that_refuses_stream_options_streams_without_them_and_is_asked_once(
+    fake: FakeModelApi, harness: HarnessFactory
+) -> None:
+    """An OpenAI-compatible server that does not know ``stream_options`` (a 400 naming it):
+    the call is made again without them, still streamed, and the provider remembers, so the
+    next call does not pay a refused request first."""
+    fake.refuse_field("stream_options")
+    held = threading.Event()
+    generic = {
+        "generic": {"base_url": fake.base_url_openai},
+        "agents": {"test": {"model": "generic.local-model"}},
+        **STREAMING,
+    }
+    try:
+        fake.script(
+            Answer(text="Streamed without usage.", hold=held),
+            Reply.text("Asked once."),
+            api="openai",
+        )
+        async with harness(**generic) as h:
+            first = await h.start("one")
+            events = await collect(first, held)
+            first_result = await first.result()
+            second = await (await h.start("two")).result()
+    finally:
+        held.set()
+    deltas = [e for e in events if isinstance(e, TextDelta)]
+    assert "".join(d.text for d in deltas) == "Streamed without usage."
+    assert first_result.final is not None and first_result.final.text == "Streamed without usage."
+    assert second.final is not None and second.final.text == "Asked once."
+    bodies = [r.body for r in fake.requests_for("openai")]
+    assert [("stream_options" in b, b.get("stream")) for b in bodies] == [
+        (True, True),  # refused
+        (False, True),  # the same call again, streamed
+        (False, True),  # the next call: no refused request first
+    ]
+    # The server sent no usage unasked, so the calls count none.
+    assert first_result.usage["generic.local-model"].output_tokens == 0
+
+
 async def test_the_live_stream_refuses_a_wrong_or_missing_token(
     fake: FakeModelApi, harness: HarnessFactory
 ) -> None:

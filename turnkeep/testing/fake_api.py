@@ -23,6 +23,11 @@ own script in one worker (``FakeModel`` builds on it)::
 
     fake.script(Reply.text("from A"), model="agent-a")
 
+``refuse_field`` plays a server that does not know a request field (an OpenAI-compatible one
+refusing ``stream_options``, say): every request carrying it gets a 400 naming the field::
+
+    fake.refuse_field("stream_options")
+
 ``mount`` serves an API under a provider's own path too, optionally only to requests carrying
 its auth header (others get a 401 in the API's shape, without using up a script step)::
 
@@ -209,6 +214,7 @@ class FakeModelApi:
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._mounts: list[Mount] = []
+        self._refused_fields: dict[str, int] = {}
         self.port = 0
 
     # --- public API -------------------------------------------------------------------------
@@ -234,6 +240,13 @@ class FakeModelApi:
             self._mounts = [m for m in self._mounts if (m.prefix, m.api) != (prefix, api)]
             self._mounts.append(mount)
         return f"http://127.0.0.1:{self.port}{prefix.rstrip('/')}"
+
+    def refuse_field(self, name: str, *, status: int = 400) -> None:
+        """Answer every request whose JSON body has the top-level field ``name`` with a
+        ``status`` error naming it, as a server that does not know the field does, using up no
+        script step (the request is still recorded). ``reset`` forgets it."""
+        with self._lock:
+            self._refused_fields[name] = status
 
     def script(self, *steps: Step, api: Api | None = None, model: str | None = None) -> None:
         """Append steps to the script of one API, or of both (each serves its own copy); with
@@ -275,6 +288,7 @@ class FakeModelApi:
                 queue.clear()
             self._model_scripts.clear()
             self._requests.clear()
+            self._refused_fields.clear()
 
     def start(self) -> FakeModelApi:
         ready = threading.Event()
@@ -373,10 +387,15 @@ class FakeModelApi:
             self._requests.append(recorded)
             own = self._model_scripts.get(recorded.model) if recorded.model else None
             script = own if own is not None else self._scripts[api]
+            unknown = [f for f in self._refused_fields if isinstance(body, dict) and f in body]
             step: Step | None
             if refused:
                 # Never echoing what was sent: it could be a key.
                 step = Failure(401, "Invalid authentication credentials", code="invalid_api_key")
+            elif unknown:
+                # The wording of OpenAI's own API for a field it does not take.
+                status = self._refused_fields[unknown[0]]
+                step = Failure(status, f"Unrecognized request argument supplied: {unknown[0]}")
             else:
                 step = script.popleft() if script else self.default
         if step is None:

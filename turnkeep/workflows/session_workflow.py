@@ -129,6 +129,7 @@ class SessionWorkflow:
             transcript=state.transcript,
             turns=state.turns,
             tokens=state.tokens,
+            turn_ends=state.turn_ends,
         )
 
     async def _run_turn(self, session: SessionInput) -> None:
@@ -170,6 +171,7 @@ class SessionWorkflow:
         if outcome is not None:
             state.transcript += outcome.messages
             state.tokens += sum(u.input_tokens + u.output_tokens for u in outcome.usage.values())
+        state.turn_ends[state.turns] = len(state.transcript)
         self._turn = None
         self._child = None
         self._turns_ended = state.turns
@@ -275,6 +277,12 @@ class SessionWorkflow:
     def transcript(self, start: int = 0) -> list[Message]:
         """Every ended turn's messages from index ``start`` on."""
         return self._state.transcript[start:]
+
+    @workflow.query
+    def turn_end(self, turn: int) -> int | None:
+        """The transcript's length once turn ``turn`` had ended; None for a turn that has not
+        ended (or that the session does not know the end of: ``SessionState.turn_ends``)."""
+        return self._state.turn_ends.get(turn)
 
     @workflow.query
     def progress(self) -> SessionProgress:
