@@ -333,6 +333,14 @@ def cli_reference() -> str:
         "",
         *_parameter_table(group, ctx),
     ]
+    out += _commands(group, ctx, ["turnkeep"])
+    return "\n".join(out)
+
+
+def _commands(group: Any, ctx: Any, path: list[str]) -> list[str]:
+    """A section per command of ``group``, and after a group's own, one per subcommand
+    (``turnkeep sessions close``)."""
+    out: list[str] = []
     for name in group.list_commands(ctx):
         command = group.get_command(ctx, name)
         if command is None or command.hidden:
@@ -342,12 +350,14 @@ def cli_reference() -> str:
             re.sub(r"\{(\w+)\}", lambda m: m[1].upper(), piece)
             for piece in command.collect_usage_pieces(sub)
         ]
-        usage = " ".join(["turnkeep", name, *pieces])
-        out += [f"## `turnkeep {name}`", "", "```text", usage, "```", ""]
+        usage = " ".join([*path, name, *pieces])
+        out += [f"## `{' '.join([*path, name])}`", "", "```text", usage, "```", ""]
         if command.help:
             out += [inspect.cleandoc(command.help), ""]
         out += _parameter_table(command, sub)
-    return "\n".join(out)
+        if hasattr(command, "list_commands"):  # a group: `sessions`, then `sessions close`
+            out += _commands(command, sub, [*path, name])
+    return out
 
 
 def _parameter_table(command: Any, ctx: Any) -> list[str]:

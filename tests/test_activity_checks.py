@@ -23,7 +23,7 @@ from tests.conftest import Harness, HarnessFactory, make_settings, turn_setup
 from tests.crafted_workflow import CraftedWorkflow
 from turnkeep.config.settings import ALL_OVERRIDES, BOUNDED_OVERRIDES, FREE_OVERRIDES
 from turnkeep.providers.openai import OpenAIProvider
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.activity_io import (
     CALL_TOOL,
     COMPACT_HISTORY,
@@ -57,7 +57,7 @@ def wipe(context: HookContext) -> None:
     ran.append("wipe")  # registered on the worker, enabled for no agent
 
 
-def config(fake: FakeProvider) -> dict[str, Any]:
+def config(fake: FakeModelApi) -> dict[str, Any]:
     return {
         "anthropic": {"api_key": "sk-test", "base_url": fake.base_url_anthropic},
         "agents": {
@@ -73,7 +73,7 @@ def config(fake: FakeProvider) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def h(harness: HarnessFactory, fake: FakeProvider) -> AsyncIterator[Harness]:
+async def h(harness: HarnessFactory, fake: FakeModelApi) -> AsyncIterator[Harness]:
     ran.clear()
     tools = {"local": [allowed]}
     async with harness(tools, {"audit": audit, "wipe": wipe}, **config(fake)) as h:
@@ -139,7 +139,7 @@ def application_error(err: BaseException) -> ApplicationError:
 
 @pytest.mark.parametrize("name", sorted(VALID_REQUESTS))
 async def test_no_activity_runs_on_its_own(
-    name: str, h: Harness, client: Client, fake: FakeProvider
+    name: str, h: Harness, client: Client, fake: FakeModelApi
 ) -> None:
     fake.script(Reply.text("a novel"), api="anthropic")
     with pytest.raises(Exception) as caught:
@@ -192,7 +192,7 @@ async def refused(h: Harness, queue: str, activity: str, request: dict[str, Any]
 
 
 async def test_llm_step_runs_only_the_agents_models(
-    h: Harness, crafted_queue: str, fake: FakeProvider
+    h: Harness, crafted_queue: str, fake: FakeModelApi
 ) -> None:
     request = llm_request(500, model="opus")
     error = await refused(h, crafted_queue, LLM_STEP, llm_step(request), model_input=request)
@@ -204,7 +204,7 @@ async def test_llm_step_runs_only_the_agents_models(
 
 
 async def test_llm_step_holds_a_call_to_the_agents_limits(
-    h: Harness, crafted_queue: str, fake: FakeProvider
+    h: Harness, crafted_queue: str, fake: FakeModelApi
 ) -> None:
     for max_tokens in (100_000, None):  # above the agent's 500; none at all: the provider's
         request = llm_request(max_tokens)
@@ -223,7 +223,7 @@ async def test_llm_step_holds_a_call_to_the_agents_limits(
 
 
 async def test_llm_step_takes_what_widens_nothing_but_no_more_tokens(
-    h: Harness, crafted_queue: str, fake: FakeProvider
+    h: Harness, crafted_queue: str, fake: FakeModelApi
 ) -> None:
     """The agent lists no overrides: a crafted call may still carry a temperature, a schema and
     fewer tokens, as a turn may, but those free settings carry no raise of its limit along."""
@@ -243,7 +243,7 @@ async def test_llm_step_takes_what_widens_nothing_but_no_more_tokens(
 
 
 async def test_llm_step_sends_only_the_request_its_digest_names(
-    h: Harness, crafted_queue: str, fake: FakeProvider
+    h: Harness, crafted_queue: str, fake: FakeModelApi
 ) -> None:
     """A digest in any other form, such as the sha256 of the whole request's JSON, names no
     request: the step is refused before the model is called."""
@@ -256,7 +256,7 @@ async def test_llm_step_sends_only_the_request_its_digest_names(
 
 
 async def test_compact_history_runs_only_the_agents_models(
-    h: Harness, crafted_queue: str, fake: FakeProvider
+    h: Harness, crafted_queue: str, fake: FakeModelApi
 ) -> None:
     request = {"agent": "test", "model": "anthropic.claude-opus-4-1", "messages": HI}
     error = await refused(h, crafted_queue, COMPACT_HISTORY, request)

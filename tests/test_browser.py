@@ -33,7 +33,8 @@ from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows import visibility
 
-pytestmark = pytest.mark.asyncio
+# Its own server with the Web UI, and Chromium.
+pytestmark = [pytest.mark.asyncio, pytest.mark.server, pytest.mark.slow]
 
 PROMPT = "Add the two invoice totals for Ms. Quillfeather, please."
 TOKEN = secrets.token_urlsafe(24)

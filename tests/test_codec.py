@@ -36,7 +36,7 @@ from turnkeep.payloads.codec import (
     UnknownKeyError,
 )
 from turnkeep.payloads.composition import inner_codec
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows.messages import StopReason
 
@@ -136,7 +136,7 @@ def assert_no_plaintext(history: WorkflowHistory, secrets: tuple[str, ...]) -> N
 async def test_an_encrypted_turn_leaves_no_plaintext_in_the_history(
     temporal: ServerInfo,
     client: Client,
-    fake: FakeProvider,
+    fake: FakeModelApi,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -195,7 +195,7 @@ async def test_an_encrypted_turn_leaves_no_plaintext_in_the_history(
 
 
 async def test_failure_messages_are_encrypted_too(
-    temporal: ServerInfo, client: Client, fake: FakeProvider, tmp_path: Path
+    temporal: ServerInfo, client: Client, fake: FakeModelApi, tmp_path: Path
 ) -> None:
     # A provider error can quote the request; it travels as an activity failure.
     refusal = "refused-wombat-71c2: roles must alternate"

@@ -155,6 +155,37 @@ async def test_an_encrypted_start_to_a_worker_without_keys_fails_the_workflow(
     assert "has no `encryption` section" in error.message
 
 
+async def test_a_payload_in_an_unknown_encoding_fails_only_what_it_was_sent_for(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    _released.clear()
+    unknown = RawValue(Payload(metadata={"encoding": b"binary/zzz"}, data=b"\x00\x01"))
+    unnamed = RawValue(Payload(data=b"\x00\x01"))
+    async with worker_for(temporal, settings(tmp_path)) as h:
+        client = await raw_client(temporal)
+        # A start fails the workflow at once, naming the encoding.
+        for payload, named in ((unknown, "'binary/zzz'"), (unnamed, "no encoding")):
+            error = await failure_of(h, await start_raw(h, client, payload))
+            assert error.type == "UnknownEncodingError"
+            assert named in error.message and "sent to this workflow" in error.message
+            assert "json/plain" in error.message  # what it reads instead
+        # An update or a query is refused, and the running turn goes on.
+        turn = await h.start("hello")
+        await eventually(
+            lambda: _pending_tool(turn.handle), "the turn waits in its tool", within=60
+        )
+        raw = client.get_workflow_handle(turn.workflow_id)
+        with pytest.raises(WorkflowUpdateFailedError) as rejected:
+            await asyncio.wait_for(raw.execute_update("wait_for_messages", unknown), 60)
+        assert isinstance(rejected.value.cause, ApplicationError)
+        assert rejected.value.cause.type == "UnknownEncodingError"
+        with pytest.raises(WorkflowQueryFailedError):
+            await asyncio.wait_for(raw.query("transcript", unknown), 60)
+        _released.set()
+        result = await asyncio.wait_for(turn.result(), 60)
+    assert result.final is not None and result.final.text == "done"
+
+
 class _Crafted(StorageDriver):
     """Writes references with whatever claim and driver name it is given, storing nothing."""
 

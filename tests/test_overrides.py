@@ -15,7 +15,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from tests.conftest import Harness, HarnessFactory
-from turnkeep.testing.fake_provider import Answer, FakeProvider, Reply
+from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
 from turnkeep.workflows.messages import Message, StopReason
 from turnkeep.workflows.turn_io import HistoryChange, TurnInput
 
@@ -43,7 +43,7 @@ async def meet(name: str) -> str:
 TOOLS = {"local": [step, meet]}
 
 
-def config(fake: FakeProvider, **agent: Any) -> dict[str, Any]:
+def config(fake: FakeModelApi, **agent: Any) -> dict[str, Any]:
     return {
         "openai": {"api_key": "sk-test", "base_url": fake.base_url_openai},
         "agents": {
@@ -64,7 +64,7 @@ def two_calls(tool: str) -> Answer:
     )
 
 
-def sent(fake: FakeProvider) -> list[dict[str, Any]]:
+def sent(fake: FakeModelApi) -> list[dict[str, Any]]:
     """The bodies of the model requests so far, then forgets them."""
     bodies = [request.body for request in fake.requests_for("openai")]
     fake.reset()
@@ -86,7 +86,7 @@ def texts(messages: list[dict[str, Any]]) -> list[str]:
 
 
 async def test_settings_that_widen_nothing_need_no_listing(
-    harness: HarnessFactory, fake: FakeProvider
+    harness: HarnessFactory, fake: FakeModelApi
 ) -> None:
     async with harness(TOOLS, **config(fake)) as h:
         fake.script(Reply.text("warm"), api="openai")
@@ -126,7 +126,7 @@ async def test_settings_that_widen_nothing_need_no_listing(
 
 
 async def test_going_past_the_agents_bounds_needs_its_listing(
-    harness: HarnessFactory, fake: FakeProvider
+    harness: HarnessFactory, fake: FakeModelApi
 ) -> None:
     global meeting
     bounded = config(fake, parallel_tool_calls=False, models=["openai.second-model"])

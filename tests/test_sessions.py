@@ -20,6 +20,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFai
 
 from tests.conftest import Harness, HarnessFactory, eventually, turnkeep
 from turnkeep import open_session
+from turnkeep.client.live import MessageEvent
 from turnkeep.client.sessions import SessionClosedError, SessionHandle, get_session, read_session
 from turnkeep.client.turns import get_turn
 from turnkeep.devserver.embedded import ServerInfo
@@ -262,6 +263,39 @@ async def test_continue_as_new_keeps_the_conversation(harness: HarnessFactory) -
         assert (await session.result()).turns == 5
 
 
+async def streamed(session: SessionHandle, start: int = 0, **kwargs: Any) -> list[Message]:
+    return [e.message async for e in session.stream(start, **kwargs) if isinstance(e, MessageEvent)]
+
+
+async def test_messages_until_a_turn_stop_at_its_end_whatever_came_after(
+    harness: HarnessFactory,
+) -> None:
+    async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
+        session = await open_on(h, turns_per_run=2)
+        for n in (1, 2, 3):
+            sent = await session.send(f"m{n}")
+            await collect(session, 2 * (n - 1), until_turn=sent.turn)
+        # Turn 3 has ended, on the session's second run: a follower until turn 1 or 2 gets
+        # exactly the messages up to that turn's end.
+        assert texts(await collect(session, until_turn=1)) == ["m1", "m1"]
+        assert texts(await collect(session, 2, until_turn=2)) == ["m2", "m2"]
+        assert texts(await streamed(session, until_turn=2)) == ["m1", "m1", "m2", "m2"]
+        # Turn 4 runs (its tool waits for the gate): a follower until turn 3 stops at turn
+        # 3's end instead of following turn 4. Bounded, so following it fails, not hangs.
+        slow = await session.send(SLOW_CALL)
+        await eventually(lambda: started, "the slow tool ran")
+        first_three = ["m1", "m1", "m2", "m2", "m3", "m3"]
+        assert texts(await asyncio.wait_for(collect(session, until_turn=3), 60)) == first_three
+        assert texts(await asyncio.wait_for(streamed(session, 4, until_turn=3), 60)) == ["m3"] * 2
+        gate.set()
+        assert texts(await collect(session, 6, until_turn=slow.turn))[0] == SLOW_CALL
+        await session.close()
+        await session.result()
+        # A closed session's followers stop at the turn asked for too.
+        assert texts(await collect(session, until_turn=2)) == first_three[:4]
+        assert texts(await streamed(session, 2, until_turn=3)) == first_three[2:]
+
+
 async def test_an_idle_session_closes_itself(harness: HarnessFactory) -> None:
     async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
         session = await open_on(h, idle_timeout=1)
@@ -299,7 +333,7 @@ async def test_chat_answers_each_line_and_resumes(
     }
     (tmp_path / "turnkeep.yaml").write_text(json.dumps(config), encoding="utf-8")
     out = await asyncio.to_thread(chat, temporal, tmp_path, "hello there\n\nand again\n")
-    [session_id] = re.findall(r"session (session-test-\S+)", out)
+    [session_id] = re.findall(r"^session (session-test-\S+)$", out, re.M)
     # Each answer (the echo; typed lines are not printed back) after the one before.
     assert out.index("hello there") < out.index("and again")
     # A later chat resumes the session: its turn has the earlier two as history.

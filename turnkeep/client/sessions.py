@@ -22,6 +22,7 @@ from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -143,67 +144,83 @@ class SessionHandle:
         """Every message of every turn from index ``start`` of the session's transcript on,
         as soon as its turn has it: the user's, the model's and tool results, so the number
         received is where to resume. Runs until the session ends, or with ``until_turn``
-        until that turn (``Sent.turn``) has ended."""
-        index = start
-        seen: str | None = None  # the turn running when we last asked
-        followed: str | None = None  # the last turn whose messages we streamed live
-        while True:
-            progress = await self._wait(index, seen)
-            if progress is None:  # the session has closed: read what it ended with
-                for message in (await self.handle.result()).transcript[index:]:
-                    yield message
-                return
-            if progress.count > index:
-                for message in await query_retrying(self.handle, SessionWorkflow.transcript, index):
-                    index += 1
-                    yield message
-            turn = progress.turn
-            if turn is not None and turn.workflow_id != followed and index >= turn.start:
-                followed = turn.workflow_id
-                live = get_turn(self.client, turn.workflow_id)
-                # Its last messages come from the session, which takes them in when it ends.
-                messages = live.messages(index - turn.start, every=True, to_the_end=False)
-                async for message in messages:
-                    index += 1
-                    yield message
-            seen = turn.workflow_id if turn else None
-            caught_up = turn is None and index >= progress.count
-            if caught_up and (
-                progress.closed or (until_turn is not None and progress.turns_ended >= until_turn)
-            ):
-                return
+        (``Sent.turn``) until that turn has ended, yielding no message of a later turn."""
+        async for event in self._follow(start, until_turn, live_text=False):
+            if isinstance(event, MessageEvent):
+                yield event.message
 
-    async def stream(
+    def stream(
         self, start: int = 0, *, until_turn: int | None = None
     ) -> AsyncIterator[StreamEvent]:
         """``messages()`` as ``MessageEvent``s, with the live text of the running turn's model
         calls in between (``TurnHandle.stream()``)."""
+        return self._follow(start, until_turn, live_text=True)
+
+    async def _follow(
+        self, start: int, until_turn: int | None, *, live_text: bool
+    ) -> AsyncIterator[StreamEvent]:
         index = start
-        seen: str | None = None
-        followed: str | None = None
+        seen: str | None = None  # the turn running when we last asked
+        followed: str | None = None  # the last turn whose messages we streamed live
+        end: int | None = None  # where turn `until_turn` ends in the transcript, once it has
         while True:
             progress = await self._wait(index, seen)
-            if progress is None:
-                for message in (await self.handle.result()).transcript[index:]:
+            if progress is None:  # the session has closed: read what it ended with
+                closed = await self.handle.result()
+                stop = len(closed.transcript)
+                if until_turn is not None:
+                    stop = closed.turn_ends.get(until_turn, stop)
+                for message in closed.transcript[index:stop]:
                     yield MessageEvent(message=message)
                 return
-            if progress.count > index:
-                for message in await query_retrying(self.handle, SessionWorkflow.transcript, index):
+            if until_turn is not None and end is None and progress.turns_ended >= until_turn:
+                end = await self._turn_end(until_turn, progress)
+            # Only what `progress` counts: the transcript may hold turns that ended since.
+            limit = progress.count if end is None else min(progress.count, end)
+            if limit > index:
+                ended = await query_retrying(self.handle, SessionWorkflow.transcript, index)
+                for message in ended[: limit - index]:
                     index += 1
                     yield MessageEvent(message=message)
+            if end is not None and index >= end:
+                return
             turn = progress.turn
-            if turn is not None and turn.workflow_id != followed and index >= turn.start:
+            # A turn running once `until_turn` has ended is a later one: not followed.
+            if (
+                turn is not None
+                and end is None
+                and turn.workflow_id != followed
+                and index >= turn.start
+            ):
                 followed = turn.workflow_id
                 live = get_turn(self.client, turn.workflow_id)
-                async for event in live.stream(index - turn.start, every=True, to_the_end=False):
-                    index += isinstance(event, MessageEvent)
-                    yield event
+                # Its last messages come from the session, which takes them in when it ends.
+                if live_text:
+                    async for event in live.stream(
+                        index - turn.start, every=True, to_the_end=False
+                    ):
+                        index += isinstance(event, MessageEvent)
+                        yield event
+                else:
+                    messages = live.messages(index - turn.start, every=True, to_the_end=False)
+                    async for message in messages:
+                        index += 1
+                        yield MessageEvent(message=message)
             seen = turn.workflow_id if turn else None
-            caught_up = turn is None and index >= progress.count
-            if caught_up and (
-                progress.closed or (until_turn is not None and progress.turns_ended >= until_turn)
-            ):
+            if progress.closed and turn is None and index >= progress.count:
                 return
+
+    async def _turn_end(self, turn: int, progress: SessionProgress) -> int:
+        """Where turn ``turn``, which has ended, ends in the transcript, given the progress
+        that says so."""
+        if progress.turns_ended == turn:
+            return progress.count  # the last turn to end: the transcript ends with it
+        try:
+            end: int | None = await query_retrying(self.handle, SessionWorkflow.turn_end, turn)
+        except WorkflowQueryFailedError:
+            end = None  # a worker from before sessions kept their turns' ends
+        # Unknown (a number the session skipped, say): up to what has ended, as it stands.
+        return progress.count if end is None else end
 
     async def progress(self) -> SessionProgress:
         return await self.handle.query(SessionWorkflow.progress)

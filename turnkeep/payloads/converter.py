@@ -17,9 +17,9 @@ decoded, from failing the workflow's task for ever (see its docstring).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, ClassVar
 
 import pydantic_core
 from temporalio.api.common.v1 import Payload
@@ -128,6 +128,10 @@ class TurnkeepPayloadConverter(CompositePayloadConverter):
     and one that names the missing ``encryption`` config when it meets an encrypted payload
     (with encryption on, the codec decrypts every payload before this converter sees it)."""
 
+    # The encodings it reads: what the data converter lets reach it (a subclass reading more
+    # says so here).
+    encodings: ClassVar[Collection[bytes]] = _CONVERTERS.keys()
+
     def __init__(self) -> None:
         # Shared, not copied: nothing mutates the mapping (``with_context`` gives a new
         # instance its own), and building it was most of this constructor's cost.
@@ -217,7 +221,31 @@ class TurnkeepDataConverter(DecodingStages):
             for payload in payloads:
                 if payload.metadata.get("encoding") == ENCRYPTED:
                     refuse_encrypted(payload)
-        return await super().codec_decode(payloads)
+        decoded = await super().codec_decode(payloads)
+        # The last stage: what is left must be in an encoding the payload converter reads, or
+        # converting it inside the workflow would fail the task for ever, as above.
+        converter = self.payload_converter_class
+        if issubclass(converter, TurnkeepPayloadConverter):
+            known = converter.encodings
+            for payload in decoded:
+                encoding = payload.metadata.get("encoding")
+                if encoding not in known:
+                    raise UnknownEncodingError(encoding, known)
+        return decoded
+
+
+class UnknownEncodingError(ValueError):
+    """A payload's ``encoding`` metadata names no encoding the payload converter reads."""
+
+    def __init__(self, encoding: bytes | None, known: Collection[bytes]) -> None:
+        what = (
+            f"its encoding {encoding.decode('utf-8', errors='replace')!r}"
+            if encoding is not None
+            else "no encoding (its metadata names none)"
+        )
+        # Not the two turnkeep reads only to refuse: they are no encoding to send in.
+        readable = ", ".join(sorted(e.decode() for e in known if e not in (UNDECODABLE, ENCRYPTED)))
+        super().__init__(f"the payload has {what}; this worker reads {readable}")
 
 
 def _transient(err: BaseException) -> bool:

@@ -8,6 +8,7 @@ as fast-agent's ``generic.<model>``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -34,8 +35,13 @@ from turnkeep.workflows.turn_io import Usage
 if TYPE_CHECKING:
     from openai.types.completion_usage import CompletionUsage
 
+log = logging.getLogger(__name__)
+
 # Local servers ignore the key, but the SDK refuses to run without one.
 PLACEHOLDER_GENERIC_KEY = "ollama"
+# What a server that does not know a request field answers (400 from most, 422 from servers
+# that validate the body with a schema).
+UNKNOWN_FIELD_STATUS = (400, 422)
 
 FINISH_REASONS = {
     "stop": StopReason.END_TURN,
@@ -58,6 +64,9 @@ class OpenAIProvider(ModelProvider):
     # `?reasoning=<effort>` and on/off, sent as `reasoning_effort`.
     reasoning: ClassVar[frozenset[str]] = frozenset({"effort", "toggle"})
     streams = True
+    # Whether a streamed call asks for its usage (`stream_options`): until the server refuses
+    # them once (``_streamed``); per instance, so per worker and provider.
+    stream_usage = True
 
     def __init__(
         self, settings: ProviderSettings | None, *, generic: bool, timeout: float | None = None
@@ -118,12 +127,33 @@ class OpenAIProvider(ModelProvider):
     async def _streamed(self, params: dict[str, Any], limit_s: float, sink: DeltaSink) -> object:
         """The same call, streamed: each text delta and tool call goes to ``sink`` as it comes;
         the answer is the chunks assembled by the SDK's own accumulator into the completion
-        ``create`` would have returned (usage included: ``include_usage``)."""
+        ``create`` would have returned (usage included: ``include_usage``, where the server
+        takes it)."""
+        from openai import APIStatusError
         from openai.lib.streaming.chat import ChatCompletionStreamState
 
-        stream = await self._client.chat.completions.create(
-            **params, stream=True, stream_options={"include_usage": True}, timeout=limit_s
-        )
+        create = self._client.chat.completions.create
+        if not self.stream_usage:
+            stream = await create(**params, stream=True, timeout=limit_s)
+        else:
+            try:
+                stream = await create(
+                    **params, stream=True, stream_options={"include_usage": True}, timeout=limit_s
+                )
+            except APIStatusError as err:
+                if err.status_code not in UNKNOWN_FIELD_STATUS:
+                    raise
+                # Some OpenAI-compatible servers refuse `stream_options`. Ask once more without
+                # them: if that is taken, they were the cause, and later calls skip them rather
+                # than pay a refused request each. Otherwise this answer's error is the one.
+                stream = await create(**params, stream=True, timeout=limit_s)
+                self.stream_usage = False
+                log.warning(
+                    "%s refused stream_options (%s): streamed calls go on without asking for "
+                    "usage, so they count only the tokens the server reports unasked",
+                    self._name,
+                    err.status_code,
+                )
         state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
         async with stream:
             async for chunk in stream:

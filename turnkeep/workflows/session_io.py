@@ -78,6 +78,10 @@ class SessionState(_ByReference):
 
     # Messages sent but not yet handed to a turn: the next turn's `messages`.
     queued: list[Message] = Field(default_factory=list)
+    # By turn number, the transcript's length once that turn had ended: where a follower
+    # asking for the messages up to turn <n> stops, whatever turns ended since. Numbers the
+    # session skipped, and turns that ended before sessions kept this, are missing.
+    turn_ends: dict[int, int] = Field(default_factory=dict)
     turns: int = 0  # turns started so far: the next one is `<session id>/turn-<turns + 1>`
     tokens: int = 0  # input and output tokens of every turn
     closing: bool = False
@@ -112,3 +116,4 @@ class SessionResult(_ByReference):
 
     turns: int
     tokens: int
+    turn_ends: dict[int, int] = Field(default_factory=dict)  # as ``SessionState.turn_ends``

@@ -44,6 +44,9 @@ from turnkeep.workflows.session_turns import ConversationJson, TurnOutcome, deco
 from turnkeep.workflows.starting import start_arguments
 from turnkeep.workflows.turn_io import TurnCancelledError
 
+# The line a session logs for a turn that failed (`turnkeep chat` says it in its own words).
+TURN_FAILED_LOG = "turn %s failed: %s"
+
 _SEND_USAGE = (
     'send takes one argument: the text of a user message, or a user Message such as {"role": '
     '"user", "content": [{"type": "text", "text": "hello"}]}'
@@ -128,6 +131,7 @@ class SessionWorkflow:
             conversation=state.conversation,
             turns=state.turns,
             tokens=state.tokens,
+            turn_ends=state.turn_ends,
         )
 
     async def _run_turn(self, session: SessionInput) -> None:
@@ -172,12 +176,13 @@ class SessionWorkflow:
                     state.history = err.result.history
         except ChildWorkflowError as err:
             # An unknown agent, say: its messages go unanswered and the session goes on.
-            workflow.logger.warning("turn %s failed: %s", turn_id, err.cause or err)
+            workflow.logger.warning(TURN_FAILED_LOG, turn_id, err.cause or err)
         if outcome is not None:
             if outcome.conversation is not None:
                 state.conversation = outcome.conversation
             state.transcript += outcome.messages
             state.tokens += sum(u.input_tokens + u.output_tokens for u in outcome.usage.values())
+        state.turn_ends[state.turns] = len(state.transcript)
         self._turn = None
         self._child = None
         self._turns_ended = state.turns
@@ -283,6 +288,12 @@ class SessionWorkflow:
     def transcript(self, start: int = 0) -> list[Message]:
         """Every ended turn's messages from index ``start`` on."""
         return self._state.transcript[start:]
+
+    @workflow.query
+    def turn_end(self, turn: int) -> int | None:
+        """The transcript's length once turn ``turn`` had ended; None for a turn that has not
+        ended (or that the session does not know the end of: ``SessionState.turn_ends``)."""
+        return self._state.turn_ends.get(turn)
 
     @workflow.query
     def progress(self) -> SessionProgress:
