@@ -23,10 +23,15 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import (
+    QueryRejectCondition,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -47,6 +52,10 @@ from turnkeep.workflows.session_io import (
 )
 from turnkeep.workflows.session_workflow import SessionWorkflow
 from turnkeep.workflows.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
+
+# Queries a follower asks, backing off from 5 ms to 100 ms, for a session to take in a turn
+# that has ended before it waits by update instead: about a second in all.
+TAKE_IN_QUERIES = 14
 
 
 class SessionClosedError(RuntimeError):
@@ -163,8 +172,12 @@ class SessionHandle:
         seen: str | None = None  # the turn running when we last asked
         followed: str | None = None  # the last turn whose messages we streamed live
         end: int | None = None  # where turn `until_turn` ends in the transcript, once it has
+        # Progress read by query rather than by the long-poll update, where the answer is
+        # known to be news: every update is two events in the session's history, which the
+        # session replays whenever it comes back to a worker.
+        known: SessionProgress | None = await self._news(index, seen)
         while True:
-            progress = await self._wait(index, seen)
+            progress, known = known or await self._wait(index, seen), None
             if progress is None:  # the session has closed: read what it ended with
                 closed = await self.handle.result()
                 stop = len(closed.transcript)
@@ -206,9 +219,44 @@ class SessionHandle:
                     async for message in messages:
                         index += 1
                         yield MessageEvent(message=message)
+                if until_turn is not None:
+                    # The turn has ended: the session takes it in within a task or two.
+                    known = await self._taken_in(until_turn)
             seen = turn.workflow_id if turn else None
             if progress.closed and turn is None and index >= progress.count:
                 return
+
+    async def _news(self, after: int, seen: str | None) -> SessionProgress | None:
+        """The session's progress by query, if it differs from what the caller knows (else
+        None: wait for it); None too for a session that is not running."""
+        progress = await self._progress_now()
+        if progress is None:
+            return None
+        running = progress.turn.workflow_id if progress.turn else None
+        return progress if progress.count > after or running != seen else None
+
+    async def _progress_now(self) -> SessionProgress | None:
+        """The running session's progress by query (recorded nowhere); None if it is not
+        running or does not answer."""
+        try:
+            progress: SessionProgress = await self.handle.query(
+                SessionWorkflow.progress, reject_condition=QueryRejectCondition.NOT_OPEN
+            )
+        except (RPCError, WorkflowQueryFailedError, WorkflowQueryRejectedError):
+            return None
+        return progress
+
+    async def _taken_in(self, turn: int) -> SessionProgress | None:
+        """The session's progress once it has taken turn ``turn`` in, asked by query for a
+        short while; None if it has not by then (the caller waits by update)."""
+        delay = 0.005
+        for _ in range(TAKE_IN_QUERIES):
+            progress = await self._progress_now()
+            if progress is not None and progress.turns_ended >= turn:
+                return progress
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        return None
 
     async def _turn_end(self, turn: int, progress: SessionProgress) -> int:
         """Where turn ``turn``, which has ended, ends in the transcript, given the progress
