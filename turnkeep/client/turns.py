@@ -19,9 +19,12 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
+from temporalio.common import QueryRejectCondition
 from temporalio.exceptions import CancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -148,6 +151,16 @@ class TurnHandle:
         not yielded to the caller's other source (a session's transcript): reading them from
         the closed turn would decode its whole result, conversation and all."""
         index = start
+        # What the turn already has, by query: the long-poll update would return at once, two
+        # events more in the turn's history. The update then waits for what is to come.
+        for message in await self._transcript_now(index):
+            index += 1
+            if (
+                every
+                or message.role == "assistant"
+                or (include_tool_results and message.tool_results)
+            ):
+                yield message
         while True:
             try:
                 progress = await self.handle.execute_update(
@@ -268,6 +281,17 @@ class TurnHandle:
         """``TurnResult.messages[start:]`` from the current run (every run of the turn holds
         them all, so which one answers does not matter)."""
         messages: list[Message] = await query_retrying(self.handle, TurnWorkflow.transcript, start)
+        return messages
+
+    async def _transcript_now(self, start: int) -> list[Message]:
+        """``TurnResult.messages[start:]`` of a running turn by query; none if it is not
+        running or does not answer (the long-poll then says)."""
+        try:
+            messages: list[Message] = await self.handle.query(
+                TurnWorkflow.transcript, start, reject_condition=QueryRejectCondition.NOT_OPEN
+            )
+        except (RPCError, WorkflowQueryFailedError, WorkflowQueryRejectedError):
+            return []
         return messages
 
     async def _running(self) -> bool:

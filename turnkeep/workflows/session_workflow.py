@@ -2,18 +2,18 @@
 ``TurnWorkflow`` (readable on its own in the Web UI).
 
 ``send`` queues a message; turns run one at a time, in order, each with the conversation so
-far as its ``history`` (handed over and taken back without converting all of it each turn:
-``session_turns``) and everything queued since the last turn began as its ``messages``
-(messages that arrive while a turn runs are answered together by the next one; with
-``on_new_message: interrupt`` such a message first cancels the running turn). A cancelled
-turn's repaired conversation is kept, and the session goes on. Between turns the session
-continues as new every ``turns_per_run`` turns, or sooner when Temporal suggests it, carrying
-the conversation (payload storage keeps a big one out of the history). ``close`` or
-``idle_timeout`` seconds without a message end it; its result is the conversation.
+far as its ``history`` (by reference once it is stored, which each turn extends by a segment of
+its own: ``turnkeep.workflows.conversation``, ``session_turns``) and everything queued since
+the last turn began as its ``messages`` (messages that arrive while a turn runs are answered
+together by the next one; with ``on_new_message: interrupt`` such a message first cancels the
+running turn). A cancelled turn's repaired conversation is kept, and the session goes on.
+Between turns the session continues as new every ``turns_per_run`` turns, or sooner when
+Temporal suggests it, carrying the conversation by reference. ``close`` or ``idle_timeout``
+seconds without a message end it; its result is the conversation.
 
-Followers long-poll ``wait_for_messages`` and read ``transcript``: every turn's messages in
-order, indexed across turns and runs, with the running turn's id so a client can follow it
-live (``turnkeep.client.sessions``).
+Followers ask ``progress``, long-poll ``wait_for_messages`` and read ``transcript``: every
+turn's messages in order, indexed across turns and runs, with the running turn's id so a
+client can follow it live (``turnkeep.client.sessions``).
 """
 
 from __future__ import annotations
