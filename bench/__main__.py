@@ -5,7 +5,7 @@
 Every figure but the dev-server flags comes from one run on one freshly started embedded dev
 server, next to a floor measured in the same run (the machine may be shared and noisy: the
 ratios are the point). Progress goes to stderr; stdout gets markdown tables, ending with the
-targets of issue #7 and whether this run met them. See bench/README.md.
+targets of issue #7 and whether this run met them. The benchmarks' README explains each section.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from bench.memory import worker_memory
 from bench.report import Table, Target
 from bench.server_flags import server_flags
 from bench.turns import Agent
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 
 SECTIONS = (
     "history",
@@ -161,7 +161,7 @@ async def run(args: argparse.Namespace) -> Results:
 
     async def recovery_section(env: Environment) -> None:
         # Answers any retry beyond the script, so no kill ends in an error.
-        with FakeProvider(default=Reply.text("done")) as fake:
+        with FakeModelApi(default=Reply.text("done")) as fake:
             cases = recovery.cases([2.0], cold=False)  # cold restarts: python -m bench.recovery
             results = await recovery.measure(
                 env.client, env.info, fake, env.tmp, env.payloads, cases, recovery_runs, 3.0
@@ -182,7 +182,7 @@ async def run(args: argparse.Namespace) -> Results:
         out.tables.append(await live_stream(env.client, 5 if quick else 20, env.payloads))
 
     async def memory_section(env: Environment) -> None:
-        with FakeProvider(default=Reply.delay(3600, then=Reply.text("done"))) as fake:
+        with FakeModelApi(default=Reply.delay(3600, then=Reply.text("done"))) as fake:
             table, _ = await worker_memory(env, fake, memory_turns)
         out.tables.append(table)
 

@@ -1,14 +1,14 @@
 """Turns waiting for a person's approval (issue #23): ``count`` turns each stopped on a tool call
-awaiting approval at once on one worker process (``bench/waiting_worker.py``), then a sample of
+awaiting approval at once on one worker process (``bench.waiting_worker``), then a sample of
 them decided one at a time while the others keep waiting, then a query to each of the others.
 
 Reported: the worker's activity slots in use while they all wait (the Core SDK's own gauge; and
 the server's pending activities of a sample of the turns), the workflows its cache holds, the
-worker's resident memory (RSS) per waiting turn, measured as ``bench/memory.py`` measures it,
+worker's resident memory (RSS) per waiting turn, measured as ``bench.memory`` measures it,
 the same after the queries, and the latency of a decision: from calling ``decide`` to the
 update's answer, and to the turn's result (the approved tool has run, its result is recorded,
 and the model has answered after it). A turn waiting only for people leaves the worker's cache
-(``turnkeep/workflows/worker_cache.py``): its decision replays it from history, and so does a
+(``turnkeep.workflows.worker_cache``): its decision replays it from history, and so does a
 query, after which it leaves again.
 
 The turn is the ``playback`` model asking for one instant function tool (``local__line``) that
@@ -19,7 +19,7 @@ people. Its activity slots stay at the SDK's default (100), fewer than the turns
 Where a waiting turn's memory goes: run with ``TURNKEEP_BENCH_TRACEMALLOC=DIR`` (and
 ``TURNKEEP_BENCH_TRACE_FRAMES=0`` for the worker's own RSS, or a few dozen turns with tracing)
 and the worker's heap figures, live objects by type and traced Python allocations, before
-and with every turn waiting, are printed per turn (``bench/waiting_worker.py``).
+and with every turn waiting, are printed per turn (``bench.waiting_worker``).
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ async def _decide(turns: list[TurnHandle]) -> Decisions:
 
 async def _snapshot(w: WorkerProcess, n: int) -> bool:
     """With ``TURNKEEP_BENCH_TRACEMALLOC`` set, the worker's ``n``-th heap snapshot
-    (``bench/waiting_worker.py``), once written; without, nothing (False)."""
+    (``bench.waiting_worker``), once written; without, nothing (False)."""
     directory = os.environ.get(TRACEMALLOC)
     if not directory:
         return False

@@ -63,7 +63,7 @@ FLOOR_RUNNER = TurnkeepWorkflowRunner(
 def floor_worker(client: Client, queue: str, **options: Any) -> Worker:
     """A bare worker for the floors, on ``FLOOR_RUNNER``. With the default runner, every new
     workflow in a process that has imported fastmcp (as any turnkeep worker has) re-imports
-    beartype: ~150 ms more per workflow started, which a floor must not be charged for."""
+    beartype, a cost per workflow started that a floor must not be charged for."""
     options.setdefault("workflow_runner", FLOOR_RUNNER)
     options.setdefault("workflows", [Floor])
     options.setdefault("activities", ACTIVITIES)
@@ -71,7 +71,7 @@ def floor_worker(client: Client, queue: str, **options: Any) -> Worker:
 
 
 def carry_worker(env: Environment, queue: str) -> Worker:
-    """A worker for the carrying floor (bench/carry_floor.py), on turnkeep's data converter and
+    """A worker for the carrying floor (``bench.carry_floor``), on turnkeep's data converter and
     payload storage (the turns' client)."""
     return floor_worker(env.client, queue, workflows=[CarryFloor], activities=CARRY_ACTIVITIES)
 

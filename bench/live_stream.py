@@ -35,7 +35,7 @@ from turnkeep.client.live import TextDelta
 from turnkeep.client.turns import start_turn
 from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
-from turnkeep.testing.fake_provider import Answer, FakeProvider, Reply
+from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows.turn_io import TurnInput
 
@@ -45,7 +45,7 @@ TTFT = 0.3  # a real API's time to first token is longer: this is the hard case 
 TARGET_P95_MS = 100.0
 
 
-def _settings(fake: FakeProvider, tmp: Path, streaming: bool, payloads: Path | None) -> Settings:
+def _settings(fake: FakeModelApi, tmp: Path, streaming: bool, payloads: Path | None) -> Settings:
     config: dict[str, Any] = {
         "anthropic": {"api_key": "bench", "base_url": fake.base_url_anthropic},
         "agents": {"live": {"model": "anthropic.bench-model"}},
@@ -58,7 +58,7 @@ def _settings(fake: FakeProvider, tmp: Path, streaming: bool, payloads: Path | N
     return Settings.model_validate(config)
 
 
-def _fake_cpu(fake: FakeProvider) -> float:
+def _fake_cpu(fake: FakeModelApi) -> float:
     thread = fake._thread  # the fake API's own thread, whose CPU is not the worker's
     if thread is None or thread.ident is None:
         return 0.0
@@ -67,7 +67,7 @@ def _fake_cpu(fake: FakeProvider) -> float:
 
 async def _turns(
     client: Client,
-    fake: FakeProvider,
+    fake: FakeModelApi,
     tmp: Path,
     turns: int,
     *,
@@ -116,7 +116,7 @@ def _percentile(values: list[float], p: float) -> float:
 async def live_stream(client: Client, turns: int, payloads: Path | None = None) -> Table:
     """``payloads``: the payload storage directory ``client`` was connected with (None: the
     default one)."""
-    with tempfile.TemporaryDirectory(prefix="turnkeep-live-") as name, FakeProvider() as fake:
+    with tempfile.TemporaryDirectory(prefix="turnkeep-live-") as name, FakeModelApi() as fake:
         tmp = Path(name)
         progress(f"live streaming: {turns} streamed turns, {turns} unstreamed")
         run = functools.partial(_turns, client, fake, tmp, turns, payloads=payloads)

@@ -2,10 +2,11 @@
 with ``count`` turns waiting on a slow model, against the floor — a bare worker process with as
 many bare workflows waiting on a slow activity.
 
-The turn worker (``bench/memory_worker.py turn``) is built as ``turnkeep worker`` builds one,
-for an agent whose model is the fake Anthropic API on loopback (``tests/fake_provider.py``),
-holding every answer. Both workers get ``count`` + 10 activity slots and cached workflows, so
-every turn really has its model call open (the SDK's default is 100 activities at a time).
+The turn worker (``python -m bench.memory_worker turn``) is built as ``turnkeep worker`` builds
+one, for an agent whose model is the fake Anthropic API on loopback
+(``turnkeep.testing.FakeModelApi``), holding every answer. Both workers get ``count`` + 10
+activity slots and cached workflows, so every turn really has its model call open (the SDK's
+default is 100 activities at a time).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from bench.floor import WAIT, FloorInput
 from bench.report import Table, progress, ratio
 from bench.turns import run_floor, until_true
 from turnkeep.client.turns import start_turn
-from turnkeep.testing.fake_provider import FakeProvider
+from turnkeep.testing.fake_api import FakeModelApi
 from turnkeep.workflows.turn_io import TurnInput
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +66,7 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-def _config(env: Environment, fake: FakeProvider, directory: Path) -> Path:
+def _config(env: Environment, fake: FakeModelApi, directory: Path) -> Path:
     never_time_out = {"start_to_close": 3600, "heartbeat": 60}
     config: dict[str, Any] = {
         "payload_storage": {"path": str(env.payloads)},  # the bench client's storage
@@ -154,7 +155,7 @@ async def _footprint(
     kind: str,
     count: int,
     directory: Path,
-    fake: FakeProvider,
+    fake: FakeModelApi,
     config: Path | None,
 ) -> Footprint:
     queue = f"bench-memory-{kind}-{uuid.uuid4().hex[:6]}"
@@ -183,7 +184,7 @@ async def _footprint(
     return Footprint(before, with_, count)
 
 
-async def worker_memory(env: Environment, fake: FakeProvider, count: int) -> tuple[Table, Memory]:
+async def worker_memory(env: Environment, fake: FakeModelApi, count: int) -> tuple[Table, Memory]:
     directory = env.tmp / "memory"
     directory.mkdir(exist_ok=True)
     config = _config(env, fake, directory)

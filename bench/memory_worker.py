@@ -1,4 +1,4 @@
-"""A worker in a process of its own, for the memory benchmark (``bench/memory.py``) to read
+"""A worker in a process of its own, for the memory benchmark (``bench.memory``) to read
 the resident memory of::
 
     python -m bench.memory_worker turn  --address A --queue Q --slots N --status F --config C

@@ -4,8 +4,8 @@ K + 1 model calls, K tool calls, ``prepare_turn`` and ``list_tools``, counted in
 
 And where the difference goes:
 
-- phases of the turn and the floor from their histories (``bench/phases.py``);
-- the carrying floor (``bench/carry_floor.py``): what a turn's steps carry (its payloads,
+- phases of the turn and the floor from their histories (``bench.phases``);
+- the carrying floor (``bench.carry_floor``): what a turn's steps carry (its payloads,
   summaries, timeouts, turnkeep's data converter and payload storage) without turnkeep's code,
   which splits the overhead into carrying a turn's data and turnkeep's own work;
 - floor variants that each add one thing a turn does to every activity step — turnkeep's data
@@ -67,7 +67,7 @@ TURN_BY_QUERY = "turn, 5 KB, model input read by query"
 TURN_NO_STORAGE = "turn, 5 KB, payload storage off"
 FLOOR_BARE = "floor: no-op activities"
 FLOOR_CARRY = "floor carrying a turn's data (no turnkeep code)"
-TIMER = "timer"  # not an activity: the floor's noop, and an outcome timer (see bench/floor.py)
+TIMER = "timer"  # not an activity: the floor's noop, and an outcome timer (see ``bench.floor``)
 ABLATIONS = {
     "floor + turnkeep's data converter": (FLOOR_CONVERTER, NOOP),
     "floor + a heartbeat per activity": (FLOOR, HEARTBEAT),

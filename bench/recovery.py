@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.recovery [--runs 3] [--heartbeats 2,10] [--tool-seconds 3]
 
 Everything runs in one go on a freshly started embedded dev server, with ``turnkeep worker``
-processes (``tests/worker_process.py``) on one task queue. Each line is one way of dying:
+processes (``tests.worker_process``) on one task queue. Each line is one way of dying:
 
 - ``tool``: a turn's tool call (a stdio MCP tool that takes ``--tool-seconds``) is running when
   the worker running it is SIGKILLed;
@@ -44,11 +44,12 @@ from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
+from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
 from turnkeep.workflows.turn_io import TurnInput
 
 T = TypeVar("T")
-ACTIVITY = {"tool": "call_tool", "model": "llm_step"}
+ACTIVITY = {"tool": CALL_TOOL, "model": LLM_STEP}
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Case:
 
 
 def config(
-    tmp: Path, queue: str, case: Case, tool_seconds: float, fake: FakeProvider, payloads: Path
+    tmp: Path, queue: str, case: Case, tool_seconds: float, fake: FakeModelApi, payloads: Path
 ) -> Path:
     script = tmp / f"script-{queue}.json"
     call = {"name": "effects__effect", "arguments": {"tag": "t", "seconds": tool_seconds}}
@@ -137,7 +138,7 @@ async def completed(client: Client, workflow_id: str, activity_type: str) -> flo
 
 
 class Bench:
-    def __init__(self, client: Client, tmp: Path, fake: FakeProvider, tool_seconds: float):
+    def __init__(self, client: Client, tmp: Path, fake: FakeModelApi, tool_seconds: float):
         self.client = client
         self.tmp = tmp
         self.fake = fake
@@ -207,7 +208,7 @@ def cases(heartbeats: list[float], cold: bool = True) -> list[Case]:
 async def measure(
     client: Client,
     info: ServerInfo,
-    fake: FakeProvider,
+    fake: FakeModelApi,
     tmp: Path,
     payloads: Path,
     chosen: list[Case],
@@ -271,7 +272,7 @@ async def main() -> None:
 
     # Answers any request beyond the script (a retry of a retry) so no run ends in an error.
     with (
-        FakeProvider(default=Reply.text("done")) as fake,
+        FakeModelApi(default=Reply.text("done")) as fake,
         tempfile.TemporaryDirectory(prefix="turnkeep-bench-") as name,
     ):
         tmp = Path(name)

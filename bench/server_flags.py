@@ -1,4 +1,4 @@
-"""Do the embedded dev server's flags (``turnkeep/worker/embedded.py``) pay for themselves?
+"""Do the embedded dev server's flags (``turnkeep.devserver.embedded``) pay for themselves?
 
 ``EmbeddedServer`` and turnkeep's background server pass ``FAST_DYNAMIC_CONFIG`` (history
 task-queue polling at 1000 RPS instead of 20, timers fired at most 10 ms late instead of up to

@@ -13,7 +13,7 @@ machine out): send → accepted (``send`` returns: the turn has started) and sen
 (its last message has reached the follower and the session has taken the turn in).
 
 **Idle sessions.** ``count`` sessions, each after one turn, idle, on a worker process
-(``bench/waiting_worker.py``) caching ``count`` + 10 workflows (none leaves its cache to make
+(``bench.waiting_worker``) caching ``count`` + 10 workflows (none leaves its cache to make
 room) whose ``worker.idle_session_cache`` is ``IDLE_CACHE_S``: once every session has been idle
 for longer and has left the cache, the worker's resident memory (RSS) per idle session and the
 workflows its cache holds (the Core SDK's gauge); then how long a message to such a session

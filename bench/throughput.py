@@ -38,7 +38,7 @@ class Throughput:
     @property
     def ratio(self) -> float:
         # Within a round, against that round's floor, then the median over rounds: load that
-        # comes and goes hits both sides of each pair alike (as in bench/overhead.py).
+        # comes and goes hits both sides of each pair alike (as in ``bench.overhead``).
         return statistics.median(self.ratios)
 
     @property

@@ -1,11 +1,11 @@
 """A turnkeep worker in a process of its own, for the approval and session benchmarks
-(``bench/approvals.py``, ``bench/sessions.py``) to read its resident memory and its own
+(``bench.approvals``, ``bench.sessions``) to read its resident memory and its own
 metrics::
 
     python -m bench.waiting_worker --address A --queue Q --config C --cache N --status F
 
 It is built as ``turnkeep worker`` builds one, from the turnkeep.yaml ``--config``, with the
-benchmarks' function tools (``bench/turns.py``), and caches at most ``--cache`` workflows.
+benchmarks' function tools (``bench.turns``), and caches at most ``--cache`` workflows.
 Once polling, and then every 0.2 s, it writes to ``--status`` what the SDK's own metrics say
 (the Core SDK's gauges, read from an in-memory metric buffer): the task slots in use per kind
 of worker (``ActivityWorker``: activities running) and how many workflows its sticky cache
@@ -17,7 +17,7 @@ bytes in use (the Core SDK's Rust heap among them) and pymalloc's. Unless
 ``TURNKEEP_BENCH_TRACE_FRAMES`` is 0, it also writes a snapshot of the Python allocations made
 since the first signal (``snapshot-N.tracemalloc``, 25 frames or that many), tracing started
 by that first signal: traced from the start, the sandbox's imports slow down so much that
-workflow tasks time out. ``bench/approvals.py`` takes one before and one with every turn
+workflow tasks time out. ``bench.approvals`` takes one before and one with every turn
 waiting and prints what grew (``python -m bench.waiting_worker --diff DIR 0 1 TURNS`` prints
 it again). Tracing costs memory and time of its own: the RSS of a traced run is not the
 worker's, and a few dozen turns are enough (with hundreds, workflow tasks time out); with

@@ -9,10 +9,13 @@ time, so ``mkdocs build --strict`` is self-contained and a reference can never b
   every command with its usage, arguments and options.
 - ``reference/python.md`` from the public facade: each name in ``turnkeep.__all__`` with its
   signature and docstring.
-- ``changelog.md``: the repository's CHANGELOG.md, so the site shows it too.
+- ``changelog.md``: the repository's CHANGELOG.md, so the site shows it too; a page links
+  ``../CHANGELOG.md`` (which a code host resolves) and the site gets ``changelog.md``.
 
-The pages exist only in the built site (nothing is written to ``docs/``); ``tests/test_docs.py``
-calls the same functions.
+The three references are also committed under ``docs/reference/``, so their links work when
+the docs are read on a code host; the site renders them afresh, and ``tests/test_docs.py``
+fails when a committed copy differs from what the code gives (``python -m docs.hooks`` writes
+them anew).
 """
 
 from __future__ import annotations
@@ -330,6 +333,14 @@ def cli_reference() -> str:
         "",
         *_parameter_table(group, ctx),
     ]
+    out += _commands(group, ctx, ["turnkeep"])
+    return "\n".join(out)
+
+
+def _commands(group: Any, ctx: Any, path: list[str]) -> list[str]:
+    """A section per command of ``group``, and after a group's own, one per subcommand
+    (``turnkeep sessions close``)."""
+    out: list[str] = []
     for name in group.list_commands(ctx):
         command = group.get_command(ctx, name)
         if command is None or command.hidden:
@@ -339,12 +350,14 @@ def cli_reference() -> str:
             re.sub(r"\{(\w+)\}", lambda m: m[1].upper(), piece)
             for piece in command.collect_usage_pieces(sub)
         ]
-        usage = " ".join(["turnkeep", name, *pieces])
-        out += [f"## `turnkeep {name}`", "", "```text", usage, "```", ""]
+        usage = " ".join([*path, name, *pieces])
+        out += [f"## `{' '.join([*path, name])}`", "", "```text", usage, "```", ""]
         if command.help:
             out += [inspect.cleandoc(command.help), ""]
         out += _parameter_table(command, sub)
-    return "\n".join(out)
+        if hasattr(command, "list_commands"):  # a group: `sessions`, then `sessions close`
+            out += _commands(command, sub, [*path, name])
+    return out
 
 
 def _parameter_table(command: Any, ctx: Any) -> list[str]:
@@ -457,17 +470,41 @@ def changelog() -> str:
     return (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
 
 
-GENERATED: dict[str, Callable[[], str]] = {
+# Committed under docs/ and rendered afresh into the site.
+REFERENCES: dict[str, Callable[[], str]] = {
     "reference/configuration.md": configuration_reference,
     "reference/cli.md": cli_reference,
     "reference/python.md": python_reference,
-    "changelog.md": changelog,
 }
+# Only in the site.
+GENERATED: dict[str, Callable[[], str]] = {**REFERENCES, "changelog.md": changelog}
+
+_CHANGELOG_LINK = re.compile(r"\]\((?:\.\./)+CHANGELOG\.md(#[^)]*)?\)")
 
 
 def on_files(files: Any, config: Any) -> Any:
     from mkdocs.structure.files import File
 
     for uri, render in GENERATED.items():
+        committed = files.get_file_from_path(uri)
+        if committed is not None:
+            files.remove(committed)
         files.append(File.generated(config, uri, content=render()))
     return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """The repository's ``CHANGELOG.md``, which a page links for code hosts, is the site's
+    ``changelog.md``."""
+    depth = page.file.src_uri.count("/")
+    return _CHANGELOG_LINK.sub(lambda m: f"]({'../' * depth}changelog.md{m[1] or ''})", markdown)
+
+
+def write_references() -> None:
+    """Write the committed copies of the references anew."""
+    for uri, render in REFERENCES.items():
+        (ROOT / "docs" / uri).write_text(render() + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    write_references()

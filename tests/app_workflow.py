@@ -1,4 +1,4 @@
-"""An application's own workflow and activity, for ``tests/test_plugin.py``: they run on the same
+"""An application's own workflow and activity, for ``tests.test_plugin``: they run on the same
 worker and task queue as turnkeep's turns. Imports nothing but temporalio, like a small app's
 workflow module, so the sandbox loads it quickly."""
 

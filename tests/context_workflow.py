@@ -1,4 +1,4 @@
-"""A small workflow for ``tests/test_workflow_runner.py``: it imports nothing but temporalio,
+"""A small workflow for ``tests.test_workflow_runner``: it imports nothing but temporalio,
 so the sandbox loads it quickly, and it schedules what carries serialization contexts (two
 activities and a local activity, with arguments and results)."""
 

@@ -1,6 +1,6 @@
 """What anyone with access to the namespace can do without turnkeep's client: run a workflow of
 its own that schedules turnkeep's activities, by name, on the turnkeep workers' task queue,
-with requests it made up (``tests/test_activity_checks.py``). It imports only temporalio and
+with requests it made up (``tests.test_activity_checks``). It imports only temporalio and
 the activity names, so the sandbox loads it quickly."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Every activity re-checks its request against the worker's config (issue #21): none runs on
 its own (standalone activity execution), and a workflow of someone's own that schedules them
-with crafted requests gets only what the config lets the agent it names do. Per-turn overrides
-are refused unless the agent lists them, but a turn may always lower its limits."""
+with crafted requests gets only what the config lets the agent it names do. A turn may set
+what widens nothing (temperature, structured output...) and keep within its agent's bounds
+(lower limits); going past a bound needs the agent to list it in `overrides` (issue #36)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from temporalio.worker import Worker
 
 from tests.conftest import Harness, HarnessFactory, make_settings, turn_setup
 from tests.crafted_workflow import CraftedWorkflow
+from turnkeep.config.settings import ALL_OVERRIDES, BOUNDED_OVERRIDES, FREE_OVERRIDES
 from turnkeep.providers.openai import OpenAIProvider
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.activity_io import (
     CALL_TOOL,
     COMPACT_HISTORY,
@@ -55,7 +57,7 @@ def wipe(context: HookContext) -> None:
     ran.append("wipe")  # registered on the worker, enabled for no agent
 
 
-def config(fake: FakeProvider) -> dict[str, Any]:
+def config(fake: FakeModelApi) -> dict[str, Any]:
     return {
         "anthropic": {"api_key": "sk-test", "base_url": fake.base_url_anthropic},
         "agents": {
@@ -71,7 +73,7 @@ def config(fake: FakeProvider) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def h(harness: HarnessFactory, fake: FakeProvider) -> AsyncIterator[Harness]:
+async def h(harness: HarnessFactory, fake: FakeModelApi) -> AsyncIterator[Harness]:
     ran.clear()
     tools = {"local": [allowed]}
     async with harness(tools, {"audit": audit, "wipe": wipe}, **config(fake)) as h:
@@ -137,7 +139,7 @@ def application_error(err: BaseException) -> ApplicationError:
 
 @pytest.mark.parametrize("name", sorted(VALID_REQUESTS))
 async def test_no_activity_runs_on_its_own(
-    name: str, h: Harness, client: Client, fake: FakeProvider
+    name: str, h: Harness, client: Client, fake: FakeModelApi
 ) -> None:
     fake.script(Reply.text("a novel"), api="anthropic")
     with pytest.raises(Exception) as caught:
@@ -190,7 +192,7 @@ async def refused(h: Harness, queue: str, activity: str, request: dict[str, Any]
 
 
 async def test_llm_step_runs_only_the_agents_models(
-    h: Harness, crafted_queue: str, fake: FakeProvider
+    h: Harness, crafted_queue: str, fake: FakeModelApi
 ) -> None:
     request = llm_request(500, model="opus")
     error = await refused(h, crafted_queue, LLM_STEP, llm_step(request), model_input=request)
@@ -202,7 +204,7 @@ async def test_llm_step_runs_only_the_agents_models(
 
 
 async def test_llm_step_holds_a_call_to_the_agents_limits(
-    h: Harness, crafted_queue: str, fake: FakeProvider
+    h: Harness, crafted_queue: str, fake: FakeModelApi
 ) -> None:
     for max_tokens in (100_000, None):  # above the agent's 500; none at all: the provider's
         request = llm_request(max_tokens)
@@ -220,8 +222,28 @@ async def test_llm_step_holds_a_call_to_the_agents_limits(
     assert sent.body["max_tokens"] == 500
 
 
+async def test_llm_step_takes_what_widens_nothing_but_no_more_tokens(
+    h: Harness, crafted_queue: str, fake: FakeModelApi
+) -> None:
+    """The agent lists no overrides: a crafted call may still carry a temperature, a schema and
+    fewer tokens, as a turn may, but those free settings carry no raise of its limit along."""
+    schema = {"type": "object", "properties": {"title": {"type": "string"}}}
+    free = {"temperature": 0.7, "structured_output": schema}
+    request = llm_request(100_000).model_copy(update=free)
+    error = await refused(h, crafted_queue, LLM_STEP, llm_step(request), model_input=request)
+    assert error.type == "OverrideNotAllowed" and "max_tokens above 500" in error.message
+    assert fake.requests == []
+
+    fake.script(Reply.text('{"title": "Once"}'), api="anthropic")
+    request = llm_request(100).model_copy(update=free)
+    answer = await crafted(h, crafted_queue, LLM_STEP, llm_step(request), model_input=request)
+    assert Message.model_validate(answer).text == '{"title": "Once"}'
+    (sent,) = fake.requests_for("anthropic")
+    assert sent.body["max_tokens"] == 100 and '"title"' in sent.body["system"]
+
+
 async def test_llm_step_sends_only_the_request_its_digest_names(
-    h: Harness, crafted_queue: str, fake: FakeProvider
+    h: Harness, crafted_queue: str, fake: FakeModelApi
 ) -> None:
     """A digest in any other form, such as the sha256 of the whole request's JSON, names no
     request: the step is refused before the model is called."""
@@ -234,7 +256,7 @@ async def test_llm_step_sends_only_the_request_its_digest_names(
 
 
 async def test_compact_history_runs_only_the_agents_models(
-    h: Harness, crafted_queue: str, fake: FakeProvider
+    h: Harness, crafted_queue: str, fake: FakeModelApi
 ) -> None:
     request = {"agent": "test", "model": "anthropic.claude-opus-4-1", "messages": HI}
     error = await refused(h, crafted_queue, COMPACT_HISTORY, request)
@@ -264,7 +286,7 @@ async def test_run_hook_runs_only_hooks_the_agent_enables_there(
     assert ran == ["audit before_llm_call"]
 
 
-# --- overrides: refused unless listed, limits may always be lowered -------------------------
+# --- overrides: what widens nothing is free, bounds are kept unless listed ------------------
 
 
 def plan(tmp_path: Path, agent: dict[str, Any], **overrides: Any) -> Any:
@@ -280,34 +302,60 @@ def refusal(tmp_path: Path, agent: dict[str, Any], **overrides: Any) -> Applicat
     return caught.value
 
 
+def test_every_override_is_either_free_or_bounded() -> None:
+    assert FREE_OVERRIDES | BOUNDED_OVERRIDES == ALL_OVERRIDES
+    assert not FREE_OVERRIDES & BOUNDED_OVERRIDES
+
+
 @pytest.mark.parametrize(
     "override",
     [
         {"temperature": 0.2},
         {"use_history": False},
-        {"parallel_tool_calls": False},
         {"structured_output": {"type": "object"}},
+        {"parallel_tool_calls": False},
     ],
 )
-def test_overrides_the_agent_does_not_list_are_refused(
+def test_overrides_that_widen_nothing_need_no_listing(
     tmp_path: Path, override: dict[str, Any]
 ) -> None:
-    error = refusal(tmp_path, {"model": "passthrough"}, **override)
-    assert error.type == "OverrideNotAllowed" and next(iter(override)) in error.message
-    assert plan(tmp_path, {"model": "passthrough", "overrides": list(override)}, **override)
+    ((name, value),) = override.items()
+    assert getattr(plan(tmp_path, {"model": "passthrough"}, **override), name) == value
 
 
-def test_a_turn_may_lower_its_limits_but_never_raise_them(tmp_path: Path) -> None:
+# The agent's bound, a value past it and one within it, per bounded override.
+BOUNDS: dict[str, tuple[Any, Any, Any]] = {
+    "max_iterations": (20, 21, 3),
+    "max_tokens": (1000, 1001, 200),
+    "parallel_tool_calls": (False, True, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDED_OVERRIDES))
+def test_a_turn_keeps_within_its_agents_bounds_unless_the_agent_lists_them(
+    tmp_path: Path, name: str
+) -> None:
+    bound, past, within = BOUNDS[name]
+    agent = {"model": "passthrough", name: bound}
+    assert getattr(plan(tmp_path, agent, **{name: within}), name) == within
+    assert getattr(plan(tmp_path, agent, **{name: bound}), name) == bound
+    error = refusal(tmp_path, agent, **{name: past})
+    assert error.type == "OverrideNotAllowed" and name in error.message
+    assert "list: none" in error.message
+    # Listed, a bound may be exceeded.
+    assert getattr(plan(tmp_path, {**agent, "overrides": [name]}, **{name: past}), name) == past
+
+
+def test_a_refusal_names_each_bound_a_turn_went_past(tmp_path: Path) -> None:
     agent = {"model": "passthrough", "max_iterations": 20, "max_tokens": 1000}
-    assert plan(tmp_path, agent, max_iterations=3, max_tokens=200).max_iterations == 3
-    assert plan(tmp_path, agent, max_iterations=20, max_tokens=1000).max_tokens == 1000
-    error = refusal(tmp_path, agent, max_iterations=1_000_000_000)
-    assert error.type == "OverrideNotAllowed" and "max_iterations" in error.message
-    assert "max_iterations (to at most 20)" in error.message
-    error = refusal(tmp_path, agent, max_tokens=1001)
-    assert "max_tokens (to at most 1000)" in error.message
-    # Listed, a limit may be raised too.
-    assert plan(tmp_path, {**agent, "overrides": ["max_iterations"]}, max_iterations=500)
+    agent |= {"parallel_tool_calls": False, "overrides": ["temperature"]}
+    past = {"max_iterations": 10**9, "max_tokens": 1001, "parallel_tool_calls": True}
+    error = refusal(tmp_path, agent, **past)
+    assert error.message == (
+        "Agent 'a' does not let a turn set max_iterations above 20, max_tokens above 1000, "
+        "parallel_tool_calls on (a turn may lower a limit and turn parallel_tool_calls off; the "
+        "agent's `overrides`, which let it go further, list: temperature)."
+    )
 
 
 def test_max_tokens_without_an_agent_limit_is_bounded_by_the_providers_default(

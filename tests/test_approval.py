@@ -253,6 +253,22 @@ async def test_cli_lists_pending_calls_and_approves_one(
         assert [(c["call_id"], c["arguments"]) for c in entry["calls"]] == [
             ("w1", {"text": "draft"})
         ]
+        # A refused decision, and a start under the waiting turn's id, say why in one line.
+        wrong, taken = await asyncio.gather(
+            asyncio.to_thread(
+                turnkeep, "approve", turn.workflow_id, "call_9_9", temporal=temporal, cwd=tmp_path
+            ),
+            asyncio.to_thread(
+                turnkeep, "run", "hi", "--id", turn.workflow_id, temporal=temporal, cwd=tmp_path
+            ),
+        )
+        assert (wrong.returncode, wrong.stdout) == (2, "")
+        assert wrong.stderr == ("error: no call 'call_9_9' is waiting for approval (waiting: w1)\n")
+        assert (taken.returncode, taken.stdout) == (2, "")
+        assert taken.stderr == (
+            f"error: a workflow with id {turn.workflow_id!r} is already running (choose "
+            "another --id)\n"
+        )
         out = await asyncio.to_thread(
             turnkeep,
             "approve",
@@ -271,6 +287,8 @@ async def test_cli_lists_pending_calls_and_approves_one(
         result = await turn.result()
     assert result_of(result, "w1").text == "Tool call denied by carol: no"
     again = turnkeep("approve", turn.workflow_id, "w1", temporal=temporal, cwd=tmp_path)
-    assert again.returncode != 0 and "Traceback" not in again.stderr
+    assert again.returncode == 2 and again.stderr == (
+        "error: the Temporal server refused the request: workflow execution already completed\n"
+    )
     shown = turnkeep("show", turn.workflow_id, temporal=temporal, cwd=tmp_path)
     assert "approval deny fs__write · call w1 by carol" in shown.stdout, shown.stdout

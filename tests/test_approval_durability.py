@@ -1,8 +1,8 @@
 """A tool call awaiting approval survives real crashes (issue 23, Proof): the worker process
 SIGKILLed while the call waits, and the Temporal dev server SIGKILLed and restarted on its
-SQLite file while it waits. Workers run as separate OS processes (``tests/worker_process.py``),
+SQLite file while it waits. Workers run as separate OS processes (``tests.worker_process``),
 the model is the fake Anthropic API (so the test sees what the model was sent), and the tool is
-the effect server of ``tests/test_durability.py``, which logs every execution across processes.
+the effect server of ``tests.test_durability``, which logs every execution across processes.
 """
 
 from __future__ import annotations
@@ -21,17 +21,18 @@ from tests.worker_process import WorkerProcesses
 from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows import visibility
 from turnkeep.workflows.approval import PendingCall
 
-pytestmark = pytest.mark.asyncio
+# Servers and worker processes of its own, killed on purpose: slow, and marked so.
+pytestmark = [pytest.mark.asyncio, pytest.mark.server, pytest.mark.slow]
 
 ASK = Reply.tool_calls(("c1", TOOL, {"tag": "gated"}))
 DONE = Reply.text("all done")
 
 
-def gated_config(directory: Path, task_queue: str, fake: FakeProvider) -> Path:
+def gated_config(directory: Path, task_queue: str, fake: FakeModelApi) -> Path:
     """An agent on the fake Anthropic API whose every effect call waits for approval (an hour:
     no timeout fires during a test)."""
     gated = agent({"model": "anthropic.test-model"})
@@ -55,7 +56,7 @@ async def status(turn: TurnHandle) -> str | None:
     return described.typed_search_attributes.get(visibility.STATUS)
 
 
-def tool_results_sent(fake: FakeProvider) -> list[dict[str, object]]:
+def tool_results_sent(fake: FakeModelApi) -> list[dict[str, object]]:
     """The tool_result blocks of the last request the model was sent."""
     return [
         block
@@ -67,7 +68,7 @@ def tool_results_sent(fake: FakeProvider) -> list[dict[str, object]]:
 
 
 async def test_worker_killed_while_a_call_awaits_approval(
-    client: Client, temporal: ServerInfo, fake: FakeProvider, tmp_path: Path
+    client: Client, temporal: ServerInfo, fake: FakeModelApi, tmp_path: Path
 ) -> None:
     task_queue = f"approval-{uuid.uuid4().hex[:10]}"
     fake.script(ASK, DONE, api="anthropic")
@@ -99,7 +100,7 @@ async def test_worker_killed_while_a_call_awaits_approval(
 
 
 async def test_server_restarted_while_a_call_awaits_approval(
-    fake: FakeProvider, tmp_path: Path
+    fake: FakeModelApi, tmp_path: Path
 ) -> None:
     server = EmbeddedServer(db_file=tmp_path / "temporal.db", ui=False)
     info = await server.start()

@@ -21,8 +21,9 @@ from temporalio.worker import Worker
 from tests.conftest import Harness, eventually, make_settings, write_script
 from tests.crafted_workflow import CraftedWorkflow
 from tests.test_activity_checks import application_error
-from turnkeep import Agent, Approval, ApprovalRequest, PolicyDecision, TurnHandle, build_worker
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep import Agent, Approval, ApprovalRequest, PolicyDecision, TurnHandle
+from turnkeep.testing import harness as worker_harness
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.approval import APPROVAL_POLICY
 from turnkeep.workflows.messages import CallToolResult
 from turnkeep.workflows.turn_io import TurnResult
@@ -88,18 +89,15 @@ async def policy_worker(
     policies: Mapping[str, Callable[..., Any]] | None = None,
     **config: Any,
 ) -> AsyncIterator[Harness]:
-    settings = make_settings(tmp_path, **config)
-    queue = f"test-{uuid.uuid4().hex[:10]}"
-    worker = build_worker(
+    async with worker_harness(
         client,
-        settings,
+        make_settings(tmp_path, **config),
         agents=python_agents,
         function_tools=TOOLS,
         approval_policies=policies,
-        task_queue=queue,
-    )
-    async with worker:
-        yield Harness(client, settings, queue)
+        default_agent="test",
+    ) as h:
+        yield h
 
 
 def playback(tmp_path: Path, *calls: tuple[str, str, dict[str, Any]]) -> str:
@@ -126,7 +124,7 @@ async def policy_activities(turn: TurnHandle) -> int:
 
 
 async def test_policy_allows_and_denies_by_arguments_and_the_model_sees_why(
-    client: Client, tmp_path: Path, fake: FakeProvider
+    client: Client, tmp_path: Path, fake: FakeModelApi
 ) -> None:
     # The same tool in one batch: allowed for one text, denied for another; a tool outside the
     # policy's `tools` is never put to it. Registered as an import path in the YAML.

@@ -53,7 +53,7 @@ async def test_other_override_the_agent_does_not_allow(harness: HarnessFactory) 
     async with harness(agents={"test": {"max_iterations": 20, "overrides": ["temperature"]}}) as h:
         error = await fails_with(h, max_iterations=21)
     assert error.type == "OverrideNotAllowed" and "max_iterations" in error.message
-    assert "it allows: temperature" in error.message and "at most 20" in error.message
+    assert "list: temperature" in error.message and "max_iterations above 20" in error.message
 
 
 async def test_mcp_server_that_fails_to_start(harness: HarnessFactory, tmp_path: Path) -> None:

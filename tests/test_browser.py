@@ -33,7 +33,8 @@ from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows import visibility
 
-pytestmark = pytest.mark.asyncio
+# Its own server with the Web UI, and Chromium.
+pytestmark = [pytest.mark.asyncio, pytest.mark.server, pytest.mark.slow]
 
 PROMPT = "Add the two invoice totals for Ms. Quillfeather, please."
 TOKEN = secrets.token_urlsafe(24)
@@ -108,7 +109,7 @@ async def test_signed_in_operator_sees_summaries_and_prompt(
     stack: Stack, finished_turn: FinishedTurn, page: Page, tmp_path: Path
 ) -> None:
     summaries = finished_turn.summaries
-    # What the workflow wrote (turnkeep/workflows/visibility.py); the page is then checked for
+    # What the workflow wrote (``turnkeep.workflows.visibility``); the page is then checked for
     # exactly that. Summaries are payloads too, so they are encrypted and need the codec server.
     assert "llm #1 · passthrough" in summaries, summaries
     # Its call runs, so the `tool …` row tells that outcome: no row of its own.

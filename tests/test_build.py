@@ -1,4 +1,4 @@
-"""``turnkeep/worker/build.py``'s process set-up for long-running workers."""
+"""``turnkeep.worker.build``'s process set-up for long-running workers."""
 
 from __future__ import annotations
 

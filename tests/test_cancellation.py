@@ -1,6 +1,6 @@
-"""Cancelling turns on the real server (docs/concepts/turn-loop.md, docs/concepts/cancellation.md,
-docs/operations/web-ui.md): every cancelled turn ends **Canceled** in Temporal with its conversation
-repaired exactly as fast-agent repairs it, readable through ``TurnHandle.result()``
+"""Cancelling turns on the real server (the documentation's *The turn loop*, *Cancellation and
+repair* and *The Web UI*): every cancelled turn ends **Canceled** in Temporal with its
+conversation repaired exactly as fast-agent repairs it, readable through ``TurnHandle.result()``
 (``TurnCancelledError.result``) and ``TurnHandle.current()``; in-flight model and tool calls are
 really abandoned, not left running."""
 
@@ -28,7 +28,7 @@ from temporalio.worker import Worker
 from tests.conftest import HarnessFactory, eventually, make_settings, turnkeep, write_script
 from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.devserver.embedded import ServerInfo
-from turnkeep.testing.fake_provider import Api, FakeProvider, Reply
+from turnkeep.testing.fake_api import Api, FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
 from turnkeep.worker.plugin import TurnkeepPlugin
 from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
@@ -196,7 +196,7 @@ def assert_conversation(actual: list[Message], expected: list[Message]) -> None:
 # --- 1. cancel while the model is thinking ---------------------------------------------------
 
 
-class WatchedProvider(FakeProvider):
+class WatchedProvider(FakeModelApi):
     """The fake API, also noting each request the client hung up on before it was answered (a
     ``Reply.delay`` ends early when the client closes the connection)."""
 
@@ -232,7 +232,7 @@ def fake(provider: WatchedProvider) -> WatchedProvider:
     return provider
 
 
-def provider_config(api: Api, fake: FakeProvider) -> dict[str, Any]:
+def provider_config(api: Api, fake: FakeModelApi) -> dict[str, Any]:
     base_url = fake.base_url_anthropic if api == "anthropic" else fake.base_url_openai
     return {
         api: {"api_key": "sk-test", "base_url": base_url},

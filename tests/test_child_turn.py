@@ -1,7 +1,7 @@
 """A turn as one step of a user's workflow (``turnkeep.workflow``): ``run_turn`` runs
 ``TurnWorkflow`` as a child and returns its result; cancelling the parent cancels the turn and
 hands the parent the repaired conversation; ``start_turn`` returns the child's handle. The
-parents (``tests/child_turn_workflows.py``) run on the same worker as the turns, as in an app
+parents (``tests.child_turn_workflows``) run on the same worker as the turns, as in an app
 that adds ``TurnkeepPlugin`` to its own worker."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.conftest import Harness, eventually, make_settings
 from tests.crafted_workflow import CraftedWorkflow
 from tests.test_activity_checks import application_error
 from turnkeep.client.turns import get_turn
-from turnkeep.worker.plugin import TurnkeepPlugin
+from turnkeep.testing import harness as worker_harness
 from turnkeep.workflows.child_turn import READ_CHILD_TURN
 from turnkeep.workflows.messages import StopReason
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
@@ -52,10 +52,10 @@ async def h(client: Client, tmp_path: Path) -> AsyncIterator[Harness]:
     settings = make_settings(
         tmp_path, agents={"test": {"model": "passthrough", "servers": ["local"]}}
     )
-    task_queue = f"app-{uuid.uuid4().hex[:10]}"
-    plugin = TurnkeepPlugin(settings, function_tools={"local": [blocked]})
-    async with Worker(client, task_queue=task_queue, workflows=PARENTS, plugins=[plugin]):
-        yield Harness(client, settings, task_queue)
+    async with worker_harness(
+        client, settings, workflows=PARENTS, function_tools={"local": [blocked]}
+    ) as worker:
+        yield worker
 
 
 async def run_parent(h: Harness, workflow: Any, *args: Any) -> Any:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import Client
 
 from tests.conftest import turnkeep
 from turnkeep.devserver.embedded import ServerInfo
@@ -44,20 +47,95 @@ def one_error(done: subprocess.CompletedProcess[str]) -> str:
 
 
 async def test_run_with_an_unknown_agent_or_a_model_it_may_not_use(
-    temporal: ServerInfo, tmp_path: Path
+    temporal: ServerInfo, client: Client, tmp_path: Path
 ) -> None:
-    config(tmp_path)
-    agent, model = await asyncio.gather(
+    """Refused before anything starts, whether the command runs the worker (--worker) or
+    expects one elsewhere: the config it was given says the turn could only fail."""
+    path = config(tmp_path)
+    queue = json.loads(path.read_text())["task_queue"]
+    agent, model, elsewhere = await asyncio.gather(
         cli(temporal, tmp_path, "run", "hi", "--worker", "--agent", "nope"),
         cli(temporal, tmp_path, "run", "hi", "--worker", "--model", "sonnet"),
+        cli(temporal, tmp_path, "run", "hi", "--agent", "nope"),
     )
     assert one_error(agent) == (
-        "error: the turn failed: UnknownAgent: Unknown agent 'nope'. This worker's agents: demo."
+        f"error: no agent 'nope' in {path} (its agents: demo); nothing was started"
     )
-    assert one_error(model).startswith(
-        "error: the turn failed: ModelNotAllowed: Agent 'demo' does not let a turn use model "
-        "'sonnet'"
+    assert elsewhere.stderr == agent.stderr
+    assert one_error(model) == (
+        "error: ModelNotAllowed: Agent 'demo' does not let a turn use model 'sonnet' (it "
+        "allows: passthrough). Nothing was started."
     )
+    for done in (agent, model, elsewhere):
+        assert done.stdout == "" and done.stderr.count("\n") == 1
+    # Nothing left behind: no turn on the agents' queues.
+    for agent_queue in (f"{queue}.nope", f"{queue}.demo"):
+        assert [e async for e in client.list_workflows(f"TaskQueue = '{agent_queue}'")] == []
+
+
+async def test_run_refuses_an_empty_prompt(
+    temporal: ServerInfo, client: Client, tmp_path: Path
+) -> None:
+    path = config(tmp_path)
+    queue = json.loads(path.read_text())["task_queue"]
+    empty, blank_stdin = await asyncio.gather(
+        cli(temporal, tmp_path, "run", "  ", "--worker"),
+        asyncio.to_thread(run_with_stdin, temporal, tmp_path, "\n\n", "run", "-", "--worker"),
+    )
+    assert one_error(empty).startswith(
+        "error: Invalid value for PROMPT: empty (there is nothing to ask)"
+    )
+    assert one_error(blank_stdin).startswith(
+        "error: Invalid value for PROMPT: stdin was empty (there is nothing to ask)"
+    )
+    assert [e async for e in client.list_workflows(f"TaskQueue = '{queue}.demo'")] == []
+
+
+def run_with_stdin(
+    temporal: ServerInfo, cwd: Path, stdin: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address}
+    return subprocess.run(
+        [sys.executable, "-m", "turnkeep.cli", *args],
+        cwd=cwd,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+async def test_the_command_lines_own_mistakes_are_one_line(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    """A missing argument, an option's bad value, an unknown command: one `error:` line and
+    code 2, like every other mistake (not a usage box)."""
+    config(tmp_path)
+    missing, not_json, duration, unknown, negative = await asyncio.gather(
+        cli(temporal, tmp_path, "approve", "some-turn"),
+        cli(temporal, tmp_path, "approve", "some-turn", "call_1", "--arguments", "{"),
+        cli(temporal, tmp_path, "gc", "--older-than", "soon"),
+        cli(temporal, tmp_path, "frobnicate"),
+        cli(temporal, tmp_path, "run", "hi", "--max-iterations", "-1"),
+    )
+    assert one_error(missing) == (
+        "error: Missing argument 'call_id'. (see `python -m turnkeep.cli approve --help`)"
+    )
+    assert one_error(not_json).startswith("error: Invalid value: --arguments is not JSON: ")
+    assert one_error(duration).startswith(
+        "error: Invalid value for --older-than: 'soon' is not a duration"
+    )
+    assert one_error(unknown) == (
+        "error: No such command 'frobnicate'. (see `python -m turnkeep.cli --help`)"
+    )
+    assert one_error(negative) == (
+        "error: Invalid value for --max-iterations: Input should be greater than or equal to 0 "
+        "(see `python -m turnkeep.cli run --help`)"
+    )
+    for done in (missing, not_json, duration, unknown, negative):
+        assert done.stderr.count("\n") == 1 and done.stdout == "", done.stderr
 
 
 async def test_watch_and_cancel_an_unknown_turn(temporal: ServerInfo, tmp_path: Path) -> None:

@@ -181,9 +181,10 @@ async def test_cli_runs_a_turn_with_an_in_process_worker_and_shows_it(
         cwd=tmp_path,
     )
     assert ran.returncode == 0, ran.stderr
-    assert "toolbox__calculate" in ran.stdout and "42" in ran.stdout
-    assert "stop reason: endTurn" in ran.stdout
-    result = json.loads(ran.stdout[ran.stdout.index("{\n") :])
+    # With --json the streamed turn goes to stderr, and stdout holds the result alone.
+    assert "toolbox__calculate" in ran.stderr and "42" in ran.stderr
+    assert "stop reason: endTurn" in ran.stderr
+    result = json.loads(ran.stdout)
     assert result["final"]["content"][0]["text"] == "42"
 
     shown = await asyncio.to_thread(turnkeep, "show", "cli-turn", temporal=temporal, cwd=tmp_path)

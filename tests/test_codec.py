@@ -35,7 +35,7 @@ from turnkeep.payloads.codec import (
     PlaintextPayloadError,
     UnknownKeyError,
 )
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows.messages import StopReason
 
@@ -135,7 +135,7 @@ def assert_no_plaintext(history: WorkflowHistory, secrets: tuple[str, ...]) -> N
 async def test_an_encrypted_turn_leaves_no_plaintext_in_the_history(
     temporal: ServerInfo,
     client: Client,
-    fake: FakeProvider,
+    fake: FakeModelApi,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -194,7 +194,7 @@ async def test_an_encrypted_turn_leaves_no_plaintext_in_the_history(
 
 
 async def test_failure_messages_are_encrypted_too(
-    temporal: ServerInfo, client: Client, fake: FakeProvider, tmp_path: Path
+    temporal: ServerInfo, client: Client, fake: FakeModelApi, tmp_path: Path
 ) -> None:
     # A provider error can quote the request; it travels as an activity failure.
     refusal = "refused-wombat-71c2: roles must alternate"
@@ -403,7 +403,7 @@ def test_bad_keys_are_refused_without_showing_them(
 async def test_an_encrypted_session_hands_its_turns_their_conversation_encrypted(
     temporal: ServerInfo, client: Client, tmp_path: Path
 ) -> None:
-    # A session writes each turn's input itself (turnkeep/workflows/session_turns.py): it goes
+    # A session writes each turn's input itself (``turnkeep.workflows.session_turns``): it goes
     # through the codec like every other payload.
     settings = make_settings(
         tmp_path,

@@ -399,6 +399,7 @@ async def test_codec_server_command(tmp_path: Path, cli: Any) -> None:
     assert f"codec server at {url}" in output and TOKEN not in output and KEY not in output
 
 
+@pytest.mark.server
 async def test_turnkeep_server_runs_the_codec_server_for_its_web_ui(
     tmp_path: Path, cli: Any
 ) -> None:
@@ -428,6 +429,7 @@ async def test_turnkeep_server_runs_the_codec_server_for_its_web_ui(
     assert preflight.status == 204 and preflight.cors()["access-control-allow-origin"] == ui
 
 
+@pytest.mark.server
 async def test_background_codec_server_is_reused_replaced_and_stopped(
     tmp_path: Path, secrets_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,5 +1,6 @@
-"""Mid-turn compaction (docs/concepts/compaction.md) on the real server: success, skip, failure, and
-a cancel while it runs — with the summary written by a real SDK against the fake provider."""
+"""Mid-turn compaction (the documentation's *Compaction*) on the real server: success, skip,
+failure, and a cancel while it runs — with the summary written by a real SDK against the fake
+provider."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from temporalio.client import WorkflowHistory
 from tests.conftest import HarnessFactory, eventually
 from turnkeep import open_session
 from turnkeep.client.turns import get_turn
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.loop import SUMMARY_PREFIX
 from turnkeep.workflows.turn_io import HistoryChange, RollbackState, TurnCancelledError
 
@@ -30,7 +31,7 @@ def add(a: int, b: int) -> int:
 TOOLS = {"math": [add]}
 
 
-def config(fake: FakeProvider, **compaction: Any) -> dict[str, Any]:
+def config(fake: FakeModelApi, **compaction: Any) -> dict[str, Any]:
     # A tiny window: the context passes the threshold from the first follow-up call on.
     settings = {"context_window": 10, "threshold": 0.5, "keep_exchanges": 0, **compaction}
     return {
@@ -69,7 +70,7 @@ def activities(history: WorkflowHistory, event: EventType.ValueType) -> list[str
 
 
 async def test_compaction_replaces_older_exchanges_with_the_models_summary(
-    fake: FakeProvider, harness: HarnessFactory
+    fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     fake.script(
         *two_tool_rounds(),
@@ -103,7 +104,7 @@ async def test_compaction_replaces_older_exchanges_with_the_models_summary(
 
 
 async def test_no_compaction_below_the_threshold(
-    fake: FakeProvider, harness: HarnessFactory
+    fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     fake.script(*two_tool_rounds(), Reply.text("Done."), api="anthropic")
     async with harness(TOOLS, **config(fake, context_window=200_000)) as h:
@@ -118,7 +119,7 @@ async def test_no_compaction_below_the_threshold(
 
 
 async def test_failed_compaction_leaves_history_unchanged_and_the_loop_running(
-    fake: FakeProvider, harness: HarnessFactory
+    fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     fake.script(
         *two_tool_rounds(),
@@ -137,7 +138,7 @@ async def test_failed_compaction_leaves_history_unchanged_and_the_loop_running(
     assert len(fake.requests_for("anthropic")) == 4
 
 
-async def test_cancel_during_compaction(fake: FakeProvider, harness: HarnessFactory) -> None:
+async def test_cancel_during_compaction(fake: FakeModelApi, harness: HarnessFactory) -> None:
     fake.script(
         *two_tool_rounds(),
         Reply.delay(60, then=Reply.text("too late")),
@@ -163,7 +164,7 @@ async def test_cancel_during_compaction(fake: FakeProvider, harness: HarnessFact
 
 
 async def test_a_session_carries_the_compacted_conversation_to_its_next_turn(
-    fake: FakeProvider, harness: HarnessFactory
+    fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     summary = "The user wants 1+2 (got 3)."
     fake.script(

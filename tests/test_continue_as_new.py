@@ -48,7 +48,7 @@ from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
 from turnkeep.payloads.limits import RESULT_TOO_LARGE
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
 from turnkeep.worker.plugin import PAYLOAD_LIMIT_BYTES, FunctionTools
 from turnkeep.workflows.loop import SUMMARY_PREFIX
@@ -268,6 +268,7 @@ class SuggestingServer(EmbeddedServer):
         return [*super().argv(), "--dynamic-config-value", value]
 
 
+@pytest.mark.server
 async def test_the_servers_suggestion_alone_continues_as_new_unless_told_not_to(
     tmp_path: Path,
 ) -> None:
@@ -329,7 +330,7 @@ async def test_a_tool_request_pending_at_the_cut_runs_once_in_the_next_run(
 
 
 async def test_compaction_state_is_carried_across_runs(
-    fake: FakeProvider, harness: HarnessFactory, client: Client
+    fake: FakeModelApi, harness: HarnessFactory, client: Client
 ) -> None:
     """One step per run, and a window so small that every follow-up call compacts what it
     can: the second summary (in a later run than the first) must start from the first one,
@@ -500,7 +501,7 @@ async def test_cancel_after_continuing_as_new_repairs_the_whole_turn(
 
 
 async def test_worker_killed_in_a_continued_run_is_replaced_and_the_turn_finishes(
-    client: Client, temporal: ServerInfo, fake: FakeProvider, tmp_path: Path
+    client: Client, temporal: ServerInfo, fake: FakeModelApi, tmp_path: Path
 ) -> None:
     """One step per run. The second model call (in the third run, just started from a cut)
     hangs until its worker is SIGKILLed; a new worker replays that run from the state it was
@@ -605,11 +606,12 @@ async def test_cli_run_streams_a_continued_turn_and_show_shows_all_of_it(
     args = ["run", "calculate", "--worker", "--id", workflow_id, "--json"]
     ran_cli = await asyncio.to_thread(turnkeep, *args, temporal=temporal, cwd=tmp_path)
     assert ran_cli.returncode == 0, ran_cli.stderr
-    streamed, _, json_out = ran_cli.stdout.partition("{\n")
-    # Every call was streamed as it happened, over all seven runs, through to the answer.
+    # Every call was streamed as it happened, over all seven runs, through to the answer (on
+    # stderr: with --json, stdout holds the result alone).
+    streamed = ran_cli.stderr
     for name in ("calc0", "calc1", "calc2", "that is 42, 4 and 7", "stop reason: endTurn"):
         assert name in streamed, (name, streamed)
-    result = TurnResult.model_validate_json("{\n" + json_out)
+    result = TurnResult.model_validate_json(ran_cli.stdout)
     assert [r.text for m in result.messages if m.tool_results for r in m.tool_results.values()] == [
         "42",
         "4",

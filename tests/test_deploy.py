@@ -1,9 +1,9 @@
-"""deploy/ checked statically, since CI has no Docker daemon and no cluster: the Dockerfile with
-hadolint, every Kubernetes overlay rendered by ``kubectl kustomize`` and validated against the
-Kubernetes schemas, the compose file against the compose specification, and the Grafana
-dashboard against turnkeep's metric catalogue. What the files say is also checked against the
-code they configure (search attributes, config loading, ports, grace periods), and the
-manifests' worker runs as a real process against the test server."""
+"""The deployment kit checked statically, since CI has no Docker daemon and no cluster: the
+Dockerfile with hadolint, every Kubernetes overlay rendered by ``kubectl kustomize`` and
+validated against the Kubernetes schemas, the compose file against the compose specification,
+and the Grafana dashboard against turnkeep's metric catalogue. What the files say is also
+checked against the code they configure (search attributes, config loading, ports, grace
+periods), and the manifests' worker runs as a real process against the test server."""
 
 from __future__ import annotations
 
@@ -254,7 +254,7 @@ def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
         )
 
 
-# A worker process starts in 10 to 30 s on a loaded 2-core machine.
+# Slow: a worker process of its own can take tens of seconds to start on a loaded machine.
 @pytest.mark.slow
 async def test_the_manifests_worker_runs_probes_and_drains(
     temporal: ServerInfo, tmp_path: Path
@@ -459,7 +459,8 @@ def test_dashboard_queries_only_catalogued_metrics(dashboard: dict[str, Any]) ->
 
 
 def test_deploy_readme_is_the_docs_page() -> None:
-    """deploy/README.md and docs/operations/deploy.md say the same, with links for each place."""
+    """The deployment kit's README and the documentation's *Deploying* say the same, with links
+    for each place."""
     page = (ROOT / "docs" / "operations" / "deploy.md").read_text()
     readme = (DEPLOY / "README.md").read_text()
     readme = re.sub(r"\n\nThe operator's guide to `deploy/`[^\n]*\n", "\n", readme, count=1)

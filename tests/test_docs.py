@@ -1,16 +1,21 @@
-"""The documentation's links and generated references (no server needed).
+"""The documentation's links and generated references (no server needed), and the examples of
+"Testing your agents" (docs/testing.md), run as a user would run them (they start servers).
 
-Every relative link in the READMEs, the changelog and ``docs/`` must resolve to a file of this
-repository (or a page ``docs/hooks.py`` generates), an ``#anchor`` to a heading of its target,
-and an absolute link must be a public http(s) URL: nothing may point outside the repository,
-as a link to a design document elsewhere once did. ``mkdocs build --strict`` (in ``make
+Every relative link in the READMEs, the changelog and the documentation must resolve to a file of
+this repository (or a page the site's build hooks generate), an ``#anchor`` to a heading of its
+target, and an absolute link must be a public http(s) URL: nothing may point outside the
+repository, as a link to a design document elsewhere once did. ``mkdocs build --strict`` (in ``make
 lint``) checks the site's own links again, as MkDocs resolves them.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import shutil
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -200,3 +205,78 @@ def test_the_python_reference_names_every_public_name() -> None:
 
     reference = hooks.python_reference()
     assert [name for name in turnkeep.__all__ if f"## `{name}`" not in reference] == []
+
+
+# A fenced block that names its file (```python title="test_x.py"): what the page asks a reader
+# to write, and so what its test writes and runs.
+_TITLED_BLOCK = re.compile(
+    r'^```(\w+)[^\n]*?title="([^"]+)"[^\n]*\n(.*?)^```\s*$', re.MULTILINE | re.DOTALL
+)
+
+
+def titled_blocks(page: Path) -> dict[str, str]:
+    return {m[2]: m[3] for m in _TITLED_BLOCK.finditer(page.read_text(encoding="utf-8"))}
+
+
+@pytest.mark.server
+def test_the_testing_pages_examples_run(tmp_path: Path) -> None:
+    page = DOCS / "testing.md"
+    files = titled_blocks(page)
+    # Every Python example on the page is one of these files, so none goes untested.
+    python_blocks = re.findall(r"^```python", page.read_text(encoding="utf-8"), re.MULTILINE)
+    assert len(python_blocks) == len(files)
+    assert sorted(files) == [
+        "conftest.py",
+        "example.py",
+        "test_replay.py",
+        "test_researcher.py",
+        "test_scripts.py",
+    ]
+    for name, code in files.items():
+        (tmp_path / name).write_text(code, encoding="utf-8")
+    # The page's replay check reads downloaded histories: a recorded turn's.
+    (tmp_path / "histories").mkdir()
+    shutil.copy(ROOT / "tests" / "histories" / "plain.json", tmp_path / "histories" / "turn.json")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # its own rootdir
+    # As a user's own run: none of this run's pytest settings (an xdist worker's, say).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    # Side by side: each starts a dev server of its own.
+    with (
+        start("-m", "pytest", "-q", "-p", "no:cacheprovider") as tests,
+        start("example.py") as example,
+    ):
+        tests_out, tests_err = tests.communicate(timeout=240)
+        example_out, example_err = example.communicate(timeout=240)
+    assert tests.returncode == 0, tests_out + tests_err
+    assert "4 passed" in tests_out, tests_out
+    assert example.returncode == 0, example_err
+    assert example_out == "Hello!\n"
+
+
+@pytest.mark.parametrize("uri", sorted(hooks.REFERENCES))
+def test_the_committed_references_are_current(uri: str) -> None:
+    """The references are committed so their links work on a code host too; the site renders
+    them afresh. A stale copy: `python -m docs.hooks` writes them anew."""
+    committed = (DOCS / uri).read_text(encoding="utf-8")
+    assert committed == hooks.REFERENCES[uri]() + "\n", f"{uri} is stale: run python -m docs.hooks"
+
+
+def test_the_readmes_python_runs_when_pasted_into_a_file() -> None:
+    """Each Python block of the README is a whole module: no `await` outside a function."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    assert len(blocks) >= 2
+    for block in blocks:
+        compile(block, "README.md", "exec")  # a top-level await is a SyntaxError here

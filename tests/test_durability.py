@@ -1,10 +1,10 @@
 """Durability, shown by killing real processes (issue 5, items 1, 2, 3 and 5).
 
-Workers run as separate OS processes (``tests/worker_process.py``) and are SIGKILLed (a) while a
+Workers run as separate OS processes (``tests.worker_process``) and are SIGKILLed (a) while a
 model call is in flight, (b) while a tool call is in flight, (c) between iterations; the
 Temporal dev server itself is SIGKILLed and restarted on its SQLite file mid-turn; and a chaos
 test kills workers at random under load. Tools run in a stdio MCP server
-(``tests/mcp_servers_idempotent.py``) that logs each execution with the idempotency key it was
+(``tests.mcp_servers_idempotent``) that logs each execution with the idempotency key it was
 sent and the pid of the worker that called it, so executions are counted across processes.
 
 What every test here asserts:
@@ -43,11 +43,12 @@ from turnkeep.activities.tools import IDEMPOTENCY_KEY_META, idempotency_key
 from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.messages import Message, StopReason
 from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
-pytestmark = pytest.mark.asyncio
+# Servers and worker processes of its own, killed on purpose: slow, and marked so.
+pytestmark = [pytest.mark.asyncio, pytest.mark.server, pytest.mark.slow]
 
 TOOL = "effects__effect"
 VOLATILE_CHANNELS = ("tool_timing", "usage")
@@ -229,8 +230,8 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeProvider]:
-    with FakeProvider() as provider:
+def fake() -> Iterator[FakeModelApi]:
+    with FakeModelApi() as provider:
         yield provider
 
 
@@ -238,7 +239,7 @@ def fake() -> Iterator[FakeProvider]:
 async def fleet(
     client: Client,
     temporal: ServerInfo,
-    fake: FakeProvider,
+    fake: FakeModelApi,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Fleet]:
     directory = tmp_path_factory.mktemp("fleet")
@@ -270,7 +271,7 @@ async def scripted_baseline(fleet: Fleet) -> list[dict[str, Any]]:
 # --- item 1: SIGKILL the worker process -----------------------------------------------------
 
 
-async def test_worker_killed_during_a_model_call(fleet: Fleet, fake: FakeProvider) -> None:
+async def test_worker_killed_during_a_model_call(fleet: Fleet, fake: FakeModelApi) -> None:
     answers = [
         Reply.tool_calls(
             ("c1", TOOL, effect("a")["arguments"]), ("c2", TOOL, effect("b")["arguments"])
@@ -311,7 +312,7 @@ async def running_on(client: Client, workflow_id: str, activity_type: str) -> in
 
 
 async def test_a_model_call_interrupted_once_is_not_lost_with_a_standby_worker(
-    fleet: Fleet, fake: FakeProvider
+    fleet: Fleet, fake: FakeModelApi
 ) -> None:
     """One worker death costs a model call one retry: with 2 attempts and 2 s heartbeats, and a
     second worker already polling to take over, the turn goes on as if nothing happened."""

@@ -123,6 +123,7 @@ def test_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert state_dir() == tmp_path / "home" / ".local" / "state" / "turnkeep"
 
 
+@pytest.mark.server
 async def test_in_memory_server_answers_and_serves_ui() -> None:
     port, ui_port = free_port(), free_port()
     server = EmbeddedServer(port=port, ui_port=ui_port, namespace="agents")
@@ -138,6 +139,7 @@ async def test_in_memory_server_answers_and_serves_ui() -> None:
     assert server.log_file is None  # the temporary log is cleaned up
 
 
+@pytest.mark.server
 async def test_start_failure_reports_log_tail(tmp_path: Path) -> None:
     server = EmbeddedServer(
         ui=False, search_attributes={"Bad": "NotAType"}, log_file=tmp_path / "s.log"
@@ -196,6 +198,7 @@ async def test_a_panic_every_time_reports_the_panic_line(
     assert "frame199" in message and "frame100(" not in message
 
 
+@pytest.mark.server
 async def test_a_configuration_error_is_not_retried(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -211,6 +214,7 @@ async def test_a_configuration_error_is_not_retried(
     assert runs.read_text().count("run") == 1
 
 
+@pytest.mark.server
 async def test_kill_and_restart_keeps_data(tmp_path: Path) -> None:
     db = tmp_path / "temporal.db"
     server = EmbeddedServer(db_file=db, ui=False, search_attributes={"TurnkeepAgent": "Keyword"})
@@ -240,6 +244,7 @@ async def test_kill_and_restart_keeps_data(tmp_path: Path) -> None:
     assert server.info is None
 
 
+@pytest.mark.server
 async def test_background_server_is_reused_and_stopped(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -278,6 +283,7 @@ async def test_background_server_is_reused_and_stopped(
     assert stop_background_server() is False
 
 
+@pytest.mark.server
 async def test_background_server_refuses_a_busy_port(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

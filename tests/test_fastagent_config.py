@@ -28,7 +28,7 @@ from turnkeep.config.fastagent.targets import target_settings
 from turnkeep.config.files import ConfigError, load_settings
 from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import ServerInfo
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 
 # A fast-agent configuration in the shape of fast-agent's own examples: console keys, servers of
 # each transport in both of fast-agent's spellings (`mcp.servers` and `mcp.targets`), `${VAR}`s.
@@ -131,7 +131,7 @@ def remote_name(url: str) -> str:
 
 async def test_a_fast_agent_project_is_found_upward_and_runs_a_turn(
     client: Client,
-    fake: FakeProvider,
+    fake: FakeModelApi,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -215,7 +215,7 @@ async def test_a_fast_agent_project_is_found_upward_and_runs_a_turn(
 @pytest.mark.slow
 async def test_the_cli_finds_the_project_from_a_nested_directory(
     temporal: ServerInfo,
-    fake: FakeProvider,
+    fake: FakeModelApi,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -244,7 +244,7 @@ async def test_the_cli_finds_the_project_from_a_nested_directory(
         )
 
     assert done.returncode == 0, done.stderr
-    result = TurnResult.model_validate_json(done.stdout[done.stdout.index("{\n") :])
+    result = TurnResult.model_validate_json(done.stdout)  # with --json, the result alone
     texts = {cid: r.text for m in result.messages for cid, r in (m.tool_results or {}).items()}
     assert texts == {"c1": "9", "c2": "remote"}
     assert result.final is not None and result.final.text == "nine"

@@ -1,7 +1,7 @@
-"""The health endpoint (``turnkeep/worker/health.py``) over real HTTP, with a real worker on the
+"""The health endpoint (``turnkeep.worker.health``) over real HTTP, with a real worker on the
 test server: ``/healthz`` answers whenever the process runs, ``/readyz`` only while the worker
 polls and Temporal answers. The probes of a ``turnkeep worker`` process across SIGTERM are in
-``tests/test_shutdown.py``."""
+``tests.test_shutdown``."""
 
 from __future__ import annotations
 

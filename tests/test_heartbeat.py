@@ -1,4 +1,4 @@
-"""When ``heartbeating`` sends its beats (``turnkeep/activities/heartbeat.py``), under the SDK's own
+"""When ``heartbeating`` sends its beats (``turnkeep.activities.heartbeat``), under the SDK's own
 activity test environment: a quick step sends none, a slow one beats on time, and the first
 deadline counts from when the server started the attempt, not from when the code began."""
 

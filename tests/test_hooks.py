@@ -1,5 +1,5 @@
-"""Hooks (docs/concepts/turn-loop.md): the five hook points, their effects, their error behaviour,
-and no extra activity when none is enabled — on the real server."""
+"""Hooks (the documentation's *The turn loop*): the five hook points, their effects, their error
+behaviour, and no extra activity when none is enabled — on the real server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""turnkeep's rooms import one way (docs/design.md, Code layout), and so do the modules of the
+"""turnkeep's rooms import one way (the design notes' *Code layout*), and so do the modules of the
 workflow code among themselves. Checked by parsing every module's imports, so a wrong turn
 fails here rather than as an import cycle later."""
 

@@ -47,7 +47,7 @@ from turnkeep.client.live import (
 from turnkeep.client.sessions import open_session
 from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.devserver.embedded import ServerInfo
-from turnkeep.testing.fake_provider import Answer, FakeProvider, Reply
+from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows.live_io import LiveAddress
 from turnkeep.workflows.messages import Message, TextContent
@@ -64,7 +64,7 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-def config(api: str, fake: FakeProvider, **extra: Any) -> dict[str, Any]:
+def config(api: str, fake: FakeModelApi, **extra: Any) -> dict[str, Any]:
     base_url = fake.base_url_anthropic if api == "anthropic" else fake.base_url_openai
     return {
         api: {"api_key": KEY, "base_url": base_url},
@@ -98,7 +98,7 @@ def messages(events: list[StreamEvent]) -> list[Message]:
 
 @pytest.mark.parametrize("api", APIS)
 async def test_deltas_arrive_in_order_before_the_call_completes(
-    api: str, fake: FakeProvider, harness: HarnessFactory
+    api: str, fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     held = threading.Event()
     try:
@@ -137,7 +137,7 @@ async def test_deltas_arrive_in_order_before_the_call_completes(
 
 @pytest.mark.parametrize("api", APIS)
 async def test_history_is_the_same_size_with_and_without_streaming(
-    api: str, fake: FakeProvider, harness: HarnessFactory
+    api: str, fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     async def run(**extra: Any) -> tuple[list[Message], list[tuple[int, int]]]:
         fake.script(
@@ -179,7 +179,7 @@ def payload_bytes(event: Any) -> int:
 
 
 async def test_a_watcher_that_cannot_reach_the_live_stream_gets_the_messages(
-    fake: FakeProvider, harness: HarnessFactory
+    fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     # The worker advertises an address nobody listens on (port 1): the watcher falls back.
     unreachable = {"streaming": {"listen": "127.0.0.1:0", "advertise": "http://127.0.0.1:1"}}
@@ -194,7 +194,7 @@ async def test_a_watcher_that_cannot_reach_the_live_stream_gets_the_messages(
 
 
 async def test_a_server_that_refuses_stream_options_streams_without_them_and_is_asked_once(
-    fake: FakeProvider, harness: HarnessFactory
+    fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     """An OpenAI-compatible server that does not know ``stream_options`` (a 400 naming it):
     the call is made again without them, still streamed, and the provider remembers, so the
@@ -234,7 +234,7 @@ async def test_a_server_that_refuses_stream_options_streams_without_them_and_is_
 
 
 async def test_the_live_stream_refuses_a_wrong_or_missing_token(
-    fake: FakeProvider, harness: HarnessFactory
+    fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     held = threading.Event()
     try:
@@ -280,7 +280,7 @@ async def status_of(url: str, headers: dict[str, str]) -> int:
 
 @pytest.mark.slow
 async def test_a_worker_killed_mid_stream_restarts_the_live_text(
-    client: Client, temporal: ServerInfo, fake: FakeProvider, tmp_path: Path
+    client: Client, temporal: ServerInfo, fake: FakeModelApi, tmp_path: Path
 ) -> None:
     task_queue = f"live-{uuid.uuid4().hex[:10]}"
     settings = config("anthropic", fake, **STREAMING)
@@ -366,7 +366,7 @@ async def test_the_cli_prints_live_text_once_and_marks_a_restart() -> None:
 
 
 async def test_with_encryption_the_address_and_the_text_travel_encrypted(
-    client: Client, temporal: ServerInfo, fake: FakeProvider, tmp_path: Path
+    client: Client, temporal: ServerInfo, fake: FakeModelApi, tmp_path: Path
 ) -> None:
     key = base64.b64encode(os.urandom(32)).decode()
     base = config("anthropic", fake, **STREAMING)
@@ -408,7 +408,7 @@ async def test_with_encryption_the_address_and_the_text_travel_encrypted(
 
 
 async def test_a_session_streams_its_turns_live(
-    fake: FakeProvider, harness: HarnessFactory
+    fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     held = threading.Event()
     try:

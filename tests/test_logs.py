@@ -1,6 +1,6 @@
 """``turnkeep --log-format json worker``: every line on stderr is a JSON object, the lines about
 a turn carry its workflow and run ids, the activity lines their activity id and attempt, and
-no secret from the configuration reaches the log (``turnkeep/worker/logs.py``)."""
+no secret from the configuration reaches the log (``turnkeep.observability.logs``)."""
 
 from __future__ import annotations
 

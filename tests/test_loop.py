@@ -1,5 +1,5 @@
-"""Loop control without a server: each rule of the turn loop (docs/concepts/turn-loop.md) on
-``TurnState`` directly."""
+"""Loop control without a server: each rule of the turn loop (the documentation's *The turn
+loop*) on ``TurnState`` directly."""
 
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def test_cap_of_n_allows_n_plus_one_model_calls_and_leaves_no_dangling_call() ->
     state = start(max_iterations=2)
     calls = 0
     # Every message object as first seen: none may change in place later (model calls dump
-    # each message once per turn, activity_io.MessageJson).
+    # each message once per turn, model_io.MessageJson).
     seen: dict[int, tuple[Message, str]] = {}
 
     def look() -> None:

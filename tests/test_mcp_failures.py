@@ -32,7 +32,7 @@ from tests.conftest import Harness, HarnessFactory, eventually, write_script
 from tests.mcp_servers.launch import free_port, http_server
 from tests.worker_process import effects_server
 from turnkeep.client.turns import TurnHandle
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.messages import CallToolResult, StopReason, TextContent
 from turnkeep.workflows.turn_io import TurnResult
 
@@ -358,14 +358,14 @@ async def test_tools_returning_non_utf8_give_clear_results(
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeProvider]:
-    with FakeProvider() as provider:
+def fake() -> Iterator[FakeModelApi]:
+    with FakeModelApi() as provider:
         yield provider
 
 
 @pytest.mark.parametrize("api", ["anthropic", "openai"])
 async def test_a_model_response_that_cannot_be_parsed_ends_the_turn_with_an_error(
-    api: str, fake: FakeProvider, harness: HarnessFactory
+    api: str, fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     fake.reset()
     fake.script(Reply.raw(200, "{not json"), api=api)  # type: ignore[arg-type]

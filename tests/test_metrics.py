@@ -27,7 +27,7 @@ from turnkeep.client.plugin import TurnkeepClientPlugin
 from turnkeep.client.turns import get_turn
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.observability.setup import metrics_runtime
-from turnkeep.testing.fake_provider import FakeProvider, Reply, Tokens
+from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 from turnkeep.workflows.metrics import CATALOGUE, MetricKind
 
 pytestmark = pytest.mark.asyncio
@@ -103,7 +103,7 @@ def scrape(url: str) -> Scrape:
         return Scrape(response.read().decode())
 
 
-def settings_for(fake: FakeProvider) -> dict[str, Any]:
+def settings_for(fake: FakeModelApi) -> dict[str, Any]:
     llm = {"start_to_close": 30, "heartbeat": 5, "max_attempts": 3}
     agent = {
         "model": "anthropic.test-model",
@@ -121,7 +121,7 @@ def settings_for(fake: FakeProvider) -> dict[str, Any]:
 
 
 async def test_turns_model_calls_tools_tokens_and_approvals_are_counted(
-    metered: tuple[Client, str], client: Client, fake: FakeProvider, tmp_path: Path
+    metered: tuple[Client, str], client: Client, fake: FakeModelApi, tmp_path: Path
 ) -> None:
     worker_client, url = metered
     settings = make_settings(tmp_path, **settings_for(fake))
@@ -247,7 +247,7 @@ async def test_turnkeep_worker_serves_metrics_from_its_config(
     assert f"metrics at http://127.0.0.1:{port}/metrics" in output.decode()
 
 
-# A worker process starts in 10 to 30 s on a loaded 2-core machine.
+# Slow: a worker process of its own can take tens of seconds to start on a loaded machine.
 @pytest.mark.slow
 async def test_a_bounded_workflow_cache_lets_idle_sessions_go_and_brings_them_back(
     temporal: ServerInfo, client: Client, tmp_path: Path

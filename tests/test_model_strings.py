@@ -22,7 +22,7 @@ from turnkeep.providers.registry import (
     announce_unknown_context_windows,
     installed_providers,
 )
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.activity_io import PrepareTurnRequest, ToolSpec
 from turnkeep.workflows.messages import Message, TextContent
 from turnkeep.workflows.model_io import LlmRequest
@@ -195,7 +195,7 @@ def ref(model: str) -> ModelRef:
     return installed_providers().resolve(model)
 
 
-async def test_openai_gets_the_effort_as_reasoning_effort(fake: FakeProvider) -> None:
+async def test_openai_gets_the_effort_as_reasoning_effort(fake: FakeModelApi) -> None:
     provider = OpenAIProvider(
         ProviderSettings(api_key=KEY, base_url=fake.base_url_openai), generic=False, timeout=5
     )
@@ -234,7 +234,7 @@ WEATHER = ToolSpec(name="weather__now", description="Weather", input_schema={"ty
     ],
 )
 async def test_anthropic_reasoning_becomes_extended_thinking(
-    model: str, thinking: dict[str, Any] | None, max_tokens: int, fake: FakeProvider
+    model: str, thinking: dict[str, Any] | None, max_tokens: int, fake: FakeModelApi
 ) -> None:
     provider = AnthropicProvider(
         ProviderSettings(api_key=KEY, base_url=fake.base_url_anthropic), timeout=5
@@ -254,7 +254,7 @@ async def test_anthropic_reasoning_becomes_extended_thinking(
     assert ("interleaved-thinking" in sent.headers.get("anthropic-beta", "")) == interleaved
 
 
-async def test_config_thinking_and_its_blocks_go_back_signed(fake: FakeProvider) -> None:
+async def test_config_thinking_and_its_blocks_go_back_signed(fake: FakeModelApi) -> None:
     settings = AnthropicSettings(
         api_key=KEY,
         base_url=fake.base_url_anthropic,

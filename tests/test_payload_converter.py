@@ -1,4 +1,4 @@
-"""turnkeep's payload converter (``turnkeep/payloads/converter.py``): pydantic JSON as Temporal's
+"""turnkeep's payload converter (``turnkeep.payloads.converter``): pydantic JSON as Temporal's
 pydantic converter writes it, with one cache of type adapters however many data converters
 the SDK derives (one per activation and per activity task)."""
 

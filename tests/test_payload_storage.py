@@ -35,7 +35,7 @@ from turnkeep.payloads.storage import (
     external_storage,
     split_pieces,
 )
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
 from turnkeep.worker.plugin import PAYLOAD_LIMIT_BYTES, FunctionTools, TurnkeepPlugin
 from turnkeep.workflows.turn_io import TurnResult
@@ -107,7 +107,7 @@ async def history_bytes(turn: TurnHandle) -> tuple[int, str]:
     return sum(event.ByteSize() for event in history.events), history_text(history)
 
 
-def anthropic_agent(fake: FakeProvider) -> dict[str, Any]:
+def anthropic_agent(fake: FakeModelApi) -> dict[str, Any]:
     """An agent on the Anthropic SDK, talking to the fake API (which records each request)."""
     return {
         "anthropic": {"api_key": "k", "base_url": fake.base_url_anthropic},
@@ -182,7 +182,7 @@ async def test_5_mb_tool_result_is_stored_outside_the_history(
 
 
 async def test_5_mb_tool_result_reaches_the_model_whole(
-    temporal: ServerInfo, tmp_path: Path, fake: FakeProvider
+    temporal: ServerInfo, tmp_path: Path, fake: FakeModelApi
 ) -> None:
     fake.script(
         Reply.tool_calls(("c1", "local__big", {"n_bytes": 5 * MB})),
@@ -251,7 +251,7 @@ async def test_without_storage_a_result_over_the_limit_fails_the_turn_clearly(
 
 
 async def test_without_storage_a_large_tool_result_is_truncated_with_a_note(
-    temporal: ServerInfo, tmp_path: Path, fake: FakeProvider
+    temporal: ServerInfo, tmp_path: Path, fake: FakeModelApi
 ) -> None:
     fake.script(
         Reply.tool_calls(("c1", "local__big", {"n_bytes": 5 * MB})),

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import HarnessFactory, history_text
-from turnkeep.testing.fake_provider import FakeProvider, Reply, Tokens
+from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 from turnkeep.workflows.messages import StopReason
 from turnkeep.workflows.turn_io import TurnResult, Usage
 
@@ -28,7 +28,7 @@ def mul(a: int, b: int) -> int:
     return a * b
 
 
-def config(api: str, fake: FakeProvider, **llm_timeouts: Any) -> dict[str, Any]:
+def config(api: str, fake: FakeModelApi, **llm_timeouts: Any) -> dict[str, Any]:
     base_url = fake.base_url_anthropic if api == "anthropic" else fake.base_url_openai
     timeouts = {"start_to_close": 30, "heartbeat": 5, "max_attempts": 3, **llm_timeouts}
     return {
@@ -53,7 +53,7 @@ def results(result: TurnResult) -> dict[str, str]:
 
 @pytest.mark.parametrize("api", APIS)
 async def test_multi_iteration_tool_loop_with_parallel_calls(
-    api: str, fake: FakeProvider, harness: HarnessFactory
+    api: str, fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     fake.script(
         Reply.tool_calls(
@@ -87,7 +87,7 @@ async def test_multi_iteration_tool_loop_with_parallel_calls(
 
 @pytest.mark.parametrize("api", APIS)
 async def test_rate_limit_waits_as_told_then_succeeds(
-    api: str, fake: FakeProvider, harness: HarnessFactory
+    api: str, fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     fake.script(
         Reply.error(429, "slow down", headers={"retry-after": "2"}),
@@ -104,7 +104,7 @@ async def test_rate_limit_waits_as_told_then_succeeds(
 
 @pytest.mark.parametrize("api", APIS)
 async def test_server_error_is_retried(
-    api: str, fake: FakeProvider, harness: HarnessFactory
+    api: str, fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     fake.script(Reply.error(500, "internal"), Reply.text("recovered"), api=api)  # type: ignore[arg-type]
     async with harness(MATH, **config(api, fake)) as h:
@@ -122,7 +122,7 @@ async def test_server_error_is_retried(
     ],
 )
 async def test_client_errors_end_the_turn_with_an_error_message(
-    api: str, status: int, message: str, kind: str, fake: FakeProvider, harness: HarnessFactory
+    api: str, status: int, message: str, kind: str, fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     fake.script(Reply.error(status, message), api=api)  # type: ignore[arg-type]
     async with harness(MATH, **config(api, fake)) as h:
@@ -138,7 +138,7 @@ async def test_client_errors_end_the_turn_with_an_error_message(
 
 @pytest.mark.parametrize("api", APIS)
 async def test_a_provider_that_never_answers_is_cut_off_and_retried(
-    api: str, fake: FakeProvider, harness: HarnessFactory
+    api: str, fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     fake.script(
         Reply.delay(120, then=Reply.text("too late")),

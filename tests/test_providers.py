@@ -22,7 +22,7 @@ from turnkeep.providers.errors import request_timeout
 from turnkeep.providers.openai import OpenAIProvider
 from turnkeep.providers.passthrough import PassthroughProvider
 from turnkeep.providers.playback import PlaybackProvider
-from turnkeep.testing.fake_provider import Api, FakeProvider, Reply, Step, Tokens
+from turnkeep.testing.fake_api import Api, FakeModelApi, Reply, Step, Tokens
 from turnkeep.workflows.activity_io import ToolSpec
 from turnkeep.workflows.messages import (
     CallToolResult,
@@ -66,7 +66,7 @@ HISTORY = [
 ]
 
 
-def make_provider(api: str, fake: FakeProvider, timeout: float = 5.0) -> Any:
+def make_provider(api: str, fake: FakeModelApi, timeout: float = 5.0) -> Any:
     if api == "anthropic":
         settings = ProviderSettings(api_key=KEY, base_url=fake.base_url_anthropic)
         return AnthropicProvider(settings, timeout=timeout)
@@ -75,21 +75,21 @@ def make_provider(api: str, fake: FakeProvider, timeout: float = 5.0) -> Any:
 
 
 @pytest.fixture
-async def anthropic(fake: FakeProvider) -> AsyncIterator[AnthropicProvider]:
+async def anthropic(fake: FakeModelApi) -> AsyncIterator[AnthropicProvider]:
     provider = make_provider("anthropic", fake)
     yield provider
     await provider.aclose()
 
 
 @pytest.fixture
-async def openai(fake: FakeProvider) -> AsyncIterator[OpenAIProvider]:
+async def openai(fake: FakeModelApi) -> AsyncIterator[OpenAIProvider]:
     provider = make_provider("openai", fake)
     yield provider
     await provider.aclose()
 
 
 @pytest.fixture(params=["anthropic", "openai"])
-async def either(request: pytest.FixtureRequest, fake: FakeProvider) -> AsyncIterator[Any]:
+async def either(request: pytest.FixtureRequest, fake: FakeModelApi) -> AsyncIterator[Any]:
     """(api, provider) for behaviour both adapters share."""
     provider = make_provider(request.param, fake)
     yield request.param, provider
@@ -112,7 +112,7 @@ def usage(message: Message) -> dict[str, int]:
     return dict(message.channel_json("usage"))
 
 
-async def failure(provider: ModelProvider, fake: FakeProvider, *steps: Step) -> ApplicationError:
+async def failure(provider: ModelProvider, fake: FakeModelApi, *steps: Step) -> ApplicationError:
     """The error a call raises when the fake answers with ``steps``; never with the key in it."""
     fake.script(*steps)
     with pytest.raises(ApplicationError) as caught:
@@ -125,7 +125,7 @@ async def failure(provider: ModelProvider, fake: FakeProvider, *steps: Step) -> 
 # --- Anthropic --------------------------------------------------------------------------------
 
 
-async def test_anthropic_text_answer(anthropic: AnthropicProvider, fake: FakeProvider) -> None:
+async def test_anthropic_text_answer(anthropic: AnthropicProvider, fake: FakeModelApi) -> None:
     fake.script(
         Reply.text("Hello!", usage=Tokens(input=100, output=20, cache_read=30, cache_write=40))
     )
@@ -157,7 +157,7 @@ async def test_anthropic_text_answer(anthropic: AnthropicProvider, fake: FakePro
 
 
 async def test_anthropic_parallel_tool_calls(
-    anthropic: AnthropicProvider, fake: FakeProvider
+    anthropic: AnthropicProvider, fake: FakeModelApi
 ) -> None:
     fake.script(
         Reply.tool_calls(
@@ -187,7 +187,7 @@ async def test_anthropic_parallel_tool_calls(
 
 
 async def test_anthropic_history_conversion(
-    anthropic: AnthropicProvider, fake: FakeProvider
+    anthropic: AnthropicProvider, fake: FakeModelApi
 ) -> None:
     fake.script(Reply.text("Paris is sunny; Rome did not answer."))
 
@@ -240,7 +240,7 @@ async def test_anthropic_history_conversion(
 
 
 async def test_anthropic_thinking_goes_to_the_reasoning_channel(
-    anthropic: AnthropicProvider, fake: FakeProvider
+    anthropic: AnthropicProvider, fake: FakeModelApi
 ) -> None:
     fake.script(Reply.text("42", thinking="6 times 7"))
 
@@ -262,7 +262,7 @@ async def test_anthropic_thinking_goes_to_the_reasoning_channel(
     ],
 )
 async def test_anthropic_stop_reasons(
-    anthropic: AnthropicProvider, fake: FakeProvider, stop: str, expected: StopReason
+    anthropic: AnthropicProvider, fake: FakeModelApi, stop: str, expected: StopReason
 ) -> None:
     fake.script(Reply.text("…", stop=stop))
 
@@ -272,7 +272,7 @@ async def test_anthropic_stop_reasons(
 
 
 async def test_anthropic_structured_output_is_asked_for_in_the_system_prompt(
-    anthropic: AnthropicProvider, fake: FakeProvider
+    anthropic: AnthropicProvider, fake: FakeModelApi
 ) -> None:
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}}}
     fake.script(Reply.text('{"answer": 42}'))
@@ -289,7 +289,7 @@ async def test_anthropic_structured_output_is_asked_for_in_the_system_prompt(
 
 
 async def test_anthropic_flattens_what_it_cannot_send_as_is(
-    anthropic: AnthropicProvider, fake: FakeProvider
+    anthropic: AnthropicProvider, fake: FakeModelApi
 ) -> None:
     fake.script(Reply.text("ok"))
     attached = Message(
@@ -321,7 +321,7 @@ async def test_anthropic_flattens_what_it_cannot_send_as_is(
 
 
 async def test_messages_without_content_are_left_out(
-    either: tuple[Api, ModelProvider], fake: FakeProvider
+    either: tuple[Api, ModelProvider], fake: FakeModelApi
 ) -> None:
     api, provider = either
     fake.script(Reply.text("ok"))
@@ -344,10 +344,10 @@ async def test_messages_without_content_are_left_out(
 
 @pytest.mark.parametrize("api", ["anthropic", "openai", "generic", "passthrough", "playback"])
 async def test_no_provider_changes_the_request_it_sends(
-    api: str, fake: FakeProvider, tmp_path: Path
+    api: str, fake: FakeModelApi, tmp_path: Path
 ) -> None:
     # The model calls of a turn on one worker share the Message objects they send
-    # (turnkeep/activities/parsed_messages.py): a provider that changed one would change later
+    # (``turnkeep.providers.parsed_messages``): a provider that changed one would change later
     # calls.
     attached = Message(
         role="user",
@@ -387,7 +387,7 @@ async def test_no_provider_changes_the_request_it_sends(
 # --- OpenAI -----------------------------------------------------------------------------------
 
 
-async def test_openai_text_answer(openai: OpenAIProvider, fake: FakeProvider) -> None:
+async def test_openai_text_answer(openai: OpenAIProvider, fake: FakeModelApi) -> None:
     fake.script(Reply.text("Hello!", usage=Tokens(input=100, output=20, cache_read=30)))
 
     reply = await openai.complete(
@@ -416,7 +416,7 @@ async def test_openai_text_answer(openai: OpenAIProvider, fake: FakeProvider) ->
     assert sent.headers["authorization"] == f"Bearer {KEY}"
 
 
-async def test_openai_parallel_tool_calls(openai: OpenAIProvider, fake: FakeProvider) -> None:
+async def test_openai_parallel_tool_calls(openai: OpenAIProvider, fake: FakeModelApi) -> None:
     fake.script(
         Reply.tool_calls(
             ("call_a", "weather__forecast", {"city": "Paris"}),
@@ -446,7 +446,7 @@ async def test_openai_parallel_tool_calls(openai: OpenAIProvider, fake: FakeProv
     assert "parallel_tool_calls" not in sent.body
 
 
-async def test_openai_history_conversion(openai: OpenAIProvider, fake: FakeProvider) -> None:
+async def test_openai_history_conversion(openai: OpenAIProvider, fake: FakeModelApi) -> None:
     fake.script(Reply.text("Paris is sunny; Rome did not answer."))
 
     await openai.complete(llm_request(*HISTORY, instruction="You are terse."), "gpt-test")
@@ -486,7 +486,7 @@ async def test_openai_history_conversion(openai: OpenAIProvider, fake: FakeProvi
 
 @pytest.mark.parametrize("raw", ['{"city": "Par', "[1, 2]", '"Paris"'])
 async def test_openai_tool_arguments_that_are_not_an_object(
-    openai: OpenAIProvider, fake: FakeProvider, raw: str
+    openai: OpenAIProvider, fake: FakeModelApi, raw: str
 ) -> None:
     fake.script(Reply.tool_calls(("call_1", "weather__forecast", raw)))
 
@@ -497,7 +497,7 @@ async def test_openai_tool_arguments_that_are_not_an_object(
 
 
 async def test_openai_empty_tool_arguments_mean_none(
-    openai: OpenAIProvider, fake: FakeProvider
+    openai: OpenAIProvider, fake: FakeModelApi
 ) -> None:
     fake.script(Reply.tool_calls(("call_1", "clock__now", "")))
 
@@ -511,7 +511,7 @@ async def test_openai_empty_tool_arguments_mean_none(
     [("length", StopReason.MAX_TOKENS), ("content_filter", StopReason.SAFETY)],
 )
 async def test_openai_finish_reasons(
-    openai: OpenAIProvider, fake: FakeProvider, finish: str, expected: StopReason
+    openai: OpenAIProvider, fake: FakeModelApi, finish: str, expected: StopReason
 ) -> None:
     fake.script(Reply.text("…", stop=finish))
 
@@ -520,7 +520,7 @@ async def test_openai_finish_reasons(
     assert reply.stop_reason == expected
 
 
-async def test_openai_refusal_is_a_safety_stop(openai: OpenAIProvider, fake: FakeProvider) -> None:
+async def test_openai_refusal_is_a_safety_stop(openai: OpenAIProvider, fake: FakeModelApi) -> None:
     message = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
     fake.script(Reply.raw(200, completion(message, "stop")))
 
@@ -531,7 +531,7 @@ async def test_openai_refusal_is_a_safety_stop(openai: OpenAIProvider, fake: Fak
 
 
 async def test_openai_structured_output_uses_response_format(
-    openai: OpenAIProvider, fake: FakeProvider
+    openai: OpenAIProvider, fake: FakeModelApi
 ) -> None:
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}}}
     fake.script(Reply.text('{"answer": 42}'))
@@ -545,7 +545,7 @@ async def test_openai_structured_output_uses_response_format(
 
 
 async def test_generic_reasoning_and_parameters(
-    fake: FakeProvider, monkeypatch: pytest.MonkeyPatch
+    fake: FakeModelApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("GENERIC_API_KEY", raising=False)
     provider = OpenAIProvider(
@@ -602,7 +602,7 @@ def test_missing_api_key(
 
 
 async def test_key_and_base_url_from_the_environment(
-    fake: FakeProvider, monkeypatch: pytest.MonkeyPatch
+    fake: FakeModelApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-from-env")
     monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url_anthropic)
@@ -651,7 +651,7 @@ def in_30_seconds() -> str:
 )
 async def test_rate_limit_honours_retry_after(
     either: tuple[Api, ModelProvider],
-    fake: FakeProvider,
+    fake: FakeModelApi,
     headers: dict[str, Any],
     low: float,
     high: float,
@@ -668,7 +668,7 @@ async def test_rate_limit_honours_retry_after(
 
 
 async def test_rate_limit_without_retry_after_leaves_backoff_to_temporal(
-    either: tuple[Api, ModelProvider], fake: FakeProvider
+    either: tuple[Api, ModelProvider], fake: FakeModelApi
 ) -> None:
     _, provider = either
     err = await failure(provider, fake, Reply.error(429, "slow down"))
@@ -688,7 +688,7 @@ async def test_rate_limit_without_retry_after_leaves_backoff_to_temporal(
     ],
 )
 async def test_retryable_statuses(
-    either: tuple[Api, ModelProvider], fake: FakeProvider, status: int, kind: str
+    either: tuple[Api, ModelProvider], fake: FakeModelApi, status: int, kind: str
 ) -> None:
     api, provider = either
     err = await failure(
@@ -714,7 +714,7 @@ async def test_retryable_statuses(
     ],
 )
 async def test_non_retryable_statuses(
-    either: tuple[Api, ModelProvider], fake: FakeProvider, status: int, kind: str
+    either: tuple[Api, ModelProvider], fake: FakeModelApi, status: int, kind: str
 ) -> None:
     api, provider = either
     err = await failure(provider, fake, Reply.error(status, "you did it wrong"))
@@ -733,7 +733,7 @@ async def test_non_retryable_statuses(
     ],
 )
 async def test_context_length_is_not_retried(
-    either: tuple[Api, ModelProvider], fake: FakeProvider, said: str
+    either: tuple[Api, ModelProvider], fake: FakeModelApi, said: str
 ) -> None:
     _, provider = either
     err = await failure(provider, fake, Reply.error(400, said))
@@ -744,7 +744,7 @@ async def test_context_length_is_not_retried(
 
 
 async def test_dropped_connection_is_retryable(
-    either: tuple[Api, ModelProvider], fake: FakeProvider
+    either: tuple[Api, ModelProvider], fake: FakeModelApi
 ) -> None:
     api, provider = either
     err = await failure(provider, fake, Reply.drop())
@@ -755,7 +755,7 @@ async def test_dropped_connection_is_retryable(
 
 
 async def test_refused_connection_is_retryable() -> None:
-    with FakeProvider() as gone:
+    with FakeModelApi() as gone:
         settings = ProviderSettings(api_key=KEY, base_url=gone.base_url_openai)
     provider = OpenAIProvider(settings, generic=False, timeout=5)
     try:
@@ -769,7 +769,7 @@ async def test_refused_connection_is_retryable() -> None:
 
 
 @pytest.mark.parametrize("api", ["anthropic", "openai"])
-async def test_no_answer_within_the_request_timeout(fake: FakeProvider, api: Api) -> None:
+async def test_no_answer_within_the_request_timeout(fake: FakeModelApi, api: Api) -> None:
     provider = make_provider(api, fake, timeout=0.3)
     started = time.monotonic()
     try:
@@ -793,7 +793,7 @@ async def test_no_answer_within_the_request_timeout(fake: FakeProvider, api: Api
     ids=["bad-json", "html", "wrong-shape"],
 )
 async def test_unreadable_response(
-    either: tuple[Api, ModelProvider], fake: FakeProvider, step: Step
+    either: tuple[Api, ModelProvider], fake: FakeModelApi, step: Step
 ) -> None:
     api, provider = either
     err = await failure(provider, fake, step)
@@ -804,7 +804,7 @@ async def test_unreadable_response(
 
 
 async def test_api_key_is_redacted_from_error_messages(
-    either: tuple[Api, ModelProvider], fake: FakeProvider
+    either: tuple[Api, ModelProvider], fake: FakeModelApi
 ) -> None:
     _, provider = either
     said = f"Incorrect API key provided: {KEY}"

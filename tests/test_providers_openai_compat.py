@@ -24,7 +24,7 @@ from turnkeep.providers.openai_compat import (
     XaiProvider,
 )
 from turnkeep.providers.registry import ModelCatalog, installed_providers
-from turnkeep.testing.fake_provider import FakeProvider, Reply
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.messages import Message, TextContent
 from turnkeep.workflows.model_io import LlmRequest
 
@@ -82,7 +82,7 @@ def settings_for(
 
 
 def make(
-    cls: type[OpenAICompatibleProvider], fake: FakeProvider, key: str | None = KEY
+    cls: type[OpenAICompatibleProvider], fake: FakeModelApi, key: str | None = KEY
 ) -> OpenAICompatibleProvider:
     base_url = fake.mount(PATHS[cls], auth=auth(cls))
     return cls(settings_for(cls, base_url, key), timeout=5)
@@ -108,7 +108,7 @@ def request() -> LlmRequest:
 
 @pytest.mark.parametrize("cls", PROVIDERS, ids=ids)
 async def test_answers_on_its_own_path_behind_its_auth_header(
-    cls: type[OpenAICompatibleProvider], fake: FakeProvider
+    cls: type[OpenAICompatibleProvider], fake: FakeModelApi
 ) -> None:
     provider = make(cls, fake)
     fake.script(Reply.text("hello", thinking="greeting back"))
@@ -134,7 +134,7 @@ async def test_answers_on_its_own_path_behind_its_auth_header(
 
 @pytest.mark.parametrize("cls", PROVIDERS, ids=ids)
 async def test_a_rate_limit_is_retryable_after_what_the_server_asked(
-    cls: type[OpenAICompatibleProvider], fake: FakeProvider
+    cls: type[OpenAICompatibleProvider], fake: FakeModelApi
 ) -> None:
     provider = make(cls, fake)
     fake.script(Reply.error(429, "Rate limit reached", headers={"retry-after": "3"}))
@@ -152,7 +152,7 @@ async def test_a_rate_limit_is_retryable_after_what_the_server_asked(
 
 @pytest.mark.parametrize("cls", PROVIDERS, ids=ids)
 async def test_a_refused_key_is_final_and_named_by_provider_never_shown(
-    cls: type[OpenAICompatibleProvider], fake: FakeProvider
+    cls: type[OpenAICompatibleProvider], fake: FakeModelApi
 ) -> None:
     provider = make(cls, fake, key=WRONG_KEY)  # the fake server wants KEY
     fake.script(Reply.text("never sent"))
@@ -172,7 +172,7 @@ async def test_a_refused_key_is_final_and_named_by_provider_never_shown(
 
 @pytest.mark.parametrize("cls", PROVIDERS, ids=ids)
 async def test_the_key_comes_from_fast_agents_environment_variable(
-    cls: type[OpenAICompatibleProvider], fake: FakeProvider, monkeypatch: pytest.MonkeyPatch
+    cls: type[OpenAICompatibleProvider], fake: FakeModelApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with pytest.raises(ApplicationError) as caught:
         cls(settings_for(cls, "http://127.0.0.1:9", key=None))
@@ -212,7 +212,7 @@ async def test_openrouter_base_url_from_its_environment_variable(
 
 
 async def test_azure_endpoint_from_resource_name_and_bare_azure_is_the_configured_deployment(
-    fake: FakeProvider,
+    fake: FakeModelApi,
 ) -> None:
     provider = AzureProvider(AzureSettings(api_key=KEY, resource_name="contoso"))
     try:
@@ -253,7 +253,7 @@ async def test_a_reasoning_setting_is_sent_as_reasoning_effort(
     cls: type[OpenAICompatibleProvider],
     reasoning: Reasoning,
     sent: str | None,
-    fake: FakeProvider,
+    fake: FakeModelApi,
 ) -> None:
     provider = make(cls, fake)
     fake.script(Reply.text("ok"))
@@ -265,7 +265,7 @@ async def test_a_reasoning_setting_is_sent_as_reasoning_effort(
     assert recorded.body.get("reasoning_effort") == sent
 
 
-def turn_config(fake: FakeProvider, **agent: Any) -> dict[str, Any]:
+def turn_config(fake: FakeModelApi, **agent: Any) -> dict[str, Any]:
     base_url = fake.mount(PATHS[DeepSeekProvider], auth=auth(DeepSeekProvider))
     timeouts = {"start_to_close": 30, "heartbeat": 5, "max_attempts": 3}
     return {
@@ -275,7 +275,7 @@ def turn_config(fake: FakeProvider, **agent: Any) -> dict[str, Any]:
 
 
 async def test_a_turn_on_deepseek_retries_a_rate_limit_and_keeps_the_key_out_of_history(
-    fake: FakeProvider, harness: HarnessFactory
+    fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     fake.script(
         Reply.error(429, "Rate limit reached", headers={"retry-after": "1"}),

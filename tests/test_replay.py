@@ -1,9 +1,10 @@
 """Determinism guard: turn histories replay against the current workflow code.
 
-Histories under ``tests/histories/`` were recorded from representative turns by an earlier
-version of the code; replaying them here makes an unguarded change to ``turnkeep/workflows/``
-fail CI. Refresh them with ``TURNKEEP_RECORD_HISTORIES=1 pytest tests/test_replay.py`` only
-once the old path a guarded change kept is gone (docs/design.md, "Changing the workflow safely").
+The histories beside this module (``HISTORIES``) were recorded from representative turns by an
+earlier version of the code; replaying them here makes an unguarded change to
+``turnkeep.workflows`` fail CI. Refresh them by running this module with
+``TURNKEEP_RECORD_HISTORIES=1`` only once the old path a guarded change kept is gone (the design
+notes' *Changing the workflow safely*).
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ from typing import Any
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
-from temporalio.worker import Replayer
 
 from tests.conftest import HarnessFactory, eventually, write_script
 from turnkeep import open_session
 from turnkeep.client.turns import TurnHandle
-from turnkeep.testing.fake_provider import FakeProvider, Reply
-from turnkeep.worker.replay import replay_plugin
-from turnkeep.worker.runner import STRICT_WORKFLOW_RUNNER
+from turnkeep.testing import check_replay
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.messages import StopReason
 from turnkeep.workflows.turn_io import RollbackState, TurnCancelledError
 
@@ -37,11 +36,6 @@ RECORD = os.environ.get("TURNKEEP_RECORD_HISTORIES") == "1"
 def add(a: int, b: int) -> int:
     """Add two integers."""
     return a + b
-
-
-def replayer() -> Replayer:
-    # The strict sandbox: a forbidden call anywhere in workflow code fails here.
-    return Replayer(workflows=[], plugins=[replay_plugin(workflow_runner=STRICT_WORKFLOW_RUNNER)])
 
 
 def scripted(*specs: tuple[str, int, int]) -> dict[str, Any]:
@@ -83,7 +77,8 @@ async def replays_fresh_and_recorded(
 ) -> None:
     """``workflow_id``: the id the recorded history had, for a workflow whose commands name
     it (a session's child turns)."""
-    await replayer().replay_workflow(fresh)
+    # The strict sandbox: a forbidden call anywhere in workflow code fails here.
+    await check_replay([fresh])
 
     recorded = HISTORIES / f"{name}.json"
     if RECORD:
@@ -95,17 +90,17 @@ async def replays_fresh_and_recorded(
     old = WorkflowHistory.from_json(
         workflow_id or f"recorded-{name}", recorded.read_text(encoding="utf-8")
     )
-    await replayer().replay_workflow(old)
+    await check_replay([old])
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeProvider]:
-    with FakeProvider() as provider:
+def fake() -> Iterator[FakeModelApi]:
+    with FakeModelApi() as provider:
         yield provider
 
 
 async def test_error_replays_fresh_and_recorded(
-    fake: FakeProvider, harness: HarnessFactory
+    fake: FakeModelApi, harness: HarnessFactory
 ) -> None:
     """A tool round, then a model call that fails for good: the turn ends with `error`."""
     fake.reset()

@@ -333,7 +333,7 @@ async def test_chat_answers_each_line_and_resumes(
     }
     (tmp_path / "turnkeep.yaml").write_text(json.dumps(config), encoding="utf-8")
     out = await asyncio.to_thread(chat, temporal, tmp_path, "hello there\n\nand again\n")
-    [session_id] = re.findall(r"session (session-test-\S+)", out)
+    [session_id] = re.findall(r"^session (session-test-\S+)$", out, re.M)
     # Each answer (the echo; typed lines are not printed back) after the one before.
     assert out.index("hello there") < out.index("and again")
     # A later chat resumes the session: its turn has the earlier two as history.

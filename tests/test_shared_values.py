@@ -1,6 +1,6 @@
-"""One object per distinct plan and tool across a worker's turns (``activity_io.SharedValues``):
+"""One object per distinct plan and tool across a worker's turns (``shared.SharedValues``):
 what keeps a worker with thousands of turns awaiting approval from holding a copy of the
-agent's instruction and tool schemas per turn (bench/approvals.py)."""
+agent's instruction and tool schemas per turn (``bench.approvals``)."""
 
 from __future__ import annotations
 

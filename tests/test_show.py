@@ -21,14 +21,14 @@ from tests.conftest import HarnessFactory, eventually, turnkeep, write_script
 from turnkeep.client.history import TurnStatus, view_histories
 from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.devserver.embedded import ServerInfo
-from turnkeep.testing.fake_provider import FakeProvider, Reply, Tokens
+from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 from turnkeep.workflows.messages import StopReason
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
 from turnkeep.workflows.turn_io import RollbackState, TurnCancelledError, TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 
-HISTORIES = Path(__file__).with_name("histories")  # recorded by tests/test_replay.py
+HISTORIES = Path(__file__).with_name("histories")  # recorded by ``tests.test_replay``
 
 gate = asyncio.Event()
 
@@ -143,7 +143,7 @@ async def test_show_a_completed_turn_with_tool_calls(
 
 
 async def test_show_a_running_turn_stuck_in_a_model_call_with_no_worker(
-    fake: FakeProvider, harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path
+    fake: FakeModelApi, harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path
 ) -> None:
     fake.script(
         Reply.tool_calls(("c1", "local__add", {"a": 2, "b": 3}), usage=Tokens(input=50, output=9)),

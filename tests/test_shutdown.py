@@ -1,7 +1,7 @@
-"""Graceful shutdown of ``turnkeep worker`` processes (``turnkeep/worker/shutdown.py``), with
+"""Graceful shutdown of ``turnkeep worker`` processes (``turnkeep.worker.shutdown``), with
 real signals.
 
-A turn's tool call (``tests/gated_tool.py``) holds until the test releases it, so the signal
+A turn's tool call (``tests.gated_tool``) holds until the test releases it, so the signal
 certainly lands mid-call. On SIGTERM the worker's readiness probe turns 503 at once, the worker
 stops polling but stays up while the call runs, and exits 0 once it has finished; the turn
 then completes on the other worker with nothing run twice. A second signal exits at once.

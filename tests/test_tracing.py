@@ -22,7 +22,7 @@ from turnkeep import TurnHandle, TurnInput, build_worker, start_turn
 from turnkeep.config.settings import ObservabilitySettings
 from turnkeep.observability.setup import tracing_interceptors
 from turnkeep.observability.tracing import TurnTracing, turn_ids
-from turnkeep.testing.fake_provider import FakeProvider, Reply, Tokens
+from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 
 pytestmark = pytest.mark.asyncio
 
@@ -45,7 +45,7 @@ def spans() -> tuple[TracerProvider, InMemorySpanExporter]:
     return provider, exporter
 
 
-def config(fake: FakeProvider, **agent: Any) -> dict[str, Any]:
+def config(fake: FakeModelApi, **agent: Any) -> dict[str, Any]:
     return {
         "anthropic": {"api_key": "sk-test", "base_url": fake.base_url_anthropic},
         "agents": {
@@ -59,7 +59,7 @@ def config(fake: FakeProvider, **agent: Any) -> dict[str, Any]:
     }
 
 
-def script(fake: FakeProvider) -> None:
+def script(fake: FakeModelApi) -> None:
     fake.script(
         Reply.tool_calls(("c1", "math__add", {"a": 2, "b": 3}), usage=Tokens(input=100, output=9)),
         Reply.text("It is 5.", usage=Tokens(input=130, output=4)),
@@ -93,7 +93,7 @@ def attributes(span: ReadableSpan) -> dict[str, Any]:
 async def run_turn(
     client: Client,
     tmp_path: Path,
-    fake: FakeProvider,
+    fake: FakeModelApi,
     provider: TracerProvider,
     *,
     trace_content: bool,
@@ -112,7 +112,7 @@ async def run_turn(
 
 
 async def test_turn_model_and_tool_spans_form_one_trace_without_content(
-    client: Client, fake: FakeProvider, tmp_path: Path, spans: Any
+    client: Client, fake: FakeModelApi, tmp_path: Path, spans: Any
 ) -> None:
     provider, exporter = spans
     turn, result = await run_turn(client, tmp_path, fake, provider, trace_content=False)
@@ -170,7 +170,7 @@ async def test_turn_model_and_tool_spans_form_one_trace_without_content(
 
 
 async def test_trace_content_puts_messages_arguments_and_results_on_spans(
-    client: Client, fake: FakeProvider, tmp_path: Path, spans: Any
+    client: Client, fake: FakeModelApi, tmp_path: Path, spans: Any
 ) -> None:
     provider, exporter = spans
     await run_turn(client, tmp_path, fake, provider, trace_content=True)
@@ -186,7 +186,7 @@ async def test_trace_content_puts_messages_arguments_and_results_on_spans(
 
 
 async def test_a_turn_resumed_on_another_worker_stays_in_its_trace(
-    client: Client, fake: FakeProvider, tmp_path: Path, spans: Any
+    client: Client, fake: FakeModelApi, tmp_path: Path, spans: Any
 ) -> None:
     provider, exporter = spans
     settings = make_settings(
@@ -229,7 +229,7 @@ async def test_a_turn_resumed_on_another_worker_stays_in_its_trace(
 
 
 async def test_a_turn_that_continues_as_new_is_one_turn_span_in_one_trace(
-    client: Client, fake: FakeProvider, tmp_path: Path, spans: Any
+    client: Client, fake: FakeModelApi, tmp_path: Path, spans: Any
 ) -> None:
     provider, exporter = spans
     # Every step's end finds the run full: the turn runs in three runs.
@@ -264,7 +264,7 @@ async def test_a_turn_that_continues_as_new_is_one_turn_span_in_one_trace(
 
 
 async def test_workers_of_one_process_share_a_provider(
-    client: Client, fake: FakeProvider, tmp_path: Path, spans: Any
+    client: Client, fake: FakeModelApi, tmp_path: Path, spans: Any
 ) -> None:
     """The SDK hands every caller the same tracer; each worker's turns still get their ids."""
     provider, exporter = spans

@@ -1,6 +1,6 @@
-"""TurnWorkflow on a real Temporal dev server: every loop rule of the turn loop
-(docs/concepts/turn-loop.md), end to end, with the offline models (passthrough, playback) and real
-MCP tool servers."""
+"""TurnWorkflow on a real Temporal dev server: every loop rule of the turn loop (the
+documentation's *The turn loop*), end to end, with the offline models (passthrough, playback)
+and real MCP tool servers."""
 
 from __future__ import annotations
 

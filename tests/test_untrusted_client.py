@@ -20,7 +20,7 @@ from temporalio.client import (
 from temporalio.service import RPCError
 
 from tests.conftest import HarnessFactory, eventually, turnkeep
-from turnkeep.testing.fake_provider import Api, FakeProvider, Reply
+from turnkeep.testing.fake_api import Api, FakeModelApi, Reply
 from turnkeep.workflows.activity_io import Timeouts, TurnPlan
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.model_io import MODEL_INPUT_QUERY
@@ -128,7 +128,7 @@ async def test_a_megabyte_agent_name_fails_quickly_with_a_short_error(
 
 @pytest.mark.parametrize("api", ["anthropic", "openai"])
 async def test_a_megabyte_call_id_and_tool_name_from_the_model_complete_the_turn(
-    harness: HarnessFactory, fake: FakeProvider, api: Api
+    harness: HarnessFactory, fake: FakeModelApi, api: Api
 ) -> None:
     call_id, name = "c" * MEGABYTE, "t" * MEGABYTE
     fake.script(Reply.tool_calls((call_id, name, {})), Reply.text("sorry"), api=api)

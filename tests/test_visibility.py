@@ -1,6 +1,6 @@
-"""What an operator sees of a turn in the Temporal Web UI and filters turns by
-(docs/operations/web-ui.md): activity summaries with the model's outcomes, current details as the
-turn runs, search attributes, and a cluster without those attributes (the worker warns once,
+"""What an operator sees of a turn in the Temporal Web UI and filters turns by (the
+documentation's *The Web UI*): activity summaries with the model's outcomes, current details as
+the turn runs, search attributes, and a cluster without those attributes (the worker warns once,
 `turnkeep setup` registers them). The text itself is unit-tested first, without a server."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tests.conftest import (
     turnkeep,
     write_script,
 )
-from tests.test_replay import replayer, replays_fresh_and_recorded
+from tests.test_replay import replays_fresh_and_recorded
 from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle
 from turnkeep.config.paths import state_dir
@@ -41,7 +41,8 @@ from turnkeep.devserver.embedded import (
     ensure_background_server,
 )
 from turnkeep.observability.search_attributes import registration
-from turnkeep.testing.fake_provider import FakeProvider, Reply, Tokens
+from turnkeep.testing import check_replay
+from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows import visibility
 from turnkeep.workflows.activity_io import (
@@ -55,7 +56,13 @@ from turnkeep.workflows.activity_io import (
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import CallToolResult, Message, StopReason, ToolCall
 from turnkeep.workflows.model_io import LlmRequest
-from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnOverrides, Usage
+from turnkeep.workflows.turn_io import (
+    TurnCancelledError,
+    TurnInput,
+    TurnOverrides,
+    TurnResult,
+    Usage,
+)
 
 SEARCH_ATTRIBUTES_LOG = "turnkeep.observability.search_attributes"
 
@@ -441,11 +448,11 @@ async def test_an_outcome_whose_tools_need_no_activity_is_still_recorded(
         first.timer_started_event_attributes.timer_id
     )
     assert not any(e.event_type == EventType.EVENT_TYPE_TIMER_FIRED for e in events)
-    await replayer().replay_workflow(history)
+    await check_replay([history])
 
 
 async def test_a_failed_model_call_reads_error(
-    fake: FakeProvider, harness: HarnessFactory, client: Client
+    fake: FakeModelApi, harness: HarnessFactory, client: Client
 ) -> None:
     fake.script(Reply.error(400, "bad request"), api="anthropic")
     config = {
@@ -466,7 +473,7 @@ async def test_a_failed_model_call_reads_error(
 
 @pytest.mark.parametrize("interval", [0, 3600])
 async def test_current_details_follow_the_turn(
-    fake: FakeProvider, harness: HarnessFactory, interval: float
+    fake: FakeModelApi, harness: HarnessFactory, interval: float
 ) -> None:
     """Waiting on a tool, then on a slow model (the fake API holds its answer), then cancelled:
     the details say so at each step, and so do the search attributes, mid-turn after every
@@ -545,7 +552,7 @@ async def test_start_turn_sets_what_it_knows_so_a_quick_turn_upserts_once(
     agent = one_round_agent(tmp_path)
     async with harness(TOOLS, agents={"test": agent}) as h:
         handle = await h.start("go")
-        await handle.result()
+        result = await handle.result()
         ours = await handle.handle.fetch_history()
         ended = await search_attributes(handle)
         plain = await client.start_workflow(
@@ -553,8 +560,9 @@ async def test_start_turn_sets_what_it_knows_so_a_quick_turn_upserts_once(
             TurnInput(agent="test", messages=["go"]),
             id=f"plain-{uuid.uuid4().hex[:8]}",
             task_queue=h.task_queue,
+            result_type=TurnResult,
         )
-        await plain.result()
+        plain_result = await plain.result()
         theirs = await plain.fetch_history()
         plain_ended = await search_attributes(TurnHandle(plain, client))
 
@@ -568,7 +576,7 @@ async def test_start_turn_sets_what_it_knows_so_a_quick_turn_upserts_once(
     # One upsert, in the turn's last workflow task (the completion is the event after it).
     assert upserts(ours) == [len(ours.events) - 2]
     tokens = ended.pop("TurnkeepTokens")
-    assert tokens > 0
+    assert tokens > 0 and tokens == total_tokens(result)
     assert ended == {
         "TurnkeepAgent": "test",
         "TurnkeepModel": "playback",
@@ -580,10 +588,16 @@ async def test_start_turn_sets_what_it_knows_so_a_quick_turn_upserts_once(
     assert not theirs.events[0].workflow_execution_started_event_attributes.HasField(
         "search_attributes"
     )
-    assert plain_ended.pop("TurnkeepTokens") == tokens
+    # Each its own count: the playback model's estimate counts the tool's timing, which
+    # differs from one run to the next.
+    assert plain_ended.pop("TurnkeepTokens") == total_tokens(plain_result)
     assert len(upserts(theirs)) == 2 and plain_ended == ended
     for history in (ours, theirs):
-        await replayer().replay_workflow(history)
+        await check_replay([history])
+
+
+def total_tokens(result: TurnResult) -> int:
+    return sum(u.input_tokens + u.output_tokens for u in result.usage.values())
 
 
 async def test_a_turn_that_fails_before_its_plan_does_not_stay_running(
@@ -597,7 +611,7 @@ async def test_a_turn_that_fails_before_its_plan_does_not_stay_running(
         history = await handle.handle.fetch_history()
     assert attributes["TurnkeepAgent"] == "nobody"
     assert attributes["TurnkeepStatus"] == "Failed"
-    await replayer().replay_workflow(history)
+    await check_replay([history])
 
 
 async def test_turns_are_found_by_search_attributes(
@@ -650,6 +664,7 @@ async def bare_server() -> AsyncIterator[ServerInfo]:
         yield info
 
 
+@pytest.mark.server
 async def test_without_the_attributes_turns_run_and_setup_registers_them(
     bare_server: ServerInfo, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -701,6 +716,7 @@ async def test_without_the_attributes_turns_run_and_setup_registers_them(
     }
 
 
+@pytest.mark.server
 async def test_an_attribute_of_another_type_is_left_alone(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -731,6 +747,7 @@ async def test_an_attribute_of_another_type_is_left_alone(
     assert attributes["TurnkeepTokens"] > 0
 
 
+@pytest.mark.server
 async def test_a_reused_background_server_gets_the_attributes(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -755,8 +772,8 @@ async def test_a_turn_with_visibility_replays_fresh_and_recorded(
     harness: HarnessFactory, tmp_path: Path
 ) -> None:
     """Upserts and outcome timers replay deterministically, from this code and from the
-    recorded history (tests/histories/visibility_timers.json; refresh as tests/test_replay.py
-    says)."""
+    recorded history (``visibility_timers`` among the replay tests' histories; refresh it as
+    ``tests.test_replay`` says)."""
     # One call runs, one names no tool: the answer's outcome gets a timer, cancelled later.
     mixed = calls(("c1", 1, 2))
     mixed["tool_calls"]["c2"] = {"name": "local__nope", "arguments": {}}

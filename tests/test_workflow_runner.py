@@ -1,4 +1,4 @@
-"""turnkeep's workflow runner (``turnkeep/worker/workflow_runner.py``) answers the SDK's
+"""turnkeep's workflow runner (``turnkeep.worker.runner``) answers the SDK's
 serialization-context questions without ``exec``: the same answers as Temporal's stock sandbox,
 checked by recording every context a payload codec is given under each runner."""
 
@@ -87,7 +87,7 @@ async def test_contexts_match_the_stock_sandbox(temporal: ServerInfo) -> None:
 
 def test_replays_import_workflow_code_inside_the_sandbox() -> None:
     # Workers share turnkeep's workflow modules across runs; the replay tests must not, or a
-    # forbidden call in workflow code would go unnoticed (turnkeep/worker/workflow_runner.py).
+    # forbidden call in workflow code would go unnoticed (``turnkeep.worker.runner``).
     # By its full name only: a Temporal app's own `workflows` module stays sandboxed.
     assert set(WORKFLOW_RUNNER.restrictions.passthrough_modules) >= {"turnkeep.workflows"}
     assert not {"workflows", "turnkeep"} & set(WORKFLOW_RUNNER.restrictions.passthrough_modules)

@@ -1,5 +1,5 @@
 """The Temporal Web UI in a real headless Chromium, with turnkeep's codec server decrypting what
-it shows, for tests/test_browser.py and docs/screenshot.py.
+it shows, for ``tests.test_browser`` and the documentation's screenshot script.
 
 The browser is Debian's `chromium` package (`make test` installs it when it is missing), driven
 by Playwright. Playwright's own browser downloads (`playwright install`) are never used: the

@@ -1,6 +1,6 @@
 """The ``approval_policy`` activity: an agent's approval policy, a Python callable registered on
 the worker by name, deciding on each held tool call of a batch from its arguments: allow, deny,
-or ask a person (``turnkeep/workflows/approval.py``).
+or ask a person (``turnkeep.workflows.approval``).
 
 Policies are registered by ``TurnkeepPlugin(approval_policies=...)`` / ``build_worker``, as
 ``approval_policies:`` import paths in turnkeep.yaml, as functions on a Python ``Agent``'s

@@ -1,6 +1,6 @@
 """What the ``compact_history`` activity asks the agent's model: a summary of the older part
 of a conversation, written so the conversation can continue from it
-(docs/concepts/compaction.md)."""
+(the documentation's *Compaction*)."""
 
 from __future__ import annotations
 

@@ -146,7 +146,7 @@ def call_overrides(agent: AgentSettings, model: str, request: LlmRequest) -> Tur
     return TurnOverrides.model_construct(
         model=model,
         structured_output=request.structured_output,
-        temperature=None if request.temperature == agent.temperature else request.temperature,
+        temperature=request.temperature,
         max_tokens=request.max_tokens or (None if agent.max_tokens is None else NO_LIMIT),
     )
 

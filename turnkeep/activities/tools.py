@@ -24,6 +24,7 @@ from turnkeep.tools.source import ServerConnectionError, ServerUnavailable
 from turnkeep.workflows.activity_io import (
     CALL_TOOL,
     LIST_TOOLS,
+    TOOL_SEPARATOR,
     ToolCallOutcome,
     ToolCallRequest,
     ToolCatalog,
@@ -32,7 +33,6 @@ from turnkeep.workflows.activity_io import (
 )
 from turnkeep.workflows.messages import CallToolResult, TextContent
 
-SEPARATOR = "__"
 # Retryable: the pool has dropped the broken connection and the next attempt opens a new one.
 # Deliberately not "ServerUnavailable", which the workflow treats as a configuration error.
 CONNECTION_ERROR_TYPE = "McpConnectionError"
@@ -86,7 +86,7 @@ class ToolActivities:
     async def call_tool(self, req: ToolCallRequest) -> ToolCallOutcome:
         require_workflow()
         agent = self._agents.agent(req.agent)
-        server, _, tool = req.name.partition(SEPARATOR)
+        server, _, tool = req.name.partition(TOOL_SEPARATOR)
         # The workflow answers unknown tools itself; this guards against a crafted request
         # reaching a server or tool the agent was never given.
         if server not in agent.servers or not tool or not tool_allowed(agent, server, tool):
@@ -160,7 +160,7 @@ def tool_allowed(agent: AgentSettings, server: str, tool: str) -> bool:
 
 def _spec(server: str, tool: mcp.types.Tool) -> ToolSpec:
     return ToolSpec(
-        name=f"{server}{SEPARATOR}{tool.name}",
+        name=f"{server}{TOOL_SEPARATOR}{tool.name}",
         description=tool.description,
         input_schema=dict(tool.input_schema),
     )

@@ -7,6 +7,7 @@ from temporalio import activity
 
 from turnkeep.config.catalog import AgentCatalog
 from turnkeep.config.settings import (
+    FREE_OVERRIDES,
     AgentSettings,
     ContinueAsNewSettings,
     TimeoutSettings,
@@ -90,9 +91,9 @@ def check_overrides(
     agents: AgentCatalog, models: ModelCatalog, name: str, overrides: TurnOverrides
 ) -> str:
     """The model a turn (or one model call) of agent ``name`` runs on, once ``overrides`` are
-    checked against the agent: a model from ``allowed_models``, only the overrides the agent
-    lists, and always lower (never higher) ``max_iterations`` and ``max_tokens``. The model
-    activities hold each call to this same rule."""
+    checked against the agent: a model from ``allowed_models``; any of ``FREE_OVERRIDES``; and
+    the agent's bounds (``BOUNDED_OVERRIDES``) kept to, unless the agent lists the setting in
+    ``overrides``. The model activities hold each call to this same rule."""
     agent = agents.agent(name)
     allowed = models.allowed_models(agent)
     model = overrides.model or allowed[0]
@@ -107,27 +108,34 @@ def check_overrides(
     # An unknown model string, or one whose provider the config leaves unusable (generic with
     # no server), fails the turn here, before any model call.
     models.check(model)
-    limits = {
+    # None: no bound. parallel_tool_calls is bounded by the agent's own: on only if it is.
+    bounds: dict[str, int | None] = {
         "max_iterations": agent.max_iterations,
         "max_tokens": models.max_tokens_limit(agent, model),
+        "parallel_tool_calls": agent.parallel_tool_calls,
     }
-    lowered = {
+    beyond = sorted(
         field
-        for field, limit in limits.items()
-        if (value := getattr(overrides, field)) is not None and (limit is None or value <= limit)
-    }
-    refused = overrides.given() - set(agent.overrides) - {"model"} - lowered
-    if refused:
-        bounds = ", ".join(
-            f"{field} (to at most {limit})" if limit is not None else field
-            for field, limit in limits.items()
-        )
+        for field in overrides.given() - FREE_OVERRIDES - {"model"} - set(agent.overrides)
+        # A setting neither free nor bounded here (new, and not yet placed) is refused.
+        if field not in bounds
+        or ((bound := bounds[field]) is not None and getattr(overrides, field) > bound)
+    )
+    if beyond:
         raise config_error(
             "OverrideNotAllowed",
-            f"Agent {name!r} does not let a turn set {', '.join(sorted(refused))} "
-            f"(it allows: {known(agent.overrides)}; a turn may always lower {bounds}).",
+            f"Agent {name!r} does not let a turn set "
+            f"{', '.join(_past(field, bounds.get(field)) for field in beyond)} (a turn may lower a "
+            "limit and turn parallel_tool_calls off; the agent's `overrides`, which let it go "
+            f"further, list: {known(agent.overrides)}).",
         )
     return model
+
+
+def _past(field: str, bound: int | None) -> str:
+    if field == "parallel_tool_calls":
+        return "parallel_tool_calls on"
+    return f"{field} above {bound}" if bound is not None else field
 
 
 def _timeouts(t: TimeoutSettings) -> Timeouts:

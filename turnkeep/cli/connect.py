@@ -15,6 +15,11 @@ from turnkeep.devserver.codec import background_codec_server_url, ensure_backgro
 from turnkeep.devserver.embedded import ServerInfo, ensure_background_server
 
 
+def uses_embedded(address: str | None) -> bool:
+    """Whether a command talks to the embedded server: no address given, none configured."""
+    return address is None and not address_configured()
+
+
 async def client_for(
     address: str | None,
     namespace: str | None,
@@ -26,7 +31,7 @@ async def client_for(
     settings give it the workers' payload storage and encryption keys, so it can read what they
     write. With encryption on, the embedded server's Web UI decodes through a codec server,
     which is started from ``config_file`` (the file the settings came from) when it is given."""
-    if address is None and not address_configured():
+    if uses_embedded(address):
         info = await ensure_background_server(codec_endpoint=background_codec_server_url(settings))
         console.print(f"[dim]embedded Temporal server at {info.address} · Web UI {info.ui_url}[/]")
         await _background_codec_server(settings, config_file, info)

@@ -1,18 +1,31 @@
 """How a command that fails says so: one ``error:`` line on stderr and an exit code, 2 for a
-user's mistake, 1 for a bug in turnkeep; with ``--debug``, the traceback first."""
+user's mistake, 1 for a bug in turnkeep; with ``--debug``, the traceback first.
+
+Whatever Temporal refused (a start, an update, a query) is told with its cause, the words of
+whoever refused it: the server, or the workflow's validator (``no call 'call_9_9' is waiting
+for approval``), never only the SDK's name for the failure."""
 
 from __future__ import annotations
 
 import sys
 import traceback
 
+import typer
 from rich.console import Console
 from rich.markup import escape
-from temporalio.client import WorkflowFailureError
+from temporalio.client import (
+    WorkflowFailureError,
+    WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from turnkeep.client.connection import TemporalUnreachableError
 from turnkeep.client.history import TurnHistoryError, describe_failure
+from turnkeep.client.sessions import SessionClosedError
 from turnkeep.config.files import ConfigError
 from turnkeep.devserver.embedded import EmbeddedServerError
 from turnkeep.observability.search_attributes import SetupError
@@ -23,9 +36,11 @@ from turnkeep.payloads.storage import PayloadStorageConfigError, PayloadStorageE
 # Errors go to stderr whole on one line (no wrapping), so scripts can read them.
 _stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
-# Mistakes a user makes (a config, an agent, a model, an id) and conditions outside turnkeep
-# (a server down, a swept payload): each is told in one line, with exit code 2.
+# Mistakes a user makes (a config, an agent, a model, an id, an option) and conditions outside
+# turnkeep (a server down, a swept payload): each is told in one line, with exit code 2.
 _USER_ERRORS: tuple[type[Exception], ...] = (
+    # The command line itself: a missing argument, an option's bad value, an unknown command.
+    typer.TyperException,
     ConfigError,
     EmbeddedServerError,
     PayloadStorageConfigError,
@@ -37,8 +52,17 @@ _USER_ERRORS: tuple[type[Exception], ...] = (
     TemporalUnreachableError,
     TurnHistoryError,
     SetupError,
+    SessionClosedError,
     # The server refused a request: an unknown workflow id, a namespace that does not exist.
     RPCError,
+    # A workflow id in use (`run --id`).
+    WorkflowAlreadyStartedError,
+    # The workflow refused an update or a query: an unknown call, a session closing...
+    WorkflowUpdateFailedError,
+    WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
+    # No worker took the update in time.
+    WorkflowUpdateRPCTimeoutOrCancelledError,
     # The turn failed before it could run: an unknown agent, a model it may not use.
     WorkflowFailureError,
 )
@@ -50,18 +74,50 @@ def report(err: Exception, *, debug: bool) -> int:
     if debug:
         traceback.print_exception(err)
     known = isinstance(err, _USER_ERRORS)
-    line = _error_text(err) if known else f"{type(err).__name__}: {err}"
+    line = error_text(err) if known else f"{type(err).__name__}: {err}"
     hint = "" if known or debug else " (turnkeep --debug … shows the traceback)"
-    _stderr.print(f"[red]error:[/] {escape(line)}{hint}")
+    print_error(line + hint)
     return 2 if known else 1
 
 
-def _error_text(err: Exception) -> str:
+def print_error(line: str) -> None:
+    """``error: line`` on stderr, as every command says what went wrong."""
+    _stderr.print(f"[red]error:[/] {escape(line)}")
+
+
+def error_text(err: Exception) -> str:
+    """What went wrong, in one line: the cause, not the exception's class."""
+    if isinstance(err, typer.TyperException):
+        return _usage_text(err)
     if isinstance(err, WorkflowFailureError):
         return f"the turn failed: {describe_failure(err.cause)}"
+    if isinstance(err, WorkflowUpdateFailedError):
+        cause = err.cause
+        # The validator's (or the handler's) own words: why the workflow refused.
+        return cause.message if isinstance(cause, FailureError) else str(cause)
+    if isinstance(err, WorkflowQueryFailedError):
+        return f"the workflow could not answer: {err.message}"
+    if isinstance(err, WorkflowQueryRejectedError):
+        status = err.status.name.lower() if err.status else "closed"
+        return f"the workflow is {status}: it answers no queries"
+    if isinstance(err, WorkflowUpdateRPCTimeoutOrCancelledError):
+        return (
+            "no worker took the request in time: is a worker running for the workflow's task queue?"
+        )
+    if isinstance(err, WorkflowAlreadyStartedError):
+        return f"a workflow with id {err.workflow_id!r} is already running (choose another --id)"
     if isinstance(err, RPCError):
         return f"the Temporal server refused the request: {err.message}"
     return str(err)
+
+
+def _usage_text(err: typer.TyperException) -> str:
+    """The parser's message (a missing argument, an option's bad value, an unknown command),
+    with where to read the command's usage when the parser knows the command."""
+    context = getattr(err, "ctx", None)  # a usage error's
+    path = getattr(context, "command_path", None)
+    where = f" (see `{path} --help`)" if path else ""
+    return " ".join(err.format_message().split()) + where
 
 
 def exit_code(done: SystemExit) -> int:

@@ -16,11 +16,14 @@ import sys
 from typing import Annotated
 
 import typer
+from temporalio import activity, workflow
+from temporalio.exceptions import ApplicationError
 
 from turnkeep.cli.commands import approvals, payloads, server, sessions, turns, worker
 from turnkeep.cli.errors import exit_code, report
 from turnkeep.observability.logs import LogFormat, LogLevel
 from turnkeep.observability.logs import configure as configure_logging
+from turnkeep.workflows.session_workflow import TURN_FAILED_LOG
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -30,6 +33,7 @@ app = typer.Typer(
 # Without a name, each group's commands become top-level commands, listed in this order.
 for group in (turns, sessions, approvals, payloads, worker, server):
     app.add_typer(group.app)
+app.add_typer(sessions.sessions_app, name="sessions")
 
 
 class _Options:
@@ -69,11 +73,22 @@ def _log_to_stderr(
 ) -> None:
     """Warnings and errors logged by the SDK or an in-process worker (an activity that failed,
     with its traceback) as one line each; with ``--debug``, whole and from level INFO. A
-    worker run as a service (``service``) logs from INFO: its start, shutdown and calls."""
+    worker run as a service (``service``) logs from INFO: its start, shutdown and calls.
+
+    A command that runs turns for a person (``run``, ``chat``) speaks in turnkeep's words: the
+    SDK core's warnings (a cancelled activity's late completion, say) only with ``--debug``,
+    and an activity's failure as what failed and why (``_InTurnkeepsWords``)."""
     if level is None:
         level = LogLevel.info if debug or service else LogLevel.warning
     text = logging.Formatter("%(levelname)s %(name)s: %(message)s") if debug else _OneLine()
-    configure_logging(log_format, level, text_formatter=text)
+    core = None if debug or service else LogLevel.error
+    configure_logging(log_format, level, text_formatter=text, core_level=core, core_details=debug)
+    if not (debug or service or log_format is LogFormat.json):
+        # The ids the SDK appends to its workflow and activity lines are for an operator.
+        workflow.logger.workflow_info_on_message = False
+        activity.logger.activity_info_on_message = False
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_InTurnkeepsWords())
 
 
 class _OneLine(logging.Formatter):
@@ -81,12 +96,45 @@ class _OneLine(logging.Formatter):
         return f"{record.levelname.lower()}: {record.getMessage().partition(chr(10))[0]}"
 
 
+class _InTurnkeepsWords(logging.Filter):
+    """For a person at a command that runs turns: the SDK's line for a failed activity
+    (``Completing activity as failed``) said as which step failed and why, and nothing for a
+    failure the command's own ``error:`` line tells: one that ends the turn (a non-retryable
+    error), or a session's turn that failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == workflow.logger.name:
+            return record.msg != TURN_FAILED_LOG
+        failed = record.exc_info[1] if record.exc_info else None
+        if record.name != activity.logger.name or failed is None:
+            return True
+        if not str(record.msg).startswith("Completing activity as failed"):
+            return True
+        if isinstance(failed, ApplicationError) and failed.non_retryable:
+            return False
+        about = getattr(record, "temporal_activity", None) or {}
+        if isinstance(failed, ApplicationError) and failed.type:
+            why = f"{failed.type}: {failed.message}"
+        else:
+            why = f"{type(failed).__name__}: {failed}"
+        record.msg = "%s failed (attempt %s), to be retried: %s"
+        record.args = (about.get("activity_type", "an activity"), about.get("attempt", "?"), why)
+        record.exc_info = record.exc_text = None
+        return True
+
+
 def main() -> None:
     code = 0
     try:
-        app()  # ends with SystemExit, as click does in standalone mode
+        # Not standalone: the parser's own mistakes (a missing argument, an option's bad
+        # value, an unknown command) come here, to be told in one `error:` line like every
+        # other mistake. `turnkeep` alone prints the help.
+        returned = app(sys.argv[1:] or ["--help"], standalone_mode=False)
+        code = returned if isinstance(returned, int) else 0  # typer.Exit(code)
     except SystemExit as done:
         code = exit_code(done)
+    except typer.Abort:
+        code = 1  # end of input where the parser itself was reading some
     except Exception as err:
         code = report(err, debug=_Options.debug)
     # Leave without interpreter finalization, whatever the outcome: the Temporal client's Rust

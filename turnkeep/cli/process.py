@@ -1,6 +1,7 @@
 """What the commands that keep running do in their own process: serve turns on a worker
 (``run --worker``, ``worker``) and wait for Ctrl-C or SIGTERM (``worker``, ``server``,
-``codec-server``)."""
+``codec-server``); and what the commands that start turns check before and while they wait
+(``run``, ``chat``): that the turn can run at all, and that some worker polls its queue."""
 
 from __future__ import annotations
 
@@ -8,16 +9,37 @@ import asyncio
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
-from turnkeep.cli.connect import client_for
+from turnkeep.activities.turn_setup import check_overrides
+from turnkeep.cli.connect import client_for, uses_embedded
+from turnkeep.cli.console import console
+from turnkeep.config.catalog import AgentCatalog
 from turnkeep.config.files import ConfigError, find_config
 from turnkeep.config.settings import Settings, StreamingSettings
 from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.errors import known
+from turnkeep.providers.registry import ModelCatalog
 from turnkeep.worker.build import TurnkeepWorkers, build_workers
+from turnkeep.workflows.turn_io import TurnOverrides
+
+# How long a turn may wait before the command looks whether any worker polls its queue: a
+# worker that is there takes a new turn's first task in milliseconds.
+UNPOLLED_AFTER_SECONDS = 3.0
+UNPOLLED_EVERY_SECONDS = 15.0
+# A worker counts as polling when it polled this recently: a live one long-polls again at
+# least every minute.
+POLLED_WITHIN = timedelta(seconds=90)
+RUN_A_WORKER = "start `turnkeep worker` with the agent in its config, or --worker to run one here"
 
 
 def in_process_worker(
@@ -52,6 +74,73 @@ async def until_signalled() -> None:
     await stopped.wait()
 
 
+def runs_worker(address: str | None, worker: bool | None) -> bool:
+    """Whether a command that runs turns runs a worker in its process: when asked
+    (``--worker``), else on the embedded server (no address given or configured), where no
+    other worker would be polling."""
+    return worker if worker is not None else uses_embedded(address)
+
+
+def refuse_unrunnable(
+    settings: Settings, agent: str, overrides: TurnOverrides, *, in_process: bool
+) -> None:
+    """Raise ``ConfigError`` for a turn that could only fail, before anything starts: an agent
+    the config lacks, a model or an override the agent does not allow. Checked where the
+    command can know: when it runs the worker itself (``in_process``), or against the config
+    file it was given; without one, workers elsewhere may have agents this process does not
+    know of."""
+    if not in_process and settings.config_file is None:
+        return
+    where = settings.config_file or "the default configuration"
+    if agent not in settings.agents:
+        raise ConfigError(
+            f"no agent {agent!r} in {where} (its agents: {known(settings.agents)}); nothing "
+            "was started"
+        )
+    try:
+        # The very check prepare_turn makes, so the two can never disagree.
+        check_overrides(AgentCatalog.of(settings), ModelCatalog(settings), agent, overrides)
+    except ApplicationError as err:
+        raise ConfigError(f"{err.type}: {err.message} Nothing was started.") from None
+
+
+async def warn_if_unpolled(
+    client: Client,
+    task_queue: str,
+    *,
+    after: float = UNPOLLED_AFTER_SECONDS,
+    every: float = UNPOLLED_EVERY_SECONDS,
+    what: str = "the turn",
+    hint: str = RUN_A_WORKER,
+) -> None:
+    """Once no worker polls ``task_queue`` (the server knows: it lists a queue's recent
+    pollers), say so, once: ``what`` waits there until one does, and the command keeps
+    waiting too; ``hint`` says how to get one. Looks after ``after`` seconds, then every
+    ``every``. Cancel it once the workflow has moved on."""
+    await asyncio.sleep(after)
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+    )
+    while True:
+        try:
+            described = await client.workflow_service.describe_task_queue(request)
+        except RPCError:
+            return  # a server (or a role) that does not describe queues: nothing to say
+        # The server lists a worker that has gone for some minutes after its last poll; a
+        # live one polls again at least every minute.
+        recent = datetime.now(UTC) - POLLED_WITHIN
+        if not any(p.last_access_time.ToDatetime(UTC) > recent for p in described.pollers):
+            break
+        await asyncio.sleep(every)
+    console.print(
+        f"[yellow]no worker is polling task queue {task_queue}[/] on "
+        f"{client.service_client.config.target_host}: {what} waits there until one does "
+        f"({hint}); still waiting…"
+    )
+
+
 @asynccontextmanager
 async def client_and_worker(
     address: str | None,
@@ -67,7 +156,7 @@ async def client_and_worker(
     client, embedded = await client_for(
         address, namespace, settings, config_file=find_config(config)
     )
-    if not (worker if worker is not None else embedded is not None):
+    if not runs_worker(address, worker):
         yield client, embedded
         return
     # This process both runs the turn and watches it: its model calls stream to it on

@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
+from temporalio.client import WorkflowExecutionStatus
 
 from turnkeep.client.history import ActivityOutcome, ActivityTiming, TurnStatus, TurnView
 from turnkeep.client.live import MessageEvent, Restarted, StreamEvent, TextDelta
@@ -28,6 +29,25 @@ MAX_TEXT_CHARS = 4000  # a message's text, a tool call's arguments
 # C0 and C1 control characters but newline and tab: escape sequences could move the cursor,
 # clear the screen or retitle the operator's terminal.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plural(count: int, word: str) -> str:
+    """``1 call``, ``2 calls``: a count with its noun (a regular one)."""
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
+_STATUS_WORDS = {
+    WorkflowExecutionStatus.CANCELED: "cancelled",
+    WorkflowExecutionStatus.TIMED_OUT: "timed out",
+    WorkflowExecutionStatus.CONTINUED_AS_NEW: "continued as new",
+}
+
+
+def status_word(status: WorkflowExecutionStatus | None) -> str:
+    """A workflow's status as the CLI says it: ``completed``, ``cancelled``, ``timed out``..."""
+    if status is None:
+        return "closed"
+    return _STATUS_WORDS.get(status, status.name.lower())
 
 
 def _short(text: str, limit: int = MAX_RESULT_CHARS) -> str:
@@ -58,7 +78,8 @@ def _since(moment: datetime, now: datetime) -> str:
     return _duration((now - moment).total_seconds() * 1000)
 
 
-def _when(moment: datetime) -> str:
+def utc_time(moment: datetime) -> str:
+    """A moment as the CLI prints it: in UTC, saying so."""
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
@@ -165,7 +186,7 @@ class TurnRenderer:
 
     def summary(self, result: TurnResult, *, running: bool = False) -> None:
         usage = ", ".join(
-            f"{model}: {u.input_tokens} in / {u.output_tokens} out ({u.calls} calls)"
+            f"{model}: {u.input_tokens} in / {u.output_tokens} out ({plural(u.calls, 'call')})"
             for model, u in result.usage.items()
         )
         # A running turn has no stop reason yet (its result holds only a default).
@@ -182,7 +203,7 @@ class TurnRenderer:
             reason = f": {d.reason}" if d.reason else ""
             self._line(
                 ("approval ", "bold"),
-                _visible(f"{d.decision} {d.tool} · call {d.call_id} by {d.by} at {_when(d.at)}")
+                _visible(f"{d.decision} {d.tool} · call {d.call_id} by {d.by} at {utc_time(d.at)}")
                 + _visible(reason + edit),
             )
 
@@ -226,7 +247,7 @@ class TurnRenderer:
         runs = len(view.runs)
         chain = f" · {runs} runs (continued as new)" if runs > 1 else ""
         self.console.print(
-            f"[bold {style}]{view.status}[/] · started {_when(view.started_at)} · {took}{chain}"
+            f"[bold {style}]{view.status}[/] · started {utc_time(view.started_at)} · {took}{chain}"
         )
 
     def _in_flight(self, timing: ActivityTiming, now: datetime) -> None:

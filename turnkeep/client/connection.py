@@ -33,7 +33,7 @@ async def connect(
     """A client with turnkeep's data converter. ``settings`` (the workers' turnkeep.yaml) give
     it their payload storage, so it reads the large payloads they store; without them it uses
     the default storage. ``data_converter``, an application's own, keeps its payload codec
-    under turnkeep's (``turnkeep/worker/composition.py``). ``plugin`` replaces turnkeep's client
+    under turnkeep's (``turnkeep.payloads.composition``). ``plugin`` replaces turnkeep's client
     plugin altogether."""
     config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
     if address:

@@ -27,7 +27,14 @@ from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHandle
 
 from turnkeep.workflows.activity_io import LLM_STEP
-from turnkeep.workflows.live_io import PATH_PREFIX, LiveAddress, LiveBatch, LiveDelta
+from turnkeep.workflows.live_io import (
+    DELTA_EVENT,
+    END_EVENT,
+    PATH_PREFIX,
+    LiveAddress,
+    LiveBatch,
+    LiveDelta,
+)
 from turnkeep.workflows.messages import Message
 
 log = logging.getLogger(__name__)
@@ -126,10 +133,10 @@ async def read_live(
     )
     async with contextlib.aclosing(events):
         async for event in events:
-            if event.event == "delta":
+            if event.event == DELTA_EVENT:
                 for delta in await _decode(client, event.data):
                     yield delta
-            elif event.event == "end":
+            elif event.event == END_EVENT:
                 return
     raise ConnectionError("the live stream ended before its call did")
 

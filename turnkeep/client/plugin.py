@@ -13,7 +13,7 @@ from turnkeep.payloads.storage import external_storage
 
 class TurnkeepClientPlugin(SimplePlugin):
     """For clients that start and watch turns: turnkeep's data converter, added to the
-    client's own (``turnkeep/worker/composition.py``), nothing else.
+    client's own (``turnkeep.payloads.composition``), nothing else.
 
     Payload storage comes from ``storage`` if given, else from ``settings.payload_storage``
     (default settings when none are given: the ``local`` driver under the state directory),

@@ -1,8 +1,9 @@
 """Client helpers: start a turn, watch its messages as they are produced, get its result.
 
-Any Temporal client can do the same by hand: start workflow type ``TurnWorkflow`` on task queue
-``turnkeep`` with a ``TurnInput`` as JSON. These helpers add the long-poll that makes watching
-cheap, and reading the repaired conversation of a cancelled turn.
+Any Temporal client can do the same by hand: start workflow type ``TurnWorkflow`` on its agent's
+task queue (``turnkeep.<agent>``: ``agent_task_queue``) with a ``TurnInput`` as JSON. These
+helpers add the long-poll that makes watching cheap, and reading the repaired conversation of a
+cancelled turn.
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ async def start_turn(
     workers with the agent poll. A worker whose config names another ``task_queue`` serves
     ``agent_task_queue(that, agent)``; an application's own worker, its own queue."""
     # The search attributes the starter knows go with the start request: the workflow then
-    # need not upsert them in its first task, one write to the server's visibility store less
-    # per turn (5-9 ms of the dev server's CPU, measured with bench's throughput batches).
+    # need not upsert them in its first task: one write to the server's visibility store less
+    # per turn, a cost the dev server pays in CPU.
     present = await present_search_attributes(client)
     handle = await client.start_workflow(
         WORKFLOW_NAME,
@@ -106,8 +107,8 @@ async def start_turn(
         search_attributes=visibility.start_search_attributes(turn.agent, present),
         # When a worker of this client polls the task queue (`turnkeep run`, an app that
         # embeds its worker), the server hands it the turn's first workflow task in the start
-        # response instead of through a poll: 14 ms less per turn on the dev server (bench's
-        # harness, median of 12 pairs). Any other starter gets a normal start.
+        # response instead of through a poll, a round trip less per turn. Any other starter
+        # gets a normal start.
         request_eager_start=True,
     )
     return TurnHandle(handle, client)
@@ -195,7 +196,7 @@ class TurnHandle:
         between as the provider streams it (``TextDelta``, ``ToolCallStart``, ``Restarted``
         when a call is retried) when the worker serves it (``streaming:`` in its config).
         Without a reachable live stream, only the ``MessageEvent``s: no error. The messages
-        are always the ones in history (``turnkeep/worker/live_stream.py``)."""
+        are always the ones in history (``turnkeep.client.live``)."""
         messages = self.messages(
             start, include_tool_results=include_tool_results, every=every, to_the_end=to_the_end
         )
@@ -271,7 +272,7 @@ class TurnHandle:
     async def _closed(self) -> TurnResult | None:
         """What a closed turn ended with: its result if it completed, else the turn as its
         history has it (a cancelled turn's repaired conversation; as far as a failed one got),
-        replayed here (``worker.turn_history``), so no worker has to be running."""
+        replayed here (``turnkeep.client.history``), so no worker has to be running."""
         try:
             return await self.handle.result()
         except WorkflowFailureError:

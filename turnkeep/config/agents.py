@@ -53,7 +53,7 @@ class Agent(AgentOptions):
     - fast-agent's names: ``servers`` (server names, added to ``tools``) and
       ``request_params`` (``turnkeep.RequestParams``), whose ``model``, ``maxTokens``,
       ``max_iterations``, ``parallel_tool_calls``, ``temperature`` and ``use_history`` set those
-      options (turnkeep/fastagent/request_params.py says what the other fields do).
+      options (``turnkeep.config.fastagent.request_params`` says what the other fields do).
     """
 
     name: str

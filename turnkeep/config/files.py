@@ -23,7 +23,7 @@ from turnkeep.config.settings import AgentSettings, Settings
 
 CONFIG_NAME = "turnkeep.yaml"
 SECRETS_NAME = "turnkeep.secrets.yaml"
-# fast-agent's names (fast_agent/home.py), preferred first; one directory may hold only one.
+# fast-agent's names (``fast_agent.home``), preferred first; one directory may hold only one.
 FAST_AGENT_CONFIG_NAMES = ("fast-agent.yaml", "fast-agent.config.yaml", "fastagent.config.yaml")
 FAST_AGENT_SECRETS_NAMES = ("fast-agent.secrets.yaml", "fastagent.secrets.yaml")
 log = logging.getLogger(__name__)
@@ -76,8 +76,8 @@ def find_config(path: Path | None = None) -> Path | None:
 
 def find_fast_agent_config(cwd: Path) -> Path | None:
     """fast-agent's config file, as fast-agent finds it: in its home ($FAST_AGENT_HOME, else
-    ./.fast-agent), then in the working directory (fast-agent 0.7 and later), then in each
-    directory above it (fast-agent up to 0.6 searched upward, and projects rely on it)."""
+    ./.fast-agent), then in the working directory, then in each directory above it (older
+    fast-agent releases searched upward, and projects rely on it)."""
     cwd = cwd.resolve()
     home = Path(os.environ.get("FAST_AGENT_HOME") or ".fast-agent").expanduser()
     for directory in (cwd / home, cwd, *cwd.parents):

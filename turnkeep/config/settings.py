@@ -361,6 +361,13 @@ class EncryptionSettings(_SecretSettings):
 
 
 ALL_OVERRIDES = frozenset(TurnOverrides.model_fields) - {"model"}
+# What a turn may set whatever its agent lists: none of it lets a turn reach a model, server,
+# tool or hook the agent does not, or spend more (fast-agent sets them per call, `structured()`
+# and `RequestParams`).
+FREE_OVERRIDES = frozenset({"use_history", "structured_output", "temperature"})
+# Bounds the agent sets: a turn may always stay within them (lower a limit, turn parallel tool
+# calls off), and go past them only for those the agent lists in `overrides`.
+BOUNDED_OVERRIDES = frozenset({"max_iterations", "max_tokens", "parallel_tool_calls"})
 
 
 class AgentOptions(_Settings):
@@ -374,8 +381,10 @@ class AgentOptions(_Settings):
     parallel_tool_calls: bool = True
     temperature: float | None = None
     max_tokens: int | None = None
-    # Which TurnInput overrides a turn may set; none unless listed (a turn may always lower
-    # max_iterations and max_tokens). `model` is governed by `models` instead.
+    # Which of the agent's bounds a turn may go past: max_iterations and max_tokens (raised),
+    # parallel_tool_calls (turned on when the agent has it off). Unlisted, a turn may still lower
+    # a limit or turn parallel calls off, and set use_history, structured_output and
+    # temperature, which widen nothing. `model` is governed by `models` instead.
     overrides: list[str] = Field(default_factory=list)
     # Model strings a turn may ask for instead of `model`.
     models: list[str] = Field(default_factory=list)

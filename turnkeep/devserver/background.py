@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from turnkeep.config.paths import state_dir
+from turnkeep.config.paths import GROUP_AND_OTHER_BITS, OWNER_ONLY_FILE_MODE, state_dir
 
 STOP_GRACE_SECONDS = 5.0
 
@@ -69,9 +69,9 @@ class BackgroundProcess:
     def new_log(self) -> Path:
         """The log, emptied: one log per start, the old one only explains an old failure. Only
         its owner reads it, as it may quote what the process handled."""
-        fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OWNER_ONLY_FILE_MODE)
         try:
-            os.fchmod(fd, 0o600)  # made before turnkeep tightened it
+            os.fchmod(fd, OWNER_ONLY_FILE_MODE)  # made before turnkeep tightened it
         finally:
             os.close(fd)
         return self.log_file
@@ -84,7 +84,7 @@ class BackgroundProcess:
         gets there. Returns the record."""
         # The umask makes what the process creates its owner's only: the dev server's database,
         # with its WAL and shared-memory files, holds every conversation.
-        previous = os.umask(0o077)
+        previous = os.umask(GROUP_AND_OTHER_BITS)
         try:
             pid = spawn_detached(argv, self.log_file, env)
         finally:
@@ -92,9 +92,10 @@ class BackgroundProcess:
         record = {"pid": pid, "log_file": str(self.log_file), **fields}
         # Its owner's only from the start, as the log: what a starter records is its own business
         # (the codec server's fingerprint of its keys, say).
-        fd = os.open(self.record_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(self.record_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OWNER_ONLY_FILE_MODE)
         with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o600)  # an older record, made by a more generous umask
+            # an older record, made by a more generous umask
+            os.fchmod(f.fileno(), OWNER_ONLY_FILE_MODE)
             f.write(json.dumps(record, indent=2) + "\n")
         return record
 
@@ -143,7 +144,13 @@ def spawn_detached(argv: list[str], log_file: Path, env: Mapping[str, str] | Non
         file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
             # A log may quote what the server handled: only its owner reads it.
-            (os.POSIX_SPAWN_OPEN, 1, str(log_file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+            (
+                os.POSIX_SPAWN_OPEN,
+                1,
+                str(log_file),
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                OWNER_ONLY_FILE_MODE,
+            ),
             (os.POSIX_SPAWN_DUP2, 1, 2),
         ],
         # A new session keeps the CLI's Ctrl-C and terminal hangup away from the server.

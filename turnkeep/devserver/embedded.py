@@ -2,7 +2,7 @@
 
 Two ways to run one:
 
-- `EmbeddedServer`: a child process owned by the caller (tests, benchmarks, `turnkeep dev`).
+- `EmbeddedServer`: a child process owned by the caller (tests, benchmarks, `turnkeep server`).
 - `ensure_background_server()`: a detached server that outlives the CLI, so the Web UI link
   printed by `turnkeep run` keeps working after the command returns. It is recorded in
   `state_dir()/server.json` and stopped with `stop_background_server()`.
@@ -31,7 +31,7 @@ from urllib.parse import quote
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 
-from turnkeep.config.paths import state_dir
+from turnkeep.config.paths import GROUP_AND_OTHER_BITS, OWNER_ONLY_FILE_MODE, state_dir
 from turnkeep.devserver.background import (
     STOP_GRACE_SECONDS,
     BackgroundProcess,
@@ -42,6 +42,11 @@ from turnkeep.support.asgi import port_taken
 from turnkeep.workflows.visibility import search_attribute_types
 
 HOST = "127.0.0.1"
+# Where `temporal server start-dev` listens by default: the frontend (gRPC), the Web UI.
+DEFAULT_PORT = 7233
+DEFAULT_UI_PORT = 8233
+# The database of turnkeep's dev server in the state directory, in the background or not.
+DB_FILE_NAME = "temporal.db"
 START_TIMEOUT = 60.0
 START_ATTEMPTS = 2
 
@@ -185,7 +190,8 @@ class EmbeddedServer:
         self.db_file = db_file
         self.namespace = namespace
         self.fast = fast
-        # The Web UI's remote codec server (worker.codec_server), for encrypted payloads.
+        # The Web UI's remote codec server (``turnkeep.payloads.codec_server``), for encrypted
+        # payloads.
         self.codec_endpoint = codec_endpoint
         own = search_attribute_types() if turnkeep_search_attributes else {}
         self.search_attributes = {**own, **(search_attributes or {})}
@@ -298,7 +304,7 @@ def _spawn_child(argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=server_environment(),
-            umask=0o077,  # its database holds every conversation: 0600, like its WAL
+            umask=GROUP_AND_OTHER_BITS,  # its database and WAL hold every conversation
         )
 
 
@@ -400,7 +406,7 @@ def _info_from_record(record: Mapping[str, Any]) -> ServerInfo:
 
 
 async def ensure_background_server(
-    *, port: int = 7233, ui_port: int = 8233, codec_endpoint: str | None = None
+    *, port: int = DEFAULT_PORT, ui_port: int = DEFAULT_UI_PORT, codec_endpoint: str | None = None
 ) -> ServerInfo:
     """Reuse turnkeep's background server if it is running, else start one that outlives us.
 
@@ -437,11 +443,11 @@ async def ensure_background_server(
 
 
 async def _start_background(port: int, ui_port: int, codec_endpoint: str | None) -> ServerInfo:
-    db_file = state_dir() / "temporal.db"
+    db_file = state_dir() / DB_FILE_NAME
     log_file = BACKGROUND.new_log()
-    # Made before this version tightened them (new ones are created 0600: see start()).
+    # Made before turnkeep tightened them (new ones are its owner's only: see start()).
     for existing in db_file.parent.glob(f"{db_file.name}*"):
-        existing.chmod(0o600)
+        existing.chmod(OWNER_ONLY_FILE_MODE)
     argv = build_argv(
         find_temporal_binary(),
         port=port,

@@ -10,6 +10,11 @@ an activity runs (the MCP pool, the provider SDKs' HTTP clients) get the same ke
 
 Only an allow-list of attributes reaches a line: a library's ``extra`` may hold a request or
 its headers, and a log line must never carry a credential.
+
+The SDK's Rust core (polling, completions, the connection) logs on its own, by default as
+coloured lines written straight to stderr, whatever the process's format. ``configure`` sends
+them through Python's logging instead, as records of the ``temporalio.core`` logger: they take
+the process's format, level and handler like every other line (``core_log_forwarding``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,13 @@ import time
 from typing import Any
 
 from temporalio import activity, workflow
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
 
 
 class LogFormat(enum.StrEnum):
@@ -58,6 +70,8 @@ _TEMPORAL_KEYS: dict[str, dict[str, str]] = {
     },
 }
 _HTTP_CLIENT_LOGGERS = ("httpx", "httpx2", "httpcore")
+# The logger the SDK's core logs through (``core_log_forwarding``).
+CORE_LOGGER = "temporalio.core"
 # turnkeep's own `extra` keys (activity.logger.info(..., extra={"call_id": ...})).
 _TURNKEEP_KEYS = ("call_id", "tool", "model")
 
@@ -122,8 +136,44 @@ class ActivityContext(logging.Filter):
         return True
 
 
-def configure(log_format: LogFormat, level: LogLevel, *, text_formatter: logging.Formatter) -> None:
-    """Log to stderr from ``level`` up, as ``log_format``; the SDK's warnings too."""
+class _CoreLog:
+    # Whether a forwarded line carries Core's structured fields (task tokens, gRPC statuses):
+    # for debugging only (``configure``'s ``core_details``).
+    details = False
+
+
+def core_log_forwarding() -> LoggingConfig:
+    """The logging of a ``Runtime`` whose core logs through Python's ``temporalio.core``
+    logger, from warnings up (the SDK's own default level), instead of printing its own
+    lines."""
+    forwarding = LogForwardingConfig(
+        logger=logging.getLogger(CORE_LOGGER),
+        append_target_to_name=False,
+        append_log_fields_to_message=_CoreLog.details,
+    )
+    return LoggingConfig(
+        filter=TelemetryFilter(core_level="WARN", other_level="ERROR"), forwarding=forwarding
+    )
+
+
+def configure(
+    log_format: LogFormat,
+    level: LogLevel,
+    *,
+    text_formatter: logging.Formatter,
+    core_level: LogLevel | None = None,
+    core_details: bool = False,
+) -> None:
+    """Log to stderr from ``level`` up, as ``log_format``; the SDK's warnings too, and its
+    core's lines from ``core_level`` (default: ``level``) up, with their structured fields
+    when ``core_details``. Before any Temporal client is made: the core's forwarding is a
+    setting of the default ``Runtime`` those clients use."""
+    _CoreLog.details = core_details
+    logging.getLogger(CORE_LOGGER).setLevel((core_level or level).upper())
+    Runtime.set_default(
+        Runtime(telemetry=TelemetryConfig(logging=core_log_forwarding())),
+        error_if_already_set=False,
+    )
     handler = logging.StreamHandler()
     if log_format is LogFormat.json:
         handler.setFormatter(JsonFormatter())

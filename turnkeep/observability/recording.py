@@ -1,12 +1,12 @@
-"""Recording turnkeep's metrics (``turnkeep/workflows/metrics.py``) through the Temporal SDK's
+"""Recording turnkeep's metrics (``turnkeep.workflows.metrics``) through the Temporal SDK's
 metric meter, so they reach whatever exporter the worker's ``Runtime`` has.
 
-The workflow side (turns, approvals) is ``turnkeep/workflows/turn_metrics.py``.
+The workflow side (turns, approvals) is ``turnkeep.workflows.turn_metrics``.
 
 Activity side (model and tool calls): ``ActivityMetrics``, an activity interceptor timing each
 ``llm_step`` and ``call_tool`` attempt. Its instruments are made once per worker runtime and
-activity type (making them costs ~50 µs, recording ~5 µs), with the labels the SDK gives the
-activity meter (namespace, task queue, activity type).
+activity type (making them costs far more than recording with them), with the labels the SDK
+gives the activity meter (namespace, task queue, activity type).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """turnkeep's search attributes on a Temporal namespace: checked when a worker starts,
 registered by ``turnkeep setup`` (the embedded dev server registers them itself).
 
-Which attributes there are is defined once, in ``turnkeep/workflows/visibility.py``. A turn may only
+Which attributes there are is defined once, in ``turnkeep.workflows.visibility``. A turn may only
 upsert attributes its namespace has (an unknown one fails the workflow task), so a worker
 checks at start and ``prepare_turn`` records the answer in the turn's plan: the decision is
 then part of the history and replays the same on any worker.

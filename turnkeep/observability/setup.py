@@ -13,6 +13,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Interceptor
 
 from turnkeep.config.settings import ObservabilitySettings
+from turnkeep.observability.logs import core_log_forwarding
 from turnkeep.workflows.metrics import histogram_buckets
 
 OTEL_EXTRA = "turnkeep[otel]"
@@ -26,13 +27,14 @@ class ObservabilityError(RuntimeError):
 def metrics_runtime(bind_address: str) -> Runtime:
     """A Temporal runtime serving Prometheus metrics (the SDK's and turnkeep's) at
     ``http://<bind_address>/metrics``, with turnkeep's histogram buckets. A client made on it
-    (``Client.connect(..., runtime=...)``) gives its workers' metrics to it."""
+    (``Client.connect(..., runtime=...)``) gives its workers' metrics to it. Its core logs
+    through Python's logging (``core_log_forwarding``)."""
     if not _ADDRESS.match(bind_address):
         raise ObservabilityError(f"metrics address must be HOST:PORT, got {bind_address!r}")
     prometheus = PrometheusConfig(
         bind_address=bind_address, histogram_bucket_overrides=histogram_buckets()
     )
-    return Runtime(telemetry=TelemetryConfig(metrics=prometheus))
+    return Runtime(telemetry=TelemetryConfig(metrics=prometheus, logging=core_log_forwarding()))
 
 
 def tracing_interceptors(settings: ObservabilitySettings) -> list[Interceptor]:

@@ -1,5 +1,5 @@
 """What the model activity tells the current model-call span, without importing OpenTelemetry:
-tracing (``turnkeep/observability/tracing.py``) sets a hook for the call's duration, and
+tracing (``turnkeep.observability.tracing``) sets a hook for the call's duration, and
 without it ``model_call`` is one context-variable read."""
 
 from __future__ import annotations

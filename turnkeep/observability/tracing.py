@@ -55,10 +55,10 @@ from turnkeep.support.sdk_private import Carrier, WorkflowTracingHooks
 from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP, ToolCallOutcome
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.model_io import LlmRequest
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 log = logging.getLogger(__name__)
 
-TURN_WORKFLOW = "TurnWorkflow"  # turnkeep.workflows.turn_workflow.WORKFLOW_NAME
 TRACER_NAME = "turnkeep"
 # The tracer the turn spans are made with: its id generator hands out the turn's own ids.
 _TURN_TRACER_NAME = "turnkeep.turn"
@@ -198,7 +198,7 @@ class _TurnIds:
 
 class _TurnWorkflowInbound(WorkflowTracingHooks, TracingWorkflowInboundInterceptor):
     def _is_turn(self) -> bool:
-        return workflow.info().workflow_type == TURN_WORKFLOW
+        return workflow.info().workflow_type == WORKFLOW_NAME
 
     def workflow_carrier(self, from_headers: Carrier | None) -> Carrier | None:
         if not self._is_turn():

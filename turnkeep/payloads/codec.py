@@ -1,6 +1,6 @@
 """Payload encryption: a Temporal ``PayloadCodec`` that AES-256-GCM encrypts every payload.
 
-With ``encryption`` in turnkeep.yaml, the data converter (``worker.plugin.data_converter``)
+With ``encryption`` in turnkeep.yaml, the data converter (``turnkeep.payloads.composition``)
 runs every payload through ``EncryptionCodec`` before it leaves the process and after it comes
 back, so the server's database, workflow histories and anything that reads them without the
 keys see ciphertext: prompts, model replies, tool arguments and tool results. The SDK encodes a
@@ -50,11 +50,11 @@ COMPRESSION = "encryption-compression"
 ZLIB = b"zlib"
 NONCE_BYTES = 12  # AES-GCM's standard 96-bit nonce, random per payload
 TAG_BYTES = 16
-# Batches bigger than this are encrypted in a thread: a 5 MB tool result takes tens of
-# milliseconds to compress, which would stall a worker's event loop (and its heartbeats).
+# Batches bigger than this are encrypted in a thread: compressing a large tool result would
+# stall a worker's event loop (and its heartbeats) meanwhile.
 _THREAD_BYTES = 256 * 1024
 # zlib's fastest level: a payload is compressed on every hop (each model call re-sends the
-# conversation), and on turn payloads (JSON text) it gives up only a few percent of size.
+# conversation), and on turn payloads (JSON text) it gives up little size to the slower ones.
 _ZLIB_LEVEL = 1
 # Bound into every ciphertext, with the key id and compression flag.
 _AAD_PREFIX = b"turnkeep/payload-codec/1\x00"

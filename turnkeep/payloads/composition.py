@@ -6,7 +6,8 @@
   after checking it has the storage and encryption the worker's settings give.
 - **Workflow runner.** The application's sandbox, with ``turnkeep.workflows`` (and beartype)
   passed through, so turnkeep's workflow code is imported once per process, not per run.
-- **Sticky queue.** 3 s instead of the SDK's default 10 s (left alone when set).
+- **Sticky queue.** ``turnkeep.worker.plugin.STICKY_TIMEOUT`` instead of the SDK's default
+  (left alone when set).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ gc``. Why that is safe:
 S3 objects are keyed per workflow run and are never swept here: a bucket lifecycle rule
 expires them.
 
-The SDK's API is experimental (temporalio 1.35); this module is the one place that touches it.
+The SDK marks this API experimental; this module is the one place that touches it.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from temporalio.converter import (
     StorageDriverStoreContext,
 )
 
-from turnkeep.config.paths import state_home
+from turnkeep.config.paths import OWNER_ONLY_DIR_MODE, state_home
 from turnkeep.config.settings import PayloadStorageSettings
 from turnkeep.observability.recording import payload_bytes_stored
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
@@ -238,7 +238,7 @@ class LocalDirectoryDriver(StorageDriver):
                 os.utime(path)
                 return digest
         try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.directory.mkdir(mode=OWNER_ONLY_DIR_MODE, parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{digest[:16]}.", suffix=".tmp")
         except OSError as err:
             raise PayloadStorageError(

@@ -1,5 +1,5 @@
 """Anthropic's Messages API through the official ``anthropic`` SDK (one call; streamed when the
-worker serves live text, ``turnkeep/activities/streaming.py``)."""
+worker serves live text, ``turnkeep.providers.streaming``)."""
 
 from __future__ import annotations
 
@@ -149,8 +149,8 @@ class AnthropicProvider(ModelProvider):
 
 
 def request_params(request: LlmRequest, model_name: str) -> dict[str, Any]:
-    # No temperature: SDK 2.x has no sampling parameters and the API version it speaks
-    # (2026-10-21) rejects temperature/top_p/top_k with a 400, so a turn's temperature is moot.
+    # No temperature: the SDK has no sampling parameters, and the API version it speaks rejects
+    # temperature/top_p/top_k with a 400, so a turn's temperature is moot.
     params: dict[str, Any] = {
         "model": model_name,
         "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS,

@@ -3,7 +3,7 @@
 
 A provider class declares the model strings it answers (``name.<model>``, or ``name`` alone
 for a ``bare`` one, plus ``aliases``) and how it is built from the worker's settings; the
-registry (``turnkeep/activities/models.py``) resolves model strings to registered classes
+registry (``turnkeep.providers.registry``) resolves model strings to registered classes
 only. The built-in providers register the same way a third party's does (the plugin's
 ``providers=`` or the ``turnkeep.providers`` entry-point group). A provider module must not
 import its SDK at the top: registering it, which every worker and ``prepare_turn`` does,
@@ -41,7 +41,7 @@ class ModelProvider(ABC):
     # is sent and the model's own limit applies.
     max_tokens: ClassVar[int | None] = None
     # ``complete_model`` streams to ``delta_sink()`` when there is one
-    # (turnkeep/activities/streaming.py); a provider that doesn't gets no live stream opened.
+    # (``turnkeep.providers.streaming``); a provider that doesn't gets no live stream opened.
     streams: ClassVar[bool] = False
 
     @classmethod

@@ -1,11 +1,12 @@
 """fast-agent's model strings: ``provider.model``, aliases, known model names, and reasoning.
 
 A model string is ``[provider.]model[?reasoning=<value>]``, as fast-agent parses it
-(``fast_agent/llm/model_factory.py`` at the commit below): the provider prefix (or fast-agent's
-``provider/model`` spelling), an alias (``sonnet``, ``gpt-5.5``, ``deepseek``...), or a model name
-fast-agent's model database gives a provider (``gpt-5-mini``, ``claude-sonnet-4-5``,
-``gemini-2.5-flash``). The reasoning setting is the ``?reasoning=`` query or, as fast-agent did
-until 0.4, a last ``.minimal``/``.low``/``.medium``/``.high`` part (``openai.o3.high``).
+(``fast_agent.llm.model_factory`` at ``turnkeep.config.fastagent.FAST_AGENT_COMMIT``, like the
+tables below): the provider prefix (or fast-agent's ``provider/model`` spelling), an alias
+(``sonnet``, ``gpt-5.5``, ``deepseek``...), or a model name fast-agent's model database gives a
+provider (``gpt-5-mini``, ``claude-sonnet-4-5``, ``gemini-2.5-flash``). The reasoning setting
+is the ``?reasoning=`` query or, as fast-agent did until 0.4, a last
+``.minimal``/``.low``/``.medium``/``.high`` part (``openai.o3.high``).
 
 The reasoning setting is part of a model's identity (``ModelRef``): an agent that lists
 ``gpt-5-mini?reasoning=low`` lets a turn use exactly that, not ``gpt-5-mini?reasoning=high``
@@ -13,7 +14,7 @@ nor plain ``gpt-5-mini``, so a client cannot raise the effort (and the bill) pas
 operator configured. Spellings of one model compare equal (``gpt-5-mini.low`` and
 ``openai.gpt-5-mini?reasoning=low``).
 
-This module knows only text and tables; ``turnkeep/activities/models.py`` resolves the provider
+This module knows only text and tables; ``turnkeep.providers.registry`` resolves the provider
 part against the registered providers.
 """
 
@@ -28,10 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from turnkeep.errors import config_error
 
-# The fast-agent commit the tables below were read from (the 0.10 line); the `.low` suffix is
-# from fast-agent before 0.4.49, which has since dropped it.
-FAST_AGENT_COMMIT = "610a2f575c469134479f2101f92255aa4bc642a3"
-
+# The `.low` suffix is from fast-agent before 0.4.49, which has since dropped it.
 EFFORTS = ("auto", "none", "minimal", "low", "medium", "high", "xhigh", "max")
 # The older suffix form took only these (fast-agent's EFFORT_MAP).
 SUFFIX_EFFORTS = ("minimal", "low", "medium", "high")
@@ -155,7 +153,7 @@ def aliases(provider: str) -> dict[str, str]:
     return table
 
 
-# --- fast-agent's tables (src/fast_agent/llm/model_aliases.py, model_database.py) ------------
+# --- fast-agent's tables (fast_agent.llm.model_aliases and model_database) --------------------
 #
 # Only the entries for providers turnkeep has; `responses.` models are on `openai`.
 

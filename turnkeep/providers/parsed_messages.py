@@ -1,13 +1,13 @@
 """Messages of model calls' inputs, parsed once per worker process.
 
 A turn's model calls on one worker get their input handed over as JSON, message by message
-with each one's sha256 (``activity_io.RequestJson``), and call *n+1* repeats every message of
+with each one's sha256 (``model_io.RequestJson``), and call *n+1* repeats every message of
 call *n*. Parsing (and measuring, for the offline models' token estimates) only the messages
 new since the last call keeps a model call's cost on the activity side independent of the
-conversation's length, as ``activity_io.MessageJson`` does on the workflow side.
+conversation's length, as ``model_io.MessageJson`` does on the workflow side.
 
 The parsed ``Message`` objects are shared by the calls that send them, so a provider must
-treat its request as read-only (``tests/test_providers.py`` checks that every one does). They
+treat its request as read-only (the providers' tests check that every one does). They
 are never shared with workflow state: they are parsed here from JSON.
 """
 
@@ -76,7 +76,7 @@ class ParsedMessages:
         return len(self._by_sha)
 
 
-# One per process, as the hand-off it parses for (turnkeep/activities/model_activity.py).
+# One per process, as the hand-off it parses for (``turnkeep.activities.model_input``).
 PARSED_MESSAGES = ParsedMessages()
 
 

@@ -1,15 +1,15 @@
-"""Model strings → providers (docs/concepts/models.md), the way fast-agent spells them, through a
-registry of provider classes (``turnkeep/activities/providers/__init__.py``).
+"""Model strings → providers (the documentation's *Models*), the way fast-agent spells them,
+through a registry of ``ModelProvider`` classes.
 
 ``passthrough`` and ``playback`` are offline; ``anthropic.<model>``, ``openai.<model>``,
 ``generic.<model>``, ``deepseek.``, ``openrouter.``, ``groq.``, ``xai.``, ``google.`` and
 ``azure.<model>`` name a provider and the provider's own model id; fast-agent's aliases
 (``sonnet``, ``gpt-5.5``...) and known model names (``gpt-5-mini``) name both, and a
-``?reasoning=`` setting may follow (``turnkeep/activities/model_strings.py``). Other providers
-come from installed packages
-(the ``turnkeep.providers`` entry-point group) or from the worker's plugin
-(``TurnkeepPlugin(providers=[...])``). A model string resolves to a registered provider or to
-nothing: a turn cannot make a worker load code or reach an API its operator did not install.
+``?reasoning=`` setting may follow (``turnkeep.providers.model_strings``). Other providers come
+from installed packages (the ``turnkeep.providers`` entry-point group) or from the worker's
+plugin (``TurnkeepPlugin(providers=[...])``). A model string resolves to a registered provider
+or to nothing: a turn cannot make a worker load code or reach an API its operator did not
+install.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class ProviderRegistry:
         return iter(self._providers.values())
 
     def resolve(self, model: str) -> ModelRef:
-        """What ``model`` names, parsed as fast-agent parses it (``model_strings.py``): an alias
+        """What ``model`` names, parsed as fast-agent parses it (``model_strings``): an alias
         or known model name, ``provider.model`` or ``provider/model``, and its reasoning
         setting (``?reasoning=``, or the older ``.low`` suffix)."""
         spec, queried, suffix = split_model_string(model)

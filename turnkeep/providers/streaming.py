@@ -3,7 +3,7 @@ a call's live stream reaches a client (the ``llm_step`` heartbeat details).
 
 A provider streams when ``delta_sink()`` returns a sink: ``llm_step`` sets one (a context
 variable) around ``complete_model`` while the worker serves live streams
-(``turnkeep/worker/live_stream.py``). A context variable rather than a new method on
+(``turnkeep.worker.live_server``). A context variable rather than a new method on
 ``ModelProvider``: the providers that wrap ``complete_model`` (Azure's deployment, the
 compatible providers' key message) keep working unchanged, and a third party's provider that
 never looks at the sink answers without streaming, as before. Nothing here reaches the
@@ -37,7 +37,7 @@ class LiveCallSink(DeltaSink, Protocol):
 
 
 class LiveServer(Protocol):
-    """The worker's live-stream server (``turnkeep/worker/live_stream.py``), as ``llm_step``
+    """The worker's live-stream server (``turnkeep.worker.live_server``), as ``llm_step``
     uses it: a stream per attempt, its deltas encoded with ``converter``."""
 
     async def open(

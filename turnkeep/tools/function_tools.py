@@ -77,8 +77,8 @@ def _tool_error(err: BaseException) -> ToolError:
 class _FixedToolsServer(FastMCP):
     """A FastMCP server whose tools are all registered when it is built and never change
     (turnkeep's function-tool servers), so each is looked up once. FastMCP looks a tool up on
-    every call through its providers (an anyio task group): 0.6 ms of a function tool's
-    2.5 ms activity inside a turn, measured alone."""
+    every call through its providers (an anyio task group), a large share of what a quick
+    function tool's activity costs."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -168,7 +168,7 @@ async def call_function_tool(
 def _as_call_tool_result(
     server: FastMCP, tool: str, outcome: ToolResult | Exception
 ) -> mcp.types.CallToolResult:
-    """What an MCP client of ``server`` receives for ``outcome``: mirrors fastmcp 4.2's
+    """What an MCP client of ``server`` receives for ``outcome``: mirrors fastmcp's
     ``MCPOperationsMixin._on_call_tool`` and the SDK runner's ``_stamp_server_info`` on a
     2026-07-28 connection. Input-required and extension results do not arise here: the server
     has neither guard tools nor extensions."""

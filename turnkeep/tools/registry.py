@@ -21,6 +21,7 @@ from turnkeep.tools.source import (
     ToolSource,
     UnknownServer,
 )
+from turnkeep.workflows.activity_io import TOOL_SEPARATOR
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +109,12 @@ class ToolServers:
         if clashing:
             raise ValueError(f"server name(s) {clashing} are both MCP servers and function tools")
         # Tool names are namespaced `server__tool` and split on the first `__`.
-        bad = [n for n in [*settings.mcp.servers, *function_servers] if "__" in n or not n]
+        names = [*settings.mcp.servers, *function_servers]
+        bad = [n for n in names if TOOL_SEPARATOR in n or not n]
         if bad:
             raise ValueError(
-                f"server name(s) {sorted(bad)} must be non-empty and must not contain '__'"
+                f"server name(s) {sorted(bad)} must be non-empty and must not contain "
+                f"{TOOL_SEPARATOR!r}"
             )
         registry = sources or installed_tool_sources()
         self._sources: dict[str, ToolSource] = {

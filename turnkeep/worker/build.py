@@ -146,12 +146,11 @@ class TurnkeepWorkers:
 
 def freeze_startup_heap() -> None:
     """For a process that serves turns for long (``turnkeep worker``, the benchmarks): once the
-    worker is built, take everything alive (the SDKs, FastMCP, pydantic's schemas: ~160,000
-    objects) out of the cyclic garbage collector's scans. It would otherwise walk them all in
-    every full collection: measured on the bench's worker, a ~120 ms pause once every ~8
-    twenty-iteration turns, and 1.0-1.3 s of each 100-turn batch in collections (0.4-0.8 s
-    frozen). Those objects live as long as the process anyway; the collection before the
-    freeze frees what is already garbage."""
+    worker is built, take everything alive (the SDKs, FastMCP, pydantic's schemas) out of the
+    cyclic garbage collector's scans. It would otherwise walk them all in every full
+    collection: a pause every few turns, which adds up over a batch of them (the benchmarks'
+    notes have the figures). Those objects live as long as the process anyway; the collection
+    before the freeze frees what is already garbage."""
     gc.collect()
     gc.freeze()
 
@@ -164,7 +163,7 @@ YOUNG_GENERATION_THRESHOLD = 50_000
 def tune_garbage_collector() -> None:
     """For a process that serves turns for long (``turnkeep worker``, the benchmarks), once
     the worker is built: ``freeze_startup_heap``, and collect the youngest generation every
-    50,000 allocations instead of Python's default.
+    ``YOUNG_GENERATION_THRESHOLD`` allocations instead of Python's default.
 
     A turn builds its conversation as objects (thousands of messages in a long session's
     later turns) and drops them when it ends. Collected every few hundred allocations, most

@@ -34,7 +34,14 @@ from turnkeep.config.settings import StreamingSettings
 from turnkeep.providers.streaming import LiveCallSink
 from turnkeep.support.asgi import AsgiServer, bind, http_url
 from turnkeep.worker.health import parse_address
-from turnkeep.workflows.live_io import PATH_PREFIX, LiveAddress, LiveBatch, LiveDelta
+from turnkeep.workflows.live_io import (
+    DELTA_EVENT,
+    END_EVENT,
+    PATH_PREFIX,
+    LiveAddress,
+    LiveBatch,
+    LiveDelta,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +92,9 @@ class LiveCall:
             if sent < len(self.deltas):
                 batch = self.deltas[sent:]
                 sent += len(batch)
-                yield f"event: delta\ndata: {await self.encode(batch)}\n\n".encode()
+                yield f"event: {DELTA_EVENT}\ndata: {await self.encode(batch)}\n\n".encode()
             elif self.done:
-                yield b"event: end\ndata:\n\n"
+                yield f"event: {END_EVENT}\ndata:\n\n".encode()
                 return
             else:
                 await asyncio.shield(waiting)

@@ -1,15 +1,15 @@
 """``TurnkeepPlugin``: turnkeep's client and worker set-up through Temporal's plugin API, the
 one way a worker gets turnkeep (``build_worker`` and ``turnkeep worker`` use it too).
 
-It adds to an application's set-up rather than replacing it (``turnkeep/worker/composition.py``):
+It adds to an application's set-up rather than replacing it (``turnkeep.payloads.composition``):
 every payload is a pydantic model as JSON, and payloads above
 ``payload_storage.threshold_bytes`` go to external storage with only a reference in the history
-(``turnkeep/payloads/storage.py``), while the application's payload codec keeps encoding them.
+(``turnkeep.payloads.storage``), while the application's payload codec keeps encoding them.
 A worker's plugin also registers ``TurnWorkflow`` and the activities built from the worker's
-settings and its Python agents (``turnkeep/agents.py``), beside the application's own; adds the
-model-input hand-off interceptor and the one that lets turns and sessions waiting for people
-leave the worker's cache (``turnkeep/worker/cache_release.py``); and closes pooled MCP
-connections when the worker stops.
+settings and its Python agents (``turnkeep.config.agents``), beside the application's own; adds
+the model-input hand-off interceptor and the one that lets turns and sessions waiting for people
+leave the worker's cache (``turnkeep.worker.cache_release``); and closes pooled MCP connections
+when the worker stops.
 
 With ``encryption`` in the settings, every payload also goes through ``turnkeep.payloads.codec``'s
 ``EncryptionCodec`` (AES-256-GCM); the SDK encodes before it stores, so stored payloads are
@@ -84,7 +84,7 @@ class TurnkeepPlugin(SimplePlugin):
     workflows, on its task queue.
 
     ``settings`` (a turnkeep.yaml's; default: no agents, payload storage under the state
-    directory) are merged with ``agents`` and ``servers`` (``turnkeep/agents.py``);
+    directory) are merged with ``agents`` and ``servers`` (``turnkeep.config.agents``);
     ``function_tools``, ``hooks`` and ``approval_policies`` register more functions by server,
     hook and policy name, over the settings' hooks and policies of the same name; ``storage``
     replaces what ``settings.payload_storage`` describes. ``providers`` and ``tool_sources``
@@ -196,8 +196,8 @@ class TurnkeepPlugin(SimplePlugin):
         ]
         if model_input_handoff:
             # A model call that runs on this worker takes its input from the workflow in
-            # memory instead of by query (turnkeep/activities/model_activity.py): a round trip
-            # less per iteration.
+            # memory instead of by query (``ModelInputHandoff``): a round trip less per
+            # iteration.
             interceptors.append(ModelInputHandoffInterceptor())
         super().__init__(
             "turnkeep",

@@ -1,25 +1,26 @@
 """The workflow runner of the workers turnkeep builds (``build_worker``, ``turnkeep worker``):
 Temporal's sandbox, with two costs taken out. ``TurnkeepPlugin`` on an application's own worker
-adds only the first to the application's runner (``turnkeep/worker/composition.py``): the second
-needs a private class of the SDK, which an application chooses for itself (a turn's iteration
-took ~11% longer without it, measured interleaved on one dev server).
+adds only the first to the application's runner (``turnkeep.payloads.composition``): the second
+needs a private class of the SDK, which an application chooses for itself (the design notes say
+what a turn's iterations pay without it).
 
 1. **Passthrough modules.** Modules the sandbox shares across workflow runs instead of
    re-importing them for each run: ``beartype``, because fastmcp's key_value dependency
    installs beartype's import hook process-wide (left sandboxed, every run re-imported beartype
-   through it, ~450 ms per new turn), and all of ``workflows``, turnkeep's own workflow code.
-   Re-importing that re-ran every module and rebuilt every pydantic model for each turn, and
-   where no ``.pyc`` can be written (``PYTHONDONTWRITEBYTECODE``) recompiled the modules too:
-   a seventh of a busy worker's CPU (`bench`'s throughput profile). The sandbox's runtime
-   checks (no ``datetime.now()``, no I/O...) reach only code imported inside it, so the replay
-   tests run every recorded turn history on ``STRICT_WORKFLOW_RUNNER``, which imports all of
-   ``workflows`` inside the sandbox: a forbidden call in workflow code fails CI there.
+   through it, a long wait for every new turn), and all of ``workflows``, turnkeep's own
+   workflow code. Re-importing that re-ran every module and rebuilt every pydantic model for
+   each turn, and where no ``.pyc`` can be written (``PYTHONDONTWRITEBYTECODE``) recompiled the
+   modules too: a large share of a busy worker's CPU (`bench`'s throughput profile). The
+   sandbox's runtime checks (no ``datetime.now()``, no I/O...) reach only code imported inside
+   it, so the replay tests run every recorded turn history on ``STRICT_WORKFLOW_RUNNER``, which
+   imports all of ``workflows`` inside the sandbox: a forbidden call in workflow code fails CI
+   there.
 2. **Serialization contexts outside ``exec``.** Before it encodes or decodes a payload, the SDK
    asks the workflow instance which command the payload belongs to (its serialization context
    and external-storage context). The stock sandbox answers each question by compiling and
    ``exec``-ing a snippet inside the sandbox with its import hooks applied: six visits of every
-   activation and completion, per payload, made that a fifth of a worker's busy time on a
-   quick turn (`bench`'s profile). The answer is a read of the instance's pending-command
+   activation and completion, per payload, made that a large share of a worker's busy time on
+   a quick turn (`bench`'s profile). The answer is a read of the instance's pending-command
    tables with no user code involved, so the runner's instances ask the sandboxed instance
    directly (``sandboxed_instance``, through private names of the SDK's sandbox); where this
    SDK version lacks them, the runner makes the stock instance.

@@ -1,6 +1,6 @@
 """``turnkeep worker`` as a service: it starts, serves until SIGTERM or SIGINT, then shuts
 down gracefully, and says which phase it is in to the health endpoint
-(``turnkeep/worker/health.py``) and the log.
+(``turnkeep.worker.health``) and the log.
 
 On the first signal the readiness probe turns 503 at once, the worker stops polling, and the
 activities it is running get the grace period (``--graceful-shutdown``,

@@ -1,7 +1,7 @@
 """The loop's *actions* as seen from workflow code: each one schedules activities by name and turns
-their failures into what the loop expects (docs/concepts/turn-loop.md): a failed model call becomes
-an assistant ``error`` message, a failed tool call an isError result. Nothing here decides when to
-call what; that is ``turnkeep/workflows/loop.py``."""
+their failures into what the loop expects (the documentation's *The turn loop*): a failed model
+call becomes an assistant ``error`` message, a failed tool call an isError result. Nothing here
+decides when to call what; that is ``turnkeep.workflows.loop``."""
 
 from __future__ import annotations
 

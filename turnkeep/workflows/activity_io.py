@@ -78,7 +78,7 @@ class ContinueAsNewPlan(BaseModel):
 
 class VisibilityPlan(BaseModel):
     """What the turn publishes for operators beyond activity summaries
-    (turnkeep/workflows/visibility.py): decided by the worker that prepared the turn and
+    (``turnkeep.workflows.visibility``): decided by the worker that prepared the turn and
     recorded with the plan, so the commands it implies replay identically."""
 
     # Turnkeep search attributes the namespace has registered (checked at worker start); only

@@ -3,7 +3,7 @@ a person or a policy decides, and what the turn records of it. Pure (pydantic an
 so the workflow, the worker that plans the turn and any client share these models.
 
 An approval policy is a function registered on the worker by name
-(``turnkeep/activities/approval_policy.py`` runs it, as an activity: user code is not
+(``turnkeep.activities.approval_policy`` runs it, as an activity: user code is not
 deterministic). It sees each call in its scope as an ``ApprovalRequest`` and answers
 ``"allow"`` (the call runs), ``"deny"`` (it is answered with an isError result, like a person's
 denial) or ``"ask"`` (it waits for a person, as the glob rules make it), or a
@@ -30,6 +30,8 @@ APPROVAL_POLICY = "approval_policy"
 # The reason a call is denied with when its policy could not decide (it raised, on every
 # attempt, or answered something that is not a decision): never allowed on a failure.
 POLICY_FAILED_REASON = "approval policy failed"
+# What a denied call's result says when whoever denied it gave no reason.
+NO_REASON = "no reason given"
 # Bounds on what a client writes into the turn's history with a decision.
 _BY_MAX_CHARS = 200
 _REASON_MAX_CHARS = 2000
@@ -98,9 +100,7 @@ class DecisionRecord(BaseModel):
     def denial(self) -> CallToolResult:
         """The isError result a denied (or timed-out) call is answered with, so the model can
         adapt."""
-        return CallToolResult.error(
-            f"Tool call denied by {self.by}: {self.reason or 'no reason given'}"
-        )
+        return CallToolResult.error(f"Tool call denied by {self.by}: {self.reason or NO_REASON}")
 
 
 # -- approval policies ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A turn as a child workflow of another workflow (``turnkeep.workflow.run_turn``, and the
 turns of a ``SessionWorkflow``): starting it, awaiting its result, and what crosses to the
 activity that reads a cancelled child turn's repaired conversation
-(``turnkeep/activities/child_turn.py``).
+(``turnkeep.activities.child_turn``).
 
 A cancelled workflow closes with no result and no details, and a workflow cannot query
 another, so the parent asks an activity to query the closed child."""

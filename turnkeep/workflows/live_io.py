@@ -10,6 +10,9 @@ from pydantic import BaseModel
 
 # A call's stream on the worker's live-stream server: GET PATH_PREFIX + LiveAddress.call_key.
 PATH_PREFIX = "/v1/calls/"
+# The stream's server-sent event types: a ``LiveBatch`` of deltas, and the call's end.
+DELTA_EVENT = "delta"
+END_EVENT = "end"
 
 
 class LiveAddress(BaseModel):

@@ -1,7 +1,7 @@
 """Loop *control* for one turn: when to call the model, which tool calls to run, when to stop.
 
-Pure and synchronous — no Temporal, no I/O — so every rule of the turn loop
-(docs/concepts/turn-loop.md) is testable without a server. ``TurnWorkflow`` owns the *actions*
+Pure and synchronous — no Temporal, no I/O — so every rule of the turn loop (the
+documentation's *The turn loop*) is testable without a server. ``TurnWorkflow`` owns the *actions*
 (model and tool activities) and feeds their results back here; this is fast-agent's ``ToolRunner``
 with the agent callbacks taken out.
 """
@@ -281,7 +281,7 @@ class TurnState(BaseModel):
         # never ends on a call without its result.
         if self.iteration > self.plan.max_iterations:
             # Replaced, not changed in place: a message in the conversation never changes
-            # (model calls' digests rely on it, see activity_io.MessageJson).
+            # (model calls' digests rely on it, see model_io.MessageJson).
             self.messages[-2] = self.messages[-2].model_copy(
                 update={"stop_reason": StopReason.MAX_ITERATIONS}
             )

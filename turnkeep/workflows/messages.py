@@ -4,7 +4,8 @@ These models mirror MCP's JSON (content blocks, ``CallToolResult``) and fast-age
 ``PromptMessageExtended`` (``tool_calls``, ``tool_results``, ``channels``, ``stop_reason``), but
 are defined here rather than imported from ``mcp``: workflow code must stay light and
 deterministic inside Temporal's sandbox, and the wire format must not move when the MCP SDK's
-Python names do. Conversion to and from the SDK types happens in ``turnkeep/activities/``.
+Python names do. Conversion to and from the SDK types happens outside workflow code, in the
+providers and the tool activities.
 """
 
 from __future__ import annotations

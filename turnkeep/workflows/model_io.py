@@ -132,7 +132,7 @@ class LlmStepRequest(BaseModel):
 
     # The request as JSON parts, in this process's memory only (a private attribute is never
     # serialized): the worker that schedules the call hands them to ``llm_step`` without
-    # dumping the conversation again (turnkeep/activities/model_activity.py).
+    # dumping the conversation again (``ModelInputHandoff``).
     _request_json: RequestJson | None = PrivateAttr(default=None)
 
     @classmethod

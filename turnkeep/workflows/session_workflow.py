@@ -13,7 +13,7 @@ the conversation (payload storage keeps a big one out of the history). ``close``
 
 Followers long-poll ``wait_for_messages`` and read ``transcript``: every turn's messages in
 order, indexed across turns and runs, with the running turn's id so a client can follow it
-live (``turnkeep/worker/session.py``).
+live (``turnkeep.client.sessions``).
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ from turnkeep.workflows.session_io import (
 from turnkeep.workflows.session_turns import ConversationJson, TurnOutcome, decode, take_in
 from turnkeep.workflows.starting import start_arguments
 from turnkeep.workflows.turn_io import TurnCancelledError
+
+# The line a session logs for a turn that failed (`turnkeep chat` says it in its own words).
+TURN_FAILED_LOG = "turn %s failed: %s"
 
 _SEND_USAGE = (
     'send takes one argument: the text of a user message, or a user Message such as {"role": '
@@ -164,7 +167,7 @@ class SessionWorkflow:
                 state.history = err.result.history
         except ChildWorkflowError as err:
             # An unknown agent, say: its messages go unanswered and the session goes on.
-            workflow.logger.warning("turn %s failed: %s", turn_id, err.cause or err)
+            workflow.logger.warning(TURN_FAILED_LOG, turn_id, err.cause or err)
         if outcome is not None:
             state.transcript += outcome.messages
             state.tokens += sum(u.input_tokens + u.output_tokens for u in outcome.usage.values())

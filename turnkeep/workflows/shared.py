@@ -20,7 +20,7 @@ class SharedValues:
     weakly: a value goes once no turn holds it (a one-off override's plan, a tool no longer
     listed).
 
-    ``turnkeep.workflows`` passes through the sandbox (``turnkeep/worker/workflow_runner.py``),
+    ``turnkeep.workflows`` passes through the sandbox (``turnkeep.worker.runner``),
     so this is one table per process. Workflow tasks run on several threads: a race costs at
     most one value not shared."""
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from turnkeep.workflows.activity_io import ToolCallRequest
 from turnkeep.workflows.approval import (
+    NO_REASON,
     ApprovalPlan,
     DecisionRecord,
     PolicyCall,
@@ -73,7 +74,7 @@ def apply_verdicts(
             allowed.append(call)
         else:
             answered[call.call_id] = CallToolResult.error(
-                f"Tool call denied by policy {plan.policy}: {verdict.reason or 'no reason given'}"
+                f"Tool call denied by policy {plan.policy}: {verdict.reason or NO_REASON}"
             )
     position = {call_id: i for i, call_id in enumerate(order)}
     to_run = sorted([*batch.to_run, *allowed], key=lambda call: position.get(call.call_id, 0))

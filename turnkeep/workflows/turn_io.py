@@ -1,4 +1,5 @@
-"""What a client sends to start a turn and what it gets back (docs/library.md)."""
+"""What a client sends to start a turn and what it gets back (the documentation's *Using
+turnkeep from your own Temporal app*)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``TurnWorkflow``: one agent turn as one Temporal workflow (docs/concepts/turn-loop.md,
-docs/concepts/cancellation.md, docs/operations/web-ui.md).
+"""``TurnWorkflow``: one agent turn as one Temporal workflow (the documentation's *The turn
+loop*, *Cancellation and repair* and *The Web UI*).
 
 The history of this workflow *is* the checkpoint: every model call and tool call is an
 activity, so a worker that dies mid-turn is replaced by another that replays to the same point
@@ -110,7 +110,7 @@ class TurnWorkflow:
             turn_metrics.turn_started(turn.agent)
         if self._state is None:
             try:
-                # Shared with the worker's other turns of the agent (activity_io.shared).
+                # Shared with the worker's other turns of the agent (``turnkeep.workflows.shared``).
                 plan = shared(await actions.prepare_turn(turn))
                 turn = _with_history(self._start)
             except (ActivityError, ApplicationError):  # an unknown agent, a bad history...

@@ -1,5 +1,5 @@
-"""What an operator sees of a turn in the Temporal Web UI, and filters turns by
-(docs/operations/web-ui.md).
+"""What an operator sees of a turn in the Temporal Web UI, and filters turns by (the
+documentation's *The Web UI*).
 
 - activity summaries: ``llm #3 · sonnet``, ``tool weather__forecast · call_9f2``,
   ``compact history``, ``hook before_llm_call · audit``; once a model call has answered, its

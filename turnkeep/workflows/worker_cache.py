@@ -1,5 +1,5 @@
-"""Turns and sessions leave their worker's workflow cache while they wait for people
-(docs/approvals.md, docs/sessions.md).
+"""Turns and sessions leave their worker's workflow cache while they wait for people (the
+documentation's *Human approval of tool calls* and *Sessions*).
 
 A person may answer in a minute or in days. Kept in the cache for all that time, a waiting
 workflow would hold the worker's memory and one of its cache slots, which the workflows at
@@ -13,7 +13,7 @@ to handle it, as it does for any workflow its cache let go.
   finds it still cached. Starting a turn cancels that (``stay_in_cache``).
 
 Workflow code asks through an extern function that the worker's ``CacheRelease`` interceptor
-registers (``turnkeep/worker/cache_release.py``). Asking issues no command: the history is the
+registers (``turnkeep.worker.cache_release``). Asking issues no command: the history is the
 same either way, and a worker without it (a ``Replayer``) does nothing. Nothing is asked while
 replaying: the workflow is being brought back to handle a new event, and what it does with
 that event asks again.

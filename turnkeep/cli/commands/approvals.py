@@ -17,8 +17,10 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from turnkeep.cli.connect import client_for
-from turnkeep.cli.console import console
+from turnkeep.cli.console import console, print_json
 from turnkeep.cli.options import Address, ConfigPath, Namespace
+from turnkeep.cli.process import warn_if_unpolled
+from turnkeep.cli.render import utc_time
 from turnkeep.client.turns import get_turn
 from turnkeep.config.files import find_config, load_settings
 from turnkeep.workflows import visibility
@@ -68,6 +70,8 @@ def pending(
 ) -> None:
     """List the turns with tool calls awaiting approval, and those calls' arguments."""
     settings = load_settings(config)
+    if json_out:
+        console.to_stderr()
 
     async def go() -> list[AwaitingTurn]:
         client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
@@ -75,7 +79,7 @@ def pending(
 
     turns = asyncio.run(go())
     if json_out:
-        print(json.dumps([turn.model_dump(mode="json") for turn in turns], indent=2))
+        print_json(json.dumps([turn.model_dump(mode="json") for turn in turns], indent=2))
         return
     if not turns:
         console.print("no turn is awaiting approval")
@@ -87,7 +91,7 @@ def pending(
         for call in turn.calls:
             console.print(
                 f"  call {escape(call.call_id)} · {escape(call.name)} · waiting since "
-                f"{call.since:%Y-%m-%d %H:%M:%S} UTC"
+                f"{utc_time(call.since)}"
             )
             console.print(f"    {escape(json.dumps(call.arguments, ensure_ascii=False))}")
 
@@ -113,9 +117,20 @@ def approve(
 
     async def go() -> None:
         client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
-        record = await get_turn(client, workflow_id).decide(
-            call_id, not deny, reason=reason, by=by or getpass.getuser(), arguments=edited
+        turn = get_turn(client, workflow_id)
+        # The turn takes the decision on a worker of its queue, if there is one.
+        queue = (await turn.handle.describe()).task_queue
+        unpolled = asyncio.ensure_future(
+            warn_if_unpolled(
+                client, queue, what="the decision", hint="start `turnkeep worker` for the turn"
+            )
         )
+        try:
+            record = await turn.decide(
+                call_id, not deny, reason=reason, by=by or getpass.getuser(), arguments=edited
+            )
+        finally:
+            unpolled.cancel()
         edit = " with edited arguments" if record.arguments is not None else ""
         verb = "approved" if record.approved else "denied"
         console.print(f"{verb} call {escape(record.call_id)} ({escape(record.tool)}){edit}")

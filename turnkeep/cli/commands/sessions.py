@@ -1,29 +1,48 @@
 """The commands about sessions: ``chat`` talks with an agent in a session, line by line;
-``sessions`` lists sessions."""
+``sessions`` lists sessions, ``sessions close`` closes one."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+from datetime import datetime
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel
+from rich.markup import escape
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+)
+from temporalio.service import RPCError
 
 from turnkeep.cli.approval_prompt import ApprovalPrompter, stdin_lines
 from turnkeep.cli.commands.turns import _default_agent
 from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
+from turnkeep.cli.errors import error_text, print_error
 from turnkeep.cli.options import Address, ConfigPath, Namespace
-from turnkeep.cli.process import client_and_worker
-from turnkeep.cli.render import TurnRenderer
+from turnkeep.cli.process import (
+    client_and_worker,
+    refuse_unrunnable,
+    runs_worker,
+    warn_if_unpolled,
+)
+from turnkeep.cli.render import TurnRenderer, plural, status_word, utc_time
 from turnkeep.client.live import MessageEvent
-from turnkeep.client.sessions import SessionHandle, open_session
+from turnkeep.client.sessions import SessionHandle, get_session, open_session
+from turnkeep.client.turns import get_turn
 from turnkeep.config.files import find_config, load_settings
 from turnkeep.workflows import visibility
 from turnkeep.workflows.session_io import SESSION_WORKFLOW_NAME
-from turnkeep.workflows.turn_io import agent_task_queue
+from turnkeep.workflows.turn_io import TurnOverrides, agent_task_queue
 
 app = typer.Typer()
+# `sessions` lists them; its subcommands act on one.
+sessions_app = typer.Typer(subcommand_metavar="[COMMAND [ARGS]...]")
 
 
 @app.command()
@@ -42,16 +61,20 @@ def chat(
 ) -> None:
     """Talk with an agent: each line you type is sent to the session and its turn streamed.
     Ctrl-C cancels the running turn (the conversation is repaired, the session goes on);
-    Ctrl-C at the prompt, or end of input, leaves (the session stays, resume it with
-    --session)."""
+    Ctrl-C at the prompt, or end of input, leaves: the session stays open, and the command
+    says how to resume or close it. A turn that fails is told in an `error:` line, the
+    session goes on, and the command exits with code 2 at the end."""
     settings = load_settings(config)
+    name = agent or _default_agent(settings)
+    in_process = runs_worker(address, worker)
+    if session_id is None:  # a resumed session keeps its own agent
+        refuse_unrunnable(settings, name, TurnOverrides(), in_process=in_process)
 
-    async def go() -> None:
+    async def go() -> int:
         async with client_and_worker(address, namespace, settings, config, worker=worker) as (
             client,
             _,
         ):
-            name = agent or _default_agent(settings)
             options = settings.agents.get(name)
             session = await open_session(
                 client,
@@ -61,34 +84,75 @@ def chat(
                 on_new_message=options.on_new_message if options else "queue",
             )
             console.print(f"[bold]session[/] {session.session_id}")
-            await _repl(session)
+            # Where its turns wait for a worker (a resumed session keeps its own queue).
+            queue = None if in_process else (await session.handle.describe()).task_queue
+            code = await _repl(session, queue)
+        console.print(
+            f"the session stays open: resume it with `turnkeep chat --session "
+            f"{session.session_id}`, end it with `turnkeep sessions close {session.session_id}`"
+        )
+        return code
 
-    asyncio.run(go())
+    code = asyncio.run(go())
+    if code:
+        raise typer.Exit(code)
 
 
-async def _repl(session: SessionHandle) -> None:
+async def _repl(session: SessionHandle, unpolled_queue: str | None) -> int:
+    """Send each line typed and follow its turn, until end of input or Ctrl-C at the prompt.
+    The exit code: 2 if a turn failed (each told as it happens), else 0. ``unpolled_queue``:
+    the queue to look at for a worker when a turn is slow to start (None: this process runs
+    the worker)."""
     index = (await session.progress()).count
     renderer = TurnRenderer(console)
     loop = asyncio.get_running_loop()
     interrupted = asyncio.Event()
     loop.add_signal_handler(signal.SIGINT, interrupted.set)
+    code = 0
     while True:
         interrupted.clear()
         line = await _read_line(interrupted)
         if line is None:
-            return
+            return code
         if not line.strip():
             continue
-        sent = await session.send(line)
-        follow = asyncio.ensure_future(_print(session, index, sent.turn, renderer))
-        interrupt = asyncio.ensure_future(interrupted.wait())
-        await asyncio.wait({follow, interrupt}, return_when=asyncio.FIRST_COMPLETED)
-        if not follow.done():
-            # Cancel the turn, not the follower: it goes on to print the repair.
-            console.print("[yellow]interrupted: cancelling the turn…[/]")
-            await session.cancel_turn()
-        interrupt.cancel()
-        index = await follow
+        unpolled = (
+            asyncio.ensure_future(warn_if_unpolled(session.client, unpolled_queue))
+            if unpolled_queue
+            else None
+        )
+        try:
+            sent = await session.send(line)
+            follow = asyncio.ensure_future(_print(session, index, sent.turn, renderer, unpolled))
+            interrupt = asyncio.ensure_future(interrupted.wait())
+            await asyncio.wait({follow, interrupt}, return_when=asyncio.FIRST_COMPLETED)
+            if not follow.done():
+                # Cancel the turn, not the follower: it goes on to print the repair.
+                console.print("[yellow]interrupted: cancelling the turn…[/]")
+                await session.cancel_turn()
+            interrupt.cancel()
+            index = await follow
+        finally:
+            if unpolled is not None:
+                unpolled.cancel()
+        failure = await _failure(session, sent.turn_id)
+        if failure is not None:
+            print_error(error_text(failure))
+            code = 2
+
+
+async def _failure(session: SessionHandle, turn_id: str) -> WorkflowFailureError | None:
+    """Why the turn ``turn_id`` of the session failed (its messages go unanswered, and the
+    session goes on); None if it did not."""
+    turn = get_turn(session.client, turn_id)
+    status = (await turn.handle.describe()).status
+    if status in (None, WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.CANCELED):
+        return None
+    try:
+        await turn.handle.result()
+    except WorkflowFailureError as err:
+        return err
+    return None
 
 
 async def _read_line(interrupted: asyncio.Event) -> str | None:
@@ -104,15 +168,27 @@ async def _read_line(interrupted: asyncio.Event) -> str | None:
         console.print()
         return None  # the reading (daemon) thread is left blocked; the process exits
     line = read.result()
-    return line.rstrip("\n") if line else None
+    if not line:
+        console.print()  # end of input: what follows starts on a line of its own
+        return None
+    return line.rstrip("\n")
 
 
-async def _print(session: SessionHandle, start: int, turn: int, renderer: TurnRenderer) -> int:
+async def _print(
+    session: SessionHandle,
+    start: int,
+    turn: int,
+    renderer: TurnRenderer,
+    unpolled: asyncio.Future[None] | None = None,
+) -> int:
     """Print the messages up to the end of ``turn``, asking about calls that await approval
-    (on a terminal); the index to follow on from."""
+    (on a terminal); the index to follow on from. ``unpolled`` (the look for a worker) is
+    cancelled once the turn's first message comes."""
     index = start
     async with ApprovalPrompter.for_session(session) as approvals:
         async for event in session.stream(start, until_turn=turn):
+            if unpolled is not None:
+                unpolled.cancel()
             if isinstance(event, MessageEvent):
                 index += 1
                 approvals.saw(event.message)
@@ -120,29 +196,148 @@ async def _print(session: SessionHandle, start: int, turn: int, renderer: TurnRe
     return index
 
 
-@app.command()
+@sessions_app.callback(invoke_without_command=True)
 def sessions(
+    ctx: typer.Context,
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
-    limit: Annotated[int, typer.Option(help="How many to list, newest first.")] = 20,
+    limit: Annotated[int, typer.Option(help="How many to list, newest first.", min=1)] = 20,
 ) -> None:
-    """List sessions: id, agent, status, turns, tokens, and when their current run started
-    (the last continue-as-new, or the start)."""
+    """List sessions, one row each, newest first: id, agent, open or closed, turns, tokens,
+    and when the session started. With more sessions than --limit, the open ones come first,
+    then those closed last. `turnkeep sessions close ID` closes one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    settings = load_settings(config)
+
+    async def go() -> list[SessionRow]:
+        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+        return await session_rows(client, limit)
+
+    rows = asyncio.run(go())
+    if not rows:
+        console.print("no sessions")
+    for row in rows:
+        console.print(
+            f"{escape(row.session_id)} · agent {escape(row.agent or '?')} · {row.state} · "
+            f"{plural(row.turns, 'turn')} · {plural(row.tokens, 'token')} · started "
+            f"{utc_time(row.started)}"
+        )
+
+
+class SessionRow(BaseModel):
+    """A session as ``turnkeep sessions`` lists it: from its current run (the last, once it
+    has ended) and the start of its first."""
+
+    session_id: str
+    agent: str | None
+    state: str  # open, closed, or how it ended otherwise (terminated, failed...)
+    turns: int
+    tokens: int
+    started: datetime
+
+
+# Every run of a session but the one it is on (or ended in) has continued as new: one row
+# per session is the run of each that has not.
+_SESSIONS_QUERY = (
+    f"WorkflowType = '{SESSION_WORKFLOW_NAME}' AND ExecutionStatus != 'ContinuedAsNew'"
+)
+
+
+async def session_rows(client: Client, limit: int) -> list[SessionRow]:
+    """Up to ``limit`` sessions, newest first. The server lists running workflows first, then
+    closed ones by their close, so past ``limit`` these are the open sessions and the last
+    closed; each started when its first run did."""
+    executions = [e async for e in client.list_workflows(_SESSIONS_QUERY, limit=limit)]
+    starts = await asyncio.gather(*(_first_start(client, e) for e in executions))
+    rows = [
+        SessionRow(
+            session_id=execution.id,
+            agent=execution.typed_search_attributes.get(visibility.AGENT),
+            state=_state(execution.status),
+            turns=execution.typed_search_attributes.get(visibility.ITERATIONS) or 0,
+            tokens=execution.typed_search_attributes.get(visibility.TOKENS) or 0,
+            started=started,
+        )
+        for execution, started in zip(executions, starts, strict=True)
+    ]
+    rows.sort(key=lambda row: row.started, reverse=True)
+    return rows
+
+
+def _state(status: WorkflowExecutionStatus | None) -> str:
+    if status == WorkflowExecutionStatus.RUNNING:
+        return "open"
+    if status in (None, WorkflowExecutionStatus.COMPLETED):
+        return "closed"
+    return status_word(status)  # terminated, failed, timed out...
+
+
+async def _first_start(client: Client, execution: WorkflowExecution) -> datetime:
+    """When the session started: its first run's start (a session that continued as new is
+    listed by its current run; a listing does not say which run was first, a description
+    does)."""
+    try:
+        described = await client.get_workflow_handle(
+            execution.id, run_id=execution.run_id
+        ).describe()
+        first = described.raw_description.workflow_execution_info.first_run_id
+        if not first or first == execution.run_id:
+            return execution.start_time
+        described = await client.get_workflow_handle(execution.id, run_id=first).describe()
+    except RPCError:
+        return execution.start_time  # the first run is past the namespace's retention
+    return described.start_time
+
+
+@sessions_app.command("close")
+def close(
+    session_id: Annotated[str, typer.Argument(help="The session (its id).")],
+    address: Address = None,
+    namespace: Namespace = None,
+    config: ConfigPath = None,
+    worker: Annotated[
+        bool | None,
+        typer.Option(help="Run a worker in this process (default: only on the embedded server)."),
+    ] = None,
+) -> None:
+    """Close a session: it answers any message still queued, then ends. It stays readable
+    (`turnkeep show ID`) and takes no more messages."""
     settings = load_settings(config)
 
     async def go() -> None:
-        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
-        query = f"WorkflowType = '{SESSION_WORKFLOW_NAME}'"
-        async for execution in client.list_workflows(query, limit=limit):
-            attributes = execution.typed_search_attributes
-            open_ = execution.status is not None and execution.status.name == "RUNNING"
-            console.print(
-                f"{execution.id}  agent={attributes.get(visibility.AGENT) or '?'}  "
-                f"{'open' if open_ else 'closed'}  "
-                f"turns={attributes.get(visibility.ITERATIONS) or 0}  "
-                f"tokens={attributes.get(visibility.TOKENS) or 0}  "
-                f"since={execution.start_time:%Y-%m-%d %H:%M:%S}"
+        async with client_and_worker(address, namespace, settings, config, worker=worker) as (
+            client,
+            _,
+        ):
+            session = get_session(client, session_id)
+            described = await session.handle.describe()
+            if described.workflow_type != SESSION_WORKFLOW_NAME:
+                raise typer.BadParameter(
+                    f"{session_id!r} is a {described.workflow_type}, not a session",
+                    param_hint="SESSION_ID",
+                )
+            if described.status != WorkflowExecutionStatus.RUNNING:
+                console.print(
+                    f"session {escape(session_id)} was already {_state(described.status)}"
+                )
+                return
+            # The session ends on a worker of its queue, if there is one.
+            unpolled = asyncio.ensure_future(
+                warn_if_unpolled(
+                    client,
+                    described.task_queue,
+                    what="the session",
+                    hint="start `turnkeep worker` with its agent in its config, or --worker "
+                    "to run one here",
+                )
             )
+            try:
+                await session.close()
+                ended = await session.result()
+            finally:
+                unpolled.cancel()
+        console.print(f"closed session {escape(session_id)} · {plural(ended.turns, 'turn')}")
 
     asyncio.run(go())

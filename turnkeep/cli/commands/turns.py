@@ -5,30 +5,44 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Annotated
+from collections.abc import Coroutine
+from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
+from temporalio.client import (
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+)
 
 from turnkeep.cli.approval_prompt import ApprovalPrompter
 from turnkeep.cli.connect import client_for
-from turnkeep.cli.console import console
+from turnkeep.cli.console import console, print_json
 from turnkeep.cli.options import Address, ConfigPath, Namespace
-from turnkeep.cli.process import client_and_worker
-from turnkeep.cli.render import TurnRenderer
-from turnkeep.client.history import TurnView, read_turn
+from turnkeep.cli.process import (
+    client_and_worker,
+    refuse_unrunnable,
+    runs_worker,
+    warn_if_unpolled,
+)
+from turnkeep.cli.render import TurnRenderer, plural, status_word
+from turnkeep.client.history import TurnView, describe_failure, read_turn
 from turnkeep.client.live import MessageEvent
 from turnkeep.client.sessions import SessionView, read_session
 from turnkeep.client.turns import TurnHandle, get_turn, start_turn
 from turnkeep.config.files import find_config, load_settings
 from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.workflows.session_io import SESSION_WORKFLOW_NAME
 from turnkeep.workflows.turn_io import (
     TurnCancelledError,
     TurnInput,
     TurnResult,
     agent_task_queue,
 )
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 # What `run` and `watch` exit with once Ctrl-C has cancelled the turn: 128 + SIGINT, as a
 # shell reports a command that Ctrl-C stopped (scripts can tell it from a finished turn).
@@ -57,36 +71,78 @@ def run(
     workflow_id: Annotated[str | None, typer.Option("--id", help="Workflow id.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the TurnResult as JSON.")] = False,
 ) -> None:
-    """Start a turn and stream its messages as the loop runs. Ctrl-C cancels the turn."""
+    """Start a turn and stream its messages as the loop runs. Ctrl-C cancels the turn. A turn
+    that could only fail (an empty prompt, an agent the config lacks, a model the agent does
+    not allow) is refused before anything starts. With --json, stdout carries the result
+    alone, and the streamed turn goes to stderr."""
     settings = load_settings(config)
+    if json_out:
+        console.to_stderr()
     if prompt == "-":
         prompt = sys.stdin.read().strip()
-    turn = TurnInput(
+        if not prompt:
+            raise typer.BadParameter(
+                "stdin was empty (there is nothing to ask)", param_hint="PROMPT"
+            )
+    if not prompt.strip():
+        raise typer.BadParameter("empty (there is nothing to ask)", param_hint="PROMPT")
+    turn = _turn_input(
         agent=agent or _default_agent(settings),
         messages=[prompt],  # a bare string is a user message
         model=model,
         max_iterations=max_iterations,
     )
+    in_process = runs_worker(address, worker)
+    refuse_unrunnable(settings, turn.agent, turn.overrides(), in_process=in_process)
+    task_queue = agent_task_queue(settings.task_queue, turn.agent)
 
     async def go() -> None:
         async with client_and_worker(address, namespace, settings, config, worker=worker) as (
             client,
             embedded,
         ):
-            handle = await start_turn(
-                client,
-                turn,
-                workflow_id=workflow_id,
-                task_queue=agent_task_queue(settings.task_queue, turn.agent),
-            )
+            handle = await start_turn(client, turn, workflow_id=workflow_id, task_queue=task_queue)
             _announce(handle, embedded)
-            result, interrupted = await _stream(handle)
+            unpolled = None if in_process else warn_if_unpolled(client, task_queue)
+            result, interrupted = await _stream(handle, also=unpolled)
         if json_out:
-            print(result.model_dump_json(indent=2))
+            print_json(result.model_dump_json(indent=2))
         if interrupted:
             raise typer.Exit(INTERRUPTED_EXIT)
 
     asyncio.run(go())
+
+
+async def _described_turn(
+    turn: TurnHandle, session: str = "`turnkeep chat --session ID` follows one"
+) -> WorkflowExecutionDescription:
+    """The turn's workflow described, once it is one: another workflow's id (a session's, an
+    app's) is a usage error, ``session`` saying what to use for a session instead."""
+    described = await turn.handle.describe()
+    if described.workflow_type != WORKFLOW_NAME:
+        also = f" ({session})" if described.workflow_type == SESSION_WORKFLOW_NAME else ""
+        raise typer.BadParameter(
+            f"{turn.workflow_id!r} is a {described.workflow_type}, not a turn{also}",
+            param_hint="WORKFLOW_ID",
+        )
+    return described
+
+
+_WORKER_FOR_ITS_AGENT = "start `turnkeep worker` with its agent in its config"
+
+# The options `run` names a turn's fields by, for a value the turn refuses.
+_OPTIONS = {"agent": "--agent", "model": "--model", "max_iterations": "--max-iterations"}
+
+
+def _turn_input(**fields: object) -> TurnInput:
+    """The turn the options describe, or a usage error naming the option that is wrong."""
+    try:
+        return TurnInput.model_validate(fields)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise typer.BadParameter(
+            first["msg"], param_hint=_OPTIONS.get(str(first["loc"][0]), "PROMPT")
+        ) from None
 
 
 def _announce(handle: TurnHandle, embedded: ServerInfo | None) -> None:
@@ -96,15 +152,21 @@ def _announce(handle: TurnHandle, embedded: ServerInfo | None) -> None:
         console.print(f"[bold]Web UI[/] {link}")
 
 
-async def _stream(handle: TurnHandle, start: int = 0) -> tuple[TurnResult, bool]:
+async def _stream(
+    handle: TurnHandle, start: int = 0, *, also: Coroutine[Any, Any, None] | None = None
+) -> tuple[TurnResult, bool]:
     """Print each message as it comes, asking about calls that await approval (on a
     terminal); on Ctrl-C cancel the turn and show the repair. The turn's result, and whether
-    Ctrl-C cancelled it."""
+    Ctrl-C cancelled it. ``also`` runs beside until the turn's first message comes (a check
+    whether a worker polls its queue)."""
     renderer = TurnRenderer(console)
     interrupted = False
+    beside = asyncio.ensure_future(also) if also is not None else None
     try:
         async with ApprovalPrompter.for_turn(handle) as approvals:
             async for event in handle.stream(start, include_tool_results=True):
+                if beside is not None:
+                    beside.cancel()  # the turn runs: a worker took it
                 if isinstance(event, MessageEvent):
                     approvals.saw(event.message)
                 renderer.live(event)
@@ -128,6 +190,9 @@ async def _stream(handle: TurnHandle, start: int = 0) -> tuple[TurnResult, bool]
         if cancelled.result is None:
             raise
         result = cancelled.result
+    finally:
+        if beside is not None:
+            beside.cancel()
     renderer.summary(result)
     return result, interrupted
 
@@ -145,7 +210,12 @@ def watch(
 
     async def go() -> None:
         client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
-        _, interrupted = await _stream(get_turn(client, workflow_id), start)
+        turn = get_turn(client, workflow_id)
+        described = await _described_turn(turn)
+        unpolled = None
+        if described.status == WorkflowExecutionStatus.RUNNING:
+            unpolled = warn_if_unpolled(client, described.task_queue, hint=_WORKER_FOR_ITS_AGENT)
+        _, interrupted = await _stream(turn, start, also=unpolled)
         if interrupted:
             raise typer.Exit(INTERRUPTED_EXIT)
 
@@ -183,6 +253,8 @@ def show(
     reason and any repair. Running, completed, cancelled or failed; no worker needed. Given a
     session's id, print each of its turns so, open or closed."""
     settings = load_settings(config)
+    if json_out:
+        console.to_stderr()
 
     async def go() -> TurnView | SessionView:
         client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
@@ -194,7 +266,7 @@ def show(
         _show_session(view, json_out=json_out, full=full)
         return
     if json_out:
-        sys.stdout.write(view.model_dump_json(indent=2, exclude=_REPEATED) + "\n")
+        print_json(view.model_dump_json(indent=2, exclude=_REPEATED))
         return
     TurnRenderer(console, full=full).view(view)
 
@@ -202,10 +274,11 @@ def show(
 def _show_session(view: SessionView, *, json_out: bool, full: bool) -> None:
     if json_out:
         exclude = {"turns": {"__all__": _REPEATED}}
-        sys.stdout.write(view.model_dump_json(indent=2, exclude=exclude) + "\n")
+        print_json(view.model_dump_json(indent=2, exclude=exclude))
         return
     console.print(
-        f"[bold]session[/] {escape(view.session_id)} · {view.status} · {len(view.turns)} turns"
+        f"[bold]session[/] {escape(view.session_id)} · {view.status} · "
+        f"{plural(len(view.turns), 'turn')}"
     )
     renderer = TurnRenderer(console, full=full)
     for turn in view.turns:
@@ -232,13 +305,36 @@ def cancel(
     async def go() -> None:
         client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
         handle = get_turn(client, workflow_id)
+        described = await _described_turn(handle, session="`turnkeep sessions close` ends one")
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            console.print(f"the turn had already ended: {await _how_it_ended(handle, described)}")
+            return
         await handle.cancel()
+        # The turn repairs its conversation on a worker of its queue, if there is one.
+        unpolled = asyncio.ensure_future(
+            warn_if_unpolled(client, described.task_queue, hint=_WORKER_FOR_ITS_AGENT)
+        )
         try:
             await handle.result()
         except TurnCancelledError as cancelled:
             if cancelled.result is not None:
                 TurnRenderer(console).summary(cancelled.result)
             return
-        console.print("the turn had already finished")
+        finally:
+            unpolled.cancel()
+        console.print("the turn had already ended: completed")
 
     asyncio.run(go())
+
+
+async def _how_it_ended(turn: TurnHandle, described: WorkflowExecutionDescription) -> str:
+    """A closed turn's status, and for one that failed (or was terminated, or timed out),
+    why."""
+    status = status_word(described.status)
+    if described.status in (WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.CANCELED):
+        return status
+    try:
+        await turn.handle.result()
+    except WorkflowFailureError as err:
+        return f"{status}: {describe_failure(err.cause)}"
+    return status

@@ -2,12 +2,11 @@
 translated, the console and UI ones are accepted and named once as ignored, and a key
 fast-agent does not have is left for ``Settings`` to refuse (``extra="forbid"``).
 
-The key lists follow fast-agent's settings schema (``src/fast_agent/config.py``) at commit
-610a2f575c469134479f2101f92255aa4bc642a3 (2026-08-18, the 0.10 line), plus keys older releases
-had that configurations still carry (``mcp.targets``, ``mcp_timeline``, ``mcp_ui_*``,
-``auto_sampling``, ``environment_dir``...). ``mcp.targets`` (until 0.9) and
-``mcp.servers.<name>.target`` (0.10) become servers as fast-agent makes them
-(``turnkeep/fastagent/targets.py``).
+The key lists follow fast-agent's settings schema (``fast_agent.config``) at
+``FAST_AGENT_COMMIT``, plus keys older releases had that configurations still carry
+(``mcp.targets``, ``mcp_timeline``, ``mcp_ui_*``, ``auto_sampling``, ``environment_dir``...).
+``mcp.targets`` (until 0.9) and ``mcp.servers.<name>.target`` (from 0.10) become servers as
+fast-agent makes them (``turnkeep.config.fastagent.targets``).
 
 Only keys that are not ``Settings`` fields are ignored, so a provider block another module
 adds support for (``deepseek:``, ``azure:``...) is honoured from then on.
@@ -23,8 +22,6 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from turnkeep.config.fastagent.targets import server_targets, target_settings
-
-FAST_AGENT_SCHEMA_COMMIT = "610a2f575c469134479f2101f92255aa4bc642a3"
 
 # Top-level keys turnkeep accepts and does nothing with.
 IGNORED_TOP_LEVEL: frozenset[str] = frozenset(
@@ -85,7 +82,7 @@ _RESPONSES = _COMMON | {"reasoning", "reasoning_effort", "service_tier", "transp
 
 # Each provider block's keys in fast-agent's schema. In a block turnkeep has (`anthropic:`,
 # `openai:`...), those its own block lacks are accepted and ignored; the block's other keys are
-# its own (turnkeep/settings.py).
+# its own (``turnkeep.config.settings``).
 PROVIDER_KEYS: dict[str, frozenset[str]] = {
     "anthropic": _COMMON
     | {

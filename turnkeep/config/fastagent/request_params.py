@@ -3,9 +3,9 @@
 accepted at fast-agent's defaults, and one set to anything else is an error that names it, or,
 where it cannot change what the model says or which tools run, a documented ignore.
 
-Fields as in fast-agent's ``src/fast_agent/llm/request_params.py`` (and MCP's
+Fields as in fast-agent's ``fast_agent.llm.request_params`` (and MCP's
 ``CreateMessageRequestParams`` it extends, whose camelCase names fast-agent also accepts) at
-commit 610a2f575c469134479f2101f92255aa4bc642a3.
+``FAST_AGENT_COMMIT``.
 """
 
 from __future__ import annotations

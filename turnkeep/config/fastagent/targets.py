@@ -1,7 +1,7 @@
 """fast-agent's MCP targets: a server given as a command line or a URL (``mcp.targets`` until
-fast-agent 0.9, ``mcp.servers.<name>.target`` since 0.10), parsed and named as fast-agent's
-``fast_agent/mcp/connect_targets.py`` and ``cli/commands/url_parser.py`` do at commit
-610a2f575c469134479f2101f92255aa4bc642a3."""
+fast-agent 0.9, ``mcp.servers.<name>.target`` from 0.10), parsed and named as fast-agent's
+``fast_agent.mcp.connect_targets`` and ``fast_agent.cli.commands.url_parser`` do at
+``FAST_AGENT_COMMIT``."""
 
 from __future__ import annotations
 

@@ -2,9 +2,10 @@
 
 It speaks ``POST /v1/messages`` (Anthropic) and ``POST /v1/chat/completions`` (OpenAI), both
 non-streaming and (a request with ``stream``) as server-sent events the way the real APIs
-stream, answering from a script of steps, one per request, in order, per API::
+stream, answering from a script of steps, one per request, in order, per API (or per model:
+see below)::
 
-    with FakeProvider() as fake:
+    with FakeModelApi() as fake:
         fake.script(
             Reply.error(429, "slow down", headers={"retry-after": "2"}),
             Reply.tool_calls(("call_1", "srv__tool", {"a": 1})),
@@ -15,6 +16,12 @@ stream, answering from a script of steps, one per request, in order, per API::
         assert fake.requests[0].body["messages"] == [...]
 
 It records every request (JSON body, headers, arrival time) for assertions.
+
+A script of its own for one model id (the ``model`` a request names) answers that model's
+requests, whichever API they come by, so agents with different fake models each follow their
+own script in one worker (``FakeModel`` builds on it)::
+
+    fake.script(Reply.text("from A"), model="agent-a")
 
 ``refuse_field`` plays a server that does not know a request field (an OpenAI-compatible one
 refusing ``stream_options``, say): every request carrying it gets a 400 naming the field::
@@ -183,13 +190,22 @@ class Recorded:
     body: Any  # parsed JSON, or the raw text if it was not JSON
     at: float  # time.monotonic() on arrival
 
+    @property
+    def model(self) -> str | None:
+        """The model id the request named."""
+        model = self.body.get("model") if isinstance(self.body, dict) else None
+        return model if isinstance(model, str) else None
 
-class FakeProvider:
+
+class FakeModelApi:
+    """The fake Anthropic and OpenAI APIs on one loopback port, answering from scripts."""
+
     def __init__(self, *, default: Step | None = None) -> None:
         """``default`` answers once a script runs out (benchmarks); without it such a request
         gets a 400 saying the script is exhausted, which no provider adapter retries."""
         self.default = default
         self._scripts: dict[Api, deque[Step]] = {api: deque() for api in APIS}
+        self._model_scripts: dict[str, deque[Step]] = {}
         self._requests: list[Recorded] = []
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -232,14 +248,26 @@ class FakeProvider:
         with self._lock:
             self._refused_fields[name] = status
 
-    def script(self, *steps: Step, api: Api | None = None) -> None:
-        """Append steps to the script of one API, or of both (each serves its own copy)."""
+    def script(self, *steps: Step, api: Api | None = None, model: str | None = None) -> None:
+        """Append steps to the script of one API, or of both (each serves its own copy); with
+        ``model``, to that model id's own script instead, which answers its requests on
+        either API from then on."""
+        if model is not None and api is not None:
+            raise ValueError("a model's script serves both APIs: give `api` or `model`")
         with self._lock:
+            if model is not None:
+                self._model_scripts.setdefault(model, deque()).extend(steps)
+                return
             for name in (api,) if api else APIS:
                 self._scripts[name].extend(steps)
 
-    def pending(self, api: Api) -> int:
+    def pending(self, api: Api | None = None, *, model: str | None = None) -> int:
+        """Steps not yet served: of ``api``'s script, or of ``model``'s."""
         with self._lock:
+            if model is not None:
+                return len(self._model_scripts.get(model, ()))
+            if api is None:
+                raise ValueError("name the `api` or the `model` whose script to count")
             return len(self._scripts[api])
 
     @property
@@ -250,22 +278,27 @@ class FakeProvider:
     def requests_for(self, api: Api) -> list[Recorded]:
         return [r for r in self.requests if r.api == api]
 
+    def requests_for_model(self, model: str) -> list[Recorded]:
+        return [r for r in self.requests if r.model == model]
+
     def reset(self) -> None:
+        """Forget every script and recorded request (mounts stay)."""
         with self._lock:
             for queue in self._scripts.values():
                 queue.clear()
+            self._model_scripts.clear()
             self._requests.clear()
             self._refused_fields.clear()
 
-    def start(self) -> FakeProvider:
+    def start(self) -> FakeModelApi:
         ready = threading.Event()
         failure: list[BaseException] = []
         self._thread = threading.Thread(
-            target=self._run, args=(ready, failure), name="fake-provider", daemon=True
+            target=self._run, args=(ready, failure), name="fake-model-api", daemon=True
         )
         self._thread.start()
         if not ready.wait(10) or failure:
-            raise RuntimeError(f"fake provider did not start: {failure}")
+            raise RuntimeError(f"fake model API did not start: {failure}")
         return self
 
     def stop(self) -> None:
@@ -276,7 +309,7 @@ class FakeProvider:
         self._thread.join(10)
         self._loop = self._thread = None
 
-    def __enter__(self) -> FakeProvider:
+    def __enter__(self) -> FakeModelApi:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -349,9 +382,11 @@ class FakeProvider:
             and mount.auth is not None
             and headers.get(mount.auth[0]) != mount.auth[1]
         )
+        recorded = Recorded(api, path, headers, body, time.monotonic())
         with self._lock:
-            self._requests.append(Recorded(api, path, headers, body, time.monotonic()))
-            script = self._scripts[api]
+            self._requests.append(recorded)
+            own = self._model_scripts.get(recorded.model) if recorded.model else None
+            script = own if own is not None else self._scripts[api]
             unknown = [f for f in self._refused_fields if isinstance(body, dict) and f in body]
             step: Step | None
             if refused:
@@ -364,7 +399,8 @@ class FakeProvider:
             else:
                 step = script.popleft() if script else self.default
         if step is None:
-            step = Failure(400, f"fake provider: the {api} script is exhausted")
+            whose = f"model {recorded.model!r}" if own is not None else api
+            step = Failure(400, f"fake model API: the {whose} script is exhausted")
         while isinstance(step, Delay):
             if not await sleep_unless_hung_up(step.seconds, reader):
                 return False
