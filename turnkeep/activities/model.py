@@ -149,18 +149,3 @@ def call_overrides(agent: AgentSettings, model: str, request: LlmRequest) -> Tur
         temperature=request.temperature,
         max_tokens=request.max_tokens or (None if agent.max_tokens is None else NO_LIMIT),
     )
-
-
-# --- the in-process hand-off of a model call's input ---------------------------------------
-#
-# Reading the input by query costs a round trip through the server to the worker that has the
-# workflow cached, and one more per page for a long conversation: 10-15 ms per model call on a
-# dev server, the largest single item of the loop's overhead (`python -m bench`). Most of the
-# time that worker is this very process: it polls the task queue the workflow scheduled the
-# call on. So when the workflow schedules `llm_step`, an interceptor moves the request's JSON
-# (the very JSON the step's digest was taken over, which `LlmStepRequest.referencing` keeps in
-# memory) into this process's hand-off, and `llm_step` takes it from there when it runs here.
-# Nothing changes in the history; an attempt that runs on another worker, or a retry, reads
-# the input by query as before. The activity parses its own copy of the JSON (only messages
-# it has not parsed for an earlier call, turnkeep/activities/parsed_messages.py): it never shares
-# objects with workflow state, which it could otherwise change behind the history's back.

@@ -47,8 +47,8 @@ class TurnSetupActivities:
         self._models = models
         self._continue_as_new = continue_as_new
         # Which search attributes turns may upsert: none until the worker has checked the
-        # namespace at start (turnkeep/worker/search_attributes.py), which replaces this before
-        # it polls.
+        # namespace at start (``turnkeep.observability.search_attributes``), which replaces
+        # this before it polls.
         self.visibility = VisibilityPlan(
             search_attribute_interval=visibility.search_attribute_interval
         )
@@ -98,7 +98,7 @@ def check_overrides(
     allowed = models.allowed_models(agent)
     model = overrides.model or allowed[0]
     # By what the strings name: `sonnet` is `anthropic.claude-sonnet-5`, and a reasoning
-    # setting is part of the model (turnkeep/activities/model_strings.py).
+    # setting is part of the model (``turnkeep.providers.model_strings``).
     if not models.is_allowed(model, allowed):
         raise config_error(
             "ModelNotAllowed",

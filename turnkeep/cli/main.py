@@ -5,7 +5,7 @@ merges them into one app and runs it, with ``--debug`` and the one-line error re
 With no server address (no ``--address``, ``TEMPORAL_ADDRESS`` or ``TEMPORAL_PROFILE``), the
 commands that talk to Temporal use an embedded dev server with its Web UI, started in the
 background on a SQLite file under the state directory so turns and the UI outlive the command
-(``turnkeep/cli/connect.py``).
+(``turnkeep.cli.connect``).
 """
 
 from __future__ import annotations

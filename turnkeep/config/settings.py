@@ -3,7 +3,7 @@
 It accepts fast-agent's keys (``default_model``, ``mcp.servers``, ``anthropic``, ``openai``,
 ``generic``) and adds ``agents`` and ``function_tools``. Everything a turn may touch — processes,
 URLs, files, credentials — is named here and only here; turn input can only pick an agent.
-Loading the YAML (``${VAR}`` expansion, secrets file) is ``turnkeep/worker/config.py``'s job.
+Loading the YAML (``${VAR}`` expansion, secrets file) is ``turnkeep.config.files``'s job.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class McpServerSettings(_Settings):
     """One entry of fast-agent's ``mcp.servers``."""
 
     # stdio, http or sse (inferred when omitted), or another registered tool-source kind
-    # (turnkeep/activities/tool_sources.py), which the worker checks when it starts.
+    # (``turnkeep.tools.source``), which the worker checks when it starts.
     transport: str | None = Field(default=None, min_length=1)
     command: str | None = None
     args: list[str] = Field(default_factory=list)
@@ -137,7 +137,7 @@ class CompactionSettings(_Settings):
     threshold: float = Field(default=0.85, gt=0, le=1)
     keep_exchanges: int = Field(default=2, ge=0)
     # The model's context window in tokens; known models have a default
-    # (turnkeep/activities/models.py).
+    # (``turnkeep.providers.registry``).
     context_window: int | None = Field(default=None, gt=0)
 
 
@@ -174,7 +174,7 @@ DurationOrOff = Annotated[
 
 class PayloadStorageSettings(_Settings):
     """Where payloads above ``threshold_bytes`` go instead of the workflow history: Temporal's
-    external payload storage (``turnkeep/payloads/storage.py``). Every client and worker of a
+    external payload storage (``turnkeep.payloads.storage``). Every client and worker of a
     task queue must use the same storage, or one cannot read what another wrote."""
 
     # local: files in `path` (client and workers on one machine, or a shared filesystem);
@@ -217,7 +217,7 @@ class ContinueAsNewSettings(_Settings):
 
 
 class VisibilitySettings(_Settings):
-    """What a turn publishes for operators (turnkeep/workflows/visibility.py)."""
+    """What a turn publishes for operators (``turnkeep.workflows.visibility``)."""
 
     # Mid-turn, search attributes (iterations, tokens) are upserted at most this often, in
     # seconds of workflow time: each upsert is a history event and a write to the server's
@@ -236,7 +236,7 @@ class ApprovalSettings(_Settings):
     # fnmatch patterns on `server__tool`, e.g. `fs__write_*`, `shell__*`. With `policy`, the
     # calls put to the policy (empty: every call); without, the calls that wait for a person.
     tools: list[str] = Field(default_factory=list)
-    # A registered approval policy's name (turnkeep/activities/approval_policy.py).
+    # A registered approval policy's name (``turnkeep.activities.approval_policy``).
     policy: str | None = Field(default=None, min_length=1)
     # How long a call waits: seconds or `1d`, `2h`, `30m`...
     timeout: Annotated[float, BeforeValidator(_duration)] = Field(default=86400.0, gt=0)
@@ -250,7 +250,7 @@ class ApprovalSettings(_Settings):
         return self
 
 
-# -- payload encryption (turnkeep/payloads/codec.py, turnkeep/worker/codec_server.py) ------------
+# -- payload encryption (turnkeep.payloads.codec, turnkeep.payloads.codec_server) -------------
 
 AES_256_KEY_BYTES = 32
 # Key ids travel in every encrypted payload's metadata (in clear): short, printable, no secrets.
@@ -325,7 +325,7 @@ class CodecServerSettings(_SecretSettings):
 
 class EncryptionSettings(_SecretSettings):
     """Every payload AES-256-GCM encrypted before it leaves the process
-    (``turnkeep/payloads/codec.py``): histories, query results and stored large payloads hold
+    (``turnkeep.payloads.codec``): histories, query results and stored large payloads hold
     ciphertext. Each payload names its key's id, so keys rotate: new payloads use
     ``current_key``, and any key still listed in ``keys`` decrypts. Remove a key only once no
     kept history or stored payload uses it."""
@@ -447,7 +447,7 @@ class WorkerSettings(_Settings):
 
 
 class StreamingSettings(_Settings):
-    """The worker's live-stream server (``turnkeep/worker/live_stream.py``): the text of its
+    """The worker's live-stream server (``turnkeep.worker.live_server``): the text of its
     in-flight model calls, as the provider streams it, for ``TurnHandle.stream()`` and the CLI."""
 
     # HOST:PORT it listens on; port 0 picks a free one. Plain HTTP: keep it on loopback or a
@@ -520,7 +520,7 @@ class Settings(_SecretSettings):
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
     # The file these settings came from (the worker says so when it starts), and the
     # fast-agent keys in it that turnkeep accepts but does nothing with
-    # (turnkeep/fastagent/keys.py), named once when a worker starts.
+    # (``turnkeep.config.fastagent.keys``), named once when a worker starts.
     config_file: Path | None = Field(default=None, exclude=True)
     ignored_keys: list[str] = Field(default_factory=list, exclude=True)
 

@@ -8,7 +8,7 @@ types (about a twentieth of a busy worker's time on a quick turn, in ``bench``'s
 class shares one JSON converter, and so one adapter cache, across all of them. The converter
 holds no per-call state and ``functools.lru_cache`` is thread-safe, so workflow threads and the
 activity event loop can share it. The types it caches are the passthrough
-``turnkeep.workflows`` modules' (``turnkeep/worker/workflow_runner.py``), the same objects in
+``turnkeep.workflows`` modules' (``turnkeep.worker.runner``), the same objects in
 and out of the sandbox, so the cache does not grow with each workflow run.
 
 ``TurnkeepDataConverter`` keeps a payload that a client sent to a workflow, and that cannot be

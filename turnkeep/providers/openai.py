@@ -1,5 +1,5 @@
 """OpenAI's Chat Completions API through the official ``openai`` SDK (one call; streamed when the
-worker serves live text, ``turnkeep/activities/streaming.py``).
+worker serves live text, ``turnkeep.providers.streaming``).
 
 ``generic`` is the same API on any OpenAI-compatible server (Ollama, vLLM, llama.cpp, LM Studio),
 as fast-agent's ``generic.<model>``.

@@ -1,5 +1,5 @@
 """``CacheRelease``: a worker drops a turn or a session from its workflow cache when the
-workflow asks, because it now waits for people (``turnkeep/workflows/worker_cache.py`` says
+workflow asks, because it now waits for people (``turnkeep.workflows.worker_cache`` says
 why and when).
 
 Temporal's Python SDK has no public call for this. The worker's Core bridge has one

@@ -1,2 +1,2 @@
 """The ``turnkeep`` commands, one module per group, each with a typer app that
-``turnkeep/cli/main.py`` merges into the top-level one."""
+``turnkeep.cli.main`` merges into the top-level one."""
