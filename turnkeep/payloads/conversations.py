@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -43,15 +42,14 @@ from typing import Any
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import ExternalStorage, PayloadCodec
 
-from turnkeep.observability.recording import payload_bytes_stored
 from turnkeep.payloads.storage import (
     LocalDirectoryDriver,
     MissingPayloadError,
     PayloadStorageError,
     S3Driver,
     SweepReport,
-    fsync_directory,
     remove_if_old,
+    write_durably,
 )
 from turnkeep.workflows.conversation import MARKER, ConversationRef, segment_digest
 from turnkeep.workflows.messages import Message
@@ -138,25 +136,7 @@ class LocalConversationStore(ConversationStore):
             with contextlib.suppress(OSError):
                 os.utime(path)
             return
-        try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".tmp")
-        except OSError as err:
-            raise PayloadStorageError(
-                f"cannot write conversations to {self.directory}: {err}"
-            ) from err
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        fsync_directory(path.parent)
-        payload_bytes_stored("local", len(data))
+        write_durably(path, data, what="conversations", where="payload_storage.path")
 
     def _read(self, path: Path) -> bytes:
         try:

@@ -234,25 +234,7 @@ class LocalDirectoryDriver(StorageDriver):
                 # another turn: this new reference restarts its retention.
                 os.utime(path)
                 return digest
-        try:
-            self.directory.mkdir(mode=OWNER_ONLY_DIR_MODE, parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{digest[:16]}.", suffix=".tmp")
-        except OSError as err:
-            raise PayloadStorageError(
-                f"cannot write payloads to {self.directory} (payload_storage.path): {err}"
-            ) from err
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        fsync_directory(self.directory)
-        payload_bytes_stored("local", len(data))
+        write_durably(path, data, what="payloads", where="payload_storage.path")
         return digest
 
     def _read(self, claim: Mapping[str, str]) -> Payload:
@@ -361,6 +343,28 @@ def describe_duration(span: timedelta) -> str:
             value = f"{seconds / size:.3g}"
             return f"{value} {unit}{'' if value == '1' else 's'}"
     raise AssertionError("unreachable")
+
+
+def write_durably(path: Path, data: bytes, *, what: str, where: str) -> None:
+    """Write ``path`` under a temporary name, flushed to disk and renamed into place, so a
+    reader never sees half a file and a crash never loses one that history references."""
+    try:
+        path.parent.mkdir(mode=OWNER_ONLY_DIR_MODE, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".tmp")
+    except OSError as err:
+        raise PayloadStorageError(f"cannot write {what} to {path.parent} ({where}): {err}") from err
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_directory(path.parent)
+    payload_bytes_stored("local", len(data))
 
 
 def fsync_directory(directory: Path) -> None:

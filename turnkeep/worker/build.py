@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
@@ -57,37 +58,29 @@ def build_worker(
 
 
 def build_workers(
-    client: Client,
-    settings: Settings,
-    *,
-    agents: Sequence[Agent] = (),
-    servers: Sequence[McpServer] = (),
-    function_tools: FunctionTools | None = None,
-    hooks: Mapping[str, Hook] | None = None,
-    approval_policies: Mapping[str, ApprovalPolicy] | None = None,
-    providers: Sequence[type[ModelProvider]] = (),
-    tool_sources: Sequence[type[ToolSource]] = (),
-    task_queue: str | None = None,
-    model_input_handoff: bool = True,
-    **worker_options: Any,
+    client: Client, settings: Settings, *, task_queue: str | None = None, **options: Any
 ) -> TurnkeepWorkers:
     """What ``turnkeep worker`` runs: a worker on ``task_queue`` (else ``settings.task_queue``)
     and one on each agent's own queue (``agent_task_queue``), sharing one ``TurnkeepPlugin``
-    (its model clients, tool connections and payload sweeper). Arguments as ``build_worker``."""
-    plugin = TurnkeepPlugin(
-        settings,
-        agents=agents,
-        servers=servers,
-        function_tools=function_tools,
-        hooks=hooks,
-        approval_policies=approval_policies,
-        providers=providers,
-        tool_sources=tool_sources,
-        model_input_handoff=model_input_handoff,
-    )
-    queue = task_queue or settings.task_queue
-    queues = [queue, *(agent_task_queue(queue, agent) for agent in plugin.agents)]
-    return TurnkeepWorkers([_worker(client, plugin, q, worker_options) for q in queues])
+    (its model clients, tool connections and payload sweeper). ``options`` as
+    ``build_worker``'s."""
+    base = build_worker(client, settings, task_queue=task_queue, **options)
+    [plugin] = [p for p in base.config()["plugins"] if isinstance(p, TurnkeepPlugin)]
+    worker_options = {k: v for k, v in options.items() if k not in _PLUGIN_OPTIONS}
+    agent_workers = [
+        _worker(client, plugin, agent_task_queue(base.task_queue, agent), worker_options)
+        for agent in plugin.agents
+    ]
+    return TurnkeepWorkers([base, *agent_workers])
+
+
+# What build_worker hands TurnkeepPlugin rather than Worker.
+_PLUGIN_OPTIONS = frozenset(inspect.signature(build_worker).parameters) - {
+    "client",
+    "settings",
+    "task_queue",
+    "worker_options",
+}
 
 
 def _worker(
