@@ -114,8 +114,9 @@ WORKFLOW_MODULES = [
     "loop",
     "visibility",
     "actions",
-    "turn_workflow",
     "child_turn",
+    "agent_tools",
+    "turn_workflow",
     "session_workflow",
 ]
 

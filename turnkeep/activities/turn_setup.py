@@ -10,6 +10,7 @@ from turnkeep.config.settings import (
     FREE_OVERRIDES,
     AgentSettings,
     ContinueAsNewSettings,
+    Settings,
     TimeoutSettings,
     VisibilitySettings,
 )
@@ -42,8 +43,10 @@ class TurnSetupActivities:
         *,
         continue_as_new: ContinueAsNewPlan,
         visibility: VisibilitySettings,
+        max_agent_depth: int = Settings.model_fields["max_agent_depth"].default,
     ) -> None:
         self._agents = agents
+        self._max_agent_depth = max_agent_depth
         self._models = models
         self._continue_as_new = continue_as_new
         # Which search attributes turns may upsert: none until the worker has checked the
@@ -61,6 +64,12 @@ class TurnSetupActivities:
     def plan(self, request: PrepareTurnRequest) -> TurnPlan:
         """The plan of a turn of ``request.agent``, once its overrides are checked."""
         agent = self._agents.agent(request.agent)
+        if request.depth > self._max_agent_depth:
+            raise config_error(
+                "AgentDepthExceeded",
+                f"Agent {request.agent!r} was called as a tool {request.depth} agents deep, "
+                f"past this worker's max_agent_depth ({self._max_agent_depth}).",
+            )
         overrides = request.overrides
         model = check_overrides(self._agents, self._models, request.agent, overrides)
 
@@ -83,6 +92,8 @@ class TurnSetupActivities:
                 "tools": _timeouts(agent.tool_timeouts),
                 "tool_task_queues": _tool_task_queues(self._agents, agent),
                 "approval": _approval(agent),
+                "agent_tools": [self._agents.agent_tool(name) for name in agent.agents],
+                "max_parallel": agent.max_parallel,
             }
         )
 

@@ -49,7 +49,6 @@ DEFAULT_INSTRUCTION = "You are a helpful AI Agent."
 # `@fast.agent` arguments turnkeep has no counterpart for, with their "off" value: accepted at
 # it, refused otherwise.
 _UNSUPPORTED: dict[str, Any] = {
-    "agents": None,  # agents as tools: give the child agent's turn as a tool (run_turn)
     "resources": None,
     "prompts": None,
     "skills": None,
@@ -64,7 +63,6 @@ _UNSUPPORTED: dict[str, Any] = {
     "api_key": None,  # keys live in the worker's configuration only
     "history_source": None,
     "history_merge_target": None,
-    "max_parallel": None,
     "child_timeout_sec": None,
     "max_display_instances": None,
 }
@@ -122,12 +120,17 @@ class FastAgent:
         use_history: bool = True,
         request_params: RequestParams | None = None,
         default: bool = False,
+        agents: Sequence[str] | None = None,
+        max_parallel: int | None = None,
+        description: str | None = None,
         **unsupported: Any,
     ) -> Callable[[F], F]:
         """``@fast.agent(...)``: an agent with fast-agent's arguments and meanings. ``tools``
         is fast-agent's filter (server -> tool names); ``function_tools`` are Python
-        functions; an ``instruction`` given as a ``Path`` is read from that file. ``default``
-        has no meaning here (a turn names its agent)."""
+        functions; an ``instruction`` given as a ``Path`` is read from that file; ``agents``
+        are offered to the model as tools (``agent__<name>``), each call running that agent's
+        turn as a child workflow, at most ``max_parallel`` at once. ``default`` has no meaning
+        here (a turn names its agent)."""
         for key, value in unsupported.items():
             if key not in _UNSUPPORTED:
                 raise TypeError(f"@fast.agent() got an unexpected argument {key!r}")
@@ -148,6 +151,9 @@ class FastAgent:
             tools=list(function_tools or []),
             tool_filter=tools,
             request_params=request_params,
+            agents=list(agents or []),
+            max_parallel=max_parallel,
+            description=description,
             **options,
         )
         Agent(**arguments)  # its errors now, at the decorator

@@ -9,7 +9,15 @@ from collections.abc import Iterator, Mapping
 
 from turnkeep.config.settings import AgentSettings, McpServerSettings, Settings
 from turnkeep.errors import config_error, known
+from turnkeep.workflows.activity_io import AGENT_TOOL_PREFIX, AgentTool, ToolSpec
 from turnkeep.workflows.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
+
+# fast-agent's input for an agent called as a tool.
+AGENT_TOOL_SCHEMA = {
+    "type": "object",
+    "properties": {"message": {"type": "string", "description": "Message to send to the agent"}},
+    "required": ["message"],
+}
 
 
 class AgentCatalog(Mapping[str, AgentSettings]):
@@ -66,6 +74,46 @@ class AgentCatalog(Mapping[str, AgentSettings]):
             for name, agent in self._agents.items()
             if (missing := [s for s in agent.servers if s not in servers])
         }
+
+    def agent_tool(self, name: str) -> AgentTool:
+        """Agent ``name`` as another agent's tool, as fast-agent offers it: ``agent__<name>``,
+        described by its description (or instruction), taking a message."""
+        agent = self.agent(name)
+        spec = ToolSpec(
+            name=AGENT_TOOL_PREFIX + name,
+            description=agent.description or agent.instruction,
+            input_schema=AGENT_TOOL_SCHEMA,
+        )
+        return AgentTool(spec=spec, agent=name, task_queue=agent_task_queue(self._task_queue, name))
+
+    def team_problems(self) -> list[str]:
+        """What is wrong with the agents' ``agents`` lists: a child this worker lacks, or a
+        circle (an agent that reaches itself through the agents it calls)."""
+        problems = [
+            f"agent {name!r} calls agent(s) {missing} as tools, which are not in this "
+            f"worker's agents (known: {known(self._agents)})"
+            for name, agent in self._agents.items()
+            if (missing := [a for a in agent.agents if a not in self._agents])
+        ]
+        for name in self._agents:
+            circle = self._circle(name, [name])
+            # Reported from its first member in name order, so each circle once.
+            if circle is not None and circle[0] == min(circle):
+                problems.append(
+                    f"agents call each other as tools in a circle: {' -> '.join(circle)}"
+                )
+        return problems
+
+    def _circle(self, start: str, path: list[str]) -> list[str] | None:
+        """A path of agent-tool calls from ``start`` (``path`` so far) back to it, if any."""
+        for child in self._agents[path[-1]].agents:
+            if child == start:
+                return [*path, child]
+            if child in self._agents and child not in path:
+                found = self._circle(start, [*path, child])
+                if found is not None:
+                    return found
+        return None
 
     def unknown_hooks(self, hooks: set[str]) -> dict[str, list[str]]:
         """Per agent, the hooks it enables that are not among ``hooks``."""

@@ -403,6 +403,13 @@ class AgentOptions(_Settings):
     # In a session, what a message sent while a turn runs does (`queue`: answered by the next
     # turn; `interrupt`: cancels the running one first). `open_session` passes it in.
     on_new_message: NewMessageMode = "queue"
+    # fast-agent's agents as tools: each of these agents is offered to the model as a tool named
+    # `agent__<name>`, and a call runs that agent's turn as a child workflow.
+    agents: list[str] = Field(default_factory=list)
+    # At most this many of those calls run at once (fast-agent's `max_parallel`); None: no bound.
+    max_parallel: int | None = Field(default=None, gt=0)
+    # What the agent does, as another agent's tool sees it; unset: its instruction.
+    description: str | None = None
 
     @model_validator(mode="after")
     def _known_overrides(self) -> AgentOptions:
@@ -488,6 +495,10 @@ class Settings(_SecretSettings):
     # approval policy name -> "package.module:function"; agents name one in `approval.policy`.
     approval_policies: dict[str, str] = Field(default_factory=dict)
     agents: dict[str, AgentSettings] = Field(default_factory=dict)
+    # How deep agents may call agents as tools (a turn a client starts is at depth 0): a call
+    # that would go deeper is answered with an error instead of starting a turn. Workers of
+    # different configs could otherwise call each other's agents round in a circle.
+    max_agent_depth: int = Field(default=5, ge=0)
     # Tool results above this many bytes are truncated with a visible note. Unset (the default):
     # with payload_storage on, never (a large result is stored whole and the model gets all of
     # it); with it off, at 256 KiB, so one huge result cannot push a workflow payload past

@@ -27,7 +27,7 @@ from turnkeep.config.agents import Agent
 from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
 from turnkeep.testing.fake_model import FakeModel
-from turnkeep.worker.build import build_worker
+from turnkeep.worker.build import build_worker, build_workers
 from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 
@@ -115,8 +115,21 @@ async def harness(
         # an application's run on the sandbox its own worker gives them.
         options.setdefault("workflow_runner", SandboxedWorkflowRunner())
     task_queue = task_queue or f"test-{uuid.uuid4().hex[:10]}"
-    worker = build_worker(client, settings, agents=agents, task_queue=task_queue, **options)
     names = [*settings.agents, *(a.name for a in agents)]
+    if any(a.agents for a in [*settings.agents.values(), *agents]):
+        # Agents called as tools run their turns on their own queues: serve those too.
+        workers = build_workers(client, settings, agents=agents, task_queue=task_queue, **options)
+        async with workers:
+            yield Harness(
+                client,
+                settings,
+                task_queue,
+                worker=workers.workers[0],
+                agents=names,
+                default_agent=default_agent,
+            )
+        return
+    worker = build_worker(client, settings, agents=agents, task_queue=task_queue, **options)
     async with worker:
         yield Harness(
             client,

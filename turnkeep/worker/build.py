@@ -43,6 +43,10 @@ def build_worker(
     """A worker serving turns only, on ``task_queue`` (else ``settings.task_queue``) alone.
     ``worker_options`` go to ``Worker``; the rest to ``TurnkeepPlugin``. A process that serves
     turns for its agents wherever turnkeep's clients start them uses ``build_workers``."""
+    if task_queue is not None:
+        # The agents' own queues are named after the worker's (agents called as tools run
+        # there), so the settings must say which queue that is.
+        settings = settings.model_copy(update={"task_queue": task_queue})
     plugin = TurnkeepPlugin(
         settings,
         agents=agents,

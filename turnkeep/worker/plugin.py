@@ -162,6 +162,7 @@ class TurnkeepPlugin(SimplePlugin):
                 settings.continue_as_new, storage_on=settings.payload_storage.driver != "off"
             ),
             visibility=settings.visibility,
+            max_agent_depth=settings.max_agent_depth,
         )
         self._config_file, self._ignored_keys = settings.config_file, settings.ignored_keys
         self._unknown_windows = model_catalog.unknown_context_windows(agent_catalog.values())
@@ -296,6 +297,8 @@ def _check_names(agents: AgentCatalog, servers: set[str], hooks: set[str]) -> No
             f"agent {agent!r} enables hook(s) {missing} that are not registered "
             f"(known: {known(hooks)})"
         )
+    for problem in agents.team_problems():
+        raise ValueError(problem)
 
 
 _SDK_STICKY_DEFAULT = (

@@ -24,6 +24,7 @@ from turnkeep.workflows.activity_io import (
     PREPARE_TURN,
     RUN_HOOK,
     TOOL_SEPARATOR,
+    AgentTool,
     CompactRequest,
     HookChange,
     HookContext,
@@ -104,12 +105,20 @@ def failure_text(err: ActivityError) -> str:
 
 
 async def prepare_turn(turn: TurnInput) -> TurnPlan:
-    request = PrepareTurnRequest(agent=turn.agent, overrides=turn.overrides())
+    request = PrepareTurnRequest(agent=turn.agent, overrides=turn.overrides(), depth=turn.depth)
     summary = visibility.prepare_summary(turn.agent)
     return await execute(PREPARE_TURN, request, TurnPlan, summary, SETUP)
 
 
 async def list_tools(plan: TurnPlan) -> list[ToolSpec]:
+    """The tools the turn offers the model: its servers' tools, then, as fast-agent adds them,
+    its agent tools (those whose names no server tool has taken)."""
+    listed = await _server_tools(plan)
+    taken = {tool.name for tool in listed}
+    return [*listed, *(a.spec for a in plan.agent_tools if a.spec.name not in taken)]
+
+
+async def _server_tools(plan: TurnPlan) -> list[ToolSpec]:
     if not plan.has_tools:
         return []
     if not plan.tool_task_queues:
@@ -161,6 +170,8 @@ async def call_model(request: LlmRequest, plan: TurnPlan, messages: MessageJson)
 # Waits for a person's decision on a call: the call to run (edited or not), or the result a
 # denial answers it with.
 Approver = Callable[[ToolCallRequest], Awaitable[ToolCallRequest | CallToolResult]]
+# Runs a call of one of the turn's agent tools (``turnkeep.workflows.agent_tools``).
+AgentCaller = Callable[[ToolCallRequest, AgentTool], Awaitable[ToolCallOutcome]]
 
 
 async def run_tools(
@@ -168,12 +179,13 @@ async def run_tools(
     plan: TurnPlan,
     completed: dict[str, CallToolResult],
     approve: Approver,
+    call_agent: AgentCaller,
     on_result: Callable[[], None] | None = None,
 ) -> tuple[dict[str, CallToolResult], dict[str, float]]:
     """Run a batch; ``completed`` fills in as calls finish (``on_result`` is called after
     each), so a cancellation keeps them. Gated calls wait for ``approve`` alongside the
     others, then run (or are answered) on their own, whatever ``parallel_tool_calls`` says:
-    one person's wait must not hold up the rest."""
+    one person's wait must not hold up the rest. Calls of agent tools go to ``call_agent``."""
     timing: dict[str, float] = {}
     completed.update(batch.answered)
     for call_id in batch.answered:
@@ -182,9 +194,13 @@ async def run_tools(
     async def run_one(call: ToolCallRequest) -> None:
         started = workflow.time()
         try:
-            summary = visibility.tool_summary(call)
-            queue = plan.tool_task_queue(call.name)
-            outcome = await execute(CALL_TOOL, call, ToolCallOutcome, summary, plan.tools, queue)
+            agent = plan.agent_tool(call.name)
+            if agent is not None:
+                outcome = await call_agent(call, agent)
+            else:
+                summary, queue = visibility.tool_summary(call), plan.tool_task_queue(call.name)
+                t = plan.tools
+                outcome = await execute(CALL_TOOL, call, ToolCallOutcome, summary, t, queue)
             completed[call.call_id] = outcome.result
             timing[call.call_id] = outcome.duration_ms
         except ActivityError as err:

@@ -34,6 +34,7 @@ class Timeouts(BaseModel):
 class PrepareTurnRequest(BaseModel):
     agent: str
     overrides: TurnOverrides
+    depth: int = 0  # `TurnInput.depth`: checked against the worker's `max_agent_depth`
 
 
 class HookPoint(StrEnum):
@@ -92,6 +93,25 @@ class VisibilityPlan(BaseModel):
 TOOL_SEPARATOR = "__"
 
 
+class ToolSpec(BaseModel):
+    name: str  # namespaced: server__tool
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+# fast-agent's name for an agent offered as a tool: `agent__<name>`.
+AGENT_TOOL_PREFIX = "agent__"
+
+
+class AgentTool(BaseModel):
+    """An agent that another agent's model may call as a tool: a call runs its turn as a child
+    workflow, on the agent's own task queue."""
+
+    spec: ToolSpec  # named `agent__<agent>`
+    agent: str
+    task_queue: str
+
+
 class TurnPlan(BaseModel):
     """The agent's settings with the turn's allowed overrides applied, resolved once on a worker
     and recorded in history, so the workflow itself never reads configuration."""
@@ -119,16 +139,18 @@ class TurnPlan(BaseModel):
     tool_task_queues: dict[str, str | None] = Field(default_factory=dict)
     # Which tool calls wait for a person's decision; None: none do.
     approval: ApprovalPlan | None = None
+    # The agents the model may call as tools, in the agent's order, and how many such calls
+    # may run at once (None: all of a batch's).
+    agent_tools: list[AgentTool] = Field(default_factory=list)
+    max_parallel: int | None = None
+
+    def agent_tool(self, tool: str) -> AgentTool | None:
+        """The agent a call of ``tool`` runs, if it names one of the agent's agent tools."""
+        return next((a for a in self.agent_tools if a.spec.name == tool), None)
 
     def tool_task_queue(self, tool: str) -> str | None:
         """Where a call of ``tool`` (``server__tool``) runs (None: the turn's own queue)."""
         return self.tool_task_queues.get(tool.partition(TOOL_SEPARATOR)[0])
-
-
-class ToolSpec(BaseModel):
-    name: str  # namespaced: server__tool
-    description: str | None = None
-    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
 
 
 class ToolsRequest(BaseModel):

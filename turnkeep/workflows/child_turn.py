@@ -18,8 +18,13 @@ from temporalio.exceptions import CancelledError, ChildWorkflowError
 from turnkeep.workflows import actions, visibility
 from turnkeep.workflows.activity_io import Timeouts
 from turnkeep.workflows.messages import Message
-from turnkeep.workflows.turn_io import NAME_MAX_CHARS, TurnCancelledError, TurnInput, TurnResult
-from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
+from turnkeep.workflows.turn_io import (
+    NAME_MAX_CHARS,
+    WORKFLOW_NAME,
+    TurnCancelledError,
+    TurnInput,
+    TurnResult,
+)
 
 READ_CHILD_TURN = "read_child_turn"
 

@@ -79,6 +79,10 @@ class TurnState(BaseModel):
     decisions: list[DecisionRecord] = Field(default_factory=list)
     # Where `history` is stored, for a session's turn (`TurnInput.history_ref`).
     history_ref: ConversationRef | None = None
+    # `TurnInput.depth`, and the usage of the agents this turn called as tools, by agent and
+    # model (the turn's own model calls are in `usage`).
+    depth: int = 0
+    team_usage: dict[str, dict[str, Usage]] = Field(default_factory=dict)
 
     # -- starting -------------------------------------------------------------------------
 
@@ -89,7 +93,9 @@ class TurnState(BaseModel):
         As in fast-agent, the history is healed only when it is used and none of the new
         messages carries tool results: those answer the dangling calls themselves, and a
         second, contradictory result for the same call id is refused by strict providers."""
-        state = cls(plan=plan, history=list(turn.history), history_ref=turn.history_ref)
+        state = cls(
+            plan=plan, history=list(turn.history), history_ref=turn.history_ref, depth=turn.depth
+        )
         if plan.use_history and not any(m.tool_results for m in turn.messages):
             state._heal(turn.history)
         state.messages.extend(turn.messages)
@@ -290,6 +296,19 @@ class TurnState(BaseModel):
             )
             self._finish(StopReason.MAX_ITERATIONS)
 
+    def on_agent_usage(self, usage: dict[str, dict[str, Usage]]) -> None:
+        """Count the usage of an agent this turn called as a tool (``usage`` by agent, then
+        model: the agent's own and that of the agents it called)."""
+        self.team_usage = _merged(self.team_usage, usage)
+
+    def total_usage(self) -> dict[str, Usage]:
+        """Per model, the turn's own usage and that of every agent it called as a tool."""
+        total = dict(self.usage)
+        for by_model in self.team_usage.values():
+            for model, usage in by_model.items():
+                total[model] = total.get(model, Usage()) + usage
+        return total
+
     # -- compaction -----------------------------------------------------------------------
 
     def compaction_cut(
@@ -401,7 +420,10 @@ class TurnState(BaseModel):
             history_change=self._history_change(),
             stop_reason=self.stop_reason or StopReason.END_TURN,
             iterations=self.iteration,
-            usage=self.usage,
+            usage=self.total_usage(),
+            usage_by_agent=_merged({self.plan.agent: self.usage}, self.team_usage)
+            if self.team_usage
+            else {},
             rollback=self.rollback,
             structured=_parse_json(final.text) if final and self.plan.structured_output else None,
             decisions=self.decisions,
@@ -441,6 +463,17 @@ class TurnState(BaseModel):
         usage = Usage.model_validate(reported) + Usage(calls=1)
         model = self.plan.model
         self.usage[model] = self.usage.get(model, Usage()) + usage
+
+
+def _merged(
+    a: dict[str, dict[str, Usage]], b: dict[str, dict[str, Usage]]
+) -> dict[str, dict[str, Usage]]:
+    merged = {agent: dict(by_model) for agent, by_model in a.items()}
+    for agent, by_model in b.items():
+        mine = merged.setdefault(agent, {})
+        for model, usage in by_model.items():
+            mine[model] = mine.get(model, Usage()) + usage
+    return merged
 
 
 def _not_available(name: str, available: set[str]) -> str:

@@ -25,6 +25,9 @@ from turnkeep.workflows.messages import Message, StopReason
 
 DEFAULT_MAX_ITERATIONS = 199
 
+# The workflow type of a turn (``TurnWorkflow``), for code that starts or lists turns.
+WORKFLOW_NAME = "TurnWorkflow"
+
 # The task queue turnkeep's workers poll unless their config's `task_queue` names another.
 DEFAULT_TASK_QUEUE = "turnkeep"
 
@@ -78,6 +81,10 @@ class TurnInput(TurnOverrides):
     # expanded it), and the turn hands its own messages back the same way. Honoured only for
     # a child turn of the session that owns it.
     history_ref: ConversationRef | None = None
+    # How deep in a team of agents this turn is: 0 for a turn a client starts, its parent's + 1
+    # for an agent's turn another agent called as a tool. A client setting it only brings the
+    # worker's `max_agent_depth` nearer.
+    depth: int = Field(default=0, ge=0)
 
     def overrides(self) -> TurnOverrides:
         return TurnOverrides.model_validate(
@@ -128,7 +135,11 @@ class TurnResult(BaseModel):
     history_change: HistoryChange = HistoryChange.APPENDED
     stop_reason: StopReason
     iterations: int
+    # Per model; with the usage of the agents it called as tools (and theirs) included.
     usage: dict[str, Usage] = Field(default_factory=dict)
+    # Whose part of `usage` was whose, per agent and model: the turn's own agent and each agent
+    # it called as a tool, however deep. Empty when it called none (`usage` is all its own).
+    usage_by_agent: dict[str, dict[str, Usage]] = Field(default_factory=dict)
     # Set when the conversation was repaired: auto-heal at the start, or a cancellation.
     rollback: RollbackState | None = None
     # The final answer parsed as JSON when the turn asked for structured output.
@@ -180,8 +191,15 @@ class TurnResult(BaseModel):
 
 
 # What a result written by reference leaves out when it holds its default.
-_LEFT_OUT_WHEN_DEFAULT = ("rollback", "structured", "decisions", "history_change")
+_LEFT_OUT_WHEN_DEFAULT = (
+    "rollback",
+    "structured",
+    "decisions",
+    "history_change",
+    "usage_by_agent",
+)
 _DEFAULTS: dict[str, Any] = {
+    "usage_by_agent": {},
     "rollback": None,
     "structured": None,
     "decisions": [],

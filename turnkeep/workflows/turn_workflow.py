@@ -9,6 +9,7 @@ and carries on without repeating what already completed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -18,8 +19,14 @@ from temporalio import workflow
 from temporalio.api.common.v1 import Payloads
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from turnkeep.workflows import actions, turn_metrics, visibility, worker_cache
-from turnkeep.workflows.activity_io import ContinueAsNewPlan, HookPoint, ToolCallRequest
+from turnkeep.workflows import actions, agent_tools, turn_metrics, visibility, worker_cache
+from turnkeep.workflows.activity_io import (
+    AgentTool,
+    ContinueAsNewPlan,
+    HookPoint,
+    ToolCallOutcome,
+    ToolCallRequest,
+)
 from turnkeep.workflows.approval import (
     DECIDE_UPDATE,
     PENDING_QUERY,
@@ -39,9 +46,7 @@ from turnkeep.workflows.model_io import (
 from turnkeep.workflows.shared import shared
 from turnkeep.workflows.starting import start_arguments
 from turnkeep.workflows.tool_batch import apply_verdicts, policy_request
-from turnkeep.workflows.turn_io import TurnInput, TurnProgress, TurnResult
-
-WORKFLOW_NAME = "TurnWorkflow"
+from turnkeep.workflows.turn_io import WORKFLOW_NAME, TurnInput, TurnProgress, TurnResult
 
 # As in fast-agent: a failing after_tool_call (or after_turn_complete, once the answer stands)
 # is logged and ignored; any other hook failing ends the turn with an `error` message.
@@ -94,6 +99,8 @@ class TurnWorkflow:
         )
         # Outcome timers not yet cancelled, with the history length when each was started.
         self._outcome_timers: list[tuple[asyncio.Task[None], int]] = []
+        # How many of the current batch's agent-tool calls may run at once (None: all).
+        self._agent_slots: asyncio.Semaphore | None = None
 
     @workflow.run
     async def run(self, *args: Any) -> TurnResult:
@@ -240,13 +247,27 @@ class TurnWorkflow:
         self._show(self._tools_doing())
         # With calls awaiting a person, the others' ends show in the details as they come.
         refresh = self._tools_moved if batch.gated else None
+        # fast-agent's max_parallel: a bound on the batch's agent calls running at once.
+        bound = state.plan.max_parallel
+        self._agent_slots = asyncio.Semaphore(bound) if bound else None
         results, timing = await actions.run_tools(
-            batch, state.plan, self._completed, self._approve, refresh
+            batch, state.plan, self._completed, self._approve, self._call_agent, refresh
         )
         # The outcome that asked for these tools spans them in the Web UI's timeline.
         self._cancel_outcome_timers()
         state.on_tool_results(results, timing)
         await self._hooks(HookPoint.AFTER_TOOL_CALL)
+
+    async def _call_agent(self, call: ToolCallRequest, tool: AgentTool) -> ToolCallOutcome:
+        """Run a call of one of the turn's agent tools as a child turn, and count its usage."""
+        state = self._require_state()
+        started = workflow.time()
+        id = agent_tools.child_id(workflow.info().workflow_id, state.model_calls, call.call_id)
+        async with self._agent_slots or contextlib.nullcontext():
+            outcome = await agent_tools.call_agent(call, tool, id=id, depth=state.depth)
+        state.on_agent_usage(outcome.usage)
+        duration_ms = (workflow.time() - started) * 1000
+        return ToolCallOutcome(result=outcome.result, duration_ms=duration_ms)
 
     async def _approve(self, call: ToolCallRequest) -> ToolCallRequest | CallToolResult:
         """Hold ``call`` until the ``decide`` update (or the agent's timeout) settles it. A

@@ -93,11 +93,10 @@ def turn_status(state: TurnState) -> TurnStatus:
 
 
 def tokens(state: TurnState) -> tuple[int, int]:
-    """Input and output tokens of the turn so far, over all its models."""
-    return (
-        sum(u.input_tokens for u in state.usage.values()),
-        sum(u.output_tokens for u in state.usage.values()),
-    )
+    """Input and output tokens of the turn so far, over all its models, with those of the
+    agents it called as tools."""
+    usage = state.total_usage().values()
+    return sum(u.input_tokens for u in usage), sum(u.output_tokens for u in usage)
 
 
 SearchAttributeValues = dict[str, str | int | None]

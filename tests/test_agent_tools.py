@@ -1,0 +1,266 @@
+"""Agents as tools (``agents:`` of an agent, fast-agent's ``AgentsAsToolsAgent``): each listed
+agent is a tool ``agent__<name>`` of the parent's model, and a call runs that agent's turn as a
+child workflow on the agent's own task queue, on the real dev server. The passthrough model
+scripts both sides: the parent's prompt names the calls, the child echoes its message (or
+calls a tool of its own when the message says so)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowExecutionStatus
+
+from tests.conftest import Harness, eventually, make_settings
+from turnkeep.client.turns import get_turn
+from turnkeep.config.settings import Settings
+from turnkeep.testing import harness as worker_harness
+from turnkeep.worker.build import build_worker
+from turnkeep.workflows.agent_tools import BUDGET_EXHAUSTED, child_id
+from turnkeep.workflows.messages import StopReason
+from turnkeep.workflows.repair import INTERRUPTED_TEXT
+from turnkeep.workflows.turn_io import TurnCancelledError, TurnResult, Usage
+
+pytestmark = pytest.mark.asyncio
+
+gate = asyncio.Event()
+started: list[str] = []
+
+
+async def blocked(name: str) -> str:
+    """Blocks until the test opens the gate (it never does: the turn is cancelled)."""
+    started.append(name)
+    await gate.wait()
+    return f"{name} passed"
+
+
+def ask(*calls: tuple[str, str]) -> str:
+    """A parent prompt that makes the passthrough model call these agents with these
+    messages, all in one answer."""
+    return "\n".join(
+        f"***CALL_TOOL agent__{agent} {json.dumps({'message': message})}"
+        for agent, message in calls
+    )
+
+
+TEAM: dict[str, Any] = {
+    "pmo": {
+        "model": "passthrough",
+        "agents": ["ny", "london"],
+        "instruction": "Get reports from the project managers.",
+    },
+    "ny": {"model": "passthrough", "description": "New York's project manager."},
+    "london": {"model": "passthrough", "servers": ["local"]},
+}
+
+
+@pytest.fixture
+async def h(client: Client, tmp_path: Path) -> AsyncIterator[Harness]:
+    started.clear()
+    settings = make_settings(tmp_path, agents=TEAM)
+    async with worker_harness(
+        client, settings, function_tools={"local": [blocked]}, default_agent="pmo"
+    ) as worker:
+        yield worker
+
+
+async def test_a_parent_calls_agents_as_tools_each_a_child_turn(h: Harness) -> None:
+    turn = await h.start(ask(("ny", "status of OpenAI"), ("london", "news on Art")))
+    result = await turn.result()
+
+    assert result.stop_reason == StopReason.END_TURN
+    request, results = result.messages[1], result.messages[2]
+    assert [c.name for c in (request.tool_calls or {}).values()] == [
+        "agent__ny",
+        "agent__london",
+    ]
+    # Each child echoed its message; the parent's model answered with the results.
+    assert [r.text for r in (results.tool_results or {}).values()] == [
+        "status of OpenAI",
+        "news on Art",
+    ]
+    assert result.final is not None and result.final.text == "status of OpenAI\nnews on Art"
+
+    # Each call ran as a turn of its own: a child workflow of the parent, on its agent's queue.
+    for call_id, agent in zip(request.tool_calls or {}, ["ny", "london"], strict=True):
+        child = h.client.get_workflow_handle(child_id(turn.workflow_id, 1, call_id))
+        described = await child.describe()
+        assert described.status == WorkflowExecutionStatus.COMPLETED
+        assert described.parent_id == turn.workflow_id
+        assert described.task_queue == f"{h.task_queue}.{agent}"
+        child_result = await get_turn(h.client, child.id).result()
+        assert child_result.messages[0].text == results.tool_results[call_id].text  # type: ignore[index]
+
+    # Usage rolls up: the parent's total is its own and its children's, and says whose is whose.
+    assert set(result.usage_by_agent) == {"pmo", "ny", "london"}
+    total = sum(
+        (u for by_model in result.usage_by_agent.values() for u in by_model.values()), Usage()
+    )
+    assert result.usage["passthrough"] == total
+    assert result.usage_by_agent["ny"]["passthrough"].calls == 1
+    assert result.usage_by_agent["pmo"]["passthrough"].calls == 2
+
+
+async def test_the_model_sees_agent_tools_beside_its_other_tools(h: Harness) -> None:
+    """``agent__<name>``, described by the agent's description (else its instruction),
+    taking fast-agent's ``{"message": str}``."""
+    turn = await h.start("hello")
+    await turn.result()
+    plan_tools = await _offered_tools(h, turn.workflow_id)
+    assert [t["name"] for t in plan_tools] == ["agent__ny", "agent__london"]
+    ny = plan_tools[0]
+    assert ny["description"] == "New York's project manager."
+    assert ny["input_schema"]["required"] == ["message"]
+    assert plan_tools[1]["description"] is None  # london has neither
+
+
+async def _offered_tools(h: Harness, workflow_id: str) -> list[dict[str, Any]]:
+    """The tools of the turn's plan, as recorded in its prepare_turn result."""
+    history = await h.client.get_workflow_handle(workflow_id).fetch_history()
+    for event in history.events:
+        if event.HasField("activity_task_completed_event_attributes"):
+            payload = event.activity_task_completed_event_attributes.result.payloads[0]
+            plan = json.loads(payload.data)
+            return [tool["spec"] for tool in plan["agent_tools"]]
+    raise AssertionError("no prepare_turn result")
+
+
+async def test_a_child_that_stops_without_an_answer_is_an_error_result(
+    client: Client, tmp_path: Path
+) -> None:
+    """fast-agent's rule: a child that stopped still asking for tools, having said nothing,
+    answers with an isError result saying its budget ran out."""
+    agents = {
+        "boss": {"model": "passthrough", "agents": ["worker"]},
+        "worker": {"model": "passthrough", "servers": ["local"], "max_iterations": 0},
+    }
+    settings = make_settings(tmp_path, agents=agents)
+    async with worker_harness(
+        client, settings, function_tools={"local": [quick]}, default_agent="boss"
+    ) as h:
+        call = '***CALL_TOOL local__quick {"name": "x"}'
+        result = await h.run(ask(("worker", call)))
+    tool_result = next(iter((result.messages[2].tool_results or {}).values()))
+    assert tool_result.is_error
+    assert tool_result.text == BUDGET_EXHAUSTED
+    assert result.stop_reason == StopReason.END_TURN
+
+
+def quick(name: str) -> str:
+    return f"{name} done"
+
+
+async def test_a_call_past_the_depth_limit_is_an_error_result_naming_the_limit(
+    client: Client, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, agents=TEAM, max_agent_depth=0)
+    async with worker_harness(
+        client, settings, function_tools={"local": [blocked]}, default_agent="pmo"
+    ) as h:
+        result = await h.run(ask(("ny", "hi")))
+    tool_result = next(iter((result.messages[2].tool_results or {}).values()))
+    assert tool_result.is_error
+    assert "AgentDepthExceeded" in tool_result.text
+    assert "max_agent_depth (0)" in tool_result.text
+
+
+async def test_max_parallel_bounds_the_child_turns_running_at_once(
+    client: Client, tmp_path: Path
+) -> None:
+    agents = {
+        "boss": {"model": "passthrough", "agents": ["sleeper"], "max_parallel": 1},
+        "sleeper": {"model": "passthrough", "servers": ["local"]},
+    }
+    running: list[int] = []
+    peak: list[int] = [0]
+
+    async def nap(name: str) -> str:
+        running.append(1)
+        peak[0] = max(peak[0], len(running))
+        await asyncio.sleep(0.2)
+        running.pop()
+        return name
+
+    settings = make_settings(tmp_path, agents=agents)
+    async with worker_harness(
+        client, settings, function_tools={"local": [nap]}, default_agent="boss"
+    ) as h:
+        calls = [("sleeper", f'***CALL_TOOL local__nap {{"name": "n{i}"}}') for i in range(3)]
+        result = await h.run(ask(*calls))
+    texts = [r.text for r in (result.messages[2].tool_results or {}).values()]
+    assert texts == ["n0", "n1", "n2"]
+    assert peak[0] == 1
+
+
+async def test_cancelling_the_parent_cancels_and_repairs_its_running_children(
+    h: Harness,
+) -> None:
+    call = '***CALL_TOOL local__blocked {"name": "report"}'
+    turn = await h.start(ask(("london", call)))
+    await eventually(lambda: started == ["report"], "the child's tool started")
+    await turn.cancel()
+    with pytest.raises(TurnCancelledError) as raised:
+        await turn.result()
+    parent = raised.value.result
+    assert parent is not None and parent.stop_reason == StopReason.CANCELLED
+    # The parent's repair answers the agent call as interrupted...
+    [(call_id, repaired)] = list((parent.messages[-1].tool_results or {}).items())
+    assert repaired.is_error and repaired.text == INTERRUPTED_TEXT
+    # ...and the child, cancelled with it, repaired its own call before the parent went on.
+    child = get_turn(h.client, child_id(turn.workflow_id, 1, call_id))
+    described = await h.client.get_workflow_handle(child.workflow_id).describe()
+    assert described.status == WorkflowExecutionStatus.CANCELED
+    with pytest.raises(TurnCancelledError) as child_raised:
+        await child.result()
+    child_result = child_raised.value.result
+    assert child_result is not None
+    last = child_result.messages[-1]
+    assert [r.text for r in (last.tool_results or {}).values()] == [INTERRUPTED_TEXT]
+
+
+async def test_a_child_cancelled_on_its_own_is_an_error_result_and_the_parent_goes_on(
+    h: Harness,
+) -> None:
+    """An operator cancels the child from the Web UI: the parent's model hears about it."""
+    call = '***CALL_TOOL local__blocked {"name": "report"}'
+    turn = await h.start(ask(("london", call)))
+    await eventually(lambda: started == ["report"], "the child's tool started")
+    call_id = "call_1_1"
+    await h.client.get_workflow_handle(child_id(turn.workflow_id, 1, call_id)).cancel()
+    result: TurnResult = await turn.result()
+    assert result.stop_reason == StopReason.END_TURN
+    tool_result = (result.messages[2].tool_results or {})[call_id]
+    assert tool_result.is_error
+    assert tool_result.text == "Error: the turn of agent 'london' was cancelled"
+
+
+@pytest.mark.parametrize(
+    ("agents", "problem"),
+    [
+        (
+            {"a": {"model": "passthrough", "agents": ["ghost"]}},
+            "agent 'a' calls agent(s) ['ghost'] as tools, which are not in this worker's agents",
+        ),
+        (
+            {
+                "a": {"model": "passthrough", "agents": ["b"]},
+                "b": {"model": "passthrough", "agents": ["a"]},
+            },
+            "agents call each other as tools in a circle: a -> b -> a",
+        ),
+        (
+            {"a": {"model": "passthrough", "agents": ["a"]}},
+            "agents call each other as tools in a circle: a -> a",
+        ),
+    ],
+)
+async def test_a_worker_refuses_a_team_with_a_missing_agent_or_a_circle(
+    client: Client, agents: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(ValueError) as raised:
+        build_worker(client, Settings.model_validate({"agents": agents}), task_queue="never")
+    assert problem in str(raised.value)
