@@ -243,18 +243,18 @@ async def test_a_child_cancelled_on_its_own_is_an_error_result_and_the_parent_go
     [
         (
             {"a": {"model": "passthrough", "agents": ["ghost"]}},
-            "agent 'a' calls agent(s) ['ghost'] as tools, which are not in this worker's agents",
+            "agent 'a' calls agent(s) ['ghost'], which are not in this worker's agents",
         ),
         (
             {
                 "a": {"model": "passthrough", "agents": ["b"]},
                 "b": {"model": "passthrough", "agents": ["a"]},
             },
-            "agents call each other as tools in a circle: a -> b -> a",
+            "agents call each other in a circle: a -> b -> a",
         ),
         (
             {"a": {"model": "passthrough", "agents": ["a"]}},
-            "agents call each other as tools in a circle: a -> a",
+            "agents call each other in a circle: a -> a",
         ),
     ],
 )
@@ -264,3 +264,94 @@ async def test_a_worker_refuses_a_team_with_a_missing_agent_or_a_circle(
     with pytest.raises(ValueError) as raised:
         build_worker(client, Settings.model_validate({"agents": agents}), task_queue="never")
     assert problem in str(raised.value)
+
+
+# fast-agent's workflow agents: `chain` and `parallel`, each step a child turn.
+
+WORKFLOWS: dict[str, Any] = {
+    "fetcher": {"model": "passthrough", "servers": ["local"]},
+    "writer": {"model": "passthrough"},
+    "post_writer": {"type": "chain", "sequence": ["fetcher", "writer"]},
+    "reviewer": {"type": "chain", "sequence": ["writer", "writer"], "cumulative": True},
+    "grading": {"type": "parallel", "fan_out": ["writer", "fetcher"], "fan_in": "writer"},
+    "checks": {"type": "parallel", "fan_out": ["writer"], "include_request": False},
+}
+
+
+@pytest.fixture
+async def w(client: Client, tmp_path: Path) -> AsyncIterator[Harness]:
+    started.clear()
+    settings = make_settings(tmp_path, agents=WORKFLOWS)
+    async with worker_harness(
+        client, settings, function_tools={"local": [quick, blocked]}
+    ) as worker:
+        yield worker
+
+
+async def test_a_chain_passes_each_answer_to_the_next_agent(w: Harness) -> None:
+    turn = await w.start('***CALL_TOOL local__quick {"name": "page"}', agent="post_writer")
+    result = await turn.result()
+    # The fetcher called its tool and answered with the result; the writer echoed that.
+    assert [m.role for m in result.messages] == ["user", "assistant"]
+    assert result.final is not None and result.final.text == "page done"
+    assert result.stop_reason == StopReason.END_TURN
+    first = await get_turn(w.client, child_id(turn.workflow_id, 1, "fetcher")).result()
+    second = await get_turn(w.client, child_id(turn.workflow_id, 2, "writer")).result()
+    assert first.final is not None and first.final.text == "page done"
+    assert second.messages[0].text == "page done"
+    assert set(result.usage_by_agent) == {"post_writer", "fetcher", "writer"}
+    assert result.usage_by_agent["fetcher"]["passthrough"].calls == 2
+
+
+async def test_a_cumulative_chain_answers_with_every_step_tagged(w: Harness) -> None:
+    result = await w.run("draft", agent="reviewer")
+    assert result.final is not None
+    assert result.final.text == (
+        "<fastagent:request>draft</fastagent:request>\n\n"
+        "<fastagent:response agent='writer'>draft</fastagent:response>\n\n"
+        # The second writer saw the request and the first answer (both user messages).
+        "<fastagent:response agent='writer'>draft\ndraft</fastagent:response>"
+    )
+
+
+async def test_a_parallel_fans_out_and_its_fan_in_aggregates(w: Harness) -> None:
+    turn = await w.start("story", agent="grading")
+    result = await turn.result()
+    expected = (
+        "The following request was sent to the agents:\n\n"
+        "<fastagent:request>\nstory\n</fastagent:request>\n\n"
+        '<fastagent:response agent="writer">\nstory\n</fastagent:response>\n\n'
+        '<fastagent:response agent="fetcher">\nstory\n</fastagent:response>'
+    )
+    # The fan-in agent (a passthrough writer) echoed the aggregated answers.
+    assert result.final is not None and result.final.text == expected
+    fan_in = await get_turn(w.client, child_id(turn.workflow_id, 2, "writer")).result()
+    assert fan_in.messages[0].text == expected
+    without = await w.run("story", agent="checks")
+    assert without.final is not None
+    assert without.final.text == '<fastagent:response agent="writer">\nstory\n</fastagent:response>'
+
+
+async def test_a_failing_step_ends_the_chain_with_an_error_naming_it(
+    client: Client, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, agents=WORKFLOWS, max_agent_depth=0)
+    async with worker_harness(client, settings, function_tools={"local": [quick]}) as h:
+        result = await h.run("x", agent="post_writer")
+    assert result.stop_reason == StopReason.ERROR
+    assert result.final is not None
+    assert result.final.text.startswith("step 1 of the chain (fetcher) failed: Error: ")
+    assert "AgentDepthExceeded" in result.final.text
+
+
+async def test_cancelling_a_chain_cancels_its_running_step(w: Harness) -> None:
+    turn = await w.start('***CALL_TOOL local__blocked {"name": "fetch"}', agent="post_writer")
+    await eventually(lambda: started == ["fetch"], "the chain's first step called its tool")
+    await turn.cancel()
+    with pytest.raises(TurnCancelledError) as raised:
+        await turn.result()
+    assert raised.value.result is not None
+    assert raised.value.result.stop_reason == StopReason.CANCELLED
+    step = child_id(turn.workflow_id, 1, "fetcher")
+    described = await w.client.get_workflow_handle(step).describe()
+    assert described.status == WorkflowExecutionStatus.CANCELED

@@ -116,6 +116,7 @@ WORKFLOW_MODULES = [
     "actions",
     "child_turn",
     "agent_tools",
+    "teams",
     "turn_workflow",
     "session_workflow",
 ]

@@ -23,6 +23,7 @@ from turnkeep.workflows.activity_io import (
     CompactionPlan,
     ContinueAsNewPlan,
     PrepareTurnRequest,
+    TeamPlan,
     Timeouts,
     TurnPlan,
     VisibilityPlan,
@@ -71,6 +72,8 @@ class TurnSetupActivities:
                 f"past this worker's max_agent_depth ({self._max_agent_depth}).",
             )
         overrides = request.overrides
+        if agent.type != "agent":
+            return self._team_plan(request.agent, agent, overrides)
         model = check_overrides(self._agents, self._models, request.agent, overrides)
 
         def pick(name: str) -> object:
@@ -95,6 +98,38 @@ class TurnSetupActivities:
                 "agent_tools": [self._agents.agent_tool(name) for name in agent.agents],
                 "max_parallel": agent.max_parallel,
             }
+        )
+
+    def _team_plan(self, name: str, agent: AgentSettings, overrides: TurnOverrides) -> TurnPlan:
+        """The plan of a workflow agent's turn: its steps, each another agent's child turn.
+        It calls no model of its own, so nothing a turn may set applies to it."""
+        if overrides.given():
+            raise config_error(
+                "OverrideNotAllowed",
+                f"Agent {name!r} is a {agent.type} of other agents: a turn of it cannot set "
+                f"{', '.join(sorted(overrides.given()))} (set them on the agents it runs).",
+            )
+        steps = agent.sequence if agent.type == "chain" else agent.fan_out
+        team = TeamPlan(
+            kind=agent.type,
+            steps=[self._agents.agent_tool(step) for step in steps],
+            fan_in=self._agents.agent_tool(agent.fan_in) if agent.fan_in else None,
+            cumulative=agent.cumulative,
+            include_request=agent.include_request,
+        )
+        return TurnPlan(
+            agent=name,
+            model=agent.type,
+            instruction=agent.instruction,
+            max_iterations=0,
+            use_history=False,
+            parallel_tool_calls=True,
+            has_tools=False,
+            llm=_timeouts(agent.llm_timeouts),
+            tools=_timeouts(agent.tool_timeouts),
+            continue_as_new=self._continue_as_new,
+            visibility=self.visibility,
+            team=team,
         )
 
 

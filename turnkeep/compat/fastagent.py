@@ -156,10 +156,49 @@ class FastAgent:
             description=description,
             **options,
         )
+        return self._declare(arguments, explicit_tools=function_tools is not None)
+
+    def chain(
+        self,
+        name: str,
+        *,
+        sequence: Sequence[str],
+        instruction: str | Path | None = None,
+        cumulative: bool = False,
+        default: bool = False,
+    ) -> Callable[[F], F]:
+        """``@fast.chain(...)``: the agents of ``sequence`` one after another, each a child
+        turn given the previous one's answer (``cumulative``: every earlier answer)."""
+        arguments = dict(name=name, type="chain", sequence=list(sequence), cumulative=cumulative)
+        return self._declare(_with_instruction(arguments, instruction), explicit_tools=True)
+
+    def parallel(
+        self,
+        name: str,
+        *,
+        fan_out: Sequence[str],
+        fan_in: str | None = None,
+        instruction: str | Path | None = None,
+        include_request: bool = True,
+        default: bool = False,
+    ) -> Callable[[F], F]:
+        """``@fast.parallel(...)``: the agents of ``fan_out`` at once, each a child turn, and
+        their answers to ``fan_in`` (without one, the answers are the result)."""
+        arguments = dict(
+            name=name,
+            type="parallel",
+            fan_out=list(fan_out),
+            fan_in=fan_in,
+            include_request=include_request,
+        )
+        return self._declare(_with_instruction(arguments, instruction), explicit_tools=True)
+
+    def _declare(self, arguments: dict[str, Any], *, explicit_tools: bool) -> Callable[[F], F]:
         Agent(**arguments)  # its errors now, at the decorator
+        name = arguments["name"]
         if name in self._declared:
             raise ValueError(f"agent {name!r} is declared twice")
-        self._declared[name] = (arguments, function_tools is not None)
+        self._declared[name] = (arguments, explicit_tools)
 
         def register(function: F) -> F:
             return function
@@ -194,14 +233,8 @@ class FastAgent:
             f"turnkeep does not implement fast-agent's {what}; see docs/fast-agent.md"
         )
 
-    def chain(self, *args: Any, **kwargs: Any) -> NoReturn:
-        self._refuse("chain workflow")
-
     def router(self, *args: Any, **kwargs: Any) -> NoReturn:
         self._refuse("router workflow")
-
-    def parallel(self, *args: Any, **kwargs: Any) -> NoReturn:
-        self._refuse("parallel workflow")
 
     def orchestrator(self, *args: Any, **kwargs: Any) -> NoReturn:
         self._refuse("orchestrator workflow")
@@ -224,3 +257,9 @@ class FastAgent:
             "`async with fast.workers(client): ...` and start turns with "
             "turnkeep.start_turn or `turnkeep run`"
         )
+
+
+def _with_instruction(arguments: dict[str, Any], instruction: str | Path | None) -> dict[str, Any]:
+    if isinstance(instruction, Path):
+        instruction = instruction.read_text(encoding="utf-8")
+    return {**arguments, "instruction": instruction} if instruction is not None else arguments

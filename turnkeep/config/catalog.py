@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from turnkeep.config.settings import AgentSettings, McpServerSettings, Settings
+from turnkeep.config.settings import AgentOptions, AgentSettings, McpServerSettings, Settings
 from turnkeep.errors import config_error, known
 from turnkeep.workflows.activity_io import AGENT_TOOL_PREFIX, AgentTool, ToolSpec
 from turnkeep.workflows.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
@@ -18,6 +18,12 @@ AGENT_TOOL_SCHEMA = {
     "properties": {"message": {"type": "string", "description": "Message to send to the agent"}},
     "required": ["message"],
 }
+
+
+def called(agent: AgentOptions) -> list[str]:
+    """The agents ``agent`` calls: as tools, or as the steps of a workflow agent."""
+    fan_in = [agent.fan_in] if agent.fan_in else []
+    return [*agent.agents, *agent.sequence, *agent.fan_out, *fan_in]
 
 
 class AgentCatalog(Mapping[str, AgentSettings]):
@@ -87,26 +93,24 @@ class AgentCatalog(Mapping[str, AgentSettings]):
         return AgentTool(spec=spec, agent=name, task_queue=agent_task_queue(self._task_queue, name))
 
     def team_problems(self) -> list[str]:
-        """What is wrong with the agents' ``agents`` lists: a child this worker lacks, or a
-        circle (an agent that reaches itself through the agents it calls)."""
+        """What is wrong with the agents that agents call (as tools, or as steps of a workflow
+        agent): one this worker lacks, or a circle (an agent that reaches itself)."""
         problems = [
-            f"agent {name!r} calls agent(s) {missing} as tools, which are not in this "
+            f"agent {name!r} calls agent(s) {missing}, which are not in this "
             f"worker's agents (known: {known(self._agents)})"
             for name, agent in self._agents.items()
-            if (missing := [a for a in agent.agents if a not in self._agents])
+            if (missing := [a for a in called(agent) if a not in self._agents])
         ]
         for name in self._agents:
             circle = self._circle(name, [name])
             # Reported from its first member in name order, so each circle once.
             if circle is not None and circle[0] == min(circle):
-                problems.append(
-                    f"agents call each other as tools in a circle: {' -> '.join(circle)}"
-                )
+                problems.append(f"agents call each other in a circle: {' -> '.join(circle)}")
         return problems
 
     def _circle(self, start: str, path: list[str]) -> list[str] | None:
         """A path of agent-tool calls from ``start`` (``path`` so far) back to it, if any."""
-        for child in self._agents[path[-1]].agents:
+        for child in called(self._agents[path[-1]]):
             if child == start:
                 return [*path, child]
             if child in self._agents and child not in path:

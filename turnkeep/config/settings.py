@@ -410,6 +410,25 @@ class AgentOptions(_Settings):
     max_parallel: int | None = Field(default=None, gt=0)
     # What the agent does, as another agent's tool sees it; unset: its instruction.
     description: str | None = None
+    # fast-agent's workflow agents: `agent` (the default) talks to a model; `chain` runs the
+    # agents of `sequence` one after another, each given the previous one's answer (with
+    # `cumulative`, every earlier answer); `parallel` runs those of `fan_out` at once on the
+    # turn's message and gives their answers to `fan_in` (absent: the answers are the
+    # result). Each step is a child turn of the agent's own.
+    type: Literal["agent", "chain", "parallel"] = "agent"
+    sequence: list[str] = Field(default_factory=list)
+    cumulative: bool = False
+    fan_out: list[str] = Field(default_factory=list)
+    fan_in: str | None = None
+    include_request: bool = True
+
+    @model_validator(mode="after")
+    def _workflow_agent(self) -> AgentOptions:
+        if self.type == "chain" and not self.sequence:
+            raise ValueError("a chain agent needs a `sequence` of at least one agent")
+        if self.type == "parallel" and not self.fan_out:
+            raise ValueError("a parallel agent needs `fan_out`: at least one agent")
+        return self
 
     @model_validator(mode="after")
     def _known_overrides(self) -> AgentOptions:

@@ -24,6 +24,7 @@ from turnkeep.client.connection import connect
 from turnkeep.client.sessions import SessionHandle, open_session
 from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.config.agents import Agent
+from turnkeep.config.catalog import called
 from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
 from turnkeep.testing.fake_model import FakeModel
@@ -116,8 +117,8 @@ async def harness(
         options.setdefault("workflow_runner", SandboxedWorkflowRunner())
     task_queue = task_queue or f"test-{uuid.uuid4().hex[:10]}"
     names = [*settings.agents, *(a.name for a in agents)]
-    if any(a.agents for a in [*settings.agents.values(), *agents]):
-        # Agents called as tools run their turns on their own queues: serve those too.
+    if any(called(a) for a in [*settings.agents.values(), *agents]):
+        # Agents that other agents call run their turns on their own queues: serve those too.
         workers = build_workers(client, settings, agents=agents, task_queue=task_queue, **options)
         async with workers:
             yield Harness(

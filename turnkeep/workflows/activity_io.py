@@ -4,7 +4,7 @@ code can call them without importing the (I/O-heavy) modules that implement them
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -112,6 +112,16 @@ class AgentTool(BaseModel):
     task_queue: str
 
 
+class TeamPlan(BaseModel):
+    """A workflow agent's steps (fast-agent's chain and parallel), each run as a child turn."""
+
+    kind: Literal["chain", "parallel"]
+    steps: list[AgentTool]  # a chain's sequence; a parallel's fan-out
+    fan_in: AgentTool | None = None
+    cumulative: bool = False
+    include_request: bool = True
+
+
 class TurnPlan(BaseModel):
     """The agent's settings with the turn's allowed overrides applied, resolved once on a worker
     and recorded in history, so the workflow itself never reads configuration."""
@@ -143,6 +153,9 @@ class TurnPlan(BaseModel):
     # may run at once (None: all of a batch's).
     agent_tools: list[AgentTool] = Field(default_factory=list)
     max_parallel: int | None = None
+
+    # Set for a workflow agent: the turn runs these steps instead of the model loop.
+    team: TeamPlan | None = None
 
     def agent_tool(self, tool: str) -> AgentTool | None:
         """The agent a call of ``tool`` runs, if it names one of the agent's agent tools."""

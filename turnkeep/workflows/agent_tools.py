@@ -57,11 +57,16 @@ def child_id(parent_id: str, step: int, call_id: str) -> str:
 
 async def call_agent(call: ToolCallRequest, tool: AgentTool, *, id: str, depth: int) -> AgentCall:
     """Run ``tool``'s agent on the call's message as a child turn, ``depth`` being the calling
-    turn's. A cancelled caller cancels the child and waits for its repair, then raises
-    ``CancelledError``; anything else ends as the call's result."""
-    turn = TurnInput(
-        agent=tool.agent, messages=[Message.user(agent_message(call.arguments))], depth=depth + 1
-    )
+    turn's (``run_agent``)."""
+    message = Message.user(agent_message(call.arguments))
+    return await run_agent(tool, [message], id=id, depth=depth)
+
+
+async def run_agent(tool: AgentTool, messages: list[Message], *, id: str, depth: int) -> AgentCall:
+    """Run ``tool``'s agent on ``messages`` as a child turn with workflow id ``id``. A cancelled
+    caller cancels the child and waits for its repair, then raises ``CancelledError``; any other
+    end is the child's answer (or failure) as a tool result."""
+    turn = TurnInput(agent=tool.agent, messages=messages, depth=depth + 1)
 
     async def run_child() -> TurnResult:
         child = await start_turn_child(turn, id=id, task_queue=tool.task_queue)

@@ -301,6 +301,11 @@ class TurnState(BaseModel):
         model: the agent's own and that of the agents it called)."""
         self.team_usage = _merged(self.team_usage, usage)
 
+    def on_team_answer(self, answer: Message) -> None:
+        """Record a workflow agent's answer (its steps ran as child turns): the turn ends."""
+        self.messages.append(answer)
+        self._finish(answer.stop_reason or StopReason.END_TURN)
+
     def total_usage(self) -> dict[str, Usage]:
         """Per model, the turn's own usage and that of every agent it called as a tool."""
         total = dict(self.usage)

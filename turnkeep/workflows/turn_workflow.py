@@ -19,14 +19,23 @@ from temporalio import workflow
 from temporalio.api.common.v1 import Payloads
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from turnkeep.workflows import actions, agent_tools, turn_metrics, visibility, worker_cache
+from turnkeep.workflows import (
+    actions,
+    agent_tools,
+    teams,
+    turn_metrics,
+    visibility,
+    worker_cache,
+)
 from turnkeep.workflows.activity_io import (
     AgentTool,
     ContinueAsNewPlan,
     HookPoint,
+    TeamPlan,
     ToolCallOutcome,
     ToolCallRequest,
 )
+from turnkeep.workflows.agent_tools import AgentCall
 from turnkeep.workflows.approval import (
     DECIDE_UPDATE,
     PENDING_QUERY,
@@ -138,6 +147,8 @@ class TurnWorkflow:
         try:
             if carried is None:
                 state.tools = [shared(t) for t in await actions.list_tools(state.plan)]
+            if state.plan.team is not None and not state.done:
+                await self._run_team(state.plan.team)
             # Cut between the model's tool request and the tools: this run starts with them.
             tools_next = carried is not None and carried.cut_before_tools
             while not state.done:
@@ -257,6 +268,22 @@ class TurnWorkflow:
         self._cancel_outcome_timers()
         state.on_tool_results(results, timing)
         await self._hooks(HookPoint.AFTER_TOOL_CALL)
+
+    async def _run_team(self, team: TeamPlan) -> None:
+        """A workflow agent's turn: its steps, each another agent's child turn, in place of
+        the model loop."""
+        state = self._require_state()
+        self._show(
+            visibility.clip(f"running {team.kind}: {', '.join(s.agent for s in team.steps)}")
+        )
+
+        async def run(tool: AgentTool, messages: list[Message], step: int, name: str) -> AgentCall:
+            id = agent_tools.child_id(workflow.info().workflow_id, step, name)
+            call = await agent_tools.run_agent(tool, messages, id=id, depth=state.depth)
+            state.on_agent_usage(call.usage)
+            return call
+
+        state.on_team_answer(await teams.run_team(team, state.messages, run))
 
     async def _call_agent(self, call: ToolCallRequest, tool: AgentTool) -> ToolCallOutcome:
         """Run a call of one of the turn's agent tools as a child turn, and count its usage."""

@@ -1,0 +1,102 @@
+"""fast-agent's own workflow examples run on turnkeep with one import changed: each file is
+loaded with ``from fast_agent import FastAgent`` pointed at ``turnkeep.compat.fastagent``, its
+decorators declare the agents, and a worker serves them on the real dev server. The passthrough
+model stands in for the examples' models, and function tools for their MCP servers (``fetch``,
+``time``), so each step is scripted and checkable."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+
+from tests.conftest import make_settings
+from turnkeep.compat.fastagent import FastAgent
+from turnkeep.testing import harness as worker_harness
+from turnkeep.workflows.agent_tools import child_id
+from turnkeep.workflows.messages import StopReason
+
+pytestmark = pytest.mark.asyncio
+
+EXAMPLES = Path(__file__).parent / "fast_agent_examples"
+
+
+def load(name: str) -> FastAgent:
+    """The example's ``fast``, loaded with its one import changed."""
+    source = (EXAMPLES / f"{name}.py").read_text(encoding="utf-8")
+    changed = source.replace(
+        "from fast_agent import FastAgent", "from turnkeep.compat.fastagent import FastAgent"
+    )
+    assert changed != source, "the example imports FastAgent from fast_agent"
+    module = types.ModuleType(f"fast_agent_example_{name}")
+    exec(compile(changed, str(EXAMPLES / f"{name}.py"), "exec"), module.__dict__)
+    fast: FastAgent = module.fast
+    return fast
+
+
+def fetch(url: str) -> str:
+    """Stands in for the `fetch` MCP server."""
+    return f"the page at {url}"
+
+
+def get_current_time(timezone: str) -> str:
+    """Stands in for the `time` MCP server."""
+    return f"12:00 in {timezone}"
+
+
+def settings_for(tmp_path: Path, **config: Any) -> Any:
+    return make_settings(tmp_path, default_model="passthrough", **config)
+
+
+async def test_chaining_example(client: Client, tmp_path: Path) -> None:
+    fast = load("chaining")
+    assert {a.name for a in fast.agents} == {"url_fetcher", "social_media", "post_writer"}
+    async with worker_harness(
+        client,
+        settings_for(tmp_path),
+        agents=fast.agents,
+        function_tools={"fetch": [fetch]},
+    ) as h:
+        turn = await h.start(
+            '***CALL_TOOL fetch__fetch {"url": "https://llmindset.co.uk"}', agent="post_writer"
+        )
+        result = await turn.result()
+    # url_fetcher fetched the page; social_media was given that summary and (passthrough)
+    # wrote it back as the post.
+    assert result.stop_reason == StopReason.END_TURN
+    assert result.final is not None
+    assert result.final.text == "the page at https://llmindset.co.uk"
+    fetched = await h.client.get_workflow_handle(
+        child_id(turn.workflow_id, 1, "url_fetcher")
+    ).describe()
+    assert fetched.parent_id == turn.workflow_id
+
+
+async def test_agents_as_tools_simple_example(client: Client, tmp_path: Path) -> None:
+    fast = load("agents_as_tools_simple")
+    [pmo] = [a for a in fast.agents if a.name == "PMO-orchestrator"]
+    assert pmo.agents == ["NY-Project-Manager", "London-Project-Manager"]
+    async with worker_harness(
+        client,
+        settings_for(tmp_path),
+        agents=fast.agents,
+        function_tools={"time": [get_current_time]},
+    ) as h:
+        ny = '***CALL_TOOL time__get_current_time {"timezone": "America/New_York"}'
+        london = '***CALL_TOOL time__get_current_time {"timezone": "Europe/London"}'
+        prompt = "\n".join(
+            f"***CALL_TOOL agent__{agent} {json.dumps({'message': message})}"
+            for agent, message in [("NY-Project-Manager", ny), ("London-Project-Manager", london)]
+        )
+        result = await h.run(prompt, agent="PMO-orchestrator")
+    assert result.final is not None
+    assert result.final.text == "12:00 in America/New_York\n12:00 in Europe/London"
+    assert set(result.usage_by_agent) == {
+        "PMO-orchestrator",
+        "NY-Project-Manager",
+        "London-Project-Manager",
+    }
