@@ -275,6 +275,8 @@ WORKFLOWS: dict[str, Any] = {
     "reviewer": {"type": "chain", "sequence": ["writer", "writer"], "cumulative": True},
     "grading": {"type": "parallel", "fan_out": ["writer", "fetcher"], "fan_in": "writer"},
     "checks": {"type": "parallel", "fan_out": ["writer"], "include_request": False},
+    "route": {"type": "router", "model": "passthrough", "agents": ["writer", "fetcher"]},
+    "only": {"type": "router", "model": "passthrough", "agents": ["writer"]},
 }
 
 
@@ -355,3 +357,40 @@ async def test_cancelling_a_chain_cancels_its_running_step(w: Harness) -> None:
     step = child_id(turn.workflow_id, 1, "fetcher")
     described = await w.client.get_workflow_handle(step).describe()
     assert described.status == WorkflowExecutionStatus.CANCELED
+
+
+async def test_a_router_asks_its_model_and_hands_the_turn_to_the_agent_it_names(
+    w: Harness,
+) -> None:
+    # The passthrough router echoes the request: a routing answer naming the fetcher.
+    choice = json.dumps({"agent": "fetcher", "confidence": "high"})
+    turn = await w.start(choice, agent="route")
+    result = await turn.result()
+    assert result.final is not None and result.final.text == choice  # the fetcher's echo
+    fetcher = await get_turn(w.client, child_id(turn.workflow_id, 1, "fetcher")).result()
+    assert fetcher.messages[0].text == choice
+    # The routing call counts in the router's usage; the answer is the fetcher's.
+    assert result.usage_by_agent["route"]["passthrough"].calls == 1
+    assert [m.role for m in result.messages] == ["user", "assistant"]
+
+    unknown = await w.run(json.dumps({"agent": "nobody", "confidence": "low"}), agent="route")
+    assert unknown.final is not None
+    assert unknown.final.text == (
+        "A response was received, but the agent nobody was not known to the Router"
+    )
+    # With one agent there is nothing to choose: no model call.
+    only = await w.run("anything", agent="only")
+    assert only.final is not None and only.final.text == "anything"
+    assert only.usage_by_agent["only"] == {}
+
+
+def test_the_router_prompt_lists_each_agent_card() -> None:
+    from turnkeep.config.catalog import AgentCatalog
+    from turnkeep.workflows.teams import ROUTING_SYSTEM_INSTRUCTION, routing_instruction
+
+    catalog = AgentCatalog.of(Settings.model_validate({"agents": TEAM}))
+    prompt = routing_instruction([catalog.agent_tool("ny"), catalog.agent_tool("london")])
+    assert prompt.startswith(ROUTING_SYSTEM_INSTRUCTION)
+    assert (
+        '{"name":"ny","description":"New York\'s project manager."},\n{"name":"london"}' in prompt
+    )

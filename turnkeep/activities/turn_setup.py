@@ -29,6 +29,7 @@ from turnkeep.workflows.activity_io import (
     VisibilityPlan,
 )
 from turnkeep.workflows.approval import ApprovalPlan
+from turnkeep.workflows.teams import routing_instruction
 from turnkeep.workflows.turn_io import TurnOverrides
 
 
@@ -72,9 +73,11 @@ class TurnSetupActivities:
                 f"past this worker's max_agent_depth ({self._max_agent_depth}).",
             )
         overrides = request.overrides
-        if agent.type != "agent":
+        if agent.type in ("chain", "parallel"):
             return self._team_plan(request.agent, agent, overrides)
         model = check_overrides(self._agents, self._models, request.agent, overrides)
+        if agent.type == "router":
+            return self._team_plan(request.agent, agent, overrides, model=model)
 
         def pick(name: str) -> object:
             value = getattr(overrides, name)
@@ -100,16 +103,24 @@ class TurnSetupActivities:
             }
         )
 
-    def _team_plan(self, name: str, agent: AgentSettings, overrides: TurnOverrides) -> TurnPlan:
+    def _team_plan(
+        self,
+        name: str,
+        agent: AgentSettings,
+        overrides: TurnOverrides,
+        *,
+        model: str | None = None,
+    ) -> TurnPlan:
         """The plan of a workflow agent's turn: its steps, each another agent's child turn.
-        It calls no model of its own, so nothing a turn may set applies to it."""
-        if overrides.given():
+        Only a router calls a model of its own (``model``, to choose), and a turn may set
+        nothing else of it."""
+        if overrides.given() - {"model"} or (overrides.model and model is None):
             raise config_error(
                 "OverrideNotAllowed",
                 f"Agent {name!r} is a {agent.type} of other agents: a turn of it cannot set "
                 f"{', '.join(sorted(overrides.given()))} (set them on the agents it runs).",
             )
-        steps = agent.sequence if agent.type == "chain" else agent.fan_out
+        steps = {"chain": agent.sequence, "parallel": agent.fan_out}.get(agent.type, agent.agents)
         team = TeamPlan(
             kind=agent.type,
             steps=[self._agents.agent_tool(step) for step in steps],
@@ -117,10 +128,13 @@ class TurnSetupActivities:
             cumulative=agent.cumulative,
             include_request=agent.include_request,
         )
+        instruction = agent.instruction
+        if agent.type == "router":
+            instruction = routing_instruction(team.steps, agent.instruction)
         return TurnPlan(
             agent=name,
-            model=agent.type,
-            instruction=agent.instruction,
+            model=model or agent.type,
+            instruction=instruction,
             max_iterations=0,
             use_history=False,
             parallel_tool_calls=True,

@@ -193,6 +193,23 @@ class FastAgent:
         )
         return self._declare(_with_instruction(arguments, instruction), explicit_tools=True)
 
+    def router(
+        self,
+        name: str,
+        *,
+        agents: Sequence[str],
+        instruction: str | Path | None = None,
+        model: str | None = None,
+        default: bool = False,
+    ) -> Callable[[F], F]:
+        """``@fast.router(...)``: the router's model picks one of ``agents`` for each message,
+        and that agent's turn (a child turn) answers. ``instruction``, when given, is the
+        routing prompt's template, with ``{context}`` where the agents' cards go."""
+        arguments: dict[str, Any] = dict(name=name, type="router", agents=list(agents))
+        if model is not None:
+            arguments["model"] = model
+        return self._declare(_with_instruction(arguments, instruction), explicit_tools=True)
+
     def _declare(self, arguments: dict[str, Any], *, explicit_tools: bool) -> Callable[[F], F]:
         Agent(**arguments)  # its errors now, at the decorator
         name = arguments["name"]
@@ -232,9 +249,6 @@ class FastAgent:
         raise NotImplementedError(
             f"turnkeep does not implement fast-agent's {what}; see docs/fast-agent.md"
         )
-
-    def router(self, *args: Any, **kwargs: Any) -> NoReturn:
-        self._refuse("router workflow")
 
     def orchestrator(self, *args: Any, **kwargs: Any) -> NoReturn:
         self._refuse("orchestrator workflow")

@@ -414,8 +414,9 @@ class AgentOptions(_Settings):
     # agents of `sequence` one after another, each given the previous one's answer (with
     # `cumulative`, every earlier answer); `parallel` runs those of `fan_out` at once on the
     # turn's message and gives their answers to `fan_in` (absent: the answers are the
-    # result). Each step is a child turn of the agent's own.
-    type: Literal["agent", "chain", "parallel"] = "agent"
+    # result); `router` asks its model which of its `agents` should answer, and that one does.
+    # Each step is a child turn of the agent's own.
+    type: Literal["agent", "chain", "parallel", "router"] = "agent"
     sequence: list[str] = Field(default_factory=list)
     cumulative: bool = False
     fan_out: list[str] = Field(default_factory=list)
@@ -428,6 +429,8 @@ class AgentOptions(_Settings):
             raise ValueError("a chain agent needs a `sequence` of at least one agent")
         if self.type == "parallel" and not self.fan_out:
             raise ValueError("a parallel agent needs `fan_out`: at least one agent")
+        if self.type == "router" and not self.agents:
+            raise ValueError("a router agent needs `agents` to route to: at least one")
         return self
 
     @model_validator(mode="after")

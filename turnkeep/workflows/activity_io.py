@@ -115,8 +115,8 @@ class AgentTool(BaseModel):
 class TeamPlan(BaseModel):
     """A workflow agent's steps (fast-agent's chain and parallel), each run as a child turn."""
 
-    kind: Literal["chain", "parallel"]
-    steps: list[AgentTool]  # a chain's sequence; a parallel's fan-out
+    kind: Literal["chain", "parallel", "router"]
+    steps: list[AgentTool]  # a chain's sequence; a parallel's fan-out; a router's agents
     fan_in: AgentTool | None = None
     cumulative: bool = False
     include_request: bool = True

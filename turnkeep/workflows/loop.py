@@ -301,6 +301,12 @@ class TurnState(BaseModel):
         model: the agent's own and that of the agents it called)."""
         self.team_usage = _merged(self.team_usage, usage)
 
+    def on_model_answer(self, answer: Message) -> None:
+        """Count a workflow agent's own model call (a router's choice), kept out of the
+        conversation: its answer is its agents'."""
+        self.model_calls += 1
+        self._add_usage(answer)
+
     def on_team_answer(self, answer: Message) -> None:
         """Record a workflow agent's answer (its steps ran as child turns): the turn ends."""
         self.messages.append(answer)

@@ -283,7 +283,22 @@ class TurnWorkflow:
             state.on_agent_usage(call.usage)
             return call
 
-        state.on_team_answer(await teams.run_team(team, state.messages, run))
+        async def ask(messages: list[Message], schema: dict[str, Any]) -> Message:
+            request = self._model_input = LlmRequest(
+                agent=state.plan.agent,
+                model=state.plan.model,
+                call_index=state.model_calls + 1,
+                instruction=state.plan.instruction,
+                messages=messages,
+                tools=[],
+                structured_output=schema,
+            )
+            answer = await actions.call_model(request, state.plan, MessageJson())
+            self._model_input = None
+            state.on_model_answer(answer)
+            return answer
+
+        state.on_team_answer(await teams.run_team(team, state.messages, run, ask))
 
     async def _call_agent(self, call: ToolCallRequest, tool: AgentTool) -> ToolCallOutcome:
         """Run a call of one of the turn's agent tools as a child turn, and count its usage."""
