@@ -277,6 +277,12 @@ WORKFLOWS: dict[str, Any] = {
     "checks": {"type": "parallel", "fan_out": ["writer"], "include_request": False},
     "route": {"type": "router", "model": "passthrough", "agents": ["writer", "fetcher"]},
     "only": {"type": "router", "model": "passthrough", "agents": ["writer"]},
+    "editor": {
+        "type": "evaluator_optimizer",
+        "generator": "writer",
+        "evaluator": "fetcher",
+        "max_refinements": 2,
+    },
 }
 
 
@@ -384,7 +390,7 @@ async def test_a_router_asks_its_model_and_hands_the_turn_to_the_agent_it_names(
     assert only.usage_by_agent["only"] == {}
 
 
-def test_the_router_prompt_lists_each_agent_card() -> None:
+async def test_the_router_prompt_lists_each_agent_card() -> None:
     from turnkeep.config.catalog import AgentCatalog
     from turnkeep.workflows.teams import ROUTING_SYSTEM_INSTRUCTION, routing_instruction
 
@@ -394,3 +400,30 @@ def test_the_router_prompt_lists_each_agent_card() -> None:
     assert (
         '{"name":"ny","description":"New York\'s project manager."},\n{"name":"london"}' in prompt
     )
+
+
+async def test_an_evaluator_optimizer_stops_when_the_evaluator_is_satisfied(w: Harness) -> None:
+    verdict = {"rating": "EXCELLENT", "feedback": "fine", "needs_improvement": False}
+    # The fixed response reaches the evaluator inside its prompt (and the generator too).
+    turn = await w.start(f"***FIXED_RESPONSE {json.dumps(verdict)}", agent="editor")
+    result = await turn.result()
+    assert result.final is not None and result.final.text == json.dumps(verdict)
+    evaluation = await get_turn(w.client, child_id(turn.workflow_id, 2, "fetcher")).result()
+    assert evaluation.structured == verdict  # asked for fast-agent's EvaluationResult
+    assert set(result.usage_by_agent) == {"editor", "writer", "fetcher"}
+    assert result.usage_by_agent["writer"]["passthrough"].calls == 1
+
+
+async def test_an_evaluator_optimizer_refines_at_most_max_refinements_times(w: Harness) -> None:
+    """An evaluation that does not parse rates POOR and asks for improvement, as in
+    fast-agent: the generator refines twice, and the first answer (none rated better) wins."""
+    turn = await w.start("write a haiku", agent="editor")
+    result = await turn.result()
+    assert result.final is not None and result.final.text == "write a haiku"
+    assert result.usage_by_agent["writer"]["passthrough"].calls == 3
+    # Three evaluations of two model calls each: with tools on offer, the fetcher gives its
+    # JSON in the deferred final call.
+    assert result.usage_by_agent["fetcher"]["passthrough"].calls == 6
+    refine = await get_turn(w.client, child_id(turn.workflow_id, 3, "writer")).result()
+    assert "<rating>POOR</rating>" in refine.messages[0].text
+    assert "Failed to parse evaluation" in refine.messages[0].text

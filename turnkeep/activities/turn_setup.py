@@ -73,7 +73,7 @@ class TurnSetupActivities:
                 f"past this worker's max_agent_depth ({self._max_agent_depth}).",
             )
         overrides = request.overrides
-        if agent.type in ("chain", "parallel"):
+        if agent.type in ("chain", "parallel", "evaluator_optimizer"):
             return self._team_plan(request.agent, agent, overrides)
         model = check_overrides(self._agents, self._models, request.agent, overrides)
         if agent.type == "router":
@@ -120,13 +120,20 @@ class TurnSetupActivities:
                 f"Agent {name!r} is a {agent.type} of other agents: a turn of it cannot set "
                 f"{', '.join(sorted(overrides.given()))} (set them on the agents it runs).",
             )
-        steps = {"chain": agent.sequence, "parallel": agent.fan_out}.get(agent.type, agent.agents)
+        steps = {
+            "chain": agent.sequence,
+            "parallel": agent.fan_out,
+            "evaluator_optimizer": [agent.generator or "", agent.evaluator or ""],
+        }.get(agent.type, agent.agents)
         team = TeamPlan(
             kind=agent.type,
             steps=[self._agents.agent_tool(step) for step in steps],
             fan_in=self._agents.agent_tool(agent.fan_in) if agent.fan_in else None,
             cumulative=agent.cumulative,
             include_request=agent.include_request,
+            min_rating=agent.min_rating,
+            max_refinements=agent.max_refinements,
+            refinement_instruction=agent.refinement_instruction,
         )
         instruction = agent.instruction
         if agent.type == "router":

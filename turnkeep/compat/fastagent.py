@@ -210,6 +210,31 @@ class FastAgent:
             arguments["model"] = model
         return self._declare(_with_instruction(arguments, instruction), explicit_tools=True)
 
+    def evaluator_optimizer(
+        self,
+        name: str,
+        *,
+        generator: str,
+        evaluator: str,
+        min_rating: str = "GOOD",
+        max_refinements: int = 3,
+        refinement_instruction: str | None = None,
+        instruction: str | Path | None = None,
+        default: bool = False,
+    ) -> Callable[[F], F]:
+        """``@fast.evaluator_optimizer(...)``: ``generator`` answers and ``evaluator`` rates
+        the answer, refining until ``min_rating`` or ``max_refinements``, each a child turn."""
+        arguments: dict[str, Any] = dict(
+            name=name,
+            type="evaluator_optimizer",
+            generator=generator,
+            evaluator=evaluator,
+            min_rating=min_rating,
+            max_refinements=max_refinements,
+            refinement_instruction=refinement_instruction,
+        )
+        return self._declare(_with_instruction(arguments, instruction), explicit_tools=True)
+
     def _declare(self, arguments: dict[str, Any], *, explicit_tools: bool) -> Callable[[F], F]:
         Agent(**arguments)  # its errors now, at the decorator
         name = arguments["name"]
@@ -255,9 +280,6 @@ class FastAgent:
 
     def iterative_planner(self, *args: Any, **kwargs: Any) -> NoReturn:
         self._refuse("iterative planner workflow")
-
-    def evaluator_optimizer(self, *args: Any, **kwargs: Any) -> NoReturn:
-        self._refuse("evaluator-optimizer workflow")
 
     def maker(self, *args: Any, **kwargs: Any) -> NoReturn:
         self._refuse("MAKER workflow")

@@ -22,8 +22,8 @@ AGENT_TOOL_SCHEMA = {
 
 def called(agent: AgentOptions) -> list[str]:
     """The agents ``agent`` calls: as tools, or as the steps of a workflow agent."""
-    fan_in = [agent.fan_in] if agent.fan_in else []
-    return [*agent.agents, *agent.sequence, *agent.fan_out, *fan_in]
+    single = [a for a in (agent.fan_in, agent.generator, agent.evaluator) if a]
+    return [*agent.agents, *agent.sequence, *agent.fan_out, *single]
 
 
 class AgentCatalog(Mapping[str, AgentSettings]):

@@ -414,14 +414,21 @@ class AgentOptions(_Settings):
     # agents of `sequence` one after another, each given the previous one's answer (with
     # `cumulative`, every earlier answer); `parallel` runs those of `fan_out` at once on the
     # turn's message and gives their answers to `fan_in` (absent: the answers are the
-    # result); `router` asks its model which of its `agents` should answer, and that one does.
-    # Each step is a child turn of the agent's own.
-    type: Literal["agent", "chain", "parallel", "router"] = "agent"
+    # result); `router` asks its model which of its `agents` should answer, and that one does;
+    # `evaluator_optimizer` has `generator` answer and `evaluator` rate the answer, refining
+    # until the rating reaches `min_rating` or `max_refinements` are made. Each step is a child
+    # turn of the agent's own.
+    type: Literal["agent", "chain", "parallel", "router", "evaluator_optimizer"] = "agent"
     sequence: list[str] = Field(default_factory=list)
     cumulative: bool = False
     fan_out: list[str] = Field(default_factory=list)
     fan_in: str | None = None
     include_request: bool = True
+    generator: str | None = None
+    evaluator: str | None = None
+    min_rating: Literal["POOR", "FAIR", "GOOD", "EXCELLENT"] = "GOOD"
+    max_refinements: int = Field(default=3, ge=0)
+    refinement_instruction: str | None = None
 
     @model_validator(mode="after")
     def _workflow_agent(self) -> AgentOptions:
@@ -429,6 +436,8 @@ class AgentOptions(_Settings):
             raise ValueError("a chain agent needs a `sequence` of at least one agent")
         if self.type == "parallel" and not self.fan_out:
             raise ValueError("a parallel agent needs `fan_out`: at least one agent")
+        if self.type == "evaluator_optimizer" and not (self.generator and self.evaluator):
+            raise ValueError("an evaluator_optimizer agent needs a `generator` and an `evaluator`")
         if self.type == "router" and not self.agents:
             raise ValueError("a router agent needs `agents` to route to: at least one")
         return self

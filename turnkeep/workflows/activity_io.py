@@ -115,11 +115,16 @@ class AgentTool(BaseModel):
 class TeamPlan(BaseModel):
     """A workflow agent's steps (fast-agent's chain and parallel), each run as a child turn."""
 
-    kind: Literal["chain", "parallel", "router"]
-    steps: list[AgentTool]  # a chain's sequence; a parallel's fan-out; a router's agents
+    kind: Literal["chain", "parallel", "router", "evaluator_optimizer"]
+    # A chain's sequence; a parallel's fan-out; a router's agents; an evaluator-optimizer's
+    # generator and evaluator.
+    steps: list[AgentTool]
     fan_in: AgentTool | None = None
     cumulative: bool = False
     include_request: bool = True
+    min_rating: str = "GOOD"
+    max_refinements: int = 3
+    refinement_instruction: str | None = None
 
 
 class TurnPlan(BaseModel):

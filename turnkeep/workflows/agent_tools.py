@@ -62,11 +62,24 @@ async def call_agent(call: ToolCallRequest, tool: AgentTool, *, id: str, depth: 
     return await run_agent(tool, [message], id=id, depth=depth)
 
 
-async def run_agent(tool: AgentTool, messages: list[Message], *, id: str, depth: int) -> AgentCall:
-    """Run ``tool``'s agent on ``messages`` as a child turn with workflow id ``id``. A cancelled
-    caller cancels the child and waits for its repair, then raises ``CancelledError``; any other
-    end is the child's answer (or failure) as a tool result."""
-    turn = TurnInput(agent=tool.agent, messages=messages, depth=depth + 1)
+async def run_agent(
+    tool: AgentTool,
+    messages: list[Message],
+    *,
+    id: str,
+    depth: int,
+    structured_output: dict[str, Any] | None = None,
+) -> AgentCall:
+    """Run ``tool``'s agent on ``messages`` as a child turn with workflow id ``id`` (asked for
+    JSON of ``structured_output`` when given). A cancelled caller cancels the child and waits
+    for its repair, then raises ``CancelledError``; any other end is the child's answer (or
+    failure) as a tool result."""
+    turn = TurnInput(
+        agent=tool.agent,
+        messages=messages,
+        depth=depth + 1,
+        structured_output=structured_output,
+    )
 
     async def run_child() -> TurnResult:
         child = await start_turn_child(turn, id=id, task_queue=tool.task_queue)

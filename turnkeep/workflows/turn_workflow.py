@@ -277,9 +277,17 @@ class TurnWorkflow:
             visibility.clip(f"running {team.kind}: {', '.join(s.agent for s in team.steps)}")
         )
 
-        async def run(tool: AgentTool, messages: list[Message], step: int, name: str) -> AgentCall:
+        async def run(
+            tool: AgentTool,
+            messages: list[Message],
+            step: int,
+            name: str,
+            structured_output: dict[str, Any] | None = None,
+        ) -> AgentCall:
             id = agent_tools.child_id(workflow.info().workflow_id, step, name)
-            call = await agent_tools.run_agent(tool, messages, id=id, depth=state.depth)
+            call = await agent_tools.run_agent(
+                tool, messages, id=id, depth=state.depth, structured_output=structured_output
+            )
             state.on_agent_usage(call.usage)
             return call
 
