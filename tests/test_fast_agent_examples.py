@@ -17,6 +17,8 @@ from temporalio.client import Client
 from tests.conftest import make_settings
 from turnkeep.compat.fastagent import FastAgent
 from turnkeep.testing import harness as worker_harness
+from turnkeep.testing.fake_api import FakeModelApi, Reply
+from turnkeep.testing.fake_model import FakeModel
 from turnkeep.workflows.agent_tools import child_id
 from turnkeep.workflows.messages import StopReason
 
@@ -100,3 +102,51 @@ async def test_agents_as_tools_simple_example(client: Client, tmp_path: Path) ->
         "NY-Project-Manager",
         "London-Project-Manager",
     }
+
+
+async def test_evaluator_example(client: Client, tmp_path: Path, fake_api: FakeModelApi) -> None:
+    """Its generator on gpt-5-nano and evaluator on o3-mini, both OpenAI models the fake API
+    answers: the first evaluation asks for a refinement, the second rates it EXCELLENT."""
+    fast = load("evaluator")
+    fake_api.reset()
+    fake = FakeModel(fake_api, provider="openai")
+    fake.script("gpt-5-nano", Reply.text("Dear LastMile AI, ..."), Reply.text("Dear team, ..."))
+    poor = {"rating": "FAIR", "feedback": "More detail", "needs_improvement": True}
+    great = {"rating": "EXCELLENT", "feedback": "Done", "needs_improvement": False}
+    fake.script("o3-mini", Reply.text(json.dumps(poor)), Reply.text(json.dumps(great)))
+    async with worker_harness(
+        client,
+        settings_for(tmp_path),
+        agents=fast.agents,
+        fake=fake,
+        function_tools={"fetch": [fetch]},
+    ) as h:
+        result = await h.run("Write a cover letter", agent="cover_letter_writer")
+    assert result.final is not None and result.final.text == "Dear team, ..."
+    # The refinement prompt carried the evaluator's feedback to the generator.
+    refinement = json.dumps(fake.requests("gpt-5-nano")[1].body)
+    assert "More detail" in refinement and "<rating>FAIR</rating>" in refinement
+    # The evaluator was asked for fast-agent's EvaluationResult.
+    assert "needs_improvement" in json.dumps(fake.requests("o3-mini")[0].body)
+    assert fake.pending("gpt-5-nano") == fake.pending("o3-mini") == 0
+
+
+async def test_router_example(client: Client, tmp_path: Path, fake_api: FakeModelApi) -> None:
+    """The router on sonnet names the general assistant (haiku), which answers."""
+    fast = load("router")
+    fake_api.reset()
+    fake = FakeModel(fake_api)
+    choice = {"agent": "general_assistant", "confidence": "high", "reasoning": "general"}
+    fake.script("claude-sonnet-5", Reply.text(json.dumps(choice)))
+    fake.script("claude-haiku-4-5", Reply.text("Keep the bees calm."))
+    async with worker_harness(
+        client,
+        settings_for(tmp_path),
+        agents=fast.agents,
+        fake=fake,
+        function_tools={"fetch": [fetch], "filesystem": [fetch]},
+    ) as h:
+        result = await h.run("What are the key principles of beekeeping?", agent="route")
+    assert result.final is not None and result.final.text == "Keep the bees calm."
+    routing = json.dumps(fake.requests("claude-sonnet-5")[0].body)
+    assert '\\"name\\":\\"general_assistant\\"' in routing  # the agents' cards
