@@ -19,6 +19,8 @@ from tests.conftest import Harness, eventually, make_settings
 from turnkeep.client.turns import get_turn
 from turnkeep.config.settings import Settings
 from turnkeep.testing import harness as worker_harness
+from turnkeep.testing.fake_api import FakeModelApi, Reply
+from turnkeep.testing.fake_model import FakeModel
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows.agent_tools import BUDGET_EXHAUSTED, child_id
 from turnkeep.workflows.messages import StopReason
@@ -427,3 +429,41 @@ async def test_an_evaluator_optimizer_refines_at_most_max_refinements_times(w: H
     refine = await get_turn(w.client, child_id(turn.workflow_id, 3, "writer")).result()
     assert "<rating>POOR</rating>" in refine.messages[0].text
     assert "Failed to parse evaluation" in refine.messages[0].text
+
+
+async def test_a_maker_samples_until_one_answer_is_k_votes_ahead(
+    client: Client, tmp_path: Path, fake_api: FakeModelApi
+) -> None:
+    fake_api.reset()
+    fake = FakeModel(fake_api)
+    long = "x" * 50
+    fake.script(
+        "voter", *(Reply.text(t) for t in ["Paris", long, "Lyon", "paris ", "PARIS", "Lyon"])
+    )
+    agents = {
+        "voter": {"model": fake.model("voter")},
+        "vote": {
+            "type": "maker",
+            "worker": "voter",
+            "k": 2,
+            "match_strategy": "normalized",
+            "red_flag_max_length": 20,
+        },
+    }
+    settings = make_settings(tmp_path, agents=agents)
+    async with worker_harness(client, settings, fake=fake) as h:
+        turn = await h.start("Capital of France?", agent="vote")
+        result = await turn.result()
+    # paris 1, (red-flagged), lyon 1, paris 2, paris 3: two ahead after five samples.
+    assert result.final is not None and result.final.text == "Paris"
+    outcome = result.final.channel_json("maker")
+    assert outcome == {
+        "winner": "paris",
+        "votes": {"paris": 3, "lyon": 1},
+        "total_samples": 5,
+        "discarded_samples": 1,
+        "margin": 2,
+        "converged": True,
+    }
+    assert fake.pending("voter") == 1  # the sixth answer was never asked for
+    assert result.usage_by_agent["voter"][fake.model("voter")].calls == 5

@@ -150,3 +150,17 @@ async def test_router_example(client: Client, tmp_path: Path, fake_api: FakeMode
     assert result.final is not None and result.final.text == "Keep the bees calm."
     routing = json.dumps(fake.requests("claude-sonnet-5")[0].body)
     assert '\\"name\\":\\"general_assistant\\"' in routing  # the agents' cards
+
+
+async def test_maker_example(client: Client, tmp_path: Path, fake_api: FakeModelApi) -> None:
+    """The classifier on claude-haiku-4-5, sampled until one class is k votes ahead."""
+    fast = load("maker")
+    [maker] = [a for a in fast.agents if a.type == "maker"]
+    fake_api.reset()
+    fake = FakeModel(fake_api)
+    fake.script("claude-haiku-4-5", *(Reply.text(c) for c in ["COMPLAINT"] * maker.k))
+    async with worker_harness(client, settings_for(tmp_path), agents=fast.agents, fake=fake) as h:
+        result = await h.run("This product is broken!", agent=maker.name)
+    assert result.final is not None and result.final.text == "COMPLAINT"
+    outcome = result.final.channel_json("maker")
+    assert outcome is not None and outcome["converged"] and outcome["total_samples"] == maker.k

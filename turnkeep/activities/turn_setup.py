@@ -73,7 +73,7 @@ class TurnSetupActivities:
                 f"past this worker's max_agent_depth ({self._max_agent_depth}).",
             )
         overrides = request.overrides
-        if agent.type in ("chain", "parallel", "evaluator_optimizer"):
+        if agent.type in ("chain", "parallel", "evaluator_optimizer", "maker"):
             return self._team_plan(request.agent, agent, overrides)
         model = check_overrides(self._agents, self._models, request.agent, overrides)
         if agent.type == "router":
@@ -124,6 +124,7 @@ class TurnSetupActivities:
             "chain": agent.sequence,
             "parallel": agent.fan_out,
             "evaluator_optimizer": [agent.generator or "", agent.evaluator or ""],
+            "maker": [agent.worker or ""],
         }.get(agent.type, agent.agents)
         team = TeamPlan(
             kind=agent.type,
@@ -134,6 +135,10 @@ class TurnSetupActivities:
             min_rating=agent.min_rating,
             max_refinements=agent.max_refinements,
             refinement_instruction=agent.refinement_instruction,
+            k=agent.k,
+            max_samples=agent.max_samples,
+            match_strategy=agent.match_strategy,
+            red_flag_max_length=agent.red_flag_max_length,
         )
         instruction = agent.instruction
         if agent.type == "router":

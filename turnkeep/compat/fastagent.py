@@ -235,6 +235,31 @@ class FastAgent:
         )
         return self._declare(_with_instruction(arguments, instruction), explicit_tools=True)
 
+    def maker(
+        self,
+        name: str,
+        *,
+        worker: str,
+        k: int = 3,
+        max_samples: int = 50,
+        match_strategy: str = "exact",
+        red_flag_max_length: int | None = None,
+        instruction: str | Path | None = None,
+        default: bool = False,
+    ) -> Callable[[F], F]:
+        """``@fast.maker(...)``: MAKER's first-to-ahead-by-``k`` vote over ``worker``'s
+        answers, each sample a child turn."""
+        arguments: dict[str, Any] = dict(
+            name=name,
+            type="maker",
+            worker=worker,
+            k=k,
+            max_samples=max_samples,
+            match_strategy=match_strategy,
+            red_flag_max_length=red_flag_max_length,
+        )
+        return self._declare(_with_instruction(arguments, instruction), explicit_tools=True)
+
     def _declare(self, arguments: dict[str, Any], *, explicit_tools: bool) -> Callable[[F], F]:
         Agent(**arguments)  # its errors now, at the decorator
         name = arguments["name"]
@@ -280,9 +305,6 @@ class FastAgent:
 
     def iterative_planner(self, *args: Any, **kwargs: Any) -> NoReturn:
         self._refuse("iterative planner workflow")
-
-    def maker(self, *args: Any, **kwargs: Any) -> NoReturn:
-        self._refuse("MAKER workflow")
 
     def custom(self, *args: Any, **kwargs: Any) -> NoReturn:
         self._refuse("custom agent classes")

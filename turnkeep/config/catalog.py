@@ -22,7 +22,7 @@ AGENT_TOOL_SCHEMA = {
 
 def called(agent: AgentOptions) -> list[str]:
     """The agents ``agent`` calls: as tools, or as the steps of a workflow agent."""
-    single = [a for a in (agent.fan_in, agent.generator, agent.evaluator) if a]
+    single = [a for a in (agent.fan_in, agent.generator, agent.evaluator, agent.worker) if a]
     return [*agent.agents, *agent.sequence, *agent.fan_out, *single]
 
 

@@ -416,9 +416,10 @@ class AgentOptions(_Settings):
     # turn's message and gives their answers to `fan_in` (absent: the answers are the
     # result); `router` asks its model which of its `agents` should answer, and that one does;
     # `evaluator_optimizer` has `generator` answer and `evaluator` rate the answer, refining
-    # until the rating reaches `min_rating` or `max_refinements` are made. Each step is a child
-    # turn of the agent's own.
-    type: Literal["agent", "chain", "parallel", "router", "evaluator_optimizer"] = "agent"
+    # until the rating reaches `min_rating` or `max_refinements` are made; `maker` samples
+    # `worker` until one answer has `k` votes more than any other (at most `max_samples`, then
+    # the most voted). Each step is a child turn of the agent's own.
+    type: Literal["agent", "chain", "parallel", "router", "evaluator_optimizer", "maker"] = "agent"
     sequence: list[str] = Field(default_factory=list)
     cumulative: bool = False
     fan_out: list[str] = Field(default_factory=list)
@@ -429,6 +430,13 @@ class AgentOptions(_Settings):
     min_rating: Literal["POOR", "FAIR", "GOOD", "EXCELLENT"] = "GOOD"
     max_refinements: int = Field(default=3, ge=0)
     refinement_instruction: str | None = None
+    worker: str | None = None
+    k: int = Field(default=3, ge=1)
+    max_samples: int = Field(default=50, ge=1)
+    # How answers are compared: as written, with case and spacing ignored, or as parsed JSON.
+    match_strategy: Literal["exact", "normalized", "structured"] = "exact"
+    # Answers longer than this are discarded before the vote (MAKER's red flag).
+    red_flag_max_length: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _workflow_agent(self) -> AgentOptions:
@@ -438,6 +446,10 @@ class AgentOptions(_Settings):
             raise ValueError("a parallel agent needs `fan_out`: at least one agent")
         if self.type == "evaluator_optimizer" and not (self.generator and self.evaluator):
             raise ValueError("an evaluator_optimizer agent needs a `generator` and an `evaluator`")
+        if self.type == "maker" and not self.worker:
+            raise ValueError("a maker agent needs a `worker` to sample")
+        if self.type == "maker" and self.max_samples < self.k:
+            raise ValueError("a maker agent's max_samples must be at least k")
         if self.type == "router" and not self.agents:
             raise ValueError("a router agent needs `agents` to route to: at least one")
         return self

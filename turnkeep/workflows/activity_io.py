@@ -115,9 +115,9 @@ class AgentTool(BaseModel):
 class TeamPlan(BaseModel):
     """A workflow agent's steps (fast-agent's chain and parallel), each run as a child turn."""
 
-    kind: Literal["chain", "parallel", "router", "evaluator_optimizer"]
+    kind: Literal["chain", "parallel", "router", "evaluator_optimizer", "maker"]
     # A chain's sequence; a parallel's fan-out; a router's agents; an evaluator-optimizer's
-    # generator and evaluator.
+    # generator and evaluator; a maker's worker.
     steps: list[AgentTool]
     fan_in: AgentTool | None = None
     cumulative: bool = False
@@ -125,6 +125,10 @@ class TeamPlan(BaseModel):
     min_rating: str = "GOOD"
     max_refinements: int = 3
     refinement_instruction: str | None = None
+    k: int = 3
+    max_samples: int = 50
+    match_strategy: str = "exact"
+    red_flag_max_length: int | None = None
 
 
 class TurnPlan(BaseModel):
