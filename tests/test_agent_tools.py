@@ -467,3 +467,13 @@ async def test_a_maker_samples_until_one_answer_is_k_votes_ahead(
     }
     assert fake.pending("voter") == 1  # the sixth answer was never asked for
     assert result.usage_by_agent["voter"][fake.model("voter")].calls == 5
+
+
+async def test_a_session_talks_to_a_workflow_agent_turn_after_turn(w: Harness) -> None:
+    """Each message is a turn of the chain; the session keeps every exchange."""
+    session = await w.session(agent="post_writer")
+    for line in ["first", "second"]:
+        sent = await session.send(line)
+        seen = [m.text async for m in session.messages(0, until_turn=sent.turn)]
+    assert seen == ["first", "first", "second", "second"]
+    await session.close()

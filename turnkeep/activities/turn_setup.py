@@ -148,7 +148,8 @@ class TurnSetupActivities:
             model=model or agent.type,
             instruction=instruction,
             max_iterations=0,
-            use_history=False,
+            # Its steps see only the turn's new messages, but a session keeps the exchange.
+            use_history=True,
             parallel_tool_calls=True,
             has_tools=False,
             llm=_timeouts(agent.llm_timeouts),
