@@ -31,6 +31,7 @@ from bench import (
     report,
     session_storage,
     sessions,
+    teams,
     throughput,
 )
 from bench.environment import Environment, environment
@@ -48,6 +49,7 @@ SECTIONS = (
     "recovery",
     "approvals",
     "sessions",
+    "teams",
     "live",
     "memory",
     "flags",
@@ -87,6 +89,8 @@ class Results:
     failures: list[str] = field(default_factory=list)
     # Issue #23's (approvals and sessions), in a table of their own.
     session_targets: list[Target] = field(default_factory=list)
+    # Issue #33's (agents as tools), likewise.
+    team_targets: list[Target] = field(default_factory=list)
 
 
 # The targets each section checks, reported as not measured if it fails.
@@ -95,6 +99,7 @@ SECTION_TARGETS = {
     "overhead": [OVERHEAD_TARGET],
     "throughput": [THROUGHPUT_TARGET],
 }
+SECTION_TEAM_TARGETS = {"teams": teams.TARGETS}
 
 
 def _overhead_measured(o: overhead.Overhead) -> str:
@@ -121,6 +126,9 @@ async def _section(name: str, results: Results, work: Awaitable[None]) -> None:
         results.failures.append(f"{name}: {type(err).__name__}: {err}")
         results.targets += [
             Target(t, "section failed", None) for t in SECTION_TARGETS.get(name, [])
+        ]
+        results.team_targets += [
+            Target(t, "section failed", None) for t in SECTION_TEAM_TARGETS.get(name, [])
         ]
 
 
@@ -190,6 +198,11 @@ async def run(args: argparse.Namespace) -> Results:
         out.tables.append(table)
         out.session_targets += targets
 
+    async def teams_section(env: Environment) -> None:
+        tables, targets = await teams.teams(env, quick)
+        out.tables += tables
+        out.team_targets += targets
+
     async def live_section(env: Environment) -> None:
         out.tables.append(await live_stream(env.client, 5 if quick else 20, env.payloads))
 
@@ -206,6 +219,7 @@ async def run(args: argparse.Namespace) -> Results:
         "recovery": recovery_section,
         "approvals": approvals_section,
         "sessions": sessions_section,
+        "teams": teams_section,
         "live": live_section,
         "memory": memory_section,
     }
@@ -269,6 +283,8 @@ def main() -> None:
     if results.session_targets:
         table = report.targets_table(results.session_targets, "Targets (issue #23)")
         print(table.render())
+    if results.team_targets:
+        print(report.targets_table(results.team_targets, "Targets (issue #33)").render())
     for failure in results.failures:
         print(f"**Section failed** (traceback on stderr): {failure}\n")
     if results.failures:

@@ -1,0 +1,347 @@
+"""Agents as tools (issue #33): what a call of ``agent__<name>``, a child turn on the agent's own
+queue, costs against a call of a function tool, on workers built as ``turnkeep worker`` builds
+them (``build_workers``: one on the parent's queue, one per agent's).
+
+- **Overhead.** A turn whose model (``passthrough``) calls one instant function tool, one whose
+  model calls one agent whose model (``passthrough`` too) answers at once, and the floor: the
+  same parent answering without a call. What a call costs is its turn's time beyond the floor's
+  (the call, and the model call that reads its result); the target is the agent call's at most
+  twice the function tool's. Rounds of turns of each kind, the order reversed every other round;
+  medians of the rounds.
+- **Parallel.** One model answer calling ``PARALLEL_CALLS`` agents at once, each child's model
+  the fake Anthropic API answering after ``MODEL_SECONDS``: the turn from its start request to
+  its result, next to one such call alone.
+- **History.** A parent (``playback``) making ``HISTORY_CALLS`` agent calls, one per iteration,
+  against the same parent making as many function-tool calls: the bytes of every event of
+  every run of the parent's own history, counted as ``bench.history`` counts them. Each child
+  turn's history is its own (shown apart, not counted in the ratio).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from temporalio.client import Client
+
+from bench.environment import Environment
+from bench.report import Table, Target, median_interval, progress
+from bench.turns import SERVER, TOOLS, conversation_bytes, runs_of
+from turnkeep.client.turns import start_turn
+from turnkeep.config.settings import Settings
+from turnkeep.testing.fake_api import FakeModelApi, Reply
+from turnkeep.worker.build import build_workers
+from turnkeep.workflows.agent_tools import child_id
+from turnkeep.workflows.turn_io import TurnInput, TurnResult
+
+QUEUE = "bench-teams"
+OVERHEAD_MAX = 2.0
+PARALLEL_CALLS = 10
+MODEL_SECONDS = 1.0
+PARALLEL_WITHIN = 1.3
+HISTORY_CALLS = 100
+HISTORY_MAX = 1.2
+
+OVERHEAD_TARGET = f"an agent-as-tool call ≤ {OVERHEAD_MAX:g}× a function-tool call's overhead"
+PARALLEL_TARGET = (
+    f"{PARALLEL_CALLS} parallel agent calls, {MODEL_SECONDS:g} s model each: ≤ "
+    f"{PARALLEL_WITHIN:g} s"
+)
+HISTORY_TARGET = (
+    f"parent history, {HISTORY_CALLS} agent calls ≤ {HISTORY_MAX:g}× {HISTORY_CALLS} "
+    "function-tool calls"
+)
+TARGETS = [OVERHEAD_TARGET, PARALLEL_TARGET, HISTORY_TARGET]
+
+# The parents: one for the overhead (its prompt names the call), one fanning out to the slow
+# agent, and two scripted ones of HISTORY_CALLS iterations with the same tools, so their plans
+# (and the events recording them) are alike.
+PARENT = "parent"
+FANOUT = "fanout"
+ECHO = "echo"
+SLOW = "slow"
+BY_AGENT = f"{HISTORY_CALLS}-agent-calls"
+BY_FUNCTION = f"{HISTORY_CALLS}-function-calls"
+FUNCTION_CALL = f"***CALL_TOOL {SERVER}__line " + json.dumps({"i": 0})
+AGENT_CALL = f"***CALL_TOOL agent__{ECHO} " + json.dumps({"message": "result 0: ok"})
+
+
+def _settings(env: Environment, fake: FakeModelApi) -> Settings:
+    def scripted(name: str, call: Any) -> dict[str, Any]:
+        script = env.tmp / f"teams-{name}.json"
+        steps = [{"tool_calls": {f"c{i}": call(i)}} for i in range(HISTORY_CALLS)]
+        script.write_text(json.dumps([*steps, "done"]), encoding="utf-8")
+        return {
+            "model": "playback",
+            "playback": str(script),
+            "servers": [SERVER],
+            "agents": [ECHO],
+            "max_iterations": HISTORY_CALLS + 1,
+            "compaction": {"enabled": False},
+        }
+
+    # The function's result and the child's answer are the same line.
+    def by_agent(i: int) -> dict[str, Any]:
+        return {"name": f"agent__{ECHO}", "arguments": {"message": f"result {i}: ok"}}
+
+    def by_function(i: int) -> dict[str, Any]:
+        return {"name": f"{SERVER}__line", "arguments": {"i": i}}
+
+    agents = {
+        PARENT: {"model": "passthrough", "servers": [SERVER], "agents": [ECHO]},
+        FANOUT: {"model": "passthrough", "agents": [SLOW]},
+        ECHO: {"model": "passthrough"},
+        SLOW: {"model": "anthropic.test-model"},
+        BY_AGENT: scripted(BY_AGENT, by_agent),
+        BY_FUNCTION: scripted(BY_FUNCTION, by_function),
+    }
+    return Settings.model_validate(
+        {
+            "base_dir": str(env.tmp),
+            "payload_storage": {"path": str(env.payloads)},
+            "anthropic": {"api_key": "sk-bench", "base_url": fake.base_url_anthropic},
+            "agents": agents,
+        }
+    )
+
+
+async def _turn(client: Client, agent: str, prompt: str) -> tuple[float, str, TurnResult]:
+    """Seconds from the start request to the decoded result, the workflow id, the result."""
+    started = time.perf_counter()
+    handle = await start_turn(client, TurnInput(agent=agent, messages=[prompt]), task_queue=QUEUE)
+    result = await handle.result()
+    return time.perf_counter() - started, handle.workflow_id, result
+
+
+# --- overhead -------------------------------------------------------------------------------
+
+FLOOR = "floor: the parent answers, no call"
+FUNCTION = "one function-tool call"
+AGENT = "one agent call (child turn)"
+VARIANTS = {FLOOR: "report", FUNCTION: FUNCTION_CALL, AGENT: AGENT_CALL}
+
+
+@dataclass(frozen=True)
+class Overhead:
+    # Per round: mean seconds per turn of each variant.
+    rounds: list[dict[str, float]]
+
+    def seconds(self, variant: str) -> float:
+        return statistics.median(r[variant] for r in self.rounds)
+
+    def extras(self, variant: str) -> list[float]:
+        return [r[variant] - r[FLOOR] for r in self.rounds]
+
+    def ratios(self) -> list[float]:
+        return [
+            (r[AGENT] - r[FLOOR]) / (r[FUNCTION] - r[FLOOR])
+            for r in self.rounds
+            if r[FUNCTION] > r[FLOOR]
+        ]
+
+    def extra(self, variant: str) -> float:
+        return statistics.median(self.extras(variant))
+
+    def ratio(self) -> float:
+        """The agent call's extra over the function tool's, each the median of the rounds (a
+        round's own ratio divides by a difference of a few tens of ms, which noise swings)."""
+        return self.extra(AGENT) / self.extra(FUNCTION)
+
+
+async def overhead(client: Client, rounds: int, turns: int) -> Overhead:
+    out = []
+    for n in range(rounds):
+        progress(f"teams: overhead round {n + 1}/{rounds}")
+        order = list(VARIANTS) if n % 2 == 0 else list(reversed(VARIANTS))
+        means = {}
+        for variant in order:
+            times = [(await _turn(client, PARENT, VARIANTS[variant]))[0] for _ in range(turns)]
+            means[variant] = statistics.fmean(times)
+        out.append(means)
+    return Overhead(out)
+
+
+def overhead_table(o: Overhead, turns: int) -> Table:
+    table = Table(
+        "Agents as tools: a call's overhead (instant models and tool)",
+        ["turn", "ms per turn", "beyond the floor (ms)", "÷ function-tool call"],
+    )
+    function_extra = o.extra(FUNCTION)
+    for variant in VARIANTS:
+        extra = o.extra(variant) if variant != FLOOR else 0.0
+        table.add(
+            variant,
+            f"{o.seconds(variant) * 1000:.1f}",
+            "" if variant == FLOOR else f"{extra * 1000:.1f}",
+            "" if variant == FLOOR else f"{extra / function_extra:.2f}×",
+        )
+    table.notes.append(
+        f"{len(o.rounds)} rounds of {turns} turns of each, one after another (the order reversed "
+        "every other round). ms per turn: the median of the rounds' means; beyond the floor: "
+        "the median of the rounds' differences to the floor, which is the call and the model "
+        "call that reads its result; the ratio: of those medians. The parent is the "
+        "`passthrough` model. The child turn is `passthrough` too (its `prepare_turn` and one "
+        "model call), started as a child workflow on the agent's own queue of the same worker "
+        "process."
+    )
+    return table
+
+
+# --- parallel -------------------------------------------------------------------------------
+
+
+def fan_out(calls: int) -> str:
+    return "\n".join(
+        f"***CALL_TOOL agent__{SLOW} " + json.dumps({"message": f"part {i}"}) for i in range(calls)
+    )
+
+
+async def parallel(client: Client, repeats: int) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {1: [], PARALLEL_CALLS: []}
+    for n in range(repeats):
+        progress(f"teams: parallel {n + 1}/{repeats}")
+        for calls in out:
+            seconds, _, result = await _turn(client, FANOUT, fan_out(calls))
+            answers = result.messages[2].tool_results or {}
+            if len(answers) != calls or any(a.is_error for a in answers.values()):
+                raise RuntimeError(f"the fan-out turn of {calls} call(s) did not get every answer")
+            out[calls].append(seconds)
+    return out
+
+
+def parallel_table(times: dict[int, list[float]]) -> Table:
+    table = Table(
+        f"Agents as tools: parallel calls, each child's model taking {MODEL_SECONDS:g} s",
+        ["agent calls in one answer", "turn (s), median", "range (s)", "beyond one model call"],
+    )
+    for calls, seconds in times.items():
+        median = statistics.median(seconds)
+        table.add(
+            calls,
+            f"{median:.2f}",
+            f"{min(seconds):.2f}–{max(seconds):.2f}",
+            f"+{(median - MODEL_SECONDS) * 1000:.0f} ms",
+        )
+    table.notes.append(
+        f"The children's model is the fake Anthropic API (`FakeModelApi`) answering each request "
+        f"after {MODEL_SECONDS:g} s (`Reply.delay`); the parent is `passthrough`, its calls all in "
+        f"one answer, no `max_parallel`. Each turn timed from its start request to its result, "
+        f"{len(next(iter(times.values())))} of each."
+    )
+    return table
+
+
+# --- history --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class History:
+    runs: int
+    events: int
+    bytes: int
+    conversation_bytes: int
+    children_bytes: int  # the children's own histories, all of them
+
+
+async def history(client: Client, agent: str) -> History:
+    progress(f"teams: history, {agent}")
+    _, workflow_id, result = await _turn(client, agent, "go")
+    runs = await runs_of(client, workflow_id)
+    events = [e for run in runs for e in run]
+    children = 0
+    for message in result.messages:
+        for call_id, call in (message.tool_calls or {}).items():
+            if call.name.startswith("agent__"):
+                step = int(call_id.removeprefix("c")) + 1  # model call c<i> was call i + 1
+                for run in await runs_of(client, child_id(workflow_id, step, call_id)):
+                    children += sum(e.ByteSize() for e in run)
+    return History(
+        runs=len(runs),
+        events=len(events),
+        bytes=sum(e.ByteSize() for e in events),
+        conversation_bytes=conversation_bytes(result),
+        children_bytes=children,
+    )
+
+
+def history_table(by_function: History, by_agent: History) -> Table:
+    table = Table(
+        f"Agents as tools: the parent's history over {HISTORY_CALLS} calls, one per iteration",
+        [
+            "parent calling",
+            "runs",
+            "events",
+            "history KB",
+            "conversation KB",
+            "÷ function-tool parent",
+            "children's histories KB",
+        ],
+    )
+    for name, h in (("a function tool", by_function), ("an agent", by_agent)):
+        table.add(
+            name,
+            h.runs,
+            f"{h.events:,}",
+            f"{h.bytes / 1024:,.1f}",
+            f"{h.conversation_bytes / 1024:,.1f}",
+            f"{h.bytes / by_function.bytes:.2f}×",
+            "" if h is by_function else f"{h.children_bytes / 1024:,.1f}",
+        )
+    table.notes.append(
+        "history: the bytes of every event of every run of the parent's own workflow "
+        "(continue-as-new included), as the `history` section counts them. Both parents are "
+        "`playback` with the same tools; the child echoes the line the function returns. The "
+        "children's histories are their own workflows', listed apart."
+    )
+    return table
+
+
+# --- the section ----------------------------------------------------------------------------
+
+
+async def teams(env: Environment, quick: bool) -> tuple[list[Table], list[Target]]:
+    rounds, turns, repeats = (5, 5, 3) if quick else (15, 10, 5)
+    delay = Reply.delay(MODEL_SECONDS, then=Reply.text("part done"))
+    with FakeModelApi(default=delay) as fake:
+        settings = _settings(env, fake)
+        async with build_workers(env.client, settings, task_queue=QUEUE, function_tools=TOOLS):
+            o = await overhead(env.client, rounds, turns)
+            times = await parallel(env.client, repeats)
+            by_function = await history(env.client, BY_FUNCTION)
+            by_agent = await history(env.client, BY_AGENT)
+
+    low, high = median_interval(o.ratios())
+    ratio = o.ratio()
+    agent_ms = o.extra(AGENT) * 1000
+    function_ms = o.extra(FUNCTION) * 1000
+    fan = statistics.median(times[PARALLEL_CALLS])
+    history_ratio = by_agent.bytes / by_function.bytes
+    targets = [
+        Target(
+            OVERHEAD_TARGET,
+            f"{ratio:.2f}× ({agent_ms:.1f} ms against {function_ms:.1f} ms beyond the floor; "
+            f"95% interval of the median of the rounds' own ratios {low:.2f}–{high:.2f}×)",
+            ratio <= OVERHEAD_MAX,
+        ),
+        Target(
+            PARALLEL_TARGET,
+            f"{fan:.2f} s (median of {len(times[PARALLEL_CALLS])}; one call alone "
+            f"{statistics.median(times[1]):.2f} s)",
+            fan <= PARALLEL_WITHIN,
+        ),
+        Target(
+            HISTORY_TARGET,
+            f"{history_ratio:.2f}× ({by_agent.bytes / 1024:,.0f} KB against "
+            f"{by_function.bytes / 1024:,.0f} KB)",
+            history_ratio <= HISTORY_MAX,
+        ),
+    ]
+    tables = [
+        overhead_table(o, turns),
+        parallel_table(times),
+        history_table(by_function, by_agent),
+    ]
+    return tables, targets
