@@ -116,6 +116,7 @@ WORKFLOW_MODULES = [
     "actions",
     "child_turn",
     "agent_tools",
+    "child_approvals",
     "turn_workflow",
     "session_workflow",
 ]

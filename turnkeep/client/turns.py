@@ -25,7 +25,7 @@ from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import QueryRejectCondition
-from temporalio.exceptions import CancelledError
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.history import read_turn
@@ -35,6 +35,7 @@ from turnkeep.payloads.conversations import with_history
 from turnkeep.workflows import visibility
 from turnkeep.workflows.approval import (
     DECIDE_UPDATE,
+    DECIDED_IN_CHILD,
     PENDING_QUERY,
     Decision,
     DecisionRecord,
@@ -116,6 +117,17 @@ async def start_turn(
         request_eager_start=True,
     )
     return TurnHandle(handle, client)
+
+
+def _child_turn(err: WorkflowUpdateFailedError, parent_id: str) -> str | None:
+    """The child turn a decision was refused for, to be sent to instead: only a turn below
+    ``parent_id`` (child ids extend their parent's), so each hop goes deeper and none leaves
+    the tree of the turn the caller named."""
+    cause = err.cause
+    if not isinstance(cause, ApplicationError) or cause.type != DECIDED_IN_CHILD:
+        return None
+    child = cause.details[0] if cause.details else None
+    return child if isinstance(child, str) and child.startswith(parent_id + "/") else None
 
 
 def get_turn(client: Client, workflow_id: str, run_id: str | None = None) -> TurnHandle:
@@ -261,7 +273,10 @@ class TurnHandle:
     ) -> DecisionRecord:
         """Approve or deny a tool call awaiting approval (``arguments``: run it with these
         instead). A refused decision (an unknown or already decided call, a turn that has
-        ended) raises ``WorkflowUpdateFailedError`` saying why; the turn goes on unaffected."""
+        ended) raises ``WorkflowUpdateFailedError`` saying why; the turn goes on unaffected.
+
+        A call waiting in a child turn (an agent this turn called as a tool, or one below it)
+        is decided there: the turn refuses the decision naming that turn, and it goes to it."""
         decision = Decision(
             call_id=call_id,
             decision="approve" if approve else "deny",
@@ -269,7 +284,15 @@ class TurnHandle:
             by=by,
             arguments=arguments,
         )
-        return await self.handle.execute_update(DECIDE_UPDATE, decision, result_type=DecisionRecord)
+        try:
+            return await self.handle.execute_update(
+                DECIDE_UPDATE, decision, result_type=DecisionRecord
+            )
+        except WorkflowUpdateFailedError as err:
+            child = _child_turn(err, self.workflow_id)
+            if child is None:
+                raise
+        return await get_turn(self.client, child).decide(call_id, approve, reason, by, arguments)
 
     async def pending_approvals(self, rpc_timeout: timedelta | None = None) -> list[PendingCall]:
         """The turn's calls waiting for a decision (a worker of its task queue answers)."""
