@@ -117,6 +117,7 @@ WORKFLOW_MODULES = [
     "child_turn",
     "agent_tools",
     "teams",
+    "child_approvals",
     "turn_workflow",
     "session_workflow",
 ]

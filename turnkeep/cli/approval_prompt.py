@@ -178,7 +178,9 @@ class ApprovalPrompter:
     def saw(self, message: Message) -> None:
         """A message of the turn, as the command follows it, before it prints it."""
         asking = self._asking
-        if asking and asking[1].call_id in (message.tool_results or {}):
+        # A child turn's call is answered in the child's messages, not in these.
+        own = asking is not None and asking[1].turn_id is None
+        if asking and own and asking[1].call_id in (message.tool_results or {}):
             # The call has been answered, so decided elsewhere: drop the prompt, and let the
             # message start on a line of its own rather than after the prompt.
             self._out.print()
@@ -216,12 +218,12 @@ class ApprovalPrompter:
             new: list[PendingCall] = []
             if handle is not None:
                 waiting = await _pending(handle)
-                new = [c for c in waiting if (handle.workflow_id, c.call_id) not in self._handled]
+                new = [c for c in waiting if _key(handle, c) not in self._handled]
             for call in new:
                 assert handle is not None
                 if self._closing.is_set():
                     return
-                self._handled.add((handle.workflow_id, call.call_id))
+                self._handled.add(_key(handle, call))
                 if self.interactive:
                     await self._ask(handle, call)
                 else:
@@ -239,8 +241,8 @@ class ApprovalPrompter:
     def _tell(self, handle: TurnHandle, call: PendingCall) -> None:
         self._out.print(
             f"[yellow]call {escape(call.call_id)} ({escape(_visible(call.name))}) awaits "
-            f"approval[/]; decide with: turnkeep approve {escape(handle.workflow_id)} "
-            f"{escape(call.call_id)} [--deny]"
+            f"approval{escape(_visible(_in_child(call)))}[/]; decide with: turnkeep approve "
+            f"{escape(call.turn_id or handle.workflow_id)} {escape(call.call_id)} [--deny]"
         )
 
     async def _ask(self, handle: TurnHandle, call: PendingCall) -> None:
@@ -286,6 +288,7 @@ class ApprovalPrompter:
                 (_visible(call.name), "cyan"),
                 " · call ",
                 (_visible(call.call_id), "dim"),
+                _visible(_in_child(call)),
             )
         )
         arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False)
@@ -357,7 +360,7 @@ class ApprovalPrompter:
         if arguments == call.arguments:
             arguments = None  # not an edit
         try:
-            record = await handle.decide(
+            record = await _owner(handle, call).decide(
                 call.call_id, approve, reason=reason or None, by=self._by, arguments=arguments
             )
         except WorkflowUpdateFailedError as err:
@@ -382,6 +385,23 @@ class _NoLongerWaiting(Exception):
     """The call being asked about has been decided elsewhere."""
 
 
+def _key(handle: TurnHandle, call: PendingCall) -> tuple[str, str]:
+    """A waiting call, by the turn it is of and its id (a child turn's call ids may be its
+    parent's too)."""
+    return (call.turn_id or handle.workflow_id, call.call_id)
+
+
+def _owner(handle: TurnHandle, call: PendingCall) -> TurnHandle:
+    """The turn ``call`` waits in: the one followed, or one of its child turns."""
+    return get_turn(handle.client, call.turn_id) if call.turn_id else handle
+
+
+def _in_child(call: PendingCall) -> str:
+    if call.turn_id is None:
+        return ""
+    return f" · agent {call.agent or '?'} (turn {call.turn_id})"
+
+
 async def _pending(handle: TurnHandle) -> list[PendingCall]:
     try:
         return await handle.pending_approvals(rpc_timeout=_QUERY_TIMEOUT)
@@ -395,14 +415,16 @@ async def _still_waits(handle: TurnHandle, call: PendingCall) -> bool:
         waiting = await handle.pending_approvals(rpc_timeout=_QUERY_TIMEOUT)
     except RPCError:
         return True  # a busy worker is no sign of a decision
-    return any(c.call_id == call.call_id for c in waiting)
+    return any(_key(handle, c) == _key(handle, call) for c in waiting)
 
 
 async def _what_became_of(handle: TurnHandle, call: PendingCall) -> str:
     """Why ``call`` no longer waits, as the turn records it (best effort: a line to show)."""
     said = f"call {call.call_id} no longer waits for approval"
     try:
-        current = await asyncio.wait_for(handle.current(), _QUERY_TIMEOUT.total_seconds())
+        current = await asyncio.wait_for(
+            _owner(handle, call).current(), _QUERY_TIMEOUT.total_seconds()
+        )
     except (RPCError, TimeoutError):
         return said
     for record in current.decisions if current else []:

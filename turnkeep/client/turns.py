@@ -25,7 +25,7 @@ from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import QueryRejectCondition
-from temporalio.exceptions import CancelledError
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.history import read_turn
@@ -35,6 +35,7 @@ from turnkeep.payloads.conversations import with_history
 from turnkeep.workflows import visibility
 from turnkeep.workflows.approval import (
     DECIDE_UPDATE,
+    DECIDED_IN_CHILD,
     PENDING_QUERY,
     Decision,
     DecisionRecord,
@@ -62,13 +63,18 @@ _RETRYABLE_QUERY = (
 )
 
 
-async def query_retrying(handle: WorkflowHandle[Any, Any], query: Any, arg: Any) -> Any:
+async def query_retrying(
+    handle: WorkflowHandle[Any, Any],
+    query: Any,
+    arg: Any,
+    reject_condition: QueryRejectCondition | None = None,
+) -> Any:
     """``handle.query(query, arg)``, asked again (up to ``_QUERY_ATTEMPTS`` times) when the
     server gave up on it rather than the workflow refusing it."""
     attempt = 1
     while True:
         try:
-            return await handle.query(query, arg)
+            return await handle.query(query, arg, reject_condition=reject_condition)
         except RPCError as err:
             task = asyncio.current_task()
             if (
@@ -116,6 +122,17 @@ async def start_turn(
         request_eager_start=True,
     )
     return TurnHandle(handle, client)
+
+
+def _child_turn(err: WorkflowUpdateFailedError, parent_id: str) -> str | None:
+    """The child turn a decision was refused for, to be sent to instead: only a turn below
+    ``parent_id`` (child ids extend their parent's), so each hop goes deeper and none leaves
+    the tree of the turn the caller named."""
+    cause = err.cause
+    if not isinstance(cause, ApplicationError) or cause.type != DECIDED_IN_CHILD:
+        return None
+    child = cause.details[0] if cause.details else None
+    return child if isinstance(child, str) and child.startswith(parent_id + "/") else None
 
 
 def get_turn(client: Client, workflow_id: str, run_id: str | None = None) -> TurnHandle:
@@ -261,7 +278,10 @@ class TurnHandle:
     ) -> DecisionRecord:
         """Approve or deny a tool call awaiting approval (``arguments``: run it with these
         instead). A refused decision (an unknown or already decided call, a turn that has
-        ended) raises ``WorkflowUpdateFailedError`` saying why; the turn goes on unaffected."""
+        ended) raises ``WorkflowUpdateFailedError`` saying why; the turn goes on unaffected.
+
+        A call waiting in a child turn (an agent this turn called as a tool, or one below it)
+        is decided there: the turn refuses the decision naming that turn, and it goes to it."""
         decision = Decision(
             call_id=call_id,
             decision="approve" if approve else "deny",
@@ -269,7 +289,15 @@ class TurnHandle:
             by=by,
             arguments=arguments,
         )
-        return await self.handle.execute_update(DECIDE_UPDATE, decision, result_type=DecisionRecord)
+        try:
+            return await self.handle.execute_update(
+                DECIDE_UPDATE, decision, result_type=DecisionRecord
+            )
+        except WorkflowUpdateFailedError as err:
+            child = _child_turn(err, self.workflow_id)
+            if child is None:
+                raise
+        return await get_turn(self.client, child).decide(call_id, approve, reason, by, arguments)
 
     async def pending_approvals(self, rpc_timeout: timedelta | None = None) -> list[PendingCall]:
         """The turn's calls waiting for a decision (a worker of its task queue answers)."""
@@ -278,9 +306,20 @@ class TurnHandle:
         )
 
     async def _transcript(self, start: int) -> list[Message]:
-        """``TurnResult.messages[start:]`` from the current run (every run of the turn holds
-        them all, so which one answers does not matter)."""
-        messages: list[Message] = await query_retrying(self.handle, TurnWorkflow.transcript, start)
+        """``TurnResult.messages[start:]``: by query while the current run is open (every run
+        of the turn holds them all, so which one answers does not matter), else from what the
+        turn ended with. A query on a closed run would have a worker replay its whole history
+        to answer what the result already says."""
+        try:
+            messages: list[Message] = await query_retrying(
+                self.handle,
+                TurnWorkflow.transcript,
+                start,
+                reject_condition=QueryRejectCondition.NOT_OPEN,
+            )
+        except WorkflowQueryRejectedError:
+            closed = await self._closed()
+            return closed.messages[start:] if closed else []
         return messages
 
     async def _transcript_now(self, start: int) -> list[Message]:

@@ -23,6 +23,12 @@ from turnkeep.workflows.messages import CallToolResult
 # The update a person's decision arrives by, and the query listing what waits.
 DECIDE_UPDATE = "decide"
 PENDING_QUERY = "pending_approvals"
+# The signal an agent's child turn tells its parent turn by which of its calls (and of its own
+# children's) wait for a decision.
+CHILD_APPROVALS_SIGNAL = "child_approvals"
+# The error type a turn refuses a decision with when the call waits in one of its child turns:
+# its only detail is that turn's workflow id, where the client sends the decision instead.
+DECIDED_IN_CHILD = "DecidedInChildTurn"
 # Who "decides" when nobody did in time.
 TIMEOUT_DECIDER = "timeout"
 # The activity that puts a batch's calls to the agent's approval policy.
@@ -71,12 +77,27 @@ class Decision(BaseModel):
 
 
 class PendingCall(BaseModel):
-    """A tool call waiting for a decision, and since when (workflow time)."""
+    """A tool call waiting for a decision, and since when (workflow time). ``turn_id`` and
+    ``agent`` say whose call it is when it waits in a child turn (an agent the turn called as a
+    tool, or an agent that one called...); None for the turn's own calls."""
 
     call_id: str
     name: str
     arguments: dict[str, Any]
     since: datetime
+    turn_id: str | None = None
+    agent: str | None = None
+
+
+class ChildApprovals(BaseModel):
+    """The argument of the ``child_approvals`` signal: every call now waiting in the child turn
+    ``turn_id`` and in its own child turns (each with its ``turn_id`` set); empty once none
+    waits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turn_id: str = Field(min_length=1)
+    calls: list[PendingCall]
 
 
 class DecisionRecord(BaseModel):

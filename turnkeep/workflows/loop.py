@@ -75,6 +75,10 @@ class TurnState(BaseModel):
     cut_before_tools: bool = False
     # Tool calls of the current batch waiting for a person's decision, by call id.
     pending_approvals: dict[str, PendingCall] = Field(default_factory=dict)
+    # The calls waiting in the child turns of the batch's agent calls (and in theirs), by child
+    # turn id, as each child last reported them. Never carried over: a run continues as new only
+    # between steps, with no child turn running, and children report again.
+    descendant_approvals: dict[str, list[PendingCall]] = Field(default_factory=dict, exclude=True)
     # Every decision taken on this turn's calls, in order: the audit trail.
     decisions: list[DecisionRecord] = Field(default_factory=list)
     # Where `history` is stored, for a session's turn (`TurnInput.history_ref`).
@@ -224,6 +228,38 @@ class TurnState(BaseModel):
         self.pending_approvals[call.call_id] = PendingCall(
             call_id=call.call_id, name=call.name, arguments=call.arguments, since=now
         )
+
+    @property
+    def awaits_decision(self) -> bool:
+        """Whether a call of this turn, or of one of its child turns, waits for a person."""
+        return bool(self.pending_approvals) or any(self.descendant_approvals.values())
+
+    def waiting_calls(self) -> list[PendingCall]:
+        """The calls waiting for a decision: the turn's own, then its child turns'."""
+        descendants = [c for calls in self.descendant_approvals.values() for c in calls]
+        return [*self.pending_approvals.values(), *descendants]
+
+    def reported_calls(self, turn_id: str) -> list[PendingCall]:
+        """``waiting_calls`` as this turn, ``turn_id``, reports them to its parent turn: its own
+        calls say whose they are."""
+        own = [
+            c.model_copy(update={"turn_id": turn_id, "agent": self.plan.agent})
+            for c in self.pending_approvals.values()
+        ]
+        return [*own, *self.waiting_calls()[len(own) :]]
+
+    def call_owners(self, call_id: str) -> list[str]:
+        """The child turns (by id) in which a call ``call_id`` waits, unless it is the turn's own
+        call."""
+        if call_id in self.pending_approvals:
+            return []
+        owners = (
+            c.turn_id
+            for calls in self.descendant_approvals.values()
+            for c in calls
+            if c.call_id == call_id
+        )
+        return list(dict.fromkeys(o for o in owners if o is not None))
 
     def decision_problem(self, decision: Decision) -> str | None:
         """Why ``decision`` cannot be taken now, or None: the update's validator refuses it
@@ -411,6 +447,7 @@ class TurnState(BaseModel):
         """Repair the conversation the way fast-agent does when a turn is interrupted."""
         # Calls awaiting approval are repaired as interrupted, like any other unanswered call.
         self.pending_approvals.clear()
+        self.descendant_approvals.clear()
         if not self.plan.use_history:
             self.rollback = RollbackState.HISTORY_DISABLED
         else:

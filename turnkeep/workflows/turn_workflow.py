@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -22,6 +22,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from turnkeep.workflows import (
     actions,
     agent_tools,
+    child_approvals,
     teams,
     turn_metrics,
     visibility,
@@ -37,8 +38,11 @@ from turnkeep.workflows.activity_io import (
 )
 from turnkeep.workflows.agent_tools import AgentCall
 from turnkeep.workflows.approval import (
+    CHILD_APPROVALS_SIGNAL,
     DECIDE_UPDATE,
+    DECIDED_IN_CHILD,
     PENDING_QUERY,
+    ChildApprovals,
     Decision,
     DecisionRecord,
     PendingCall,
@@ -110,6 +114,12 @@ class TurnWorkflow:
         self._outcome_timers: list[tuple[asyncio.Task[None], int]] = []
         # How many of the current batch's agent-tool calls may run at once (None: all).
         self._agent_slots: asyncio.Semaphore | None = None
+        # The running child turns, by workflow id: the agent call id or team step of each.
+        self._children: dict[str, str] = {}
+        # What a workflow agent's turn shows while none of its steps waits for a person.
+        self._team_doing: str | None = None
+        # Telling the parent turn (for a turn an agent called as a tool) of waiting calls.
+        self._reporter: asyncio.Task[None] | None = None
 
     @workflow.run
     async def run(self, *args: Any) -> TurnResult:
@@ -138,6 +148,9 @@ class TurnWorkflow:
             # Not replayed (the SDK's workflow logger skips replay): one line per turn.
             workflow.logger.info("turn started: agent %s, model %s", turn.agent, plan.model)
         state = self._state
+        parent = child_approvals.parent_turn(turn.depth)
+        if parent is not None:
+            self._reporter = asyncio.create_task(child_approvals.report_to_parent(state, parent))
         if self._start_attributes:
             # They count as published: the rest follows when next due, not in this task, as
             # each upsert is a visibility-store write.
@@ -273,9 +286,10 @@ class TurnWorkflow:
         """A workflow agent's turn: its steps, each another agent's child turn, in place of
         the model loop."""
         state = self._require_state()
-        self._show(
-            visibility.clip(f"running {team.kind}: {', '.join(s.agent for s in team.steps)}")
+        self._team_doing = visibility.clip(
+            f"running {team.kind}: {', '.join(s.agent for s in team.steps)}"
         )
+        self._show(self._team_doing)
 
         async def run(
             tool: AgentTool,
@@ -285,9 +299,10 @@ class TurnWorkflow:
             structured_output: dict[str, Any] | None = None,
         ) -> AgentCall:
             id = agent_tools.child_id(workflow.info().workflow_id, step, name)
-            call = await agent_tools.run_agent(
-                tool, messages, id=id, depth=state.depth, structured_output=structured_output
-            )
+            async with self._child_turn(id, name):
+                call = await agent_tools.run_agent(
+                    tool, messages, id=id, depth=state.depth, structured_output=structured_output
+                )
             state.on_agent_usage(call.usage)
             return call
 
@@ -313,11 +328,28 @@ class TurnWorkflow:
         state = self._require_state()
         started = workflow.time()
         id = agent_tools.child_id(workflow.info().workflow_id, state.model_calls, call.call_id)
-        async with self._agent_slots or contextlib.nullcontext():
+        async with (
+            self._child_turn(id, call.call_id),
+            self._agent_slots or contextlib.nullcontext(),
+        ):
             outcome = await agent_tools.call_agent(call, tool, id=id, depth=state.depth)
         state.on_agent_usage(outcome.usage)
         duration_ms = (workflow.time() - started) * 1000
         return ToolCallOutcome(result=outcome.result, duration_ms=duration_ms)
+
+    @contextlib.asynccontextmanager
+    async def _child_turn(self, id: str, label: str) -> AsyncIterator[None]:
+        """While child turn ``id`` runs, its reports of waiting calls are taken (``label``:
+        the agent call or team step it is, shown while it waits)."""
+        state = self._require_state()
+        self._children[id] = label
+        try:
+            yield
+        finally:
+            # An ended child waits for nothing: its last report goes with it.
+            del self._children[id]
+            if state.descendant_approvals.pop(id, None) and not state.done:
+                self._tools_moved(publish=True)
 
     async def _approve(self, call: ToolCallRequest) -> ToolCallRequest | CallToolResult:
         """Hold ``call`` until the ``decide`` update (or the agent's timeout) settles it. A
@@ -359,8 +391,14 @@ class TurnWorkflow:
 
     def _tools_doing(self) -> str:
         state = self._require_state()
+        # An agent call whose child turn waits for a decision awaits a person too.
+        in_children = {
+            self._children[id] for id, calls in state.descendant_approvals.items() if calls
+        }
+        if self._team_doing is not None and not in_children:
+            return self._team_doing
         return visibility.tools_in_progress(
-            self._batch_calls, self._completed, state.pending_approvals
+            self._batch_calls, self._completed, {*state.pending_approvals, *in_children}
         )
 
     def _tools_moved(self, *, publish: bool = False) -> None:
@@ -466,6 +504,8 @@ class TurnWorkflow:
         except ValidationError as err:
             raise _bad_decision(f"not a Decision: {err}") from None
         state = self._state
+        if state is not None:
+            _route_to_child(state.call_owners(decision.call_id), decision.call_id)
         problem = (
             "the turn has not reached its tool calls yet"
             if state is None
@@ -474,10 +514,35 @@ class TurnWorkflow:
         if problem is not None:
             raise _bad_decision(problem)
 
+    @workflow.signal(name=CHILD_APPROVALS_SIGNAL)
+    def child_approvals(self, *args: Any) -> None:
+        """A child turn of an agent call reports the calls waiting in it (and below it): one
+        argument, a ``ChildApprovals``. A signal cannot be refused: one that is not a report
+        of a running child is logged and ignored."""
+        try:
+            if len(args) != 1:
+                raise ValueError(f"child_approvals takes one argument; got {len(args)}")
+            report = ChildApprovals.model_validate(args[0])
+        except (ValueError, ValidationError) as err:
+            workflow.logger.warning("ignored a child_approvals signal: %s", err)
+            return
+        state = self._state
+        problem = child_approvals.report_problem(report, self._children)
+        if state is None or state.done or problem is not None:
+            workflow.logger.warning("ignored a child_approvals signal: %s", problem or "ended")
+            return
+        if report.calls:
+            state.descendant_approvals[report.turn_id] = report.calls
+        else:
+            state.descendant_approvals.pop(report.turn_id, None)
+        # Published at once, as for the turn's own calls: operators look for waiting turns.
+        self._tools_moved(publish=True)
+
     @workflow.query(name=PENDING_QUERY)
     def pending_approvals(self) -> list[PendingCall]:
-        """The calls waiting for a decision, oldest first."""
-        return list(self._state.pending_approvals.values()) if self._state else []
+        """The calls waiting for a decision, oldest first, then those waiting in the turn's
+        child turns (each saying which turn and agent it is of)."""
+        return self._state.waiting_calls() if self._state else []
 
     @workflow.query(name=MODEL_INPUT_QUERY)
     def model_input(self, call_index: int, start: int = 0) -> ModelInputPage | None:
@@ -591,6 +656,24 @@ def _checked_start(args: Sequence[Any]) -> tuple[TurnInput, TurnState | None]:
     return start_arguments(
         args, TurnInput, TurnState, usage=_START_USAGE, error_type="InvalidTurnInput"
     )
+
+
+def _route_to_child(owners: list[str], call_id: str) -> None:
+    """Refuse a decision on a call waiting in a child turn (``owners``: those in which a call
+    with this id waits), naming the turn the client is to send it to: the child's own validator
+    then takes it, on what the child knows rather than on its last report."""
+    if len(owners) == 1:
+        raise ApplicationError(
+            f"call {call_id!r} waits in child turn {owners[0]!r}: decide it there",
+            owners[0],
+            type=DECIDED_IN_CHILD,
+            non_retryable=True,
+        )
+    if owners:
+        raise _bad_decision(
+            f"a call {call_id!r} waits in each of the child turns {', '.join(owners)}: send "
+            "the decision to the one it is for"
+        )
 
 
 def _bad_decision(message: str) -> ApplicationError:

@@ -33,6 +33,7 @@ from temporalio.common import (
 )
 
 from turnkeep.workflows.activity_io import HookPoint, ToolCallRequest
+from turnkeep.workflows.approval import PendingCall
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import Message, StopReason
 from turnkeep.workflows.model_io import LlmRequest
@@ -82,7 +83,8 @@ _COMPLETED = {StopReason.END_TURN, StopReason.STOP_SEQUENCE}
 
 def turn_status(state: TurnState) -> TurnStatus:
     if not state.done:
-        return TurnStatus.AWAITING_APPROVAL if state.pending_approvals else TurnStatus.RUNNING
+        # A call waiting in a child turn holds this turn up as much as one of its own.
+        return TurnStatus.AWAITING_APPROVAL if state.awaits_decision else TurnStatus.RUNNING
     if state.stop_reason == StopReason.CANCELLED:
         return TurnStatus.CANCELLED
     if state.stop_reason == StopReason.ERROR:
@@ -324,17 +326,26 @@ def details(state: TurnState, doing: str) -> str:
 
 
 def _awaiting(state: TurnState) -> str:
-    """Which calls wait for a person's decision, and since when: a list under the totals."""
-    if not state.pending_approvals:
+    """Which calls wait for a person's decision (in child turns too), and since when: a list
+    under the totals."""
+    waiting = state.waiting_calls()
+    if not waiting:
         return ""
     lines = [
-        f"- `{call.name}` · call `{call.call_id}` · since {call.since:%Y-%m-%d %H:%M:%S} UTC"
-        for call in list(state.pending_approvals.values())[:_NAMES_SHOWN]
+        f"- `{call.name}` · call `{call.call_id}`{_in_child(call)} · since "
+        f"{call.since:%Y-%m-%d %H:%M:%S} UTC"
+        for call in waiting[:_NAMES_SHOWN]
     ]
-    more = len(state.pending_approvals) - _NAMES_SHOWN
+    more = len(waiting) - _NAMES_SHOWN
     if more > 0:
         lines.append(f"- and {more} more")
     return "\n\n**awaiting approval** (`turnkeep approve TURN CALL`):\n\n" + "\n".join(lines)
+
+
+def _in_child(call: PendingCall) -> str:
+    if call.turn_id is None:
+        return ""
+    return f" · agent **{call.agent}** in turn `{call.turn_id}`"
 
 
 def _last_answer(messages: list[Message]) -> Message | None:

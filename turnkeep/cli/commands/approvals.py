@@ -47,7 +47,9 @@ class AwaitingTurn(BaseModel):
 
 
 async def awaiting_turns(client: Client) -> list[AwaitingTurn]:
-    """Every turn waiting for approval (by search attribute), with its waiting calls."""
+    """Every turn waiting for approval (by search attribute), with its waiting calls. A call
+    waiting in a child turn is listed under the turn at the top (which lists it with the
+    child's turn id), not again under the child."""
     turns: list[AwaitingTurn] = []
     async for execution in client.list_workflows(AWAITING_QUERY):
         agent = execution.typed_search_attributes.get(visibility.AGENT)
@@ -58,7 +60,8 @@ async def awaiting_turns(client: Client) -> list[AwaitingTurn]:
         except RPCError as err:
             turn.error = f"its calls could not be read (is a worker running?): {err.message}"
         turns.append(turn)
-    return turns
+    shown = {call.turn_id for turn in turns for call in turn.calls if call.turn_id is not None}
+    return [turn for turn in turns if turn.workflow_id not in shown]
 
 
 @app.command()
@@ -93,6 +96,10 @@ def pending(
                 f"  call {escape(call.call_id)} · {escape(call.name)} · waiting since "
                 f"{utc_time(call.since)}"
             )
+            if call.turn_id is not None:
+                console.print(
+                    f"    in child turn {escape(call.turn_id)} · agent {escape(call.agent or '?')}"
+                )
             console.print(f"    {escape(json.dumps(call.arguments, ensure_ascii=False))}")
 
 
@@ -111,7 +118,8 @@ def approve(
     namespace: Namespace = None,
     config: ConfigPath = None,
 ) -> None:
-    """Approve (or with --deny, deny) a tool call awaiting approval."""
+    """Approve (or with --deny, deny) a tool call awaiting approval. A call waiting in a child
+    turn (an agent the turn called as a tool) may be named with the parent turn's id."""
     settings = load_settings(config)
     edited = _arguments(arguments)
 
