@@ -25,8 +25,11 @@ $(VENV)/.dev: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
+# fast-agent's published wheel, for the workflow examples it ships (tests/test_fast_agent_examples.py
+# reads them from it; it is not installed).
 $(VENV)/.test: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev,test]'
+	$(PY) -m pip download --quiet --no-deps --dest $(VENV)/fast-agent 'fast-agent-mcp==0.2.36'
 	touch $@ $(VENV)/.dev
 
 demo: $(VENV)/.dev

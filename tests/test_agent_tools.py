@@ -477,3 +477,82 @@ async def test_a_session_talks_to_a_workflow_agent_turn_after_turn(w: Harness) -
         seen = [m.text async for m in session.messages(0, until_turn=sent.turn)]
     assert seen == ["first", "first", "second", "second"]
     await session.close()
+
+
+def planned(*tasks: tuple[str, str], complete: bool = False) -> Reply:
+    """A planner's answer: the next step, with ``(agent, task)`` tasks."""
+    step = {
+        "description": "next",
+        "tasks": [{"description": task, "agent": agent} for agent, task in tasks],
+        "is_complete": complete,
+    }
+    return Reply.text(json.dumps(step))
+
+
+async def test_a_planner_stops_at_plan_iterations_or_at_an_agent_it_does_not_have(
+    client: Client, tmp_path: Path, fake_api: FakeModelApi
+) -> None:
+    """fast-agent's iterative planner: each step's tasks are child turns; the plan stops after
+    ``plan_iterations`` steps, or when a step names an agent the planner does not have, and the
+    planner's model answers from what was done, told why the plan stopped."""
+    fake_api.reset()
+    fake = FakeModel(fake_api)
+    agents = {
+        "writer": {"model": "passthrough"},
+        "plan": {
+            "type": "iterative_planner",
+            "model": fake.model("planner"),
+            "agents": ["writer"],
+            "plan_iterations": 2,
+        },
+    }
+    fake.script(
+        "planner",
+        planned(("writer", "draft one")),
+        planned(("writer", "draft two"), ("writer", "draft three")),
+        Reply.text("Drafted."),
+        planned(("ghost", "haunt")),
+        Reply.text("Could not plan."),
+    )
+    settings = make_settings(tmp_path, agents=agents)
+    async with worker_harness(client, settings, fake=fake) as h:
+        turn = await h.start("Write it", agent="plan")
+        result = await turn.result()
+        refused = await h.run("Haunt it", agent="plan")
+    assert result.final is not None and result.final.text == "Drafted."
+    # Two steps, the second's two writer tasks one after another, each its own child turn.
+    third = await get_turn(h.client, child_id(turn.workflow_id, 2, "2-writer")).result()
+    assert "draft three" in third.messages[0].text
+    # The writer (passthrough) echoed its task: the results reached the synthesis.
+    synthesis = json.dumps(fake.requests("planner")[2].body)
+    assert "Reached maximum number of iterations (2)" in synthesis
+    assert "draft one" in synthesis and "draft three" in synthesis
+    assert result.usage_by_agent["writer"]["passthrough"].calls == 3
+    assert result.usage_by_agent["plan"][fake.model("planner")].calls == 3
+
+    assert refused.final is not None and refused.final.text == "Could not plan."
+    assert "Invalid agent names found (ghost)" in json.dumps(fake.requests("planner")[4].body)
+    assert fake.pending("planner") == 0
+
+
+async def test_a_planner_whose_plan_cannot_be_read_answers_from_nothing_done(
+    client: Client, tmp_path: Path
+) -> None:
+    """The passthrough planner echoes its planning prompt, which is no plan: the plan stops,
+    as fast-agent's does, and the planner answers (here: echoes) the synthesis prompt."""
+    agents = {
+        "writer": {"model": "passthrough"},
+        "plan": {"type": "orchestrator", "model": "passthrough", "agents": ["writer"]},
+    }
+    settings = make_settings(tmp_path, agents=agents)
+    async with worker_harness(client, settings) as h:
+        result = await h.run("Write it", agent="plan")
+    assert result.final is not None
+    assert "The plan was stopped because Failed to generate plan" in result.final.text
+    assert "No steps executed yet" in result.final.text
+    assert result.usage["passthrough"].calls == 2  # the plan that was none, the answer
+
+
+def test_a_planner_needs_agents() -> None:
+    with pytest.raises(ValueError, match="an orchestrator agent needs `agents` to plan for"):
+        Settings.model_validate({"agents": {"plan": {"type": "orchestrator"}}})

@@ -440,8 +440,8 @@ def test_request_params_map_onto_the_agent_or_are_refused() -> None:
         Agent(name="other", max_tokens=5, request_params=RequestParams(maxTokens=6))
     with pytest.raises(ValueError, match=r"human_input=\.\.\.\) is not supported"):
         fast.agent("console", human_input=True)
-    with pytest.raises(NotImplementedError, match="orchestrator workflow"):
-        fast.orchestrator(name="o", agents=["writer"])
+    with pytest.raises(NotImplementedError, match="custom agent classes"):
+        fast.custom(object, name="c")
     with pytest.raises(NotImplementedError, match=r"fast\.run"):
         fast.run()
 

@@ -29,7 +29,7 @@ from turnkeep.workflows.activity_io import (
     VisibilityPlan,
 )
 from turnkeep.workflows.approval import ApprovalPlan
-from turnkeep.workflows.teams import routing_instruction
+from turnkeep.workflows.teams import planner_instruction, routing_instruction
 from turnkeep.workflows.turn_io import TurnOverrides
 
 
@@ -76,7 +76,7 @@ class TurnSetupActivities:
         if agent.type in ("chain", "parallel", "evaluator_optimizer", "maker"):
             return self._team_plan(request.agent, agent, overrides)
         model = check_overrides(self._agents, self._models, request.agent, overrides)
-        if agent.type == "router":
+        if agent.type in ("router", "orchestrator", "iterative_planner"):
             return self._team_plan(request.agent, agent, overrides, model=model)
 
         def pick(name: str) -> object:
@@ -112,8 +112,8 @@ class TurnSetupActivities:
         model: str | None = None,
     ) -> TurnPlan:
         """The plan of a workflow agent's turn: its steps, each another agent's child turn.
-        Only a router calls a model of its own (``model``, to choose), and a turn may set
-        nothing else of it."""
+        Only a router and a planner call a model of their own (``model``, to choose, to
+        plan), and a turn may set nothing else of it."""
         if overrides.given() - {"model"} or (overrides.model and model is None):
             raise config_error(
                 "OverrideNotAllowed",
@@ -139,10 +139,13 @@ class TurnSetupActivities:
             max_samples=agent.max_samples,
             match_strategy=agent.match_strategy,
             red_flag_max_length=agent.red_flag_max_length,
+            plan_iterations=agent.plan_iterations,
         )
         instruction = agent.instruction
         if agent.type == "router":
             instruction = routing_instruction(team.steps, agent.instruction)
+        elif agent.type in ("orchestrator", "iterative_planner"):
+            instruction = planner_instruction(team.steps, agent.type, agent.instruction)
         return TurnPlan(
             agent=name,
             model=model or agent.type,

@@ -20,9 +20,10 @@ changed, and a worker serves the agents it declares::
 
 The decorated function is returned unchanged: turnkeep runs the agent's turns on a worker
 rather than in the function, so ``fast.run()`` and the interactive console have no
-counterpart; start turns with ``turnkeep.start_turn`` or ``turnkeep run``. Workflows
-(``chain``, ``router``, ``parallel``, ``orchestrator``, ``evaluator_optimizer``...) are
-refused with a message, not collected wrongly.
+counterpart; start turns with ``turnkeep.start_turn`` or ``turnkeep run``. fast-agent's
+workflow agents (``chain``, ``parallel``, ``router``, ``evaluator_optimizer``, ``maker``,
+``orchestrator``, ``iterative_planner``) are declared by their decorators too, each step a
+child turn; custom agent classes are refused with a message, not collected wrongly.
 """
 
 from __future__ import annotations
@@ -260,6 +261,58 @@ class FastAgent:
         )
         return self._declare(_with_instruction(arguments, instruction), explicit_tools=True)
 
+    def orchestrator(
+        self,
+        name: str,
+        *,
+        agents: Sequence[str],
+        instruction: str | Path | None = None,
+        model: str | None = None,
+        plan_type: str = "full",
+        plan_iterations: int = 5,
+        default: bool = False,
+    ) -> Callable[[F], F]:
+        """``@fast.orchestrator(...)``: the planner's model plans one step at a time, tasks for
+        ``agents`` (each a child turn), at most ``plan_iterations`` steps; then it answers."""
+        return self._planner(
+            name, "orchestrator", agents, instruction, model, plan_iterations, plan_type
+        )
+
+    def iterative_planner(
+        self,
+        name: str,
+        *,
+        agents: Sequence[str],
+        instruction: str | Path | None = None,
+        model: str | None = None,
+        plan_iterations: int = -1,
+        default: bool = False,
+    ) -> Callable[[F], F]:
+        """``@fast.iterative_planner(...)``: as ``orchestrator``, with fast-agent's iterative
+        planning prompt; by default until the planner says the objective is met."""
+        return self._planner(name, "iterative_planner", agents, instruction, model, plan_iterations)
+
+    def _planner(
+        self,
+        name: str,
+        kind: str,
+        agents: Sequence[str],
+        instruction: str | Path | None,
+        model: str | None,
+        plan_iterations: int,
+        plan_type: str = "full",
+    ) -> Callable[[F], F]:
+        arguments: dict[str, Any] = dict(
+            name=name,
+            type=kind,
+            agents=list(agents),
+            plan_iterations=plan_iterations,
+            plan_type=plan_type,
+        )
+        if model is not None:
+            arguments["model"] = model
+        return self._declare(_with_instruction(arguments, instruction), explicit_tools=True)
+
     def _declare(self, arguments: dict[str, Any], *, explicit_tools: bool) -> Callable[[F], F]:
         Agent(**arguments)  # its errors now, at the decorator
         name = arguments["name"]
@@ -299,12 +352,6 @@ class FastAgent:
         raise NotImplementedError(
             f"turnkeep does not implement fast-agent's {what}; see docs/fast-agent.md"
         )
-
-    def orchestrator(self, *args: Any, **kwargs: Any) -> NoReturn:
-        self._refuse("orchestrator workflow")
-
-    def iterative_planner(self, *args: Any, **kwargs: Any) -> NoReturn:
-        self._refuse("iterative planner workflow")
 
     def custom(self, *args: Any, **kwargs: Any) -> NoReturn:
         self._refuse("custom agent classes")

@@ -418,8 +418,20 @@ class AgentOptions(_Settings):
     # `evaluator_optimizer` has `generator` answer and `evaluator` rate the answer, refining
     # until the rating reaches `min_rating` or `max_refinements` are made; `maker` samples
     # `worker` until one answer has `k` votes more than any other (at most `max_samples`, then
-    # the most voted). Each step is a child turn of the agent's own.
-    type: Literal["agent", "chain", "parallel", "router", "evaluator_optimizer", "maker"] = "agent"
+    # the most voted); `orchestrator` and `iterative_planner` (one and the same, as in
+    # fast-agent) ask their model for the next step of a plan, tasks for their `agents`, until
+    # it says the objective is met or `plan_iterations` steps have run (0 or less: no bound),
+    # then answer from the results. Each step is a child turn of the agent's own.
+    type: Literal[
+        "agent",
+        "chain",
+        "parallel",
+        "router",
+        "evaluator_optimizer",
+        "maker",
+        "orchestrator",
+        "iterative_planner",
+    ] = "agent"
     sequence: list[str] = Field(default_factory=list)
     cumulative: bool = False
     fan_out: list[str] = Field(default_factory=list)
@@ -437,6 +449,10 @@ class AgentOptions(_Settings):
     match_strategy: Literal["exact", "normalized", "structured"] = "exact"
     # Answers longer than this are discarded before the vote (MAKER's red flag).
     red_flag_max_length: int | None = Field(default=None, gt=0)
+    plan_iterations: int = 5
+    # fast-agent's orchestrator takes `full` or `iterative` and plans one step at a time
+    # either way; so does turnkeep's.
+    plan_type: Literal["full", "iterative"] = "full"
 
     @model_validator(mode="after")
     def _workflow_agent(self) -> AgentOptions:
@@ -452,6 +468,8 @@ class AgentOptions(_Settings):
             raise ValueError("a maker agent's max_samples must be at least k")
         if self.type == "router" and not self.agents:
             raise ValueError("a router agent needs `agents` to route to: at least one")
+        if self.type in ("orchestrator", "iterative_planner") and not self.agents:
+            raise ValueError(f"an {self.type} agent needs `agents` to plan for: at least one")
         return self
 
     @model_validator(mode="after")

@@ -113,11 +113,19 @@ class AgentTool(BaseModel):
 
 
 class TeamPlan(BaseModel):
-    """A workflow agent's steps (fast-agent's chain and parallel), each run as a child turn."""
+    """A workflow agent's steps (fast-agent's workflow agents), each run as a child turn."""
 
-    kind: Literal["chain", "parallel", "router", "evaluator_optimizer", "maker"]
-    # A chain's sequence; a parallel's fan-out; a router's agents; an evaluator-optimizer's
-    # generator and evaluator; a maker's worker.
+    kind: Literal[
+        "chain",
+        "parallel",
+        "router",
+        "evaluator_optimizer",
+        "maker",
+        "orchestrator",
+        "iterative_planner",
+    ]
+    # A chain's sequence; a parallel's fan-out; a router's or a planner's agents; an
+    # evaluator-optimizer's generator and evaluator; a maker's worker.
     steps: list[AgentTool]
     fan_in: AgentTool | None = None
     cumulative: bool = False
@@ -129,6 +137,8 @@ class TeamPlan(BaseModel):
     max_samples: int = 50
     match_strategy: str = "exact"
     red_flag_max_length: int | None = None
+    # A planner's steps at most; 0 or less: until its model says the objective is met.
+    plan_iterations: int = 5
 
 
 class TurnPlan(BaseModel):

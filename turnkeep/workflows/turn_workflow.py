@@ -306,7 +306,7 @@ class TurnWorkflow:
             state.on_agent_usage(call.usage)
             return call
 
-        async def ask(messages: list[Message], schema: dict[str, Any]) -> Message:
+        async def ask(messages: list[Message], schema: dict[str, Any] | None) -> Message:
             request = self._model_input = LlmRequest(
                 agent=state.plan.agent,
                 model=state.plan.model,
