@@ -394,7 +394,7 @@ async def test_a_router_asks_its_model_and_hands_the_turn_to_the_agent_it_names(
 
 async def test_the_router_prompt_lists_each_agent_card() -> None:
     from turnkeep.config.catalog import AgentCatalog
-    from turnkeep.workflows.teams import ROUTING_SYSTEM_INSTRUCTION, routing_instruction
+    from turnkeep.workflows.team_router import ROUTING_SYSTEM_INSTRUCTION, routing_instruction
 
     catalog = AgentCatalog.of(Settings.model_validate({"agents": TEAM}))
     prompt = routing_instruction([catalog.agent_tool("ny"), catalog.agent_tool("london")])
@@ -553,6 +553,6 @@ async def test_a_planner_whose_plan_cannot_be_read_answers_from_nothing_done(
     assert result.usage["passthrough"].calls == 2  # the plan that was none, the answer
 
 
-def test_a_planner_needs_agents() -> None:
+async def test_a_planner_needs_agents() -> None:
     with pytest.raises(ValueError, match="an orchestrator agent needs `agents` to plan for"):
         Settings.model_validate({"agents": {"plan": {"type": "orchestrator"}}})

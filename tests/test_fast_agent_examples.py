@@ -105,7 +105,8 @@ async def test_parallel_example(
     fast = load("parallel", monkeypatch)
     fake_api.reset()
     fake = FakeModel(fake_api)
-    fake.script("gpt-4.1-mini", Reply.text("No contradictions."))
+    # A name with a dot is no fake model's (`.low` is a reasoning effort): scripted on the API.
+    fake_api.script(Reply.text("No contradictions."), model="gpt-4.1-mini")
     fake.script("claude-sonnet-5", Reply.text("The tone wanders."))
     fake.script("o3-mini", Reply.text("Grade: B"))
     async with worker_harness(

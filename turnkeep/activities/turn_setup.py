@@ -29,7 +29,8 @@ from turnkeep.workflows.activity_io import (
     VisibilityPlan,
 )
 from turnkeep.workflows.approval import ApprovalPlan
-from turnkeep.workflows.teams import planner_instruction, routing_instruction
+from turnkeep.workflows.team_planner import planner_instruction
+from turnkeep.workflows.team_router import routing_instruction
 from turnkeep.workflows.turn_io import TurnOverrides
 
 

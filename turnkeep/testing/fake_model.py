@@ -35,7 +35,7 @@ FAKE_API_KEY = "sk-turnkeep-fake-model-key"
 
 # A name becomes a model id: a `.`, `/` or `?` in it would be read as part of the model string
 # (a reasoning suffix, a provider path, a query).
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
 class FakeModel:
@@ -54,9 +54,7 @@ class FakeModel:
     def model(self, name: str) -> str:
         """The model string of the agent whose script is ``name`` (``anthropic.<name>``)."""
         if not _NAME.match(name):
-            raise ValueError(
-                f"a fake model's name is letters, digits, '.', '-' and '_', not {name!r}"
-            )
+            raise ValueError(f"a fake model's name is letters, digits, '-' and '_', not {name!r}")
         return f"{self.provider}.{name}"
 
     def script(self, name: str, *steps: Step) -> str:

@@ -127,6 +127,18 @@ class Message(BaseModel):
         return None
 
 
+# A message's fields that are None unless set: a payload leaves them out when they are.
+_UNSET_WHEN_NONE = ("tool_calls", "tool_results", "channels", "stop_reason")
+
+
+def compact_message(data: dict[str, Any]) -> None:
+    """Leave out of a message dumped for a payload the fields that hold None (their default):
+    a conversation's payloads hold many messages, most of them text alone."""
+    for name in _UNSET_WHEN_NONE:
+        if name in data and data[name] is None:
+            del data[name]
+
+
 def joined_text(blocks: list[ContentBlock]) -> str:
     return "\n".join(block.text for block in blocks if isinstance(block, TextContent))
 

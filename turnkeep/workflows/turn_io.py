@@ -21,7 +21,7 @@ from temporalio.exceptions import CancelledError
 
 from turnkeep.workflows.approval import DecisionRecord
 from turnkeep.workflows.conversation import ConversationRef, Segment, stores
-from turnkeep.workflows.messages import Message, StopReason
+from turnkeep.workflows.messages import Message, StopReason, compact_message
 
 DEFAULT_MAX_ITERATIONS = 199
 
@@ -90,6 +90,29 @@ class TurnInput(TurnOverrides):
         return TurnOverrides.model_validate(
             self.model_dump(include=set(TurnOverrides.model_fields))
         )
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        """In a payload (a turn's start, in its history and its parent's), the settings left
+        at their defaults stay out: reading them back gives the same input."""
+        data = handler(self)
+        if not isinstance(data, dict) or not isinstance(info.context, dict):
+            return data
+        for name, default in _TURN_INPUT_DEFAULTS.items():
+            if name in data and data[name] == default:
+                del data[name]
+        for message in (*data.get("messages", ()), *data.get("history", ())):
+            if isinstance(message, dict):
+                compact_message(message)
+        return data
+
+
+_TURN_INPUT_DEFAULTS: dict[str, Any] = {
+    **{name: None for name in TurnOverrides.model_fields},
+    "history": [],
+    "history_ref": None,
+    "depth": 0,
+}
 
 
 class Usage(BaseModel):
@@ -160,37 +183,53 @@ class TurnResult(BaseModel):
         data = handler(self)
         if not isinstance(data, dict) or not isinstance(info.context, dict):
             return data
+        # Recorded in the turn's history (and again in its parent's, or its session's): what
+        # the reader can tell from the rest stays out (``_read_compact``).
         if not stores(info):
             # The segment is not stored: whoever reads this takes the conversation itself.
             data["conversation"] = None
         elif self._segment is not None and self.conversation is not None:
-            # Recorded once per turn in the turn's history and again in its session's: what
-            # the reader can tell from the rest stays out (``_read_by_reference``).
             data["messages"] = self._segment.marker()
             for name in ("final", "history"):
                 del data[name]
-            for name in _LEFT_OUT_WHEN_DEFAULT:
-                if data.get(name) == _DEFAULTS[name]:
-                    del data[name]
+        if data.get("conversation") is None:
+            del data["conversation"]
+            if data["history"] == data["messages"]:  # the turn started with no history
+                del data["history"]
+        if "final" in data and isinstance(data["messages"], list):
+            answers = [m for m in data["messages"] if m["role"] == "assistant"]
+            if data["final"] == (answers[-1] if answers else None):
+                del data["final"]
+        for name in _LEFT_OUT_WHEN_DEFAULT:
+            if data.get(name) == _DEFAULTS[name]:
+                del data[name]
+        for messages in (data.get("messages"), data.get("history")):
+            if isinstance(messages, list):
+                for message in messages:
+                    compact_message(message)
+        if isinstance(data.get("final"), dict):
+            compact_message(data["final"])
         return data
 
     @model_validator(mode="before")
     @classmethod
-    def _read_by_reference(cls, data: Any) -> Any:
-        """A result written by reference: its final answer is its last assistant message."""
-        if (
-            isinstance(data, dict)
-            and "final" not in data
-            and isinstance(data.get("messages"), list)
-        ):
+    def _read_compact(cls, data: Any) -> Any:
+        """A result written compactly: its final answer is its last assistant message, and
+        without a stored conversation or a history of its own, its history is its messages."""
+        if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+            return data
+        data = dict(data)
+        if "final" not in data:
             answers = [
                 m for m in data["messages"] if isinstance(m, dict) and m.get("role") == "assistant"
             ]
-            data = {**data, "final": answers[-1] if answers else None}
+            data["final"] = answers[-1] if answers else None
+        if "history" not in data and data.get("conversation") is None:
+            data["history"] = data["messages"]
         return data
 
 
-# What a result written by reference leaves out when it holds its default.
+# What a result written to a payload leaves out when it holds its default.
 _LEFT_OUT_WHEN_DEFAULT = (
     "rollback",
     "structured",
