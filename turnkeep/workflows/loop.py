@@ -476,6 +476,8 @@ class TurnState(BaseModel):
             structured=_parse_json(final.text) if final and self.plan.structured_output else None,
             decisions=self.decisions,
         )
+        # Read by the parent turn alone (its workflow code): written compactly.
+        result._for_parent = self.depth > 0
         if self.history_ref is not None:
             # A session's turn hands its messages back as a segment of the session's stored
             # conversation, and the conversation by reference.

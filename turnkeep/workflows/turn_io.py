@@ -175,40 +175,30 @@ class TurnResult(BaseModel):
 
     # The segment that holds `messages`, for a turn started from a stored conversation.
     _segment: Segment | None = PrivateAttr(default=None)
+    # The result of a turn another agent called (a team's step, an agent tool's call), which
+    # only its parent's workflow code reads.
+    _for_parent: bool = PrivateAttr(default=False)
 
     @model_serializer(mode="wrap")
     def _by_reference(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
         """In a payload of a converter that stores segments, the turn's messages as a segment
-        to store and the conversation by reference; in any other payload, no reference."""
+        to store and the conversation by reference; in any other payload, no reference. A
+        result for a parent turn is written compactly (``_compact_for_parent``)."""
         data = handler(self)
         if not isinstance(data, dict) or not isinstance(info.context, dict):
             return data
-        # Recorded in the turn's history (and again in its parent's, or its session's): what
-        # the reader can tell from the rest stays out (``_read_compact``).
         if not stores(info):
             # The segment is not stored: whoever reads this takes the conversation itself.
             data["conversation"] = None
         elif self._segment is not None and self.conversation is not None:
+            # Recorded once per turn in the turn's history and again in its session's: what
+            # the reader can tell from the rest stays out (``_read_compact``).
             data["messages"] = self._segment.marker()
             for name in ("final", "history"):
                 del data[name]
-        if data.get("conversation") is None:
-            del data["conversation"]
-            if data["history"] == data["messages"]:  # the turn started with no history
-                del data["history"]
-        if "final" in data and isinstance(data["messages"], list):
-            answers = [m for m in data["messages"] if m["role"] == "assistant"]
-            if data["final"] == (answers[-1] if answers else None):
-                del data["final"]
-        for name in _LEFT_OUT_WHEN_DEFAULT:
-            if data.get(name) == _DEFAULTS[name]:
-                del data[name]
-        for messages in (data.get("messages"), data.get("history")):
-            if isinstance(messages, list):
-                for message in messages:
-                    compact_message(message)
-        if isinstance(data.get("final"), dict):
-            compact_message(data["final"])
+            _leave_out_defaults(data)
+        if self._for_parent:
+            _compact_for_parent(data)
         return data
 
     @model_validator(mode="before")
@@ -229,7 +219,36 @@ class TurnResult(BaseModel):
         return data
 
 
-# What a result written to a payload leaves out when it holds its default.
+def _leave_out_defaults(data: dict[str, Any]) -> None:
+    for name in _LEFT_OUT_WHEN_DEFAULT:
+        if data.get(name) == _DEFAULTS[name]:
+            del data[name]
+
+
+def _compact_for_parent(data: dict[str, Any]) -> None:
+    """A child turn's result as its parent's history records it: what the parent's reader
+    (``TurnResult._read_compact``) tells from the rest stays out: the final answer (its last
+    assistant message), a history that is its messages (a child starts with none), fields at
+    their defaults, and messages' empty fields. A turn a client or a session started keeps
+    the full form: it is what a client of any SDK, and an operator in the Web UI, reads."""
+    if data.get("conversation") is None:
+        data.pop("conversation", None)
+        if "history" in data and data["history"] == data["messages"]:
+            del data["history"]
+    if "final" in data and isinstance(data["messages"], list):
+        answers = [m for m in data["messages"] if m["role"] == "assistant"]
+        if data["final"] == (answers[-1] if answers else None):
+            del data["final"]
+    _leave_out_defaults(data)
+    for messages in (data.get("messages"), data.get("history")):
+        if isinstance(messages, list):
+            for message in messages:
+                compact_message(message)
+    if isinstance(data.get("final"), dict):
+        compact_message(data["final"])
+
+
+# What a compact result leaves out when it holds its default.
 _LEFT_OUT_WHEN_DEFAULT = (
     "rollback",
     "structured",

@@ -516,9 +516,9 @@ class TurnWorkflow:
 
     @workflow.signal(name=CHILD_APPROVALS_SIGNAL)
     def child_approvals(self, *args: Any) -> None:
-        """A child turn of an agent call reports the calls waiting in it (and below it): one
-        argument, a ``ChildApprovals``. A signal cannot be refused: one that is not a report
-        of a running child is logged and ignored."""
+        """A child turn (an agent call's, a workflow agent's step) reports the calls waiting
+        in it and below it: one argument, a ``ChildApprovals``. A signal cannot be refused:
+        one that is not a report of a running child is logged and ignored."""
         try:
             if len(args) != 1:
                 raise ValueError(f"child_approvals takes one argument; got {len(args)}")
