@@ -22,6 +22,7 @@ import pytest
 from temporalio.client import Client
 
 from tests.conftest import make_settings
+from tests.test_agent_tools import planned
 from turnkeep.compat.fastagent import FastAgent
 from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi, Reply
@@ -169,16 +170,6 @@ async def test_evaluator_example(
     assert fake.pending("claude-haiku-4-5") == fake.pending("gpt-4o") == 0
 
 
-def plan(*tasks: tuple[str, str], complete: bool = False) -> Reply:
-    """A planner's answer: the next step, with ``(agent, task)`` tasks."""
-    step = {
-        "description": "next",
-        "tasks": [{"description": task, "agent": agent} for agent, task in tasks],
-        "is_complete": complete,
-    }
-    return Reply.text(json.dumps(step))
-
-
 async def test_orchestrator_example(
     client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_api: FakeModelApi
 ) -> None:
@@ -191,10 +182,10 @@ async def test_orchestrator_example(
     fake = FakeModel(fake_api)
     fake.script(
         "claude-sonnet-5",
-        plan(("finder", "find the story"), ("writer", "start the report")),
+        planned(("finder", "find the story"), ("writer", "start the report")),
         Reply.text("report started"),  # the writer, while the planner waits
-        plan(("proofreader", "review the story")),
-        plan(complete=True),
+        planned(("proofreader", "review the story")),
+        planned(complete=True),
         Reply.text("The graded report is written."),
     )
     fake.script("gpt-4o", Reply.text("short_story.md: kittens"), Reply.text("3 errors"))
