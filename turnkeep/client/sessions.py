@@ -23,12 +23,9 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryFailedError,
-    WorkflowQueryRejectedError,
-    WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import (
-    QueryRejectCondition,
     WorkflowIDConflictPolicy,
     WorkflowIDReusePolicy,
 )
@@ -37,7 +34,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.history import TurnView, read_turn
 from turnkeep.client.live import MessageEvent, StreamEvent
-from turnkeep.client.turns import get_turn, query_retrying
+from turnkeep.client.turns import get_turn, poll_query, query_retrying
 from turnkeep.observability.search_attributes import present_search_attributes
 from turnkeep.workflows import visibility
 from turnkeep.workflows.messages import Message
@@ -52,10 +49,6 @@ from turnkeep.workflows.session_io import (
 )
 from turnkeep.workflows.session_workflow import SessionWorkflow
 from turnkeep.workflows.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
-
-# Queries a follower asks, backing off from 5 ms to 100 ms, for a session to take in a turn
-# that has ended before it waits by update instead: about a second in all.
-TAKE_IN_QUERIES = 14
 
 
 class SessionClosedError(RuntimeError):
@@ -172,12 +165,8 @@ class SessionHandle:
         seen: str | None = None  # the turn running when we last asked
         followed: str | None = None  # the last turn whose messages we streamed live
         end: int | None = None  # where turn `until_turn` ends in the transcript, once it has
-        # Progress read by query rather than by the long-poll update, where the answer is
-        # known to be news: every update is two events in the session's history, which the
-        # session replays whenever it comes back to a worker.
-        known: SessionProgress | None = await self._news(index, seen)
         while True:
-            progress, known = known or await self._wait(index, seen), None
+            progress = await self._wait(index, seen)
             if progress is None:  # the session has closed: read what it ended with
                 closed = await self.handle.result()
                 stop = len(closed.transcript)
@@ -219,44 +208,9 @@ class SessionHandle:
                     async for message in messages:
                         index += 1
                         yield MessageEvent(message=message)
-                if until_turn is not None:
-                    # The turn has ended: the session takes it in within a task or two.
-                    known = await self._taken_in(until_turn)
             seen = turn.workflow_id if turn else None
             if progress.closed and turn is None and index >= progress.count:
                 return
-
-    async def _news(self, after: int, seen: str | None) -> SessionProgress | None:
-        """The session's progress by query, if it differs from what the caller knows (else
-        None: wait for it); None too for a session that is not running."""
-        progress = await self._progress_now()
-        if progress is None:
-            return None
-        running = progress.turn.workflow_id if progress.turn else None
-        return progress if progress.count > after or running != seen else None
-
-    async def _progress_now(self) -> SessionProgress | None:
-        """The running session's progress by query (recorded nowhere); None if it is not
-        running or does not answer."""
-        try:
-            progress: SessionProgress = await self.handle.query(
-                SessionWorkflow.progress, reject_condition=QueryRejectCondition.NOT_OPEN
-            )
-        except (RPCError, WorkflowQueryFailedError, WorkflowQueryRejectedError):
-            return None
-        return progress
-
-    async def _taken_in(self, turn: int) -> SessionProgress | None:
-        """The session's progress once it has taken turn ``turn`` in, asked by query for a
-        short while; None if it has not by then (the caller waits by update)."""
-        delay = 0.005
-        for _ in range(TAKE_IN_QUERIES):
-            progress = await self._progress_now()
-            if progress is not None and progress.turns_ended >= turn:
-                return progress
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.1)
-        return None
 
     async def _turn_end(self, turn: int, progress: SessionProgress) -> int:
         """Where turn ``turn``, which has ended, ends in the transcript, given the progress
@@ -290,19 +244,18 @@ class SessionHandle:
         return await self.handle.result()
 
     async def _wait(self, after: int, seen: str | None) -> SessionProgress | None:
-        """The session's progress once it differs from what the caller knows; None once the
-        session has closed."""
-        while True:
-            try:
-                return await self.handle.execute_update(
-                    "wait_for_messages", args=[after, seen], result_type=SessionProgress
-                )
-            except WorkflowUpdateRPCTimeoutOrCancelledError as err:
-                _reraise_if_cancelled(err)  # else only the long-poll timed out: poll again
-            except (RPCError, WorkflowUpdateFailedError):
-                if await self._running():
-                    raise
-                return None
+        """The session's progress once it differs from what the caller knows (more messages,
+        another turn running or none, the session ending); None once the session has
+        closed. Asked by query (``poll_query``)."""
+
+        def news(progress: SessionProgress) -> bool:
+            running = progress.turn.workflow_id if progress.turn else None
+            return progress.count > after or running != seen or progress.closed
+
+        progress: SessionProgress | None = await poll_query(
+            self.handle, SessionWorkflow.progress, news
+        )
+        return progress
 
     async def _running(self) -> bool:
         return (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING

@@ -2,27 +2,25 @@
 
 Any Temporal client can do the same by hand: start workflow type ``TurnWorkflow`` on its agent's
 task queue (``turnkeep.<agent>``: ``agent_task_queue``) with a ``TurnInput`` as JSON. These
-helpers add the long-poll that makes watching cheap, and reading the repaired conversation of a
-cancelled turn.
+helpers add following a turn by query (``poll_query``), and reading the repaired conversation
+of a cancelled turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
-    WorkflowQueryFailedError,
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
-    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import QueryRejectCondition
 from temporalio.exceptions import ApplicationError, CancelledError
@@ -61,6 +59,42 @@ _RETRYABLE_QUERY = (
     RPCStatusCode.UNAVAILABLE,
     RPCStatusCode.CANCELLED,
 )
+
+
+# How long a follower waits between two queries that brought no news: the first wait short,
+# as a step's next message often follows within milliseconds, then doubling up to the last.
+POLL_FIRST = 0.01
+POLL_LAST = 1.0
+
+T = TypeVar("T")
+
+
+async def poll_query(
+    handle: WorkflowHandle[Any, Any], query: Any, until: Callable[[T], bool]
+) -> T | None:
+    """Ask ``query`` of the workflow until ``until`` holds for its answer, waiting longer
+    between asks while it does not; None once the workflow has closed.
+
+    Followers ask by query rather than by a long-poll update: a query writes nothing to
+    history, and an update that reaches a workflow in the task after one that timed out can be
+    recorded in an order its replay does not reproduce (a defect of Temporal's Core SDK; the
+    design notes' *A known SDK defect*)."""
+    delay = POLL_FIRST
+    while True:
+        try:
+            answer: T = await handle.query(query, reject_condition=QueryRejectCondition.NOT_OPEN)
+        except WorkflowQueryRejectedError:
+            return None
+        except RPCError as err:
+            # The server gave up waiting for a worker (a busy or restarting one), or holds as
+            # many queries as it buffers while the workflow's task runs: ask again.
+            if err.status not in (*_RETRYABLE_QUERY, RPCStatusCode.RESOURCE_EXHAUSTED):
+                raise
+        else:
+            if until(answer):
+                return answer
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, POLL_LAST)
 
 
 async def query_retrying(
@@ -166,44 +200,18 @@ class TurnHandle:
         with ``every`` all of them (the input too), for a follower that counts them. Without
         ``to_the_end``, it stops as soon as the turn has ended, leaving the messages it has
         not yielded to the caller's other source (a session's transcript): reading them from
-        the closed turn would decode its whole result, conversation and all."""
+        the closed turn would decode its whole result, conversation and all. It asks by query
+        (``poll_query``): a message comes at most a second after the turn has it."""
         index = start
-        # What the turn already has, by query: the long-poll update would return at once, two
-        # events more in the turn's history. The update then waits for what is to come.
-        for message in await self._transcript_now(index):
-            index += 1
-            if (
-                every
-                or message.role == "assistant"
-                or (include_tool_results and message.tool_results)
-            ):
-                yield message
         while True:
-            try:
-                progress = await self.handle.execute_update(
-                    "wait_for_messages", index, result_type=TurnProgress
-                )
-            except WorkflowUpdateRPCTimeoutOrCancelledError as err:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    # The SDK turns our cancellation into this error; give it back as one.
-                    raise asyncio.CancelledError() from err
-                continue  # only the long-poll timed out: poll again
-            except (RPCError, WorkflowUpdateFailedError):
-                if await self._running():
-                    raise
-                progress = None
+            progress = await poll_query(self.handle, TurnWorkflow.progress, _news_after(index))
             if not to_the_end and (progress is None or progress.done):
                 return
             if progress is None:  # the run has closed: read what it ended with
                 closed = await self._closed()
                 new = closed.messages[index:] if closed else []
-            elif progress.count > index:
-                new = await self._transcript(index)
             else:
-                # Nothing new: the run let its watchers go to continue as new. The next
-                # update reaches the new run, which carries the same messages.
-                new = []
+                new = await self._transcript(index) if progress.count > index else []
             for message in new:
                 index += 1
                 if (
@@ -322,17 +330,6 @@ class TurnHandle:
             return closed.messages[start:] if closed else []
         return messages
 
-    async def _transcript_now(self, start: int) -> list[Message]:
-        """``TurnResult.messages[start:]`` of a running turn by query; none if it is not
-        running or does not answer (the long-poll then says)."""
-        try:
-            messages: list[Message] = await self.handle.query(
-                TurnWorkflow.transcript, start, reject_condition=QueryRejectCondition.NOT_OPEN
-            )
-        except (RPCError, WorkflowQueryFailedError, WorkflowQueryRejectedError):
-            return []
-        return messages
-
     async def _running(self) -> bool:
         return (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING
 
@@ -352,3 +349,8 @@ class TurnHandle:
         h = self.handle
         run_id = h.result_run_id or h.run_id or h.first_execution_run_id
         return (await read_turn(self.client, self.workflow_id, run_id)).result
+
+
+def _news_after(count: int) -> Callable[[TurnProgress], bool]:
+    """Whether a turn's progress is news to a follower that has ``count`` of its messages."""
+    return lambda progress: progress.count > count or progress.done

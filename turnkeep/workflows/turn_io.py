@@ -266,7 +266,8 @@ _DEFAULTS: dict[str, Any] = {
 
 
 class TurnProgress(BaseModel):
-    """Answer of the long-poll update watchers use: how far the turn has got."""
+    """How far the turn has got: the ``progress`` query's answer, and the long-poll update
+    ``wait_for_messages``'s."""
 
     count: int  # len(TurnResult.messages) so far
     done: bool

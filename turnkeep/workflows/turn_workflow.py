@@ -553,6 +553,12 @@ class TurnWorkflow:
         return model_input_page(request, start)
 
     @workflow.query
+    def progress(self) -> TurnProgress:
+        """How far the turn has got: what followers ask (``wait_for_messages`` without the
+        wait)."""
+        return self._progress()
+
+    @workflow.query
     def transcript(self, start: int = 0) -> list[Message]:
         """``TurnResult.messages[start:]`` as they stand."""
         return self._state.messages[start:] if self._state else []
