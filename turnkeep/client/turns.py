@@ -64,7 +64,7 @@ _RETRYABLE_QUERY = (
 # How long a follower waits between two queries that brought no news: the first wait short,
 # as a step's next message often follows within milliseconds, then doubling up to the last.
 POLL_FIRST = 0.01
-POLL_LAST = 1.0
+POLL_LAST = 0.5
 
 T = TypeVar("T")
 
@@ -201,7 +201,7 @@ class TurnHandle:
         ``to_the_end``, it stops as soon as the turn has ended, leaving the messages it has
         not yielded to the caller's other source (a session's transcript): reading them from
         the closed turn would decode its whole result, conversation and all. It asks by query
-        (``poll_query``): a message comes at most a second after the turn has it."""
+        (``poll_query``): a message comes at most half a second after the turn has it."""
         index = start
         while True:
             progress = await poll_query(self.handle, TurnWorkflow.progress, _news_after(index))
