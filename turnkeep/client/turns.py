@@ -61,8 +61,8 @@ _RETRYABLE_QUERY = (
 )
 
 
-# How long a follower waits between two queries that brought no news: the first wait short,
-# as a step's next message often follows within milliseconds, then doubling up to the last.
+# How long a follower waits between two looks that brought no news: the first wait short, as
+# a step's next message often follows within milliseconds, then doubling up to the last.
 POLL_FIRST = 0.01
 POLL_LAST = 0.5
 
@@ -72,27 +72,40 @@ T = TypeVar("T")
 async def poll_query(
     handle: WorkflowHandle[Any, Any], query: Any, until: Callable[[T], bool]
 ) -> T | None:
-    """Ask ``query`` of the workflow until ``until`` holds for its answer, waiting longer
-    between asks while it does not; None once the workflow has closed.
+    """Ask ``query`` of the workflow until ``until`` holds for its answer; None once the
+    workflow has closed.
 
-    Followers ask by query rather than by a long-poll update: a query writes nothing to
-    history, and an update that reaches a workflow in the task after one that timed out can be
-    recorded in an order its replay does not reproduce (a defect of Temporal's Core SDK; the
-    design notes' *A known SDK defect*)."""
+    Between asks the follower looks at the workflow's history length (``describe``, which the
+    server answers alone) and asks again only once it has grown: nothing in the workflow can
+    have changed without an event, and a query reaches a worker, which replays a workflow out
+    of its cache to answer (as a turn waiting for a person is). Followers ask by query rather
+    than by a long-poll update: a query writes nothing to history, and an update that reaches
+    a workflow in the task after one that timed out can be recorded in an order its replay
+    does not reproduce (a defect of Temporal's Core SDK; the design notes' *A known SDK
+    defect*)."""
     delay = POLL_FIRST
+    asked_at: int | None = None  # the history length when last asked
     while True:
-        try:
-            answer: T = await handle.query(query, reject_condition=QueryRejectCondition.NOT_OPEN)
-        except WorkflowQueryRejectedError:
+        described = await handle.describe()
+        if described.status != WorkflowExecutionStatus.RUNNING:
             return None
-        except RPCError as err:
-            # The server gave up waiting for a worker (a busy or restarting one), or holds as
-            # many queries as it buffers while the workflow's task runs: ask again.
-            if err.status not in (*_RETRYABLE_QUERY, RPCStatusCode.RESOURCE_EXHAUSTED):
-                raise
-        else:
-            if until(answer):
-                return answer
+        if described.history_length != asked_at:
+            try:
+                answer: T = await handle.query(
+                    query, reject_condition=QueryRejectCondition.NOT_OPEN
+                )
+            except WorkflowQueryRejectedError:
+                return None
+            except RPCError as err:
+                # The server gave up waiting for a worker (a busy or restarting one), or holds
+                # as many queries as it buffers while the workflow's task runs: ask again.
+                if err.status not in (*_RETRYABLE_QUERY, RPCStatusCode.RESOURCE_EXHAUSTED):
+                    raise
+            else:
+                if until(answer):
+                    return answer
+                asked_at = described.history_length
+                delay = POLL_FIRST
         await asyncio.sleep(delay)
         delay = min(delay * 2, POLL_LAST)
 
