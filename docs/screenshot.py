@@ -1,6 +1,6 @@
 """Take the README's pictures of the Web UI (not a test)::
 
-    .venv/bin/python -m docs.screenshot [--only turn|approval] [--out-dir docs]
+    .venv/bin/python -m docs.screenshot [--only turn|approval|team] [--out-dir docs]
 
 On a fresh embedded dev server, runs the bundled `demo` agent (examples/turnkeep.yaml) offline
 on the passthrough model, with every payload encrypted, and looks at it in headless Chromium at
@@ -14,6 +14,9 @@ on the passthrough model, with every payload encrypted, and looks at it in headl
   the calculation runs, the conversion waits. The running turn's User Metadata tab (its current
   details list the call awaiting approval, and since when) above its Search Attributes tab
   (``TurnkeepStatus`` is ``AwaitingApproval``), two views of one page put together.
+- ``web-ui-team.png``: an agent (``lead``) that has the demo agent as a tool and calls it twice
+  at once; the finished parent turn's Event History (Compact view): its model calls and the two
+  child workflows, each the demo agent's own turn.
 
 Needs /usr/bin/chromium (`make test` installs it).
 """
@@ -47,8 +50,8 @@ from tests.web_ui import (
 from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.config.files import load_settings
-from turnkeep.config.settings import ApprovalSettings, EncryptionSettings, Settings
-from turnkeep.worker.build import build_worker
+from turnkeep.config.settings import AgentSettings, ApprovalSettings, EncryptionSettings, Settings
+from turnkeep.worker.build import build_worker, build_workers
 from turnkeep.workflows import visibility
 from turnkeep.workflows.turn_io import TurnInput
 
@@ -71,6 +74,16 @@ APPROVAL_CALLS = [
 APPROVAL_PROMPT = "\n".join(
     [APPROVAL_QUESTION, *(f"***CALL_TOOL {name} {json.dumps(a)}" for name, a in APPROVAL_CALLS)]
 )
+# The team picture: the demo agent called as a tool, twice in one answer.
+TEAM_QUESTION = "Ask the demo agent two things at once: a marathon in km, and our motto's words."
+TEAM_CALLS = [
+    {"message": f"***CALL_TOOL {name} {json.dumps(arguments)}"}
+    for name, arguments in (CALLS[0], CALLS[2])
+]
+TEAM_PROMPT = "\n".join(
+    [TEAM_QUESTION, *(f"***CALL_TOOL agent__demo {json.dumps(call)}" for call in TEAM_CALLS)]
+)
+
 # Seconds to wait for the turn to reach its approval wait (a loaded machine is slow).
 WAIT_SECONDS = 120.0
 
@@ -209,6 +222,41 @@ async def take_approval(out: Path) -> None:
     print(f"wrote {out}")
 
 
+async def take_team(out: Path) -> None:
+    token = secrets.token_urlsafe(24)
+    demo = demo_settings(token)
+    lead = AgentSettings(
+        model="passthrough",
+        agents=["demo"],
+        description="Hands work to the demo agent.",
+    )
+    settings = demo.model_copy(update={"agents": {**demo.agents, "lead": lead}})
+    assert settings.encryption is not None
+    with tempfile.TemporaryDirectory(prefix="turnkeep-screenshot-") as tmp:
+        async with web_ui_with_codec(settings.encryption) as server:
+            client = await connect(server.address, server.namespace, settings=settings)
+            async with build_workers(client, settings):
+                turn = await start_turn(client, TurnInput(agent="lead", messages=[TEAM_PROMPT]))
+                await turn.result()
+            url = server.workflow_url(turn.workflow_id, turn.handle.first_execution_run_id)
+            assert url is not None and server.codec_endpoint is not None
+            summaries = await event_summaries(client, turn.handle)
+            async with chromium(Path(tmp) / "profile") as browser:
+                page = await browser.new_page()
+                await sign_in_to_codec_server(page, server.codec_endpoint, token)
+                await send_credentials_to_codec_server(page, server)
+                await open_compact_history(page, url)
+                await expect_shown(page, summaries)
+                await page.get_by_role("button", name="Descending").click()
+                await expect_shown(page, ["Ascending"])
+                await page.get_by_role("tablist", name="workflow detail").evaluate(
+                    "tabs => tabs.scrollIntoView({block: 'start'})"
+                )
+                await page.mouse.move(VIEWPORT["width"] * 0.6, 100)
+                await page.screenshot(path=out)
+    print(f"wrote {out}")
+
+
 async def _stack(browser: BrowserContext, pictures: list[tuple[bytes, float]], out: Path) -> None:
     """``pictures`` (each with its left offset) one above the other, a rule between them,
     saved as one PNG: drawn by the browser itself, so no imaging library is needed."""
@@ -228,13 +276,15 @@ async def _stack(browser: BrowserContext, pictures: list[tuple[bytes, float]], o
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["turn", "approval"], help="one picture only")
+    parser.add_argument("--only", choices=["turn", "approval", "team"], help="one picture only")
     parser.add_argument("--out-dir", type=Path, default=REPO / "docs")
     args = parser.parse_args()
     if args.only in (None, "turn"):
         asyncio.run(take(args.out_dir / "web-ui-turn.png"))
     if args.only in (None, "approval"):
         asyncio.run(take_approval(args.out_dir / "web-ui-awaiting-approval.png"))
+    if args.only in (None, "team"):
+        asyncio.run(take_team(args.out_dir / "web-ui-team.png"))
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ POLL_FIRST = 0.01
 POLL_LAST = 0.5
 
 T = TypeVar("T")
+_CONTINUED = WorkflowExecutionStatus.CONTINUED_AS_NEW
 
 
 async def poll_query(
@@ -87,15 +88,20 @@ async def poll_query(
     asked_at: int | None = None  # the history length when last asked
     while True:
         described = await handle.describe()
-        if described.status != WorkflowExecutionStatus.RUNNING:
+        running = described.status == WorkflowExecutionStatus.RUNNING
+        # A run that continued as new is followed by the next (describe and query reach the
+        # latest run, but one may close between the two), unless the handle is pinned to it.
+        if not running and (described.status != _CONTINUED or handle.run_id):
             return None
-        if described.history_length != asked_at:
+        if running and described.history_length != asked_at:
             try:
                 answer: T = await handle.query(
                     query, reject_condition=QueryRejectCondition.NOT_OPEN
                 )
-            except WorkflowQueryRejectedError:
-                return None
+            except WorkflowQueryRejectedError as err:
+                if err.status != _CONTINUED:
+                    return None
+                # The run asked continued as new meanwhile: ask the next one.
             except RPCError as err:
                 # The server gave up waiting for a worker (a busy or restarting one), or holds
                 # as many queries as it buffers while the workflow's task runs: ask again.
