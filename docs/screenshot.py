@@ -106,15 +106,18 @@ def demo_settings(token: str, *, approval: ApprovalSettings | None = None) -> Se
     return demo.model_copy(update=update)
 
 
-async def take(out: Path) -> None:
-    token = secrets.token_urlsafe(24)
-    settings = demo_settings(token)
+async def picture_of_finished_turn(
+    settings: Settings, token: str, turn_input: TurnInput, out: Path, scroll_to: str | None
+) -> None:
+    """Run ``turn_input`` to its end on ``settings``' workers, then picture its Event History
+    (Compact view, oldest first) from the tabs down, with the Input panel scrolled to
+    ``scroll_to`` when given."""
     assert settings.encryption is not None
     with tempfile.TemporaryDirectory(prefix="turnkeep-screenshot-") as tmp:
         async with web_ui_with_codec(settings.encryption) as server:
             client = await connect(server.address, server.namespace, settings=settings)
-            async with build_worker(client, settings):
-                turn = await start_turn(client, TurnInput(agent="demo", messages=[PROMPT]))
+            async with build_workers(client, settings):
+                turn = await start_turn(client, turn_input)
                 await turn.result()
             url = server.workflow_url(turn.workflow_id, turn.handle.first_execution_run_id)
             assert url is not None and server.codec_endpoint is not None
@@ -125,22 +128,28 @@ async def take(out: Path) -> None:
                 await send_credentials_to_codec_server(page, server)
                 await open_compact_history(page, url)
                 await expect_shown(page, summaries)
-                await expect_shown(page, [QUESTION], exact=False)
                 # Oldest first, so the rows read as the turn went.
                 await page.get_by_role("button", name="Descending").click()
                 await expect_shown(page, ["Ascending"])
-                # Scroll the Input panel to the prompt, then start the picture at the tabs so
-                # the input and the activity rows both fit; keep the pointer off the rows (it
-                # would draw a tooltip).
-                await shown(page, QUESTION, exact=False).evaluate(
-                    "line => line.scrollIntoView({block: 'center'})"
-                )
+                if scroll_to is not None:
+                    await expect_shown(page, [scroll_to], exact=False)
+                    await shown(page, scroll_to, exact=False).evaluate(
+                        "line => line.scrollIntoView({block: 'center'})"
+                    )
+                # Start the picture at the tabs so the input and the rows both fit; keep the
+                # pointer off the rows (it would draw a tooltip).
                 await page.get_by_role("tablist", name="workflow detail").evaluate(
                     "tabs => tabs.scrollIntoView({block: 'start'})"
                 )
                 await page.mouse.move(VIEWPORT["width"] * 0.6, 100)  # between the panels
                 await page.screenshot(path=out)
     print(f"wrote {out}")
+
+
+async def take(out: Path) -> None:
+    token = secrets.token_urlsafe(24)
+    turn_input = TurnInput(agent="demo", messages=[PROMPT])
+    await picture_of_finished_turn(demo_settings(token), token, turn_input, out, QUESTION)
 
 
 async def awaiting_approval(turn: TurnHandle) -> str:
@@ -226,35 +235,11 @@ async def take_team(out: Path) -> None:
     token = secrets.token_urlsafe(24)
     demo = demo_settings(token)
     lead = AgentSettings(
-        model="passthrough",
-        agents=["demo"],
-        description="Hands work to the demo agent.",
+        model="passthrough", agents=["demo"], description="Hands work to the demo agent."
     )
     settings = demo.model_copy(update={"agents": {**demo.agents, "lead": lead}})
-    assert settings.encryption is not None
-    with tempfile.TemporaryDirectory(prefix="turnkeep-screenshot-") as tmp:
-        async with web_ui_with_codec(settings.encryption) as server:
-            client = await connect(server.address, server.namespace, settings=settings)
-            async with build_workers(client, settings):
-                turn = await start_turn(client, TurnInput(agent="lead", messages=[TEAM_PROMPT]))
-                await turn.result()
-            url = server.workflow_url(turn.workflow_id, turn.handle.first_execution_run_id)
-            assert url is not None and server.codec_endpoint is not None
-            summaries = await event_summaries(client, turn.handle)
-            async with chromium(Path(tmp) / "profile") as browser:
-                page = await browser.new_page()
-                await sign_in_to_codec_server(page, server.codec_endpoint, token)
-                await send_credentials_to_codec_server(page, server)
-                await open_compact_history(page, url)
-                await expect_shown(page, summaries)
-                await page.get_by_role("button", name="Descending").click()
-                await expect_shown(page, ["Ascending"])
-                await page.get_by_role("tablist", name="workflow detail").evaluate(
-                    "tabs => tabs.scrollIntoView({block: 'start'})"
-                )
-                await page.mouse.move(VIEWPORT["width"] * 0.6, 100)
-                await page.screenshot(path=out)
-    print(f"wrote {out}")
+    turn_input = TurnInput(agent="lead", messages=[TEAM_PROMPT])
+    await picture_of_finished_turn(settings, token, turn_input, out, None)
 
 
 async def _stack(browser: BrowserContext, pictures: list[tuple[bytes, float]], out: Path) -> None:
