@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 from rich.console import Console
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 
 from tests.conftest import Harness, eventually, make_settings, turnkeep
 from tests.test_visibility import current_details
@@ -26,7 +27,7 @@ from turnkeep.testing import check_replay
 from turnkeep.testing import harness as worker_harness
 from turnkeep.workflows import visibility
 from turnkeep.workflows.agent_tools import child_id
-from turnkeep.workflows.approval import ChildApprovals, PendingCall
+from turnkeep.workflows.approval import CHILD_APPROVALS_SIGNAL, ChildApprovals, PendingCall
 from turnkeep.workflows.child_approvals import report_problem
 from turnkeep.workflows.messages import StopReason
 
@@ -234,3 +235,43 @@ async def test_a_call_waiting_in_a_chains_step_shows_on_the_chain_and_is_approve
         result = await turn.result()
     assert deployed == ["api"]
     assert result.final is not None and result.final.text == "deployed api"
+
+
+async def test_a_client_forging_child_reports_changes_nothing_the_turn_waits_for(
+    h: Harness,
+) -> None:
+    """Any client may signal a turn: a report that is not a running child's, about a turn not
+    below it, or not a report at all, is ignored, and the turn goes on as it was."""
+    turn = await h.start(ask("ops", DEPLOY))
+    child = child_id(turn.workflow_id, 1, "call_1_1")
+    [real] = await waiting(turn)
+    forged = PendingCall(
+        call_id="call_9_9", name="local__deploy", arguments={}, since=datetime.now(UTC)
+    )
+    for signal_args in (
+        [
+            ChildApprovals(
+                turn_id="someone-else", calls=[forged.model_copy(update={"turn_id": "x"})]
+            )
+        ],
+        [ChildApprovals(turn_id=child, calls=[forged.model_copy(update={"turn_id": "elsewhere"})])],
+        [{"turn_id": child, "calls": "not a list"}],
+        [],
+    ):
+        await turn.handle.signal(CHILD_APPROVALS_SIGNAL, args=signal_args)
+    # Signals are taken in order: once a later query answers, all four have been handled.
+    assert await turn.pending_approvals() == [real]
+    await turn.decide("call_1_1", True, by="alice")
+    result = await turn.result()
+    assert result.final is not None and result.final.text == "deployed api"
+
+
+async def test_a_client_cannot_start_a_turn_deeper_than_the_workers_limit(h: Harness) -> None:
+    """``TurnInput.depth`` is the client's to set: it can only bring the limit nearer."""
+    turn = await h.start("hello", agent="ops", depth=6)
+    with pytest.raises(WorkflowFailureError) as failed:
+        await turn.result()
+    # The turn failed in prepare_turn, with the worker's refusal as the activity's cause.
+    refusal = failed.value.cause.cause if failed.value.cause else None
+    assert isinstance(refusal, ApplicationError) and refusal.type == "AgentDepthExceeded"
+    assert "max_agent_depth (5)" in refusal.message
