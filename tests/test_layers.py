@@ -95,6 +95,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 
 # The workflow code's modules from the bottom up: each imports only modules listed before it.
 WORKFLOW_MODULES = [
+    "compact",
     "messages",
     "conversation",
     "metrics",

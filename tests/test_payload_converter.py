@@ -16,8 +16,10 @@ from turnkeep.payloads.codec import EncryptionCodec, EncryptionNotConfiguredErro
 from turnkeep.payloads.composition import data_converter
 from turnkeep.payloads.converter import _STORING_JSON
 from turnkeep.payloads.storage import external_storage
+from turnkeep.workflows.activity_io import PrepareTurnRequest
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.model_io import LlmStepRequest
+from turnkeep.workflows.turn_io import TurnOverrides
 
 STEP = LlmStepRequest(
     agent="a", model="m", call_index=1, workflow_id="w", run_id="r", digest="d" * 64
@@ -27,10 +29,26 @@ STEP = LlmStepRequest(
 def test_payloads_are_what_temporals_pydantic_converter_writes() -> None:
     mine = data_converter(None).payload_converter
     theirs = pydantic_data_converter.payload_converter
-    for value in (STEP, Message.user("hi"), {"plain": [1, 2]}, None, b"bytes"):
+    for value in (STEP, {"plain": [1, 2]}, None, b"bytes"):
         assert mine.to_payloads([value]) == theirs.to_payloads([value])
     [payload] = mine.to_payloads([STEP])
     assert mine.from_payloads([payload], [LlmStepRequest]) == [STEP]
+
+
+def test_what_a_payload_leaves_out_reading_it_back_restores() -> None:
+    """A model call's answer and the activities' compact models leave out their unset fields
+    and defaults, in every turn's history; Temporal's own converter reads them back whole."""
+    mine = data_converter(None).payload_converter
+    theirs = pydantic_data_converter.payload_converter
+    request = PrepareTurnRequest(agent="a", overrides=TurnOverrides(temperature=0.5))
+    for value in (Message.assistant("hi"), request):
+        [compact] = mine.to_payloads([value])
+        [full] = theirs.to_payloads([value])
+        assert len(compact.data) < len(full.data)
+        assert theirs.from_payloads([compact], [type(value)]) == [value]
+    assert mine.to_payloads([request])[0].data == b'{"agent":"a","overrides":{"temperature":0.5}}'
+    # Dumped for anything but a payload (a client's JSON), every field is there.
+    assert "depth" in request.model_dump_json()
 
 
 def test_derived_converters_share_one_adapter_cache(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ from turnkeep.payloads.codec import EncryptedPayloadRefusal, refuse_encrypted
 from turnkeep.payloads.conversations import ConversationCodec
 from turnkeep.support.sdk_private import DecodeStage, DecodingStages, decoding_outside_commands
 from turnkeep.workflows.conversation import STORE_CONTEXT
+from turnkeep.workflows.messages import Message, message_json
 
 UNDECODABLE = b"binary/turnkeep-undecodable"
 ERROR_TYPE = "turnkeep-error-type"
@@ -84,7 +85,10 @@ class _JSONConverter(PydanticJSONPlainPayloadConverter):
         self._context = {STORE_CONTEXT: stores_conversations}
 
     def to_payload(self, value: Any) -> Payload | None:
-        data = pydantic_core.to_json(value, context=self._context)
+        if isinstance(value, Message):  # a model call's answer, in every turn's history
+            data = message_json(value).encode()
+        else:
+            data = pydantic_core.to_json(value, context=self._context)
         return Payload(metadata={"encoding": self.encoding.encode()}, data=data)
 
     def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from turnkeep.workflows.approval import ApprovalPlan
+from turnkeep.workflows.compact import Compact
 from turnkeep.workflows.messages import CallToolResult, Message, StopReason
 from turnkeep.workflows.turn_io import TurnOverrides, Usage
 
@@ -20,7 +21,7 @@ RUN_HOOK = "run_hook"
 COMPACT_HISTORY = "compact_history"
 
 
-class Timeouts(BaseModel):
+class Timeouts(Compact):
     """How long one kind of activity may take, and how it is retried."""
 
     start_to_close: float  # seconds
@@ -31,7 +32,7 @@ class Timeouts(BaseModel):
     max_interval: float = 30.0
 
 
-class PrepareTurnRequest(BaseModel):
+class PrepareTurnRequest(Compact):
     agent: str
     overrides: TurnOverrides
     depth: int = 0  # `TurnInput.depth`: checked against the worker's `max_agent_depth`
@@ -47,7 +48,7 @@ class HookPoint(StrEnum):
     AFTER_TURN_COMPLETE = "after_turn_complete"
 
 
-class CompactionPlan(BaseModel):
+class CompactionPlan(Compact):
     threshold_tokens: int  # compact when the estimated context reaches this
     keep_exchanges: int  # assistant exchanges kept verbatim besides the pending one
 
@@ -62,7 +63,7 @@ DEFAULT_CONTINUE_AS_NEW_BYTES = 8 * 1024 * 1024
 DEFAULT_CONTINUE_AS_NEW_EVENTS = 8_000
 
 
-class ContinueAsNewPlan(BaseModel):
+class ContinueAsNewPlan(Compact):
     """When a run of the turn hands over to a fresh one (continue-as-new), between two steps."""
 
     # Continue once this run's history reaches either size; None leaves that measure out.
@@ -77,7 +78,7 @@ class ContinueAsNewPlan(BaseModel):
     max_carried_bytes: int | None = None
 
 
-class VisibilityPlan(BaseModel):
+class VisibilityPlan(Compact):
     """What the turn publishes for operators beyond activity summaries
     (``turnkeep.workflows.visibility``): decided by the worker that prepared the turn and
     recorded with the plan, so the commands it implies replay identically."""
@@ -93,7 +94,7 @@ class VisibilityPlan(BaseModel):
 TOOL_SEPARATOR = "__"
 
 
-class ToolSpec(BaseModel):
+class ToolSpec(Compact):
     name: str  # namespaced: server__tool
     description: str | None = None
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
@@ -103,7 +104,7 @@ class ToolSpec(BaseModel):
 AGENT_TOOL_PREFIX = "agent__"
 
 
-class AgentTool(BaseModel):
+class AgentTool(Compact):
     """An agent that another agent's model may call as a tool: a call runs its turn as a child
     workflow, on the agent's own task queue."""
 
@@ -112,7 +113,7 @@ class AgentTool(BaseModel):
     task_queue: str
 
 
-class TeamPlan(BaseModel):
+class TeamPlan(Compact):
     """A workflow agent's steps (fast-agent's workflow agents), each run as a child turn."""
 
     kind: Literal[
@@ -141,7 +142,7 @@ class TeamPlan(BaseModel):
     plan_iterations: int = 5
 
 
-class TurnPlan(BaseModel):
+class TurnPlan(Compact):
     """The agent's settings with the turn's allowed overrides applied, resolved once on a worker
     and recorded in history, so the workflow itself never reads configuration."""
 
@@ -185,7 +186,7 @@ class TurnPlan(BaseModel):
         return self.tool_task_queues.get(tool.partition(TOOL_SEPARATOR)[0])
 
 
-class ToolsRequest(BaseModel):
+class ToolsRequest(Compact):
     agent: str
     # Which of the agent's servers to list (those on the task queue it was sent to); None: all.
     servers: list[str] | None = None
@@ -195,7 +196,7 @@ class ToolCatalog(BaseModel):
     tools: list[ToolSpec]
 
 
-class ToolCallRequest(BaseModel):
+class ToolCallRequest(Compact):
     agent: str
     call_id: str
     name: str  # namespaced

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from turnkeep.workflows.compact import Compact
 from turnkeep.workflows.messages import CallToolResult
 
 # The update a person's decision arrives by, and the query listing what waits.
@@ -43,7 +44,7 @@ _BY_MAX_CHARS = 200
 _REASON_MAX_CHARS = 2000
 
 
-class ApprovalPlan(BaseModel):
+class ApprovalPlan(Compact):
     """An agent's approval rules, resolved by ``prepare_turn`` into the turn's plan."""
 
     tools: list[str] = Field(default_factory=list)  # fnmatch patterns on `server__tool`

@@ -139,6 +139,12 @@ def compact_message(data: dict[str, Any]) -> None:
             del data[name]
 
 
+def message_json(message: Message) -> str:
+    """A message's JSON as a payload holds it, its unset fields left out (``compact_message``)."""
+    unset = {name for name in _UNSET_WHEN_NONE if getattr(message, name) is None}
+    return message.model_dump_json(exclude=unset)
+
+
 def joined_text(blocks: list[ContentBlock]) -> str:
     return "\n".join(block.text for block in blocks if isinstance(block, TextContent))
 

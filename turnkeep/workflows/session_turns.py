@@ -23,7 +23,7 @@ from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 
 from turnkeep.workflows.conversation import ConversationRef
-from turnkeep.workflows.messages import Message
+from turnkeep.workflows.messages import Message, message_json
 from turnkeep.workflows.turn_io import HistoryChange, TurnResult, Usage
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -61,7 +61,7 @@ class ConversationJson:
         """A ``TurnInput`` for ``agent`` answering ``messages`` after the conversation: by
         reference when it is stored (``ref``; the data converter expands it), else
         ``history`` itself. As the payload the converter would write for it."""
-        new = ",".join(m.model_dump_json() for m in messages)
+        new = ",".join(message_json(m) for m in messages)
         if ref is not None:
             marker = json.dumps(ref.sibling_marker("history_ref"), separators=(",", ":"))
             text = (
@@ -86,7 +86,7 @@ class ConversationJson:
         if not grew:
             self._messages, self._json, kept = [], [], 0
         self._messages.extend(history[kept:])
-        self._json.extend(m.model_dump_json() for m in history[kept:])
+        self._json.extend(message_json(m) for m in history[kept:])
 
 
 def take_in(history: list[Message], outcome: TurnOutcome, full: RawValue) -> list[Message]:

@@ -20,6 +20,7 @@ from pydantic import (
 from temporalio.exceptions import CancelledError
 
 from turnkeep.workflows.approval import DecisionRecord
+from turnkeep.workflows.compact import Compact
 from turnkeep.workflows.conversation import ConversationRef, Segment, stores
 from turnkeep.workflows.messages import Message, StopReason, compact_message
 
@@ -53,7 +54,7 @@ def _bare_text_is_a_user_message(value: Any) -> Any:
 InputMessage = Annotated[Message, BeforeValidator(_bare_text_is_a_user_message)]
 
 
-class TurnOverrides(BaseModel):
+class TurnOverrides(Compact):
     """Per-turn settings; the worker applies only those the agent's config allows."""
 
     model_config = ConfigDict(extra="forbid")
