@@ -13,13 +13,14 @@ reaches) it reports:
 Targets: history + stored ≤ 2× the conversation + 10 KB per turn, and the growth exponent
 of history + stored between the first and the last checkpoint ≤ 1.1 (a session of twice the
 turns costs at most 2.14× the bytes). Also the replay of the session's last complete run, out
-of any cache, per turn in it.
+of any cache, per turn in it (the median of five replays).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 import uuid
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ FACTOR = 2.0
 PER_TURN_BYTES = 10 * 1024
 EXPONENT_MAX = 1.1
 REPLAY_MS_MAX = 5.0
+REPLAYS = 5
 SIZE_TARGET = f"history + stored ≤ {FACTOR:g}× the conversation + 10 KB per turn"
 GROWTH_TARGET = f"growth of history + stored with the session's turns: exponent ≤ {EXPONENT_MAX}"
 REPLAY_TARGET = f"replaying a session run out of cache ≤ {REPLAY_MS_MAX:g} ms per turn in it"
@@ -144,9 +146,14 @@ async def _replay(
     history = WorkflowHistory(session_id, run)
     replayer = Replayer(workflows=[], plugins=[replay_plugin(settings)])
     await replayer.replay_workflow(history)  # warm: imports, the sandbox
-    started = time.perf_counter()
-    await replayer.replay_workflow(history)
-    return (time.perf_counter() - started) * 1000 / max(turns, 1), turns
+    # The median of several: a worker replays runs all day, and one replay on a shared
+    # machine can meet its neighbour's burst.
+    times = []
+    for _ in range(REPLAYS):
+        started = time.perf_counter()
+        await replayer.replay_workflow(history)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000 / max(turns, 1), turns
 
 
 async def growth(env: Environment, kind: str, turns: int) -> Growth:

@@ -19,6 +19,7 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
 )
@@ -59,6 +60,9 @@ _RETRYABLE_QUERY = (
     RPCStatusCode.UNAVAILABLE,
     RPCStatusCode.CANCELLED,
 )
+# A query that reached a worker too starved of CPU to answer in time: its workflow code did
+# not yield within the SDK's deadlock timeout (the SDK's error code). The next ask is answered.
+_DEADLOCK_DETECTED = "[TMPRL1101]"
 
 
 # How long a follower waits between two looks that brought no news: the first wait short, as
@@ -107,6 +111,9 @@ async def poll_query(
                 # as many queries as it buffers while the workflow's task runs: ask again.
                 if err.status not in (*_RETRYABLE_QUERY, RPCStatusCode.RESOURCE_EXHAUSTED):
                     raise
+            except WorkflowQueryFailedError as err:
+                if not _starved(err):
+                    raise
             else:
                 if until(answer):
                     return answer
@@ -128,15 +135,16 @@ async def query_retrying(
     while True:
         try:
             return await handle.query(query, arg, reject_condition=reject_condition)
-        except RPCError as err:
+        except (RPCError, WorkflowQueryFailedError) as err:
             task = asyncio.current_task()
-            if (
-                err.status not in _RETRYABLE_QUERY
-                or attempt >= _QUERY_ATTEMPTS
-                or (task is not None and task.cancelling())
-            ):
+            again = err.status in _RETRYABLE_QUERY if isinstance(err, RPCError) else _starved(err)
+            if not again or attempt >= _QUERY_ATTEMPTS or (task is not None and task.cancelling()):
                 raise
             attempt += 1
+
+
+def _starved(err: WorkflowQueryFailedError) -> bool:
+    return str(err).startswith(_DEADLOCK_DETECTED)
 
 
 def summarize(turn: TurnInput, limit: int = 120) -> str:

@@ -1,0 +1,65 @@
+"""A follower's query that reached a worker too starved of CPU to answer in time (the SDK's
+deadlock detector failed it: ``[TMPRL1101] Potential deadlock detected``) is asked again, not
+raised to the follower, by ``poll_query`` and ``query_retrying`` alike; any other failed query
+is raised at once.
+
+A real worker cannot be starved on purpose without leaving it unable to evict the workflow
+(the SDK then hangs its shutdown), so the handle here is a stand-in that fails as the client
+does: with the ``WorkflowQueryFailedError`` the SDK raises for that server answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowExecutionStatus, WorkflowQueryFailedError
+
+from turnkeep.client.turns import poll_query, query_retrying
+
+STARVED = "[TMPRL1101] Potential deadlock detected: workflow didn't yield within 2 second(s)."
+
+
+@dataclass
+class _Described:
+    status: WorkflowExecutionStatus = WorkflowExecutionStatus.RUNNING
+    history_length: int = 0
+
+
+@dataclass
+class _Handle:
+    failures: list[str]
+    asked: int = 0
+    length: int = field(default=0)
+    run_id: str | None = None
+
+    async def describe(self) -> _Described:
+        self.length += 1  # every look sees news
+        return _Described(history_length=self.length)
+
+    async def query(self, *args: Any, **kwargs: Any) -> int:
+        self.asked += 1
+        if self.failures:
+            raise WorkflowQueryFailedError(self.failures.pop(0))
+        return 7
+
+
+async def test_a_starved_worker_is_asked_again() -> None:
+    handle = _Handle([STARVED])
+    assert await query_retrying(handle, "q", None) == 7  # type: ignore[arg-type]
+    assert handle.asked == 2
+    handle = _Handle([STARVED, STARVED])
+    found: int | None = await poll_query(handle, "q", lambda n: n == 7)  # type: ignore[arg-type]
+    assert found == 7
+    assert handle.asked == 3
+
+
+async def test_a_query_that_failed_otherwise_is_raised() -> None:
+    for ask in (
+        lambda h: query_retrying(h, "q", None),
+        lambda h: poll_query(h, "q", lambda n: True),
+    ):
+        handle = _Handle(["no such query: q"])
+        with pytest.raises(WorkflowQueryFailedError, match="no such query"):
+            await ask(handle)
+        assert handle.asked == 1
