@@ -13,19 +13,23 @@ last message), so a slow reader never makes the gateway hold more.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowQueryFailedError,
+)
 from temporalio.service import RPCError
 
 from turnkeep.client.live import MessageEvent, Restarted, StreamEvent, TextDelta, ToolCallStart
 from turnkeep.client.sessions import get_session
-from turnkeep.client.turns import get_turn
+from turnkeep.client.turns import get_turn, query_retrying
 from turnkeep.doors.gateway.access import Kind
 from turnkeep.doors.gateway.models import (
     ApprovalData,
@@ -37,6 +41,7 @@ from turnkeep.doors.gateway.models import (
 )
 from turnkeep.workflows import visibility
 from turnkeep.workflows.approval import PendingCall
+from turnkeep.workflows.session_workflow import SessionWorkflow
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +115,10 @@ class Feed:
     watchers: set[Watcher] = field(default_factory=set)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     idle: asyncio.TimerHandle | None = None
-    turns: list[tuple[int, str]] = field(default_factory=list)  # (start, turn id) seen
+    # A session's turns that have ended: (turn number, where it ends in the transcript).
+    turn_ends: list[tuple[int, int]] = field(default_factory=list)
+    ended_upto: int = 0
+    next_turn: int = 1
     waiting_turn: str | None = None  # the turn the last approval event was about
 
     def publish(self, event: Event) -> None:
@@ -135,12 +143,6 @@ class Feed:
         if self.end is not None:
             events.append(self.end)
         return events
-
-    def turn_of(self, index: int) -> str | None:
-        for start, turn_id in reversed(self.turns):
-            if start <= index:
-                return turn_id
-        return None
 
 
 class TooManyWatchers(Exception):
@@ -274,10 +276,12 @@ class Hub:
             if not feed.watchers:
                 self._idle(feed)
 
-    def _publish_stream_event(self, feed: Feed, event: StreamEvent) -> None:
+    def _publish_stream_event(
+        self, feed: Feed, event: StreamEvent, turn_id: str | None = None
+    ) -> None:
         count = len(feed.messages)
         if isinstance(event, MessageEvent):
-            turn_id = feed.workflow_id if feed.kind == "turn" else feed.turn_of(count)
+            turn_id = feed.workflow_id if feed.kind == "turn" else turn_id
             data = MessageData(index=count, message=event.message, turn_id=turn_id)
             feed.publish(
                 Event(
@@ -304,22 +308,35 @@ class Hub:
     async def _follow_session(self, feed: Feed) -> None:
         session = get_session(self.client, feed.workflow_id)
         async for event in session.stream(0):
+            turn_id = None
             if isinstance(event, MessageEvent):
-                await self._session_turn(feed)
-            self._publish_stream_event(feed, event)
+                turn_id = await self._session_turn(feed, len(feed.messages))
+            self._publish_stream_event(feed, event, turn_id)
         described = await session.handle.describe()
         self._end(feed, _status_name(described.status), None)
 
-    async def _session_turn(self, feed: Feed) -> None:
-        """The session's running turn as a message comes (for its ``turn_id``): one query per
-        message of the feed, not per watcher."""
+    async def _session_turn(self, feed: Feed, index: int) -> str | None:
+        """The turn of the session's message ``index``: an ended turn's by where each ended
+        (asked once per turn), else the running turn's. Asked once per message of the feed,
+        not per watcher."""
         session = get_session(self.client, feed.workflow_id)
-        with contextlib.suppress(RPCError):
+        try:
+            while feed.ended_upto <= index:
+                end = await query_retrying(session.handle, SessionWorkflow.turn_end, feed.next_turn)
+                if end is None:
+                    break  # not ended yet
+                feed.turn_ends.append((feed.next_turn, end))
+                feed.ended_upto = end
+                feed.next_turn += 1
+            for turn, end in feed.turn_ends:
+                if index < end:
+                    return f"{feed.workflow_id}/turn-{turn}"
             progress = await session.progress()
-            if progress.turn is not None and (
-                not feed.turns or feed.turns[-1][1] != progress.turn.workflow_id
-            ):
-                feed.turns.append((progress.turn.start, progress.turn.workflow_id))
+        except (RPCError, WorkflowQueryFailedError):
+            return None
+        if progress.turn is not None and progress.turn.start <= index:
+            return progress.turn.workflow_id
+        return None
 
     def _end(self, feed: Feed, status: str, error: str | None) -> None:
         if feed.approval is not None and feed.approval.waiting and feed.waiting_turn:
@@ -388,11 +405,7 @@ class Hub:
             progress = await session.progress()
         except RPCError:
             return None
-        if progress.turn is None:
-            return None
-        if not feed.turns or feed.turns[-1][1] != progress.turn.workflow_id:
-            feed.turns.append((progress.turn.start, progress.turn.workflow_id))
-        return progress.turn.workflow_id
+        return progress.turn.workflow_id if progress.turn is not None else None
 
 
 _STATUS = {
@@ -418,11 +431,19 @@ async def turn_outcome(client: Client, turn_id: str) -> tuple[str, str | None]:
     status = _status_name(described.status)
     if status in ("running", "completed"):
         return status, None
+    if status != "failed":
+        return status, _ENDED[status]
     try:
         await handle.result()
     except WorkflowFailureError as err:
-        cause = err.cause
-        return status, " ".join(str(cause or err).split()) or status
+        return status, " ".join(str(err.cause or err).split()) or "the turn failed"
     except Exception as err:
-        return status, type(err).__name__
+        return status, f"the turn failed: {type(err).__name__}"
     return status, None
+
+
+_ENDED = {
+    "cancelled": "the turn was cancelled",
+    "terminated": "the turn was terminated",
+    "timed_out": "the turn timed out",
+}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
+import sys
 from typing import Any
 
 from pydantic import BaseModel
@@ -263,3 +265,12 @@ def _document() -> dict[str, Any]:
 def openapi_document() -> dict[str, Any]:
     """The document (a fresh copy: callers may change theirs)."""
     return copy.deepcopy(_document())
+
+
+def render() -> str:
+    """The document as docs/serving/openapi.json holds it."""
+    return json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":  # python -m turnkeep.doors.gateway.openapi > docs/serving/openapi.json
+    sys.stdout.write(render())
