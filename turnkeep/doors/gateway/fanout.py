@@ -170,31 +170,39 @@ class Hub:
     def watch(self, kind: Kind, workflow_id: str, start: int) -> AsyncIterator[bytes]:
         """The events of the turn or session from message index ``start`` on, as encoded
         frames, until its end (or until the watcher falls behind). Raises
-        ``TooManyWatchers`` at the gateway's limit. Subscribes at once, so no event published
-        after this call is missed."""
+        ``TooManyWatchers`` at the gateway's limit.
+
+        The watcher subscribes when the stream is first read: a response never sent (its
+        client gone first) leaves nothing behind. It misses nothing meanwhile: the feed keeps
+        every message, the live text since the last, and the last approval and end."""
         if self.watching >= self.max_watchers:
             raise TooManyWatchers()
+        self._feed(kind, workflow_id)
+        return self._events(kind, workflow_id, start)
+
+    def _feed(self, kind: Kind, workflow_id: str) -> Feed:
         feed = self.feeds.get((kind, workflow_id))
         if feed is None:
             feed = self._open(kind, workflow_id)
+            self._idle(feed)  # until its first watcher comes
+        return feed
+
+    async def _events(self, kind: Kind, workflow_id: str, start: int) -> AsyncIterator[bytes]:
+        feed = self._feed(kind, workflow_id)
         if feed.idle is not None:
             feed.idle.cancel()
             feed.idle = None
         watcher = Watcher(start, self.buffer)
         backlog = feed.backlog(start)
-        if feed.end is None:
+        ended = feed.end is not None  # the backlog ends with it
+        if not ended:
             feed.watchers.add(watcher)
         self.watching += 1
-        return self._events(feed, watcher, backlog)
-
-    async def _events(
-        self, feed: Feed, watcher: Watcher, backlog: list[Event]
-    ) -> AsyncIterator[bytes]:
         try:
             for event in backlog:
                 if watcher.wants(event):
                     yield event.frame
-            if feed.end is not None and feed.end in backlog:
+            if ended:
                 return
             while True:
                 event = await watcher.queue.get()
