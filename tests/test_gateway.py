@@ -385,17 +385,37 @@ async def has_workflows(h: Harness, count: int) -> bool:
     return (await h.client.count_workflows(query)).count == count
 
 
-async def test_requests_past_the_rate_limit_get_429(harness: HarnessFactory) -> None:
+async def test_rate_limits_and_cors(harness: HarnessFactory) -> None:
+    page = "https://app.example.com"
     async with (
         harness({"local": [blocked]}, **PASSTHROUGH) as h,
-        gateway(h, rate_limit={"per_second": 0.5, "burst": 3}) as http,
+        gateway(h, rate_limit={"per_second": 0.5, "burst": 3}, cors_origins=[page]) as http,
     ):
         codes = [
             (await http.get("/api/agents", headers=bearer(READER))).status_code for _ in range(5)
         ]
         assert codes[:3] == [200, 200, 200] and codes[3:] == [429, 429]
+        limited = await http.get("/api/agents", headers=bearer(READER))
+        assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
         # Another key has its own bucket.
         assert (await http.get("/api/agents", headers=bearer(OTHER))).status_code == 200
+
+        async def preflight(origin: str) -> httpx2.Response:
+            return await http.options(
+                "/api/turns",
+                headers={
+                    "origin": origin,
+                    "access-control-request-method": "POST",
+                    "access-control-request-headers": "authorization, content-type",
+                },
+            )
+
+        allowed = await preflight(page)
+        assert allowed.headers["access-control-allow-origin"] == page
+        refused = await preflight("https://evil.example.com")
+        assert "access-control-allow-origin" not in refused.headers
+        answer = await http.get("/api/agents", headers={**bearer(OTHER), "origin": page})
+        assert answer.headers["access-control-allow-origin"] == page
 
 
 async def test_the_openapi_document_served_is_the_one_in_the_docs(
