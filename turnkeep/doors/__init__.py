@@ -1,2 +1,3 @@
-"""turnkeep's front doors: thin layers over the client API that serve agents to callers who do
-not hold a Temporal client (HTTP, MCP, A2A, a web page)."""
+"""The front doors: ways in to turnkeep's agents for callers that hold no Temporal client (an
+HTTP gateway, and what is built over it). Each is a thin layer over the client API
+(``turnkeep.client``), never a second implementation of a turn."""
