@@ -9,7 +9,6 @@ import contextlib
 import re
 import threading
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -209,9 +208,7 @@ async def test_approvals_decided_on_the_page_reach_the_turn(
 async def test_a_reload_resumes_the_chat(
     harness: HarnessFactory, fake: FakeModelApi, browser: BrowserContext
 ) -> None:
-    fake.script(
-        Reply.text("The first answer."), Reply.text("The second answer."), api="openai"
-    )
+    fake.script(Reply.text("The first answer."), Reply.text("The second answer."), api="openai")
     async with page_on_gateway(harness, fake, browser) as (_h, page):
         await new_chat(page)
         await send(page, "First question.")

@@ -392,6 +392,12 @@ function element(tag, className, text) {
   return node;
 }
 
+// Arguments on one line when they are short, indented when they are not.
+function argumentsText(value) {
+  const compact = JSON.stringify(value || {});
+  return compact.length <= 80 ? compact : JSON.stringify(value, null, 2);
+}
+
 function textOf(blocks) {
   return (blocks || [])
     .filter((block) => block.type === "text")
@@ -440,7 +446,7 @@ function renderMessage(message) {
     const head = element("div", "tool-head");
     head.append(element("span", "label", "Tool call "), element("strong", "", call.name), " ");
     head.append(element("code", "call-id", callId));
-    box.append(head, element("pre", "arguments", JSON.stringify(call.arguments || {}, null, 2)));
+    box.append(head, element("pre", "arguments", argumentsText(call.arguments)));
     item.append(box);
   }
   for (const [callId, result] of results) {
@@ -582,8 +588,7 @@ function approvalItem(turnId, call) {
   item.querySelector(".tool").textContent = call.name;
   item.querySelector(".call-id").textContent = call.call_id;
   if (call.agent) item.querySelector(".agent").textContent = `in agent ${call.agent}`;
-  const args = JSON.stringify(call.arguments || {}, null, 2);
-  item.querySelector(".arguments").textContent = args;
+  item.querySelector(".arguments").textContent = argumentsText(call.arguments);
   item.setAttribute("aria-label", `${call.name} waits for approval`);
   const form = item.querySelector("form");
   const editor = item.querySelector(".editor");
@@ -597,7 +602,7 @@ function approvalItem(turnId, call) {
   ]) {
     field.id = `${name}-${call.call_id}`;
   }
-  edited.value = args;
+  edited.value = JSON.stringify(call.arguments || {}, null, 2);
   editButton.addEventListener("click", () => {
     editor.hidden = !editor.hidden;
     editButton.setAttribute("aria-expanded", String(!editor.hidden));
