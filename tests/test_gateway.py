@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 
 from tests.conftest import Harness, HarnessFactory, eventually, write_script
 from turnkeep.doors.gateway import gateway_app
+from turnkeep.doors.gateway.fanout import Event, Watcher
 from turnkeep.doors.gateway.openapi import openapi_document
 from turnkeep.support.asgi import AsgiServer, bind, http_url
 from turnkeep.testing.fake_api import Answer, FakeModelApi
@@ -400,3 +401,12 @@ async def test_the_openapi_document_served_is_the_one_in_the_docs(
         "docs/serving/openapi.json is stale: "
         "python -m turnkeep.doors.gateway.openapi > docs/serving/openapi.json"
     )
+
+
+async def test_a_watcher_too_far_behind_is_let_go_not_buffered() -> None:
+    watcher = Watcher(0, buffer=16)
+    for i in range(1000):
+        watcher.offer(Event(kind="message", frame=b"x", index=i, count=i))
+    # It holds one marker, not the thousand events: its stream ends, and the client resumes
+    # from the last message it got.
+    assert watcher.dropped and watcher.queue.qsize() == 1

@@ -13,7 +13,6 @@ from typing import Any
 from urllib.parse import quote
 
 from pydantic import BaseModel
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
@@ -45,6 +44,7 @@ from turnkeep.doors.gateway.models import (
     TurnStarted,
     TurnState,
 )
+from turnkeep.doors.gateway.sse import EventStream
 from turnkeep.workflows import visibility
 from turnkeep.workflows.approval import PendingCall
 from turnkeep.workflows.messages import Message
@@ -375,7 +375,7 @@ async def close_session(request: Request) -> Response:
 async def _stream(request: Request, kind: Any, workflow_id: str) -> Response:
     gw = _gateway(request)
     start = _start(request)
-    await gw.access.workflow(gw.key(request), kind, workflow_id)
+    await gw.access.workflow(gw.key(request), kind, workflow_id, recent=True)
     try:
         events = gw.hub.watch(kind, workflow_id, start)
     except TooManyWatchers:
@@ -384,11 +384,7 @@ async def _stream(request: Request, kind: Any, workflow_id: str) -> Response:
             "the gateway serves as many event streams as it may; try again later",
             headers={"retry-after": "5"},
         ) from None
-    return EventSourceResponse(
-        events,
-        ping=15,
-        headers={"cache-control": "no-store", "x-accel-buffering": "no"},
-    )
+    return EventStream(events)  # type: ignore[return-value]
 
 
 def error_response(err: ApiError) -> JSONResponse:
