@@ -163,8 +163,9 @@ async def test_approvals_decided_on_the_page_reach_the_turn(
         waiting = page.get_by_role("region", name="Waiting for your approval")
         denied = waiting.get_by_role("listitem").filter(has_text="call_deny")
         edited = waiting.get_by_role("listitem").filter(has_text="call_edit")
-        await expect(denied).to_contain_text('"b": 1')
-        await expect(edited).to_contain_text('"b": 2')
+        # Each with the model's arguments.
+        await expect(denied.locator(".arguments")).to_have_text('{"a":1,"b":1}')
+        await expect(edited.locator(".arguments")).to_have_text('{"a":1,"b":2}')
 
         await denied.get_by_label("Reason (optional)").fill("one is enough")
         await denied.get_by_role("button", name="Deny").click()
