@@ -550,7 +550,7 @@ $("composer").addEventListener("submit", async (event) => {
     if (state.pendingUser === pending) state.pendingUser = null;
     showAlert(`Could not send: ${error.message}`);
   } finally {
-    $("send").disabled = !state.session.open;
+    $("send").disabled = !(state.session && state.session.open);
     input.focus();
   }
 });
