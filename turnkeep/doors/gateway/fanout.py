@@ -52,6 +52,7 @@ LINGER_SECONDS = 10.0
 # How often the approval watcher looks at the turn (a describe, answered by the server alone;
 # it asks the worker only once the history has grown).
 APPROVAL_POLL_SECONDS = 0.25
+APPROVAL_POLL_MAX = 1.0
 # A comment line to every watcher this often, so proxies and clients keep idle streams open.
 PING_SECONDS = 15.0
 _PING = b": ping\r\n\r\n"
@@ -368,24 +369,39 @@ class Hub:
         shown: list[PendingCall] = []  # what was last published for feed.waiting_turn
         asked: tuple[str, int] | None = None  # the turn and history length last asked at
         pinged = time.monotonic()
+        delay = APPROVAL_POLL_SECONDS
+        running: tuple[int, str | None] | None = None  # a session's history length, its turn
         while feed.end is None:
-            await asyncio.sleep(APPROVAL_POLL_SECONDS)
+            await asyncio.sleep(delay)
             if time.monotonic() - pinged >= PING_SECONDS:
                 feed.publish(Event(kind="ping", frame=_PING))
                 pinged = time.monotonic()
-            turn_id = feed.workflow_id if feed.kind == "turn" else await self._running_turn(feed)
+            moved = False
+            if feed.kind == "turn":
+                turn_id: str | None = feed.workflow_id
+            else:
+                try:
+                    now = await self._running_turn(feed, running)
+                except (RPCError, WorkflowQueryFailedError):
+                    continue
+                moved, running = now != running, now
+                turn_id = running[1]
             if feed.waiting_turn not in (None, turn_id) and shown:
                 # The turn that waited has ended (a session's next turn runs): none waits there.
                 self._publish_approval(feed, feed.waiting_turn, [])
                 shown = []
-            if turn_id is None:
-                continue
-            was_waiting = feed.waiting_turn == turn_id and bool(shown)
-            try:
-                calls, asked = await self._waiting(turn_id, was_waiting, asked)
-            except RPCError:
-                continue  # asked again at the next look
-            if calls is None:
+            calls: list[PendingCall] | None = None
+            if turn_id is not None:
+                was_waiting = feed.waiting_turn == turn_id and bool(shown)
+                try:
+                    calls, now_asked = await self._waiting(turn_id, was_waiting, asked)
+                except (RPCError, WorkflowQueryFailedError):
+                    continue  # asked again at the next look
+                moved, asked = moved or now_asked != asked, now_asked
+            # Looked at more seldom while nothing happens (a turn waiting for a person, an
+            # idle session), at once again when something does.
+            delay = APPROVAL_POLL_SECONDS if moved else min(delay * 2, APPROVAL_POLL_MAX)
+            if calls is None or turn_id is None:
                 continue
             if feed.waiting_turn != turn_id:
                 feed.waiting_turn, shown = turn_id, []
@@ -418,15 +434,20 @@ class Hub:
             return [], (turn_id, length)
         return await handle.pending_approvals(), (turn_id, length)
 
-    async def _running_turn(self, feed: Feed) -> str | None:
-        if feed.end is not None:
-            return None
+    async def _running_turn(
+        self, feed: Feed, known: tuple[int, str | None] | None
+    ) -> tuple[int, str | None]:
+        """The session's history length and its running turn, asked of the session (a query,
+        which its worker answers) only once its history has grown since ``known``."""
         session = get_session(self.client, feed.workflow_id)
-        try:
-            progress = await session.progress()
-        except RPCError:
-            return None
-        return progress.turn.workflow_id if progress.turn is not None else None
+        described = await session.handle.describe()
+        if known is not None and described.history_length == known[0]:
+            return known
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            return described.history_length, None
+        progress = await session.progress()
+        turn = progress.turn.workflow_id if progress.turn is not None else None
+        return described.history_length, turn
 
 
 _STATUS = {

@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
@@ -26,7 +26,7 @@ from turnkeep.doors.gateway.access import Access
 from turnkeep.doors.gateway.auth import ALL_AGENTS, ApiKey
 from turnkeep.doors.gateway.errors import ApiError
 from turnkeep.doors.gateway.fanout import Hub, TooManyWatchers, turn_outcome
-from turnkeep.doors.gateway.limits import read_json
+from turnkeep.doors.gateway.limits import describe, read_json
 from turnkeep.doors.gateway.models import (
     AgentInfo,
     AgentList,
@@ -136,7 +136,10 @@ async def post_turn(request: Request) -> Response:
     key = gw.key(request)
     body = await read_json(request, StartTurn, gw.max_body)
     gw.access.agent(key, body.agent)
-    turn = TurnInput(agent=body.agent, messages=[body.prompt])
+    try:
+        turn = TurnInput.model_validate({"agent": body.agent, "messages": [body.prompt]})
+    except ValidationError as err:  # what the turn itself refuses (a prompt too long, say)
+        raise ApiError(422, describe(err).replace("messages.0", "prompt")) from None
     handle = await start_turn(
         gw.client,
         turn,
