@@ -213,11 +213,20 @@ async def test_approvals_decided_on_the_page_reach_the_turn(
 async def test_a_reload_resumes_the_chat(
     harness: HarnessFactory, fake: FakeModelApi, browser: BrowserContext
 ) -> None:
-    fake.script(Reply.text("The first answer."), Reply.text("The second answer."), api="openai")
+    """Reloaded while a call waits: the transcript so far and the waiting call come back, the
+    call is approved from the reloaded page, and the chat goes on."""
+    fake.script(
+        Reply.tool_calls(("call_sum", "local__add", {"a": 2, "b": 2}), text="Adding them up."),
+        Reply.text("The first answer: 4."),
+        Reply.text("The second answer."),
+        api="openai",
+    )
     async with page_on_gateway(harness, fake, browser) as (_h, page):
         await new_chat(page)
         await send(page, "First question.")
-        await expect(answer_texts(page)).to_have_text(["The first answer."])
+        waiting = page.get_by_role("region", name="Waiting for your approval")
+        await expect(waiting).to_contain_text("call_sum")
+        await expect(answer_texts(page)).to_have_text(["Adding them up."])
         address = page.url
 
         await page.reload()
@@ -225,11 +234,15 @@ async def test_a_reload_resumes_the_chat(
         await expect(page.get_by_role("dialog", name="API key")).to_be_hidden()
         assert page.url == address
         await expect(transcript(page)).to_contain_text("First question.")
-        await expect(answer_texts(page)).to_have_text(["The first answer."])
+        await expect(answer_texts(page)).to_have_text(["Adding them up."])
+        await waiting.get_by_role("button", name="Approve", exact=True).click()
+        await expect(answer_texts(page)).to_have_text(["Adding them up.", "The first answer: 4."])
 
         await send(page, "Second question.")
-        await expect(answer_texts(page)).to_have_text(["The first answer.", "The second answer."])
+        await expect(answer_texts(page)).to_have_text(
+            ["Adding them up.", "The first answer: 4.", "The second answer."]
+        )
     # The second turn was the same conversation: the model saw the first exchange.
-    second = fake.requests_for("openai")[1].body["messages"]
-    said = [str(m["content"]) for m in second if m["role"] != "system"]
-    assert "First question." in said[0] and "The first answer." in said[1], said
+    third = fake.requests_for("openai")[2].body["messages"]
+    said = [str(m.get("content")) for m in third if m["role"] != "system"]
+    assert "First question." in said[0] and "The first answer: 4." in said[3], said
