@@ -145,6 +145,10 @@ async def test_live_text_appears_before_the_message_is_complete(
             await expect(link).to_have_attribute(
                 "href", f"{WEB_UI}/namespaces/default/workflows/{quote(turn_id, safe='')}"
             )
+            # Ending the chat closes the session: its stream ends, and the page says so.
+            await page.get_by_role("button", name="End chat").click()
+            await expect(page.get_by_role("status")).to_have_text("This chat has ended.")
+            await expect(page.get_by_role("button", name="Send")).to_be_disabled()
     finally:
         held.set()
 

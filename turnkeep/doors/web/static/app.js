@@ -603,6 +603,10 @@ function approvalItem(turnId, call) {
     field.id = `${name}-${call.call_id}`;
   }
   edited.value = JSON.stringify(call.arguments || {}, null, 2);
+  // Enter in the reason must not decide: the form's first button (Approve) would take it.
+  item.querySelector(".reason").addEventListener("keydown", (event) => {
+    if (event.key === "Enter") event.preventDefault();
+  });
   editButton.addEventListener("click", () => {
     editor.hidden = !editor.hidden;
     editButton.setAttribute("aria-expanded", String(!editor.hidden));
