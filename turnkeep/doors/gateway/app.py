@@ -82,7 +82,9 @@ def gateway_app(
     for every agent, or a function of the agent; default: the agent's queue on the settings'
     ``task_queue``). ``web_ui``: the Temporal Web UI's base URL, for each turn's link (default:
     ``gateway.web_ui``). ``web``: the web page's directory (none: no page). ``mounts``: more
-    apps, by path prefix. Close the app's feeds with ``await app.state.gateway.hub.aclose()``.
+    apps, by path prefix, served without the API's key check (``app.state.gateway.keys``
+    identifies a caller's key for them). Close the app's feeds with
+    ``await app.state.gateway.hub.aclose()``.
     """
     config = settings.gateway
     ring = keys if isinstance(keys, KeyRing) else KeyRing(keys) if keys is not None else None
@@ -105,6 +107,7 @@ def gateway_app(
         hub=Hub(client, buffer=config.watcher_buffer, max_watchers=config.max_watchers),
         access=Access(client, settings),
         task_queue=queue_of,
+        keys=ring,
         web_ui=web_ui or config.web_ui,
     )
     api = [Route(path, endpoint, methods=methods) for path, endpoint, methods in ROUTES]

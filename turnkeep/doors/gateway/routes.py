@@ -23,7 +23,7 @@ from turnkeep.client.sessions import SessionClosedError, get_session, open_sessi
 from turnkeep.client.turns import get_turn, query_retrying, start_turn
 from turnkeep.config.settings import Settings
 from turnkeep.doors.gateway.access import Access
-from turnkeep.doors.gateway.auth import ALL_AGENTS, ApiKey
+from turnkeep.doors.gateway.auth import ALL_AGENTS, ApiKey, KeyRing
 from turnkeep.doors.gateway.errors import ApiError
 from turnkeep.doors.gateway.fanout import Hub, TooManyWatchers, turn_outcome
 from turnkeep.doors.gateway.limits import describe, read_json
@@ -69,6 +69,8 @@ class Gateway:
     hub: Hub
     access: Access
     task_queue: Callable[[str], str]
+    # The keys the API accepts: a mounted app (A2A) authenticates its callers with them too.
+    keys: KeyRing
     web_ui: str | None = None
 
     def key(self, request: Request) -> ApiKey:
