@@ -18,6 +18,11 @@ on the passthrough model, with every payload encrypted, and looks at it in headl
   at once; the finished parent turn's Event History (Compact view): its model calls and the two
   child workflows, each the demo agent's own turn.
 
+- ``web-page.png``: the gateway's web page (``turnkeep.doors.web``), mid-chat with the demo
+  agent (``approval`` on ``toolbox__convert_*``), its model the fake model API scripted to
+  answer a first question, then to ask for a conversion and a calculation at once: the
+  calculation runs, the conversion waits with its reason filled in; the whole page.
+
 Needs /usr/bin/chromium (`make test` installs it).
 """
 
@@ -50,7 +55,19 @@ from tests.web_ui import (
 from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.config.files import load_settings
-from turnkeep.config.settings import AgentSettings, ApprovalSettings, EncryptionSettings, Settings
+from turnkeep.config.settings import (
+    AgentSettings,
+    ApprovalSettings,
+    EncryptionSettings,
+    GatewaySettings,
+    ProviderSettings,
+    Settings,
+    StreamingSettings,
+)
+from turnkeep.devserver.embedded import EmbeddedServer
+from turnkeep.doors.gateway import gateway_app
+from turnkeep.support.asgi import AsgiServer, bind, http_url
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.worker.build import build_worker, build_workers
 from turnkeep.workflows import visibility
 from turnkeep.workflows.turn_io import TurnInput
@@ -242,6 +259,95 @@ async def take_team(out: Path) -> None:
     await picture_of_finished_turn(settings, token, turn_input, out, None)
 
 
+# The web page picture: a first exchange, then a batch of two calls, one of them gated.
+PAGE_FIRST = "Hi! What can you help me with today?"
+PAGE_FIRST_ANSWER = (
+    "Hello! I can do arithmetic, convert units, count words and tell the time, using the "
+    "toolbox. Anything that changes units waits for your approval first."
+)
+PAGE_QUESTION = "Convert 451 °F to °C, and work out how long a marathon is in km."
+PAGE_TEXT = "I'll convert the temperature and work out the marathon distance at the same time."
+
+
+async def take_page(out: Path) -> None:
+    key = secrets.token_urlsafe(24)
+    demo = demo_settings(key)
+    with FakeModelApi() as fake:
+        fake.script(
+            Reply.text(PAGE_FIRST_ANSWER),
+            Reply.tool_calls(
+                ("call_convert", APPROVAL_CALLS[0][0], APPROVAL_CALLS[0][1]),
+                ("call_marathon", APPROVAL_CALLS[1][0], APPROVAL_CALLS[1][1]),
+                text=PAGE_TEXT,
+            ),
+            api="openai",
+        )
+        agent = demo.agents["demo"].model_copy(
+            update={
+                "model": "openai.demo-model",
+                "description": "The toolbox demo: arithmetic, units, text statistics, time.",
+                "approval": ApprovalSettings(tools=[GATED]),
+            }
+        )
+        async with EmbeddedServer() as server:
+            settings = demo.model_copy(
+                update={
+                    "agents": {"demo": agent},
+                    "encryption": None,
+                    "openai": fake_openai(fake),
+                    "streaming": StreamingSettings.model_validate({"listen": "127.0.0.1:0"}),
+                    "gateway": GatewaySettings.model_validate(
+                        {
+                            "keys": {"docs": {"key": key, "agents": ["*"], "decide": True}},
+                            "web_ui": server.ui_url,
+                        }
+                    ),
+                }
+            )
+            client = await connect(server.address, server.namespace, settings=settings)
+            app = gateway_app(client, settings)
+            gateway = AsgiServer(app, name="gateway")
+            port = await gateway.start(bind("127.0.0.1", 0))
+            try:
+                # Workers as `turnkeep worker` runs them: the gateway starts sessions on the
+                # agent's own queue.
+                async with (
+                    build_workers(client, settings),
+                    chromium(Path(tempfile.mkdtemp(prefix="turnkeep-screenshot-"))) as browser,
+                ):
+                    page = await browser.new_page()
+                    await page.goto(http_url("127.0.0.1", port) + "/")
+                    await page.get_by_role("textbox", name="API key").fill(key)
+                    await page.get_by_role("button", name="Save").click()
+                    await page.get_by_role("button", name="New chat").click()
+                    box = page.get_by_label("Message", exact=True)
+                    await box.fill(PAGE_FIRST)
+                    await box.press("Enter")
+                    answers = page.locator("#transcript .message.assistant")
+                    await expect(answers).to_have_count(1, timeout=WAIT_SECONDS * 1000)
+                    await box.fill(PAGE_QUESTION)
+                    await box.press("Enter")
+                    waiting = page.get_by_role("region", name="Waiting for your approval")
+                    await expect(waiting).to_be_visible(timeout=WAIT_SECONDS * 1000)
+                    await waiting.get_by_label("Reason (optional)").fill("Checked: Fahrenheit.")
+                    # The approval can show before the turn's messages do: wait for those.
+                    await expect(answers).to_have_count(2, timeout=WAIT_SECONDS * 1000)
+                    await expect(page.locator("#transcript .sending")).to_have_count(0)
+                    await page.evaluate("document.activeElement.blur()")
+                    await page.mouse.move(5, 5)
+                    await page.screenshot(path=out, full_page=True)
+                    await app.state.gateway.hub.aclose()
+            finally:
+                await gateway.stop()
+    print(f"wrote {out}")
+
+
+def fake_openai(fake: FakeModelApi) -> ProviderSettings:
+    return ProviderSettings.model_validate(
+        {"api_key": "sk-docs-0123456789", "base_url": fake.base_url_openai}
+    )
+
+
 async def _stack(browser: BrowserContext, pictures: list[tuple[bytes, float]], out: Path) -> None:
     """``pictures`` (each with its left offset) one above the other, a rule between them,
     saved as one PNG: drawn by the browser itself, so no imaging library is needed."""
@@ -261,7 +367,9 @@ async def _stack(browser: BrowserContext, pictures: list[tuple[bytes, float]], o
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["turn", "approval", "team"], help="one picture only")
+    parser.add_argument(
+        "--only", choices=["turn", "approval", "team", "page"], help="one picture only"
+    )
     parser.add_argument("--out-dir", type=Path, default=REPO / "docs")
     args = parser.parse_args()
     if args.only in (None, "turn"):
@@ -270,6 +378,8 @@ def main() -> None:
         asyncio.run(take_approval(args.out_dir / "web-ui-awaiting-approval.png"))
     if args.only in (None, "team"):
         asyncio.run(take_team(args.out_dir / "web-ui-team.png"))
+    if args.only in (None, "page"):
+        asyncio.run(take_page(args.out_dir / "web-page.png"))
 
 
 if __name__ == "__main__":

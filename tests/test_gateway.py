@@ -201,7 +201,8 @@ async def test_a_session_opened_sent_to_streamed_resumed_and_closed(
         watcher = asyncio.ensure_future(events(http, f"{base}/events", READER, sink=seen))
         sent = await http.post(f"{base}/messages", json={"text": "first"}, headers=bearer(READER))
         assert sent.status_code == 202, sent.text
-        assert sent.json() == {"turn": 1, "turn_id": f"{session_id}/turn-1"}
+        # No `gateway.web_ui` here: no link.
+        assert sent.json() == {"turn": 1, "turn_id": f"{session_id}/turn-1", "web_ui": None}
         await eventually(lambda: len(messages(seen)) >= 2, "the first exchange")
         first = messages(seen)[:2]
         assert [m["message"]["content"][0]["text"] for m in first] == ["first", "first"]

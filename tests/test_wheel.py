@@ -98,6 +98,14 @@ def test_the_wheel_holds_only_turnkeep(wheel: Path) -> None:
     assert re.fullmatch(r"turnkeep-[\w.]+\.dist-info", dist_info)
 
 
+def test_the_wheel_carries_the_web_page(wheel: Path) -> None:
+    """The gateway's page is package data, not Python: the wheel must still hold it."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    static = "turnkeep/doors/web/static"
+    assert {f"{static}/index.html", f"{static}/app.js", f"{static}/web.css"} <= names
+
+
 @pytest.fixture
 def worker(python: Path, app: Path, temporal: ServerInfo, tmp_path: Path) -> Iterator[Path]:
     """The app's worker, running from the wheel; yields its log."""

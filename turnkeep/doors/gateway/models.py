@@ -100,6 +100,7 @@ class SendMessage(_Request):
 class MessageSent(BaseModel):
     turn: int
     turn_id: str
+    web_ui: str | None = None
 
 
 class SessionRef(BaseModel):

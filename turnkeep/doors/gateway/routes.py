@@ -347,7 +347,8 @@ async def send_message(request: Request) -> Response:
         raise ApiError(409, f"session {session_id!r} has ended; open a new one") from None
     except TimeoutError:
         raise ApiError(504, f"no worker took the message for session {session_id!r}") from None
-    return _json(MessageSent(turn=sent.turn, turn_id=sent.turn_id), 202)
+    sent_turn = MessageSent(turn=sent.turn, turn_id=sent.turn_id, web_ui=gw.web_link(sent.turn_id))
+    return _json(sent_turn, 202)
 
 
 async def stream_session(request: Request) -> Response:
