@@ -28,11 +28,13 @@ from a2a.types.a2a_pb2 import (
     Task,
     TaskState,
 )
-from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
+from a2a.utils.errors import InvalidParamsError, InvalidRequestError, TaskNotFoundError
+from starlette.requests import Request
 
 from tests.conftest import Harness, HarnessFactory, eventually
 from turnkeep.client.sessions import get_session
-from turnkeep.doors.a2a import a2a_app, session_id_for
+from turnkeep.client.turns import get_turn
+from turnkeep.doors.a2a import Authorize, Caller, Refused, a2a_app, session_id_for
 from turnkeep.support.asgi import AsgiServer, bind, http_url
 from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
@@ -82,11 +84,14 @@ def config(fake: FakeModelApi) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def served(h: Harness, agents: list[str] | None = None) -> AsyncIterator[str]:
+async def served(
+    h: Harness, agents: list[str] | None = None, authorize: Authorize | None = None
+) -> AsyncIterator[str]:
     """The A2A routes of the harness's worker on loopback; yields the base URL."""
-    server = AsgiServer(
-        a2a_app(h.client, h.settings, agents or ["test"], task_queue=h.task_queue), name="a2a"
+    app = a2a_app(
+        h.client, h.settings, agents or ["test"], task_queue=h.task_queue, authorize=authorize
     )
+    server = AsgiServer(app, name="a2a")
     port = await server.start(bind("127.0.0.1", 0))
     try:
         yield http_url("127.0.0.1", port)
@@ -95,8 +100,11 @@ async def served(h: Harness, agents: list[str] | None = None) -> AsyncIterator[s
 
 
 @asynccontextmanager
-async def a2a_client(base: str, *, streaming: bool) -> AsyncIterator[A2AClient]:
-    async with httpx.AsyncClient(timeout=60) as http:
+async def a2a_client(
+    base: str, *, streaming: bool, key: str | None = None
+) -> AsyncIterator[A2AClient]:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(timeout=60, headers=headers) as http:
         client = await create_client(
             f"{base}/a2a/test/", ClientConfig(streaming=streaming, httpx_client=http)
         )
@@ -373,3 +381,52 @@ async def test_unknown_agents_tasks_and_malformed_requests_are_refused_with_noth
             )
         ]
         assert sessions == []
+
+
+CALLERS = {
+    "k-test": Caller(name="alice", decide=True),
+    "k-watch": Caller(name="bob", decide=False),
+}
+
+
+def by_key(request: Request, agent: str) -> Caller:
+    """Keys as a gateway would check them: each scoped to the agent ``test``."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    caller = CALLERS.get(token) if scheme.lower() == "bearer" else None
+    if caller is None:
+        raise Refused(401, "a valid API key is required", {"www-authenticate": "Bearer"})
+    if agent != "test":
+        raise Refused(403, f"this key may not use agent {agent!r}")
+    return caller
+
+
+async def test_authorize_says_who_may_call_and_who_may_decide(
+    fake: FakeModelApi, harness: HarnessFactory
+) -> None:
+    fake.script(Answer(calls=(("w1", "fs__write", {"text": "draft"}),)), Reply.text("Ok."))
+    async with (
+        harness({"fs": [write]}, **config(fake)) as h,
+        served(h, ["test", "other"], authorize=by_key) as base,
+    ):
+        async with httpx.AsyncClient(timeout=30) as http:
+            card = await http.get(f"{base}/a2a/test/.well-known/agent-card.json")
+            assert card.status_code == 401 and card.headers["www-authenticate"] == "Bearer"
+            body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {}}
+            answer = await http.post(f"{base}/a2a/test/", json=body)
+            assert answer.status_code == 401
+            assert answer.json()["error"]["message"] == "a valid API key is required"
+            other = await http.post(
+                f"{base}/a2a/other/", json=body, headers={"authorization": "Bearer k-test"}
+            )
+            assert other.status_code == 403
+        async with a2a_client(base, streaming=False, key="k-watch") as watcher:
+            task = final_task(await send(watcher, user("write a draft")))
+            assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+            with pytest.raises(InvalidRequestError, match="may not decide"):
+                await send(watcher, user("approve", task_id=task.id))
+        async with a2a_client(base, streaming=False, key="k-test") as decider:
+            done = final_task(await send(decider, user("approve", task_id=task.id)))
+            assert done.status.state == TaskState.TASK_STATE_COMPLETED
+        turn = await get_turn(h.client, f"{session_id_for('test', task.id)}/turn-1").result()
+        assert [(d.call_id, d.by) for d in turn.decisions] == [("w1", "a2a:alice")]
+    assert fake.pending("openai") == 0

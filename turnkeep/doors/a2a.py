@@ -33,6 +33,7 @@ from collections.abc import (
     Coroutine,
     Sequence,
 )
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ParamSpec, TypeVar
 
@@ -45,6 +46,7 @@ from a2a.server.request_handlers.response_helpers import (
     agent_card_to_dict,
     build_error_response,
 )
+from a2a.server.routes.common import DefaultServerCallContextBuilder
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 from a2a.types.a2a_pb2 import (
     AgentCapabilities,
@@ -139,6 +141,50 @@ def session_id_for(agent: str, task_id: str) -> str:
     """The session a task of ``agent`` is: deterministic, so any gateway finds it. The task id
     holds no ``:``, so two agents' tasks never share a session id."""
     return f"a2a:{agent}:{task_id}"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a request is, as ``authorize`` (the gateway's keys) says: the name its decisions are
+    audited under, and whether it may decide calls waiting for approval."""
+
+    name: str
+    decide: bool = True
+
+
+class Refused(Exception):
+    """Raised by ``authorize``: the request is refused with ``status`` (401, 403) and a line."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+Authorize = Callable[[Request, str], Caller]
+# Routes without ``authorize`` (an app on loopback, behind a proxy that checks callers).
+OPEN = Caller(name="a2a", decide=True)
+_CALLER = "turnkeep.a2a.caller"  # the request scope's key for the Caller
+# Headers the SDK would otherwise copy into each request's context: none of its business.
+_PRIVATE_HEADERS = ("authorization", "proxy-authorization", "cookie")
+
+
+class _ContextBuilder(DefaultServerCallContextBuilder):
+    """The SDK's request context, with the caller and without credentials."""
+
+    def build(self, request: Request) -> ServerCallContext:
+        context = super().build(request)
+        headers = context.state.get("headers", {})
+        for name in _PRIVATE_HEADERS:
+            headers.pop(name, None)
+        context.state["caller"] = request.scope.get(_CALLER, OPEN)
+        return context
+
+
+def _caller(context: ServerCallContext) -> Caller:
+    caller = context.state.get("caller")
+    return caller if isinstance(caller, Caller) else OPEN
 
 
 # --- what a client sends ------------------------------------------------------------------------
@@ -408,6 +454,8 @@ class SessionRequestHandler(RequestHandler):
         if running is not None:
             waiting = await _waiting(get_turn(self.client, running.workflow_id))
         if waiting and running is not None:
+            if not _caller(context).decide:
+                raise InvalidRequestError(message="this caller may not decide calls")
             decisions = incoming.decisions or _text_decisions(incoming.text, waiting)
             turn = get_turn(self.client, running.workflow_id)
             for decision in decisions:
@@ -416,7 +464,7 @@ class SessionRequestHandler(RequestHandler):
                         decision.call_id,
                         decision.approve,
                         decision.reason,
-                        by=_by(context),
+                        by=f"a2a:{_caller(context).name}",
                         arguments=decision.arguments,
                     )
                 except WorkflowUpdateFailedError as err:
@@ -778,12 +826,6 @@ def _turn_number(turn_id: str) -> int:
     return int(turn_id.rsplit("/turn-", 1)[1])
 
 
-def _by(context: ServerCallContext) -> str:
-    """Who decided, for the audit: the gateway's authenticated user, else the door."""
-    user = context.user
-    return f"a2a:{user.user_name}" if user.is_authenticated and user.user_name else "a2a"
-
-
 def _cause(err: WorkflowUpdateFailedError) -> str:
     cause = err.cause
     return str(getattr(cause, "message", None) or cause or err).splitlines()[0]
@@ -849,6 +891,7 @@ def a2a_routes(
     task_queue: str | None = None,
     public_url: str | None = None,
     bearer: bool = True,
+    authorize: Authorize | None = None,
 ) -> list[BaseRoute]:
     """Starlette routes serving ``agents`` (default: every agent of ``settings``) over A2A:
     ``{prefix}/{agent}/`` takes JSON-RPC (A2A 1.0, and 0.3's method names), and
@@ -858,7 +901,9 @@ def a2a_routes(
     ``task_queue``: where sessions run (by default each agent's queue, as ``turnkeep chat``
     starts them); ``public_url``: the base URL clients reach these routes at, for the card
     (by default the URL the card was asked at); ``bearer``: whether the card says a bearer key
-    is required (the routes check none themselves: mount them behind the gateway's auth)."""
+    is required. ``authorize(request, agent)`` says who a request is (a ``Caller``) or raises
+    ``Refused``; it is asked first, for the card too. Without it every request is served as
+    ``OPEN``: serve such routes on loopback only, or behind something that checks callers."""
     names = list(settings.agents) if agents is None else list(agents)
     unknown = sorted(set(names) - set(settings.agents))
     if unknown:
@@ -876,10 +921,18 @@ def a2a_routes(
             on_new_message=settings.agents[name].on_new_message,
             card=cards[name],
         )
-        dispatchers[name] = JsonRpcDispatcher(handler, enable_v0_3_compat=True)
+        dispatchers[name] = JsonRpcDispatcher(
+            handler, context_builder=_ContextBuilder(), enable_v0_3_compat=True
+        )
 
     async def rpc(request: Request) -> Response:
         name = request.path_params["agent"]
+        try:
+            request.scope[_CALLER] = authorize(request, name) if authorize else OPEN
+        except Refused as refused:
+            return _rpc_error(
+                InvalidRequestError(message=refused.message), refused.status, refused.headers
+            )
         dispatcher = dispatchers.get(name)
         if dispatcher is None:
             return _rpc_error(
@@ -892,6 +945,13 @@ def a2a_routes(
 
     async def card(request: Request) -> Response:
         name = request.path_params["agent"]
+        try:
+            if authorize is not None:
+                authorize(request, name)
+        except Refused as refused:
+            return JSONResponse(
+                {"error": refused.message}, status_code=refused.status, headers=refused.headers
+            )
         if name not in cards:
             return JSONResponse(
                 {"error": f"no agent {_shown(name)} is served here"}, status_code=404
@@ -924,8 +984,10 @@ def _shown(name: str) -> str:
     return repr(name if len(name) <= 60 else name[:59] + "…")
 
 
-def _rpc_error(error: A2AError) -> JSONResponse:
-    return JSONResponse(build_error_response(None, error))
+def _rpc_error(
+    error: A2AError, status: int = 200, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(build_error_response(None, error), status_code=status, headers=headers)
 
 
 async def _bounded_body(request: Request) -> bytes | None:
