@@ -123,9 +123,11 @@ TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 MAX_TEXT = 100_000  # characters of one message's text
 MAX_PARTS = 32
 MAX_BODY = 1_048_576  # bytes of one JSON-RPC request
-# How often a follower asks the turn for calls waiting for approval, while the model's tool
-# calls have no results yet (a waiting call shows in no message: the turn is asked).
-APPROVAL_POLL_SECONDS = 0.25
+# How often a follower asks the turn for calls waiting for approval while the model's tool
+# calls have no results yet (a waiting call shows in no message: the turn is asked): soon
+# after the calls start, then less and less often while the tools run.
+APPROVAL_POLL_SECONDS = 0.2
+MAX_APPROVAL_POLL_SECONDS = 2.0
 # How long tasks/cancel waits for the cancelled turn to end (its repair) before answering.
 CANCEL_WAIT_SECONDS = 10.0
 # A plain-text answer to a call waiting: "approve", or "deny" with an optional reason.
@@ -458,6 +460,8 @@ class SessionRequestHandler(RequestHandler):
                 raise InvalidRequestError(message="this caller may not decide calls")
             decisions = incoming.decisions or _text_decisions(incoming.text, waiting)
             turn = get_turn(self.client, running.workflow_id)
+            # Counted before deciding: what the decision sets off is followed, however fast.
+            done = (await turn.handle.query(TurnWorkflow.progress)).count
             for decision in decisions:
                 try:
                     await turn.decide(
@@ -469,7 +473,6 @@ class SessionRequestHandler(RequestHandler):
                     )
                 except WorkflowUpdateFailedError as err:
                     raise InvalidParamsError(message=f"not decided: {_cause(err)}") from None
-            done = (await turn.handle.query(TurnWorkflow.progress)).count
             return (
                 task_id,
                 session,
@@ -512,17 +515,18 @@ class SessionRequestHandler(RequestHandler):
         index = follow.start
         artifacts: set[str] = set()
         ask = follow.ask_first  # whether a call may be waiting for a decision now
-        at_once = follow.ask_first  # ask before waiting for the first event
+        pause = 0.0 if follow.ask_first else APPROVAL_POLL_SECONDS  # before asking again
         async with contextlib.aclosing(stream):  # type: ignore[type-var]
             next_event: asyncio.Task[StreamEvent] | None = None
             try:
                 while True:
                     if next_event is None:
                         next_event = asyncio.ensure_future(anext(stream))
-                    timeout = (0 if at_once else APPROVAL_POLL_SECONDS) if ask else None
-                    at_once = False
-                    done, _ = await asyncio.wait({next_event}, timeout=timeout)
+                    done, _ = await asyncio.wait({next_event}, timeout=pause if ask else None)
                     if not done:
+                        pause = min(
+                            max(pause * 2, APPROVAL_POLL_SECONDS), MAX_APPROVAL_POLL_SECONDS
+                        )
                         waiting = await _waiting(turn)
                         if waiting:
                             yield _status(
@@ -537,6 +541,7 @@ class SessionRequestHandler(RequestHandler):
                     except StopAsyncIteration:
                         break
                     next_event = None
+                    pause = APPROVAL_POLL_SECONDS
                     if isinstance(event, TextDelta):
                         artifact = f"text-{follow.turn}-{event.call_index}"
                         yield TaskArtifactUpdateEvent(
