@@ -55,6 +55,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     # What a client process imports: connect, turns, sessions, history (which replays a
     # history as a worker would: the worker's replay set-up), live text.
     "client": {"config", "errors", "observability", "payloads", "support", "worker", "workflows"},
+    # Ways in for callers without a Temporal client (the HTTP gateway, A2A): over the client API.
+    "doors": {"client", "config", "errors", "observability", "support", "workflows"},
     # The embedded Temporal dev server and the background processes beside it.
     "devserver": {"config", "errors", "observability", "payloads", "support", "workflows"},
     # Agents declared another framework's way (@fast.agent), served by a worker's plugin.
@@ -75,8 +77,6 @@ MAY_IMPORT: dict[str, set[str]] = {
         "workflow",
         "workflows",
     },
-    # The front doors (A2A, the HTTP gateway...): thin layers over the client API.
-    "doors": {"client", "config", "errors", "observability", "support", "workflows"},
     # The command line: no other room lists it, so nothing in turnkeep may import it.
     "cli": {
         "activities",

@@ -541,6 +541,72 @@ class ObservabilitySettings(_Settings):
     trace_content: bool = False
 
 
+_KEY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class GatewayKeySettings(_SecretSettings):
+    """One bearer API key of the HTTP gateway (``turnkeep gateway``) and what it may do."""
+
+    # The key itself: give it as ${VAR} or in turnkeep.secrets.yaml (or in `keys_file`).
+    key: SecretStr
+    # The agents it may start turns and sessions of, and see and cancel those of; `*`: every
+    # agent of the config.
+    agents: list[str] = Field(min_length=1)
+    # Whether it may approve or deny tool calls waiting for a person.
+    decide: bool = False
+
+    @model_validator(mode="after")
+    def _long_enough_key(self) -> GatewayKeySettings:
+        if len(self.key.get_secret_value()) < _MIN_TOKEN_CHARS:
+            raise ValueError(
+                f"a gateway key must be at least {_MIN_TOKEN_CHARS} characters; make one with "
+                "`openssl rand -base64 32`"
+            )
+        return self
+
+
+class RateLimitSettings(_Settings):
+    """Requests each key (and each client address whose key is refused) may make."""
+
+    # Requests per second, sustained...
+    per_second: float = Field(default=20.0, gt=0)
+    # ...and at once, after a quiet spell.
+    burst: int = Field(default=100, ge=1)
+
+
+class GatewaySettings(_SecretSettings):
+    """``turnkeep gateway``: the agents over HTTP, with server-sent events (docs/serving)."""
+
+    # HOST:PORT it listens on; `--listen` overrides it.
+    listen: str = Field(default="127.0.0.1:8080", pattern=r"^\S*:\d{1,5}$")
+    # key name -> the key and its scope. The name, never the key, is what logs and the
+    # decisions' `by` show.
+    keys: dict[str, GatewayKeySettings] = Field(default_factory=dict)
+    # A YAML or JSON file of more keys, in the same shape as `keys` (relative to the config).
+    keys_file: Path | None = None
+    # Web origins (scheme://host:port) whose pages may call the API from a browser.
+    cors_origins: list[Origin] = Field(default_factory=list)
+    # The largest request body accepted, in bytes.
+    max_body_bytes: int = Field(default=256 * 1024, gt=0)
+    rate_limit: RateLimitSettings = Field(default_factory=RateLimitSettings)
+    # How many event streams the process serves at once, over all turns and sessions.
+    max_watchers: int = Field(default=10_000, ge=1)
+    # How many events a watcher may have waiting to be sent: one that falls further behind
+    # is disconnected and resumes from its last message (`Last-Event-ID`).
+    watcher_buffer: int = Field(default=1024, ge=16)
+    # The Temporal Web UI's base URL, for the `web_ui` link of each started turn.
+    web_ui: str | None = None
+
+    @model_validator(mode="after")
+    def _key_names(self) -> GatewaySettings:
+        for name in self.keys:
+            if not _KEY_NAME.fullmatch(name):
+                raise ValueError(
+                    f"gateway key name {name!r} must be 1-64 letters, digits, '.', '_' or '-'"
+                )
+        return self
+
+
 # Errors don't quote input: a bad value anywhere in the file could be a key or token.
 class Settings(_SecretSettings):
     default_model: str | None = None
@@ -576,6 +642,8 @@ class Settings(_SecretSettings):
     streaming: StreamingSettings | None = None
     # Prometheus metrics and OpenTelemetry traces.
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    # The HTTP gateway (`turnkeep gateway`): its keys, CORS and limits.
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     # Payload encryption (AES-256-GCM) with rotating keys; off when absent.
     encryption: EncryptionSettings | None = None
     anthropic: AnthropicSettings | None = None

@@ -1,0 +1,106 @@
+"""``turnkeep gateway``: the HTTP gateway (``turnkeep.doors.gateway``) served until SIGINT or
+SIGTERM, over the client ``run`` uses, with a worker in the process when asked (``--worker``)
+or on the embedded server."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from turnkeep.cli.console import console
+from turnkeep.cli.options import Address, ConfigPath, Namespace
+from turnkeep.cli.process import client_and_worker, until_signalled
+from turnkeep.config.files import ConfigError, load_settings
+from turnkeep.doors.gateway import gateway_app
+from turnkeep.doors.gateway.auth import KeysFileError
+from turnkeep.support.asgi import AsgiServer, bind, http_url
+
+app = typer.Typer()
+
+
+def _host_port(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise typer.BadParameter("must be HOST:PORT, e.g. 127.0.0.1:8080", param_hint="--listen")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@app.command()
+def gateway(
+    listen: Annotated[
+        str | None,
+        typer.Option(help="HOST:PORT to serve on (default: gateway.listen, 127.0.0.1:8080)."),
+    ] = None,
+    address: Address = None,
+    namespace: Namespace = None,
+    config: ConfigPath = None,
+    worker: Annotated[
+        bool | None,
+        typer.Option(help="Run a worker in this process (default: only on the embedded server)."),
+    ] = None,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth",
+            help="Accept requests without a key (every agent, deciding too): loopback only.",
+        ),
+    ] = False,
+) -> None:
+    """Serve the config's agents over HTTP: turns, sessions, approvals and their live events
+    (server-sent events), with an OpenAPI document at /openapi.json (docs/serving/http.md).
+    Every request needs a bearer key from gateway.keys unless --no-auth on loopback."""
+    settings = load_settings(config)
+    host, port = _host_port(listen or settings.gateway.listen)
+    if no_auth and not _loopback(host):
+        raise typer.BadParameter(
+            f"--no-auth serves loopback only, not {host}: give keys in gateway.keys",
+            param_hint="--no-auth",
+        )
+
+    async def go() -> None:
+        async with client_and_worker(address, namespace, settings, config, worker=worker) as (
+            client,
+            embedded,
+        ):
+            try:
+                app = gateway_app(
+                    client,
+                    settings,
+                    auth=not no_auth,
+                    web_ui=settings.gateway.web_ui or (embedded.ui_url if embedded else None),
+                )
+            except (ValueError, KeysFileError) as err:
+                raise ConfigError(str(err)) from None
+            server = AsgiServer(app, name="gateway")
+            try:
+                sock = bind(host, port)
+            except OSError as err:
+                raise ConfigError(
+                    f"the gateway cannot listen on {host}:{port}: {err.strerror}"
+                ) from None
+            bound = await server.start(sock)
+            auth = "no authentication (loopback)" if no_auth else "bearer keys"
+            console.print(
+                f"gateway on [bold]{escape(http_url(host, bound))}[/] · agents: "
+                f"{escape(', '.join(settings.agents) or 'none')} · {auth}"
+            )
+            try:
+                await until_signalled()
+            finally:
+                await app.state.gateway.hub.aclose()
+                await server.stop()
+
+    asyncio.run(go())

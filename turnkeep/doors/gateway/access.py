@@ -1,0 +1,104 @@
+"""Which workflow a request names, and whether its key may touch it: the workflow must exist,
+be of the kind the route serves (a turn, a session) and belong to an agent the key is scoped
+to, read from the workflow itself (its ``TurnkeepAgent`` search attribute, else its start
+input), never from the request."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Literal
+
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
+from turnkeep.config.settings import Settings
+from turnkeep.doors.gateway.auth import ApiKey
+from turnkeep.doors.gateway.errors import ApiError
+from turnkeep.workflows import visibility
+from turnkeep.workflows.session_io import SESSION_WORKFLOW_NAME, SessionInput
+from turnkeep.workflows.turn_io import TurnInput
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
+
+Kind = Literal["turn", "session"]
+_TYPES: dict[Kind, str] = {"turn": WORKFLOW_NAME, "session": SESSION_WORKFLOW_NAME}
+_INPUTS: dict[Kind, type[TurnInput] | type[SessionInput]] = {
+    "turn": TurnInput,
+    "session": SessionInput,
+}
+# Workflow ids whose agent is remembered (it never changes): a watcher's reconnect or a page's
+# polling costs one describe, not a history read too.
+_AGENTS_KEPT = 10_000
+
+
+@dataclass(frozen=True)
+class Found:
+    workflow_id: str
+    agent: str
+    description: WorkflowExecutionDescription
+
+    @property
+    def running(self) -> bool:
+        return self.description.status == WorkflowExecutionStatus.RUNNING
+
+
+class Access:
+    """The checks every route that names a turn or a session makes first."""
+
+    def __init__(self, client: Client, settings: Settings) -> None:
+        self.client = client
+        self.settings = settings
+        self._agents: OrderedDict[str, str] = OrderedDict()
+
+    def agent(self, key: ApiKey, name: str) -> None:
+        """An agent a request names, to start something with: 404 when the config has no
+        such agent, 403 when the key is not scoped to it."""
+        if name not in self.settings.agents:
+            raise ApiError(404, f"no agent named {name!r}")
+        if not key.may_use(name):
+            raise ApiError(403, f"this key may not use agent {name!r}")
+
+    async def workflow(self, key: ApiKey, kind: Kind, workflow_id: str) -> Found:
+        """The turn or session ``workflow_id``: 404 when there is none (or the id names a
+        workflow of another kind), 403 when it is an agent's the key is not scoped to."""
+        if not workflow_id or len(workflow_id) > 1000:
+            raise ApiError(404, f"no {kind} {workflow_id!r}")
+        handle = self.client.get_workflow_handle(workflow_id)
+        try:
+            described = await handle.describe()
+        except RPCError as err:
+            if err.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+                raise ApiError(404, f"no {kind} {workflow_id!r}") from None
+            raise
+        if described.workflow_type != _TYPES[kind]:
+            raise ApiError(404, f"no {kind} {workflow_id!r}")
+        agent = await self._agent_of(kind, described)
+        if agent is None or not key.may_use(agent):
+            raise ApiError(403, f"this key may not use the agent of {kind} {workflow_id!r}")
+        return Found(workflow_id=workflow_id, agent=agent, description=described)
+
+    async def _agent_of(self, kind: Kind, described: WorkflowExecutionDescription) -> str | None:
+        agent = described.typed_search_attributes.get(visibility.AGENT)
+        if agent:
+            return agent
+        known = self._agents.get(described.id)
+        if known is not None:
+            return known
+        # A namespace without turnkeep's search attributes: the agent its start input named.
+        handle = self.client.get_workflow_handle(described.id)
+        async for event in handle.fetch_history_events(page_size=1):
+            payloads = event.workflow_execution_started_event_attributes.input.payloads
+            if not payloads:
+                return None
+            try:
+                decoded = await self.client.data_converter.decode(payloads[:1], [_INPUTS[kind]])
+            except Exception:  # not a turnkeep input: nobody's agent
+                return None
+            found = getattr(decoded[0], "agent", None)
+            if not isinstance(found, str):
+                return None
+            self._agents[described.id] = found
+            while len(self._agents) > _AGENTS_KEPT:
+                self._agents.popitem(last=False)
+            return found
+        return None

@@ -1,0 +1,227 @@
+"""``gateway_app``: the HTTP gateway as a Starlette app, for ``turnkeep gateway`` or an
+application's own server. Every request under ``/api`` is authenticated (a bearer key),
+rate-limited and validated before anything reaches Temporal; every error is
+``{"error": "<one line>"}`` with a 4xx (or 5xx) status.
+
+The web page's files, when the package has them (``turnkeep/doors/web/static``), are served at
+``/`` (``index.html``) and ``/static/``; other apps (an A2A server) are mounted with
+``mounts``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+from temporalio.client import Client
+
+from turnkeep.config.settings import Settings
+from turnkeep.doors.gateway import routes
+from turnkeep.doors.gateway.access import Access
+from turnkeep.doors.gateway.auth import LOOPBACK, ApiKey, KeyRing
+from turnkeep.doors.gateway.errors import ApiError
+from turnkeep.doors.gateway.fanout import Hub
+from turnkeep.doors.gateway.limits import RateLimiter
+from turnkeep.doors.gateway.openapi import openapi_document
+from turnkeep.doors.gateway.routes import Gateway
+from turnkeep.workflows.turn_io import agent_task_queue
+
+log = logging.getLogger(__name__)
+
+API = "/api"
+# The web page's files, when the package has them.
+WEB_STATIC = Path(__file__).resolve().parent.parent / "web" / "static"
+
+ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
+    ("/agents", routes.list_agents, ["GET"]),
+    ("/turns", routes.post_turn, ["POST"]),
+    # Turn ids may hold '/' (a session's turn: `<session>/turn-2`): the longer paths first.
+    ("/turns/{turn_id:path}/events", routes.stream_turn, ["GET"]),
+    ("/turns/{turn_id:path}/cancel", routes.cancel_turn, ["POST"]),
+    ("/turns/{turn_id:path}/approvals/{call_id}", routes.decide, ["POST"]),
+    ("/turns/{turn_id:path}/approvals", routes.turn_approvals, ["GET"]),
+    ("/turns/{turn_id:path}", routes.get_turn_state, ["GET"]),
+    ("/approvals", routes.all_approvals, ["GET"]),
+    ("/sessions", routes.post_session, ["POST"]),
+    ("/sessions/{session_id}/messages", routes.send_message, ["POST"]),
+    ("/sessions/{session_id}/events", routes.stream_session, ["GET"]),
+    ("/sessions/{session_id}/close", routes.close_session, ["POST"]),
+    ("/sessions/{session_id}", routes.get_session_state, ["GET"]),
+]
+
+
+def gateway_app(
+    client: Client,
+    settings: Settings,
+    *,
+    keys: KeyRing | Iterable[ApiKey] | None = None,
+    auth: bool = True,
+    task_queue: str | Callable[[str], str] | None = None,
+    web_ui: str | None = None,
+    web: Path | None = WEB_STATIC,
+    mounts: Mapping[str, ASGIApp] | None = None,
+) -> Starlette:
+    """The gateway over ``client`` for the agents of ``settings`` (its ``gateway:`` block gives
+    the keys, CORS origins and limits).
+
+    ``keys``: the keys accepted (default: those of the settings). ``auth=False`` accepts every
+    request as a key for every agent that may decide: for a server on loopback only (the
+    caller's to ensure). ``task_queue``: where an agent's turns and sessions start (one queue
+    for every agent, or a function of the agent; default: the agent's queue on the settings'
+    ``task_queue``). ``web_ui``: the Temporal Web UI's base URL, for each turn's link (default:
+    ``gateway.web_ui``). ``web``: the web page's directory (none: no page). ``mounts``: more
+    apps, by path prefix. Close the app's feeds with ``await app.state.gateway.hub.aclose()``.
+    """
+    config = settings.gateway
+    ring = keys if isinstance(keys, KeyRing) else KeyRing(keys) if keys is not None else None
+    if ring is None:
+        ring = KeyRing.from_settings(settings)
+    if auth and not ring.keys:
+        raise ValueError(
+            "the gateway has no API keys: add some under gateway.keys (or gateway.keys_file)"
+        )
+    if isinstance(task_queue, str):
+        queue = task_queue
+        queue_of: Callable[[str], str] = lambda _agent: queue  # noqa: E731
+    elif task_queue is None:
+        queue_of = lambda agent: agent_task_queue(settings.task_queue, agent)  # noqa: E731
+    else:
+        queue_of = task_queue
+    gateway = Gateway(
+        client=client,
+        settings=settings,
+        hub=Hub(client, buffer=config.watcher_buffer, max_watchers=config.max_watchers),
+        access=Access(client, settings),
+        task_queue=queue_of,
+        web_ui=web_ui or config.web_ui,
+    )
+    api = [Route(path, endpoint, methods=methods) for path, endpoint, methods in ROUTES]
+    document = openapi_document()
+
+    async def openapi(_request: Request) -> Response:
+        return JSONResponse(document)
+
+    app_routes: list[BaseRoute] = [
+        Mount(API, routes=api),
+        Route("/openapi.json", openapi, methods=["GET"]),
+    ]
+    for prefix, mounted in (mounts or {}).items():
+        app_routes.append(Mount(prefix, app=mounted))
+    if web is not None and (web / "index.html").is_file():
+        index = web / "index.html"
+
+        async def page(_request: Request) -> Response:
+            return FileResponse(index, headers={"cache-control": "no-cache"})
+
+        app_routes.append(Route("/", page, methods=["GET"]))
+        app_routes.append(Mount("/static", app=StaticFiles(directory=web), name="static"))
+
+    middleware = [
+        Middleware(
+            _Guard,
+            ring=ring,
+            auth=auth,
+            limiter=RateLimiter(config.rate_limit.per_second, config.rate_limit.burst),
+        )
+    ]
+    if config.cors_origins:
+        # Outermost: a browser's preflight is answered before any key is asked for.
+        middleware.insert(
+            0,
+            Middleware(
+                CORSMiddleware,
+                allow_origins=config.cors_origins,
+                allow_methods=["GET", "POST"],
+                allow_headers=["authorization", "content-type", "last-event-id"],
+                max_age=600,
+            ),
+        )
+    app = Starlette(
+        routes=app_routes,
+        middleware=middleware,
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _failed},  # type: ignore[dict-item]
+    )
+    app.state.gateway = gateway
+    return app
+
+
+async def _api_error(_request: Request, err: ApiError) -> Response:
+    return routes.error_response(err)
+
+
+_REASONS = {404: "no such path", 405: "method not allowed on this path"}
+
+
+async def _http_error(request: Request, err: HTTPException) -> Response:
+    message = _REASONS.get(err.status_code, err.detail or "bad request")
+    if err.status_code in _REASONS:
+        message = f"{message}: {request.method} {request.url.path}"
+    return JSONResponse({"error": message}, status_code=err.status_code, headers=err.headers)
+
+
+async def _failed(request: Request, err: Exception) -> Response:
+    # The exception's type only: its text may quote what the request carried.
+    log.error("%s %s failed: %s", request.method, request.url.path, type(err).__name__)
+    return JSONResponse({"error": f"the gateway failed: {type(err).__name__}"}, status_code=500)
+
+
+class _Guard:
+    """Authentication and rate limits for ``/api``, before any route: a request without a
+    valid key never reaches Temporal."""
+
+    def __init__(self, app: ASGIApp, *, ring: KeyRing, auth: bool, limiter: RateLimiter) -> None:
+        self.app = app
+        self.ring = ring
+        self.auth = auth
+        self.limiter = limiter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(API + "/"):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        try:
+            key = self._key(request)
+            caller = f"key:{key.name}" if key is not None else f"addr:{_address(request)}"
+            wait = self.limiter.wait_for(caller)
+            if wait > 0:
+                raise ApiError(
+                    429,
+                    "too many requests; slow down",
+                    headers={"retry-after": str(max(1, round(wait)))},
+                )
+            if key is None:
+                raise ApiError(
+                    401,
+                    "a valid API key is required: Authorization: Bearer <key>",
+                    headers={"www-authenticate": "Bearer"},
+                )
+        except ApiError as err:
+            await routes.error_response(err)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["key"] = key
+        await self.app(scope, receive, send)
+
+    def _key(self, request: Request) -> ApiKey | None:
+        if not self.auth:
+            return LOOPBACK
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return self.ring.identify(token.strip())
+
+
+def _address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"

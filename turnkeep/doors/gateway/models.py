@@ -1,0 +1,139 @@
+"""The gateway's HTTP API as pydantic models: what every request is validated against, what
+every answer is built from, and what the OpenAPI document describes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from turnkeep.workflows.approval import PendingCall
+from turnkeep.workflows.messages import Message
+from turnkeep.workflows.turn_io import TurnResult
+
+# An agent's name as a request may give it; longer is no agent's.
+_NAME_CHARS = 200
+
+
+class _Request(BaseModel):
+    # A key the API does not have is a mistake worth naming, not something to ignore.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer: one line naming the problem."""
+
+    error: str
+
+
+class AgentInfo(BaseModel):
+    name: str
+    description: str | None = None
+
+
+class AgentList(BaseModel):
+    agents: list[AgentInfo]
+
+
+class StartTurn(_Request):
+    agent: str = Field(min_length=1, max_length=_NAME_CHARS)
+    prompt: str = Field(min_length=1)
+
+
+class TurnStarted(BaseModel):
+    turn_id: str
+    web_ui: str | None = None
+
+
+TurnStatusName = Literal["running", "completed", "failed", "cancelled", "terminated", "timed_out"]
+
+
+class TurnState(BaseModel):
+    turn_id: str
+    status: TurnStatusName
+    result: TurnResult | None = None
+    error: str | None = None
+
+
+class TurnRef(BaseModel):
+    turn_id: str
+
+
+class Approval(PendingCall):
+    """A call waiting for a decision. ``turn_id`` is the turn to send the decision to (the
+    one listed; a call waiting in a child turn is decided through its parent, which passes
+    the decision down); ``child_turn_id`` is the child turn it waits in, if any."""
+
+    turn_id: str  # always set here: where to decide it
+    child_turn_id: str | None = None
+
+
+class ApprovalList(BaseModel):
+    approvals: list[Approval]
+
+
+class DecideCall(_Request):
+    approve: bool
+    reason: str | None = Field(default=None, max_length=2000)
+    arguments: dict[str, Any] | None = None
+
+
+class OpenSession(_Request):
+    agent: str = Field(min_length=1, max_length=_NAME_CHARS)
+
+
+class SessionOpened(BaseModel):
+    session_id: str
+
+
+class SessionState(BaseModel):
+    session_id: str
+    agent: str
+    open: bool
+    messages: list[Message]
+
+
+class SendMessage(_Request):
+    text: str = Field(min_length=1)
+
+
+class MessageSent(BaseModel):
+    turn: int
+    turn_id: str
+
+
+class SessionRef(BaseModel):
+    session_id: str
+
+
+# -- server-sent events: each event's `data` ---------------------------------------------------
+
+
+class MessageData(BaseModel):
+    index: int
+    message: Message
+    turn_id: str | None = None
+
+
+class TextData(BaseModel):
+    text: str
+    call_index: int
+
+
+class ToolCallData(BaseModel):
+    name: str
+    call_id: str
+
+
+class RestartedData(BaseModel):
+    call_index: int
+
+
+class ApprovalData(BaseModel):
+    turn_id: str
+    calls: list[PendingCall]
+
+
+class EndData(BaseModel):
+    status: str
+    error: str | None = None

@@ -1,0 +1,276 @@
+"""The gateway's OpenAPI document, built from the API's pydantic models (``models``): what
+``/openapi.json`` serves and docs/serving/openapi.json holds (a test keeps the two equal)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import sys
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from turnkeep.doors.gateway import models as m
+from turnkeep.workflows.approval import DecisionRecord
+
+TITLE = "turnkeep gateway"
+VERSION = "1"
+_REF = "#/components/schemas/{model}"
+
+_EVENTS = """Server-sent events, until `end`:
+- `message` (`MessageData`; `id:` is its index, so `Last-Event-ID` resumes after it)
+- `text` (`TextData`): live text of the model call in flight
+- `tool_call` (`ToolCallData`)
+- `restarted` (`RestartedData`): a model call retried, its live text starts over
+- `approval` (`ApprovalData`): the calls now waiting (`[]` once none)
+- `end` (`EndData`), then the stream closes.
+`?after=N` (or `Last-Event-ID: N`) starts after message N."""
+
+_MODELS: tuple[type[BaseModel], ...] = (
+    m.ErrorBody,
+    m.AgentList,
+    m.StartTurn,
+    m.TurnStarted,
+    m.TurnState,
+    m.TurnRef,
+    m.ApprovalList,
+    m.DecideCall,
+    DecisionRecord,
+    m.OpenSession,
+    m.SessionOpened,
+    m.SessionState,
+    m.SendMessage,
+    m.MessageSent,
+    m.SessionRef,
+    m.MessageData,
+    m.TextData,
+    m.ToolCallData,
+    m.RestartedData,
+    m.ApprovalData,
+    m.EndData,
+)
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _json(model: type[BaseModel], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref(model)}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    meaning = {
+        400: "malformed JSON or parameter",
+        401: "no key, or a wrong one",
+        403: "the key is not scoped to the agent, or may not decide",
+        404: "no such agent, turn or session",
+        409: "not possible in the workflow's state",
+        413: "the body is over the gateway's limit",
+        422: "the body does not fit the schema",
+        429: "over the key's rate limit",
+        503: "the gateway serves as many streams as it may",
+        504: "no worker answered",
+    }
+    return {str(s): _json(m.ErrorBody, meaning[s]) for s in (401, 429, *statuses)}
+
+
+def _op(
+    summary: str,
+    ok: int,
+    answer: dict[str, Any],
+    *errors: int,
+    body: type[BaseModel] | None = None,
+    params: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": {str(ok): answer, **_errors(*errors)}}
+    if body is not None:
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(body)}},
+        }
+    if params:
+        op["parameters"] = params
+    return op
+
+
+def _path(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+_RESUME = [
+    {
+        "name": "after",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": -1},
+        "description": "Start after this message index.",
+    },
+    {
+        "name": "Last-Event-ID",
+        "in": "header",
+        "required": False,
+        "schema": {"type": "string"},
+        "description": "The id of the last message event received: start after it.",
+    },
+]
+_SSE = {"description": _EVENTS, "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+
+
+@functools.cache
+def _document() -> dict[str, Any]:
+    _, schemas = models_json_schema(
+        [(model, "serialization") for model in _MODELS], ref_template=_REF
+    )
+    turn, session, call = _path("turn_id"), _path("session_id"), _path("call_id")
+    paths: dict[str, Any] = {
+        "/api/agents": {
+            "get": _op("The agents this key may use", 200, _json(m.AgentList, "agents"))
+        },
+        "/api/turns": {
+            "post": _op(
+                "Start a turn",
+                201,
+                _json(m.TurnStarted, "started"),
+                400,
+                403,
+                404,
+                413,
+                422,
+                body=m.StartTurn,
+            )
+        },
+        "/api/turns/{turn_id}": {
+            "get": _op(
+                "A turn's status, and its result once completed",
+                200,
+                _json(m.TurnState, "the turn"),
+                403,
+                404,
+                params=[turn],
+            )
+        },
+        "/api/turns/{turn_id}/events": {
+            "get": _op("Follow a turn", 200, _SSE, 400, 403, 404, 503, params=[turn, *_RESUME])
+        },
+        "/api/turns/{turn_id}/cancel": {
+            "post": _op(
+                "Cancel a turn", 202, _json(m.TurnRef, "cancelling"), 403, 404, 409, params=[turn]
+            )
+        },
+        "/api/turns/{turn_id}/approvals": {
+            "get": _op(
+                "The turn's calls waiting for a decision",
+                200,
+                _json(m.ApprovalList, "waiting calls"),
+                403,
+                404,
+                504,
+                params=[turn],
+            )
+        },
+        "/api/turns/{turn_id}/approvals/{call_id}": {
+            "post": _op(
+                "Approve or deny a waiting call",
+                200,
+                _json(DecisionRecord, "the decision as the turn records it"),
+                400,
+                403,
+                404,
+                409,
+                413,
+                422,
+                504,
+                body=m.DecideCall,
+                params=[turn, call],
+            )
+        },
+        "/api/approvals": {
+            "get": _op(
+                "Every waiting call this key may see", 200, _json(m.ApprovalList, "waiting calls")
+            )
+        },
+        "/api/sessions": {
+            "post": _op(
+                "Open a session",
+                201,
+                _json(m.SessionOpened, "opened"),
+                400,
+                403,
+                404,
+                413,
+                422,
+                body=m.OpenSession,
+            )
+        },
+        "/api/sessions/{session_id}": {
+            "get": _op(
+                "A session and its whole transcript",
+                200,
+                _json(m.SessionState, "the session"),
+                403,
+                404,
+                504,
+                params=[session],
+            )
+        },
+        "/api/sessions/{session_id}/messages": {
+            "post": _op(
+                "Send a message: the turn that answers it",
+                202,
+                _json(m.MessageSent, "sent"),
+                400,
+                403,
+                404,
+                409,
+                413,
+                422,
+                504,
+                body=m.SendMessage,
+                params=[session],
+            )
+        },
+        "/api/sessions/{session_id}/events": {
+            "get": _op(
+                "Follow a session", 200, _SSE, 400, 403, 404, 503, params=[session, *_RESUME]
+            )
+        },
+        "/api/sessions/{session_id}/close": {
+            "post": _op(
+                "Close a session (what is queued is answered first)",
+                202,
+                _json(m.SessionRef, "closing"),
+                403,
+                404,
+                409,
+                504,
+                params=[session],
+            )
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": TITLE, "version": VERSION},
+        "paths": paths,
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    """The document (a fresh copy: callers may change theirs)."""
+    return copy.deepcopy(_document())
+
+
+def render() -> str:
+    """The document as docs/serving/openapi.json holds it."""
+    return json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":  # python -m turnkeep.doors.gateway.openapi > docs/serving/openapi.json
+    sys.stdout.write(render())
