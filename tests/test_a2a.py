@@ -29,12 +29,12 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 from a2a.utils.errors import InvalidParamsError, InvalidRequestError, TaskNotFoundError
-from starlette.requests import Request
 
 from tests.conftest import Harness, HarnessFactory, eventually
 from turnkeep.client.sessions import get_session
 from turnkeep.client.turns import get_turn
-from turnkeep.doors.a2a import Authorize, Caller, Refused, a2a_app, session_id_for
+from turnkeep.doors.a2a import a2a_app, session_id_for
+from turnkeep.doors.gateway import gateway_app
 from turnkeep.support.asgi import AsgiServer, bind, http_url
 from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
@@ -84,13 +84,9 @@ def config(fake: FakeModelApi) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def served(
-    h: Harness, agents: list[str] | None = None, authorize: Authorize | None = None
-) -> AsyncIterator[str]:
+async def served(h: Harness, agents: list[str] | None = None) -> AsyncIterator[str]:
     """The A2A routes of the harness's worker on loopback; yields the base URL."""
-    app = a2a_app(
-        h.client, h.settings, agents or ["test"], task_queue=h.task_queue, authorize=authorize
-    )
+    app = a2a_app(h.client, h.settings, agents or ["test"], task_queue=h.task_queue)
     server = AsgiServer(app, name="a2a")
     port = await server.start(bind("127.0.0.1", 0))
     try:
@@ -383,50 +379,50 @@ async def test_unknown_agents_tasks_and_malformed_requests_are_refused_with_noth
         assert sessions == []
 
 
-CALLERS = {
-    "k-test": Caller(name="alice", decide=True),
-    "k-watch": Caller(name="bob", decide=False),
+ADMIN, READER, OTHER = "a2a-admin-key-0f3e", "a2a-reader-key-77c1", "a2a-other-key-5b20"
+KEYS = {
+    "admin": {"key": ADMIN, "agents": ["*"], "decide": True},
+    "reader": {"key": READER, "agents": ["test"]},
+    "other": {"key": OTHER, "agents": ["other"]},
 }
 
 
-def by_key(request: Request, agent: str) -> Caller:
-    """Keys as a gateway would check them: each scoped to the agent ``test``."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    caller = CALLERS.get(token) if scheme.lower() == "bearer" else None
-    if caller is None:
-        raise Refused(401, "a valid API key is required", {"www-authenticate": "Bearer"})
-    if agent != "test":
-        raise Refused(403, f"this key may not use agent {agent!r}")
-    return caller
-
-
-async def test_authorize_says_who_may_call_and_who_may_decide(
-    fake: FakeModelApi, harness: HarnessFactory
+async def test_behind_the_gateway_keys_say_who_may_call_and_who_may_decide(
+    fake: FakeModelApi, harness: HarnessFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.script(Answer(calls=(("w1", "fs__write", {"text": "draft"}),)), Reply.text("Ok."))
-    async with (
-        harness({"fs": [write]}, **config(fake)) as h,
-        served(h, ["test", "other"], authorize=by_key) as base,
-    ):
-        async with httpx.AsyncClient(timeout=30) as http:
-            card = await http.get(f"{base}/a2a/test/.well-known/agent-card.json")
-            assert card.status_code == 401 and card.headers["www-authenticate"] == "Bearer"
-            body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {}}
-            answer = await http.post(f"{base}/a2a/test/", json=body)
-            assert answer.status_code == 401
-            assert answer.json()["error"]["message"] == "a valid API key is required"
-            other = await http.post(
-                f"{base}/a2a/other/", json=body, headers={"authorization": "Bearer k-test"}
-            )
-            assert other.status_code == 403
-        async with a2a_client(base, streaming=False, key="k-watch") as watcher:
-            task = final_task(await send(watcher, user("write a draft")))
-            assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
-            with pytest.raises(InvalidRequestError, match="may not decide"):
-                await send(watcher, user("approve", task_id=task.id))
-        async with a2a_client(base, streaming=False, key="k-test") as decider:
-            done = final_task(await send(decider, user("approve", task_id=task.id)))
-            assert done.status.state == TaskState.TASK_STATE_COMPLETED
+    async with harness({"fs": [write]}, **config(fake)) as h:
+        settings = h.settings.model_copy(
+            update={"gateway": type(h.settings.gateway).model_validate({"keys": KEYS})}
+        )
+        app = gateway_app(h.client, settings, task_queue=h.task_queue, web=None, a2a=True)
+        server = AsgiServer(app, name="gateway")
+        base = http_url("127.0.0.1", await server.start(bind("127.0.0.1", 0)))
+        try:
+            async with httpx.AsyncClient(timeout=30) as http:
+                card_url = f"{base}/a2a/test/.well-known/agent-card.json"
+                assert (await http.get(card_url)).status_code == 401
+                wrong = await http.get(card_url, headers={"authorization": "Bearer nope"})
+                assert wrong.status_code == 401
+                body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {}}
+                scoped = await http.post(
+                    f"{base}/a2a/test/", json=body, headers={"authorization": f"Bearer {OTHER}"}
+                )
+                assert scoped.status_code == 403
+                assert scoped.json()["error"]["message"] == "this key may not use agent 'test'"
+            async with a2a_client(base, streaming=False, key=READER) as reader:
+                task = final_task(await send(reader, user("write a draft")))
+                assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+                with pytest.raises(InvalidRequestError, match="may not decide"):
+                    await send(reader, user("approve", task_id=task.id))
+            async with a2a_client(base, streaming=False, key=ADMIN) as admin:
+                done = final_task(await send(admin, user("approve", task_id=task.id)))
+                assert done.status.state == TaskState.TASK_STATE_COMPLETED
+        finally:
+            await app.state.gateway.hub.aclose()
+            await server.stop()
         turn = await get_turn(h.client, f"{session_id_for('test', task.id)}/turn-1").result()
-        assert [(d.call_id, d.by) for d in turn.decisions] == [("w1", "a2a:alice")]
-    assert fake.pending("openai") == 0
+        assert [(d.call_id, d.by) for d in turn.decisions] == [("w1", "gateway key admin via a2a")]
+    assert written == ["draft"]
+    # No key, the caller's or the provider's, in any log line.
+    assert not any(k in caplog.text for k in (ADMIN, READER, OTHER, KEY))

@@ -148,7 +148,7 @@ def session_id_for(agent: str, task_id: str) -> str:
 @dataclass(frozen=True)
 class Caller:
     """Who a request is, as ``authorize`` (the gateway's keys) says: the name its decisions are
-    audited under, and whether it may decide calls waiting for approval."""
+    audited under (``<name> via a2a``), and whether it may decide calls waiting for approval."""
 
     name: str
     decide: bool = True
@@ -166,7 +166,7 @@ class Refused(Exception):
 
 Authorize = Callable[[Request, str], Caller]
 # Routes without ``authorize`` (an app on loopback, behind a proxy that checks callers).
-OPEN = Caller(name="a2a", decide=True)
+OPEN = Caller(name="anyone", decide=True)
 _CALLER = "turnkeep.a2a.caller"  # the request scope's key for the Caller
 # Headers the SDK would otherwise copy into each request's context: none of its business.
 _PRIVATE_HEADERS = ("authorization", "proxy-authorization", "cookie")
@@ -468,7 +468,7 @@ class SessionRequestHandler(RequestHandler):
                         decision.call_id,
                         decision.approve,
                         decision.reason,
-                        by=f"a2a:{_caller(context).name}",
+                        by=f"{_caller(context).name} via a2a",
                         arguments=decision.arguments,
                     )
                 except WorkflowUpdateFailedError as err:
@@ -893,22 +893,24 @@ def a2a_routes(
     agents: Sequence[str] | None = None,
     *,
     prefix: str = "/a2a",
-    task_queue: str | None = None,
+    task_queue: str | Callable[[str], str] | None = None,
     public_url: str | None = None,
     bearer: bool = True,
     authorize: Authorize | None = None,
+    max_body: int = MAX_BODY,
 ) -> list[BaseRoute]:
     """Starlette routes serving ``agents`` (default: every agent of ``settings``) over A2A:
     ``{prefix}/{agent}/`` takes JSON-RPC (A2A 1.0, and 0.3's method names), and
     ``{prefix}/{agent}/.well-known/agent-card.json`` is the agent's card. Any other agent gets
     a JSON-RPC error (its card, a 404), nothing started.
 
-    ``task_queue``: where sessions run (by default each agent's queue, as ``turnkeep chat``
-    starts them); ``public_url``: the base URL clients reach these routes at, for the card
-    (by default the URL the card was asked at); ``bearer``: whether the card says a bearer key
-    is required. ``authorize(request, agent)`` says who a request is (a ``Caller``) or raises
-    ``Refused``; it is asked first, for the card too. Without it every request is served as
-    ``OPEN``: serve such routes on loopback only, or behind something that checks callers."""
+    ``task_queue``: where sessions run, one queue or a function of the agent (by default each
+    agent's queue, as ``turnkeep chat`` starts them); ``public_url``: the base URL clients
+    reach these routes at, for the card (by default the URL the card was asked at);
+    ``bearer``: whether the card says a bearer key is required. ``authorize(request, agent)``
+    says who a request is (a ``Caller``) or raises ``Refused``; it is asked first, for the card
+    too. Without it every request is served as ``OPEN``: serve such routes on loopback only,
+    or behind something that checks callers. ``max_body``: the largest request, in bytes."""
     names = list(settings.agents) if agents is None else list(agents)
     unknown = sorted(set(names) - set(settings.agents))
     if unknown:
@@ -922,7 +924,11 @@ def a2a_routes(
         handler = SessionRequestHandler(
             client,
             name,
-            task_queue=task_queue or agent_task_queue(settings.task_queue, name),
+            task_queue=(
+                task_queue(name)
+                if callable(task_queue)
+                else task_queue or agent_task_queue(settings.task_queue, name)
+            ),
             on_new_message=settings.agents[name].on_new_message,
             card=cards[name],
         )
@@ -943,9 +949,9 @@ def a2a_routes(
             return _rpc_error(
                 InvalidRequestError(message=f"no agent {_shown(name)} is served here")
             )
-        body = await _bounded_body(request)
+        body = await _bounded_body(request, max_body)
         if body is None:
-            return _rpc_error(InvalidRequestError(message=f"the request is over {MAX_BODY} bytes"))
+            return _rpc_error(InvalidRequestError(message=f"the request is over {max_body} bytes"))
         return await dispatcher.handle_requests(Request(request.scope, _replay(body, request)))
 
     async def card(request: Request) -> Response:
@@ -995,15 +1001,15 @@ def _rpc_error(
     return JSONResponse(build_error_response(None, error), status_code=status, headers=headers)
 
 
-async def _bounded_body(request: Request) -> bytes | None:
-    """The request's body, or None past ``MAX_BODY`` (read no further)."""
+async def _bounded_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None past ``limit`` bytes (read no further)."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY:
+    if declared.isdigit() and int(declared) > limit:
         return None
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
-        if len(body) > MAX_BODY:
+        if len(body) > limit:
             return None
     return bytes(body)
 
