@@ -25,6 +25,7 @@ from a2a.types.a2a_pb2 import (
     Role,
     SendMessageRequest,
     StreamResponse,
+    SubscribeToTaskRequest,
     Task,
     TaskState,
 )
@@ -242,8 +243,8 @@ async def test_a_call_needing_approval_is_input_required_and_the_decision_resume
         Reply.text("Not written."),
         api="openai",
     )
-    async with harness({"fs": [write]}, **config(fake)) as h, served(h) as base:
-        async with a2a_client(base, streaming=True) as client:
+    async with harness({"fs": [write]}, **config(fake)) as h:
+        async with served(h) as base, a2a_client(base, streaming=True) as client:
             events = await send(client, user("write a draft"))
             waiting = events[-1].status_update.status
             assert waiting.state == TaskState.TASK_STATE_INPUT_REQUIRED
@@ -254,6 +255,10 @@ async def test_a_call_needing_approval_is_input_required_and_the_decision_resume
             # A message that is not a decision is refused while the call waits.
             with pytest.raises(InvalidParamsError, match="wait for a decision"):
                 await send(client, user("hello?", task_id=task_id))
+        # Another server, as after a gateway restart: nothing was kept but the session.
+        async with served(h) as base, a2a_client(base, streaming=True) as client:
+            got = await client.get_task(GetTaskRequest(id=task_id))
+            assert got.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
             decision = new_data_part(
                 {"call_id": "w1", "approve": True, "arguments": {"text": "edited"}}
             )
@@ -262,7 +267,7 @@ async def test_a_call_needing_approval_is_input_required_and_the_decision_resume
             assert end.state == TaskState.TASK_STATE_COMPLETED
             assert get_message_text(end.message) == "Wrote it."
             assert written == ["edited"]
-        async with a2a_client(base, streaming=False) as client:
+        async with served(h) as base, a2a_client(base, streaming=False) as client:
             # Non-streaming, and decided by text.
             task = final_task(await send(client, user("another", task_id=task_id)))
             assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
@@ -294,10 +299,15 @@ async def test_cancel_cancels_the_turn_and_the_task_goes_on(
         task_id = first.task.id
         session = get_session(h.client, session_id_for("test", task_id))
         await eventually(lambda: started, "the slow tool runs")
+        # A second follower joins the running turn (tasks/resubscribe).
+        joined = client.subscribe(SubscribeToTaskRequest(id=task_id))
+        snapshot = await anext(joined)
+        assert snapshot.task.status.state == TaskState.TASK_STATE_WORKING
         cancelled = await client.cancel_task(CancelTaskRequest(id=task_id))
         assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
-        rest = [event async for event in stream]
-        assert rest[-1].status_update.status.state == TaskState.TASK_STATE_CANCELED
+        for follower in (stream, joined):
+            rest = [event async for event in follower]
+            assert rest[-1].status_update.status.state == TaskState.TASK_STATE_CANCELED
         # The session goes on: the next message is a new turn on the repaired conversation.
         events = await send(client, user("still there?", task_id=task_id))
         assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
