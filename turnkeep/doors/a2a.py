@@ -1,7 +1,7 @@
 """Agents served over A2A (the agent-to-agent protocol, ``a2a-sdk``): one JSON-RPC endpoint and
 agent card per agent, thin over the session client API.
 
-The mapping (docs/serving/a2a.md):
+The mapping (the documentation's *Serving agents: A2A*):
 
 - an A2A task is a turnkeep session: its id is the task's, and the task's context id is the
   same id, so a follow-up naming either reaches the same session;
