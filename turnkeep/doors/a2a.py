@@ -527,7 +527,9 @@ class SessionRequestHandler(RequestHandler):
                         pause = min(
                             max(pause * 2, APPROVAL_POLL_SECONDS), MAX_APPROVAL_POLL_SECONDS
                         )
-                        waiting = await _waiting(turn)
+                        # The session's running turn: a message queued behind a turn whose
+                        # call waits is answered only once that call is decided.
+                        waiting = await self._waiting_in(session)
                         if waiting:
                             yield _status(
                                 task_id,
@@ -591,6 +593,11 @@ class SessionRequestHandler(RequestHandler):
             text = answer
         final = _agent_message(task_id, f"{follow.turn_id}/end", [Part(text=text)])
         yield _status(task_id, state, final)
+
+    async def _waiting_in(self, session: SessionHandle) -> list[PendingCall]:
+        """The calls of the session's running turn that wait for a decision."""
+        running = (await session.progress()).turn
+        return [] if running is None else await _waiting(get_turn(self.client, running.workflow_id))
 
     async def _snapshot(self, task_id: str, session: SessionHandle, running: bool) -> Task:
         """The task as its session stands: every ended turn's messages, and its state."""
