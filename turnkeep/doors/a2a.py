@@ -599,6 +599,16 @@ class SessionRequestHandler(RequestHandler):
         running = (await session.progress()).turn
         return [] if running is None else await _waiting(get_turn(self.client, running.workflow_id))
 
+    async def _transcript(self, session: SessionHandle) -> list[TurnMessage]:
+        """The messages of the session's ended turns."""
+        messages: list[TurnMessage] = await query_retrying(
+            session.handle, SessionWorkflow.transcript, 0
+        )
+        return messages
+
+    async def _history(self, task_id: str, session: SessionHandle) -> list[Message]:
+        return _history(task_id, await self._transcript(session))
+
     async def _snapshot(self, task_id: str, session: SessionHandle, running: bool) -> Task:
         """The task as its session stands: every ended turn's messages, and its state."""
         message: Message | None = None
@@ -609,7 +619,7 @@ class SessionRequestHandler(RequestHandler):
             state: TaskState = TaskState.TASK_STATE_COMPLETED
         else:
             progress = await session.progress()
-            transcript = await query_retrying(session.handle, SessionWorkflow.transcript, 0)
+            transcript = await self._transcript(session)
             if progress.turn is not None:
                 waiting = await _waiting(get_turn(self.client, progress.turn.workflow_id))
                 state = (
@@ -624,11 +634,7 @@ class SessionRequestHandler(RequestHandler):
                 state, text = await _turn_end(get_turn(self.client, last))
                 if state != TaskState.TASK_STATE_COMPLETED:
                     message = _agent_message(task_id, f"{last}/end", [Part(text=text)])
-        history = [
-            converted
-            for i, m in enumerate(transcript)
-            if (converted := to_a2a(m, task_id, f"{task_id}/{i}")) is not None
-        ]
+        history = _history(task_id, transcript)
         if state == TaskState.TASK_STATE_COMPLETED and transcript:
             final = transcript[-1]
             if final.role == "assistant" and final.text:
@@ -654,14 +660,19 @@ class SessionRequestHandler(RequestHandler):
                     final = event
                 elif event.artifact.name == "answer":
                     artifacts.append(event.artifact)
-        task = await self._snapshot(task_id, session, running=True)
-        if final is not None:
-            task.status.CopyFrom(final.status)
-            if artifacts:
-                del task.artifacts[:]
-                task.artifacts.extend(artifacts)
+        if final is None:  # return_immediately: the task as it stands
+            task = await self._snapshot(task_id, session, running=True)
         else:
-            task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_WORKING))
+            config = params.configuration
+            unwanted = config.HasField("history_length") and config.history_length == 0
+            history = [] if unwanted else await self._history(task_id, session)
+            task = Task(
+                id=task_id,
+                context_id=task_id,
+                status=final.status,
+                history=history,
+                artifacts=artifacts,
+            )
         return apply_history_length(task, params.configuration)
 
     async def on_message_send_stream(
@@ -764,6 +775,15 @@ class SessionRequestHandler(RequestHandler):
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext
     ) -> AgentCard:
         raise UnsupportedOperationError(message="there is no extended agent card")
+
+
+def _history(task_id: str, transcript: Sequence[TurnMessage]) -> list[Message]:
+    """A session's transcript as a task's history (ids by index: the same on every read)."""
+    return [
+        converted
+        for i, m in enumerate(transcript)
+        if (converted := to_a2a(m, task_id, f"{task_id}/{i}")) is not None
+    ]
 
 
 class _Follow(BaseModel):
