@@ -35,6 +35,7 @@ from bench import (
     throughput,
 )
 from bench.environment import Environment, environment
+from bench.gateway import gateway_bench
 from bench.live_stream import live_stream
 from bench.memory import worker_memory
 from bench.report import Table, Target
@@ -51,6 +52,7 @@ SECTIONS = (
     "sessions",
     "teams",
     "live",
+    "gateway",
     "memory",
     "flags",
 )
@@ -206,6 +208,18 @@ async def run(args: argparse.Namespace) -> Results:
     async def live_section(env: Environment) -> None:
         out.tables.append(await live_stream(env.client, 5 if quick else 20, env.payloads))
 
+    async def gateway_section(env: Environment) -> None:
+        out.tables.append(
+            await gateway_bench(
+                env.client,
+                env.info,
+                watchers=1000,
+                turns=1 if quick else 3,
+                starts=20 if quick else 50,
+                payloads=env.payloads,
+            )
+        )
+
     async def memory_section(env: Environment) -> None:
         with FakeModelApi(default=Reply.delay(3600, then=Reply.text("done"))) as fake:
             table, _ = await worker_memory(env, fake, memory_turns)
@@ -221,6 +235,7 @@ async def run(args: argparse.Namespace) -> Results:
         "sessions": sessions_section,
         "teams": teams_section,
         "live": live_section,
+        "gateway": gateway_section,
         "memory": memory_section,
     }
     with tempfile.TemporaryDirectory(prefix="turnkeep-bench-") as name:

@@ -392,6 +392,43 @@ def test_compose_config_job_generates_secrets_once(
     assert any(v.split(":")[1] == tools for v in worker_volumes)
 
 
+def test_compose_serves_the_gateway_with_a_generated_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compose: dict[str, Any]
+) -> None:
+    gateway = compose["services"]["gateway"]
+    assert gateway["entrypoint"] == ["turnkeep", "gateway"]
+    assert gateway["command"][gateway["command"].index("--config") + 1] == (
+        "/etc/turnkeep/turnkeep.yaml"
+    )
+    assert "--no-worker" in gateway["command"]
+    (published,) = gateway["ports"]
+    assert published.startswith("127.0.0.1:")  # the host's loopback; a proxy serves it further
+    listen = gateway["command"][gateway["command"].index("--listen") + 1]
+    assert published.endswith(":" + listen.rsplit(":", 1)[1])
+    assert "/openapi.json" in " ".join(gateway["healthcheck"]["test"])
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    env = {
+        **os.environ,
+        "TURNKEEP_CONFIG_SOURCE": str(COMPOSE / "turnkeep.yaml"),
+        "TURNKEEP_CONFIG_DIR": str(etc),
+    }
+    script = str(COMPOSE / "init-config.py")
+    # A secrets file from before the gateway gets a key added, its other secrets kept.
+    secrets = etc / "turnkeep.secrets.yaml"
+    earlier = "encryption:\n  keys:\n    compose-1: " + "A" * 43 + "=\n"
+    secrets.write_text(earlier)
+    subprocess.run([sys.executable, script], env=env, check=True, capture_output=True)
+    assert secrets.read_text().startswith(earlier)
+    monkeypatch.setenv("TURNKEEP_MODEL", "")
+    settings = load_settings(etc / "turnkeep.yaml")
+    admin = settings.gateway.keys["admin"]
+    assert admin.decide and admin.agents == ["*"]
+    assert len(admin.key.get_secret_value()) >= 32
+    subprocess.run([sys.executable, script], env=env, check=True, capture_output=True)
+    assert load_settings(etc / "turnkeep.yaml").gateway.keys["admin"].key == admin.key
+
+
 def test_prometheus_scrapes_every_worker_and_the_server(compose: dict[str, Any]) -> None:
     config = yaml.safe_load((COMPOSE / "prometheus" / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}

@@ -7,6 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,8 +20,10 @@ import httpx2
 import pytest
 from starlette.applications import Starlette
 
-from tests.conftest import Harness, HarnessFactory, eventually, write_script
+from tests.conftest import Harness, HarnessFactory, eventually, turnkeep, write_script
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.doors.gateway import gateway_app
+from turnkeep.doors.gateway.fanout import Event, Watcher
 from turnkeep.doors.gateway.openapi import openapi_document
 from turnkeep.support.asgi import AsgiServer, bind, http_url
 from turnkeep.testing.fake_api import Answer, FakeModelApi
@@ -293,7 +299,8 @@ async def test_bad_requests_get_one_line_errors_and_start_nothing(
         gateway(h, max_body_bytes=2048) as http,
     ):
         other_turn = await started_turn(http, "hello", agent="other")
-        before = await count_workflows(h)
+        # The server's visibility store lists a workflow shortly after its start.
+        await eventually(lambda: has_workflows(h, 1), "the other agent's turn listed")
 
         async def error(method: str, path: str, key: str | None, **kwargs: Any) -> tuple[int, str]:
             headers = {**(bearer(key) if key else {}), **kwargs.pop("headers", {})}
@@ -357,7 +364,6 @@ async def test_bad_requests_get_one_line_errors_and_start_nothing(
         assert (status, message) == (400, "Last-Event-ID must be a message index (an integer)")
         assert (await error("GET", "/api/nothing", ADMIN))[0] == 404
         assert (await error("DELETE", "/api/turns", ADMIN))[0] == 405
-        assert await count_workflows(h) == before
         # Only the agents the key may use.
         agents = (await http.get("/api/agents", headers=bearer(READER))).json()
         assert agents == {"agents": [{"name": "test", "description": "echoes"}]}
@@ -365,6 +371,8 @@ async def test_bad_requests_get_one_line_errors_and_start_nothing(
         await eventually(
             lambda: turn_status(http, other_turn, "completed"), "the other agent's turn ended"
         )
+        # Nothing but that turn was started on the worker's queue by all of the above.
+        assert await has_workflows(h, 1)
 
 
 async def turn_status(http: httpx2.AsyncClient, turn_id: str, status: str) -> bool:
@@ -372,9 +380,9 @@ async def turn_status(http: httpx2.AsyncClient, turn_id: str, status: str) -> bo
     return bool(state["status"] == status)
 
 
-async def count_workflows(h: Harness) -> int:
+async def has_workflows(h: Harness, count: int) -> bool:
     query = f"TaskQueue = '{h.task_queue}'"
-    return (await h.client.count_workflows(query)).count
+    return (await h.client.count_workflows(query)).count == count
 
 
 async def test_requests_past_the_rate_limit_get_429(harness: HarnessFactory) -> None:
@@ -400,3 +408,124 @@ async def test_the_openapi_document_served_is_the_one_in_the_docs(
         "docs/serving/openapi.json is stale: "
         "python -m turnkeep.doors.gateway.openapi > docs/serving/openapi.json"
     )
+
+
+async def test_a_watcher_too_far_behind_is_let_go_not_buffered() -> None:
+    watcher = Watcher(0, buffer=16)
+    for i in range(1000):
+        watcher.offer(Event(kind="message", frame=b"x", index=i, count=i))
+    # It holds one marker, not the thousand events: its stream ends, and the client resumes
+    # from the last message it got.
+    assert watcher.dropped and watcher.queue.qsize() == 1
+
+
+async def test_a_sessions_waiting_call_is_streamed_and_decided_through_its_turn(
+    harness: HarnessFactory, tmp_path: Path
+) -> None:
+    async with harness({"fs": [look]}, **gated(tmp_path)) as h, gateway(h) as http:
+        opened = await http.post("/api/sessions", json={"agent": "test"}, headers=bearer(ADMIN))
+        base = f"/api/sessions/{opened.json()['session_id']}"
+        seen: Events = []
+        watcher = asyncio.ensure_future(events(http, f"{base}/events", sink=seen))
+        sent = await http.post(f"{base}/messages", json={"text": "look"}, headers=bearer(ADMIN))
+        turn_id = sent.json()["turn_id"]  # `<session>/turn-1`: a '/' in the path
+        waiting = await eventually(
+            lambda: [d for n, d, _ in seen if n == "approval" and d["calls"]], "an approval event"
+        )
+        assert waiting[0]["turn_id"] == turn_id
+        listed = (await http.get(f"/api/turns/{turn_id}/approvals", headers=bearer(ADMIN))).json()
+        assert [a["call_id"] for a in listed["approvals"]] == ["w1"]
+        denied = await http.post(
+            f"/api/turns/{turn_id}/approvals/w1",
+            json={"approve": False, "reason": "not now"},
+            headers=bearer(ADMIN),
+        )
+        assert denied.status_code == 200 and denied.json()["decision"] == "deny", denied.text
+        await eventually(
+            lambda: [
+                d for n, d, _ in seen if n == "approval" and d == {"turn_id": turn_id, "calls": []}
+            ],
+            "the approval event saying none waits",
+        )
+        await eventually(lambda: len(messages(seen)) >= 4, "the turn's answer after the denial")
+        assert (await http.post(f"{base}/close", headers=bearer(ADMIN))).status_code == 202
+        got = await watcher
+        assert got[-1][:2] == ("end", {"status": "completed", "error": None})
+        assert {m["turn_id"] for m in messages(got)} == {turn_id}
+
+
+async def test_the_command_refuses_no_auth_off_loopback_and_a_config_without_keys(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    config = tmp_path / "turnkeep.yaml"
+    config.write_text("agents: {test: {model: passthrough}}\n", encoding="utf-8")
+    wide = await asyncio.to_thread(
+        turnkeep,
+        "gateway",
+        "--no-auth",
+        "--listen",
+        "0.0.0.0:8080",
+        temporal=temporal,
+        cwd=tmp_path,
+    )
+    assert wide.returncode != 0 and "loopback only" in wide.stderr, wide.stderr
+    keyless = await asyncio.to_thread(
+        turnkeep, "gateway", "--config", str(config), temporal=temporal, cwd=tmp_path
+    )
+    assert keyless.returncode != 0 and "no API keys" in keyless.stderr, keyless.stderr
+
+
+def start_command(
+    config: Path, port: int, env: dict[str, str], log: Path
+) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [
+                *(sys.executable, "-m", "turnkeep.cli", "--log-level", "debug", "gateway"),
+                *("--config", str(config), "--listen", f"127.0.0.1:{port}"),
+            ],
+            cwd=config.parent,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+async def test_the_command_serves_the_config_and_logs_no_key(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    config = tmp_path / "turnkeep.yaml"
+    config.write_text(
+        "agents: {test: {model: passthrough}}\n"
+        "gateway: {keys: {ops: {key: '${OPS_KEY}', agents: ['*']}}}\n",
+        encoding="utf-8",
+    )
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address, "OPS_KEY": ADMIN}
+    log = tmp_path / "gateway.log"
+    process = start_command(config, port, env, log)
+    try:
+        async with httpx2.AsyncClient(
+            base_url=http_url("127.0.0.1", port), trust_env=False
+        ) as http:
+
+            async def up() -> bool:
+                with contextlib.suppress(httpx2.TransportError):
+                    return (await http.get("/openapi.json")).status_code == 200
+                return False
+
+            await eventually(up, "the gateway serves")
+            agents = await http.get("/api/agents", headers=bearer(ADMIN))
+            assert agents.json() == {"agents": [{"name": "test", "description": None}]}
+            assert (await http.get("/api/agents", headers=bearer(WRONG))).status_code == 401
+            bad = await http.post("/api/turns", content=ADMIN.encode(), headers=bearer(ADMIN))
+            assert bad.status_code == 400 and ADMIN not in bad.text
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    output = log.read_text()
+    assert f"127.0.0.1:{port}" in output
+    for secret in (ADMIN, WRONG):
+        assert secret not in output

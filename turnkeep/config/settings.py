@@ -575,7 +575,8 @@ class RateLimitSettings(_Settings):
 
 
 class GatewaySettings(_SecretSettings):
-    """``turnkeep gateway``: the agents over HTTP, with server-sent events (docs/serving)."""
+    """``turnkeep gateway``: the agents over HTTP, with server-sent events
+    (docs/serving/http.md)."""
 
     # HOST:PORT it listens on; `--listen` overrides it.
     listen: str = Field(default="127.0.0.1:8080", pattern=r"^\S*:\d{1,5}$")
@@ -588,6 +589,7 @@ class GatewaySettings(_SecretSettings):
     cors_origins: list[Origin] = Field(default_factory=list)
     # The largest request body accepted, in bytes.
     max_body_bytes: int = Field(default=256 * 1024, gt=0)
+    # Requests per key, and per client address for requests without a valid key.
     rate_limit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     # How many event streams the process serves at once, over all turns and sessions.
     max_watchers: int = Field(default=10_000, ge=1)

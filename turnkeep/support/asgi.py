@@ -15,7 +15,12 @@ import uvicorn
 def bind(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` (port 0: a free one); raises ``OSError``. Bound here
     rather than by uvicorn, whose bind failure exits the whole process."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY only on sockets that say they
+    # are TCP, and the accepted connections inherit it. Without it, a response written in two
+    # parts (head, then body) waits for the client's delayed ACK, some 40 ms on Linux.
+    sock = socket.socket(
+        socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
+    )
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -16,7 +16,7 @@ from turnkeep.cli.options import Address, ConfigPath, Namespace
 from turnkeep.cli.process import client_and_worker, until_signalled
 from turnkeep.config.files import ConfigError, load_settings
 from turnkeep.doors.gateway import gateway_app
-from turnkeep.doors.gateway.auth import KeysFileError
+from turnkeep.doors.gateway.auth import KeyRing, KeysFileError
 from turnkeep.support.asgi import AsgiServer, bind, http_url
 
 app = typer.Typer()
@@ -77,6 +77,17 @@ def gateway(
             f"--no-auth serves loopback only, not {host}: give keys in gateway.keys",
             param_hint="--no-auth",
         )
+    if not no_auth:
+        try:
+            keys = KeyRing.from_settings(settings)
+        except (ValueError, KeysFileError) as err:
+            raise ConfigError(str(err)) from None
+        if not keys.keys:
+            where = settings.config_file or "the configuration"
+            raise ConfigError(
+                f"{where} gives the gateway no API keys: add some under gateway.keys (or "
+                "gateway.keys_file), or serve loopback only with --no-auth"
+            )
 
     async def go() -> None:
         async with client_and_worker(address, namespace, settings, config, worker=worker) as (
@@ -87,6 +98,7 @@ def gateway(
                 app = gateway_app(
                     client,
                     settings,
+                    keys=None if no_auth else keys,
                     auth=not no_auth,
                     web_ui=settings.gateway.web_ui or (embedded.ui_url if embedded else None),
                     a2a=a2a,

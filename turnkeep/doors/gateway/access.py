@@ -5,6 +5,7 @@ input), never from the request."""
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
@@ -29,6 +30,8 @@ _INPUTS: dict[Kind, type[TurnInput] | type[SessionInput]] = {
 # Workflow ids whose agent is remembered (it never changes): a watcher's reconnect or a page's
 # polling costs one describe, not a history read too.
 _AGENTS_KEPT = 10_000
+# How old a workflow's description a stream's check may take (``Access.workflow``).
+RECENT_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Access:
         self.client = client
         self.settings = settings
         self._agents: OrderedDict[str, str] = OrderedDict()
+        self._recent: OrderedDict[tuple[Kind, str], tuple[float, Found]] = OrderedDict()
 
     def agent(self, key: ApiKey, name: str) -> None:
         """An agent a request names, to start something with: 404 when the config has no
@@ -58,11 +62,29 @@ class Access:
         if not key.may_use(name):
             raise ApiError(403, f"this key may not use agent {name!r}")
 
-    async def workflow(self, key: ApiKey, kind: Kind, workflow_id: str) -> Found:
+    async def workflow(
+        self, key: ApiKey, kind: Kind, workflow_id: str, *, recent: bool = False
+    ) -> Found:
         """The turn or session ``workflow_id``: 404 when there is none (or the id names a
-        workflow of another kind), 403 when it is an agent's the key is not scoped to."""
+        workflow of another kind), 403 when it is an agent's the key is not scoped to.
+
+        ``recent``: a description up to ``RECENT_SECONDS`` old will do (for a stream, whose
+        feed follows the workflow anyway): a thousand watchers connecting at once then cost
+        Temporal one describe, not a thousand. The key's scope is checked every time."""
         if not workflow_id or len(workflow_id) > 1000:
             raise ApiError(404, f"no {kind} {workflow_id!r}")
+        found = self._recent.get((kind, workflow_id)) if recent else None
+        if found is None or time.monotonic() - found[0] > RECENT_SECONDS:
+            found = (time.monotonic(), await self._describe(kind, workflow_id))
+            self._recent[(kind, workflow_id)] = found
+            self._recent.move_to_end((kind, workflow_id))
+            while len(self._recent) > _AGENTS_KEPT:
+                self._recent.popitem(last=False)
+        if not key.may_use(found[1].agent):
+            raise ApiError(403, f"this key may not use the agent of {kind} {workflow_id!r}")
+        return found[1]
+
+    async def _describe(self, kind: Kind, workflow_id: str) -> Found:
         handle = self.client.get_workflow_handle(workflow_id)
         try:
             described = await handle.describe()
@@ -73,8 +95,8 @@ class Access:
         if described.workflow_type != _TYPES[kind]:
             raise ApiError(404, f"no {kind} {workflow_id!r}")
         agent = await self._agent_of(kind, described)
-        if agent is None or not key.may_use(agent):
-            raise ApiError(403, f"this key may not use the agent of {kind} {workflow_id!r}")
+        if agent is None:
+            raise ApiError(403, f"{kind} {workflow_id!r} names no agent this gateway serves")
         return Found(workflow_id=workflow_id, agent=agent, description=described)
 
     async def _agent_of(self, kind: Kind, described: WorkflowExecutionDescription) -> str | None:

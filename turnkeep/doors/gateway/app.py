@@ -23,8 +23,9 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.config.settings import Settings
 from turnkeep.doors.gateway import routes
@@ -158,7 +159,7 @@ def gateway_app(
     app = Starlette(
         routes=app_routes,
         middleware=middleware,
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _failed},  # type: ignore[dict-item]
+        exception_handlers=_HANDLERS,
     )
     app.state.gateway = gateway
     return app
@@ -178,10 +179,20 @@ async def _http_error(request: Request, err: HTTPException) -> Response:
     return JSONResponse({"error": message}, status_code=err.status_code, headers=err.headers)
 
 
-async def _failed(request: Request, err: Exception) -> Response:
-    # The exception's type only: its text may quote what the request carried.
-    log.error("%s %s failed: %s", request.method, request.url.path, type(err).__name__)
-    return JSONResponse({"error": f"the gateway failed: {type(err).__name__}"}, status_code=500)
+async def _temporal_error(request: Request, err: RPCError) -> Response:
+    log.warning("%s %s: Temporal answered %s", request.method, request.url.path, err.status.name)
+    return JSONResponse(
+        {"error": f"Temporal did not answer the request ({err.status.name.lower()})"},
+        status_code=503 if err.status == RPCStatusCode.UNAVAILABLE else 502,
+    )
+
+
+# Each handler takes the exception type it is registered for (Starlette's types say Exception).
+_HANDLERS: dict[Any, Any] = {
+    ApiError: _api_error,
+    HTTPException: _http_error,
+    RPCError: _temporal_error,
+}
 
 
 def _a2a_routes(
@@ -247,7 +258,22 @@ class _Guard:
             await routes.error_response(err)(scope, receive, send)
             return
         scope.setdefault("state", {})["key"] = key
-        await self.app(scope, receive, send)
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as err:
+            # Answered here, not re-raised to the server: its traceback would log what the
+            # exception quotes, which may be what the request carried.
+            log.error("%s %s failed: %s", scope["method"], scope["path"], type(err).__name__)
+            if not started:
+                failed = ApiError(500, f"the gateway failed: {type(err).__name__}")
+                await routes.error_response(failed)(scope, receive, send)
 
     def _key(self, request: Request) -> ApiKey | None:
         if not self.auth:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,11 @@ LINGER_SECONDS = 10.0
 # How often the approval watcher looks at the turn (a describe, answered by the server alone;
 # it asks the worker only once the history has grown).
 APPROVAL_POLL_SECONDS = 0.25
+# A comment line to every watcher this often, so proxies and clients keep idle streams open.
+PING_SECONDS = 15.0
+_PING = b": ping\r\n\r\n"
+# Events sent in one write at most.
+_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -170,39 +176,50 @@ class Hub:
     def watch(self, kind: Kind, workflow_id: str, start: int) -> AsyncIterator[bytes]:
         """The events of the turn or session from message index ``start`` on, as encoded
         frames, until its end (or until the watcher falls behind). Raises
-        ``TooManyWatchers`` at the gateway's limit. Subscribes at once, so no event published
-        after this call is missed."""
+        ``TooManyWatchers`` at the gateway's limit.
+
+        The watcher subscribes when the stream is first read: a response never sent (its
+        client gone first) leaves nothing behind. It misses nothing meanwhile: the feed keeps
+        every message, the live text since the last, and the last approval and end."""
         if self.watching >= self.max_watchers:
             raise TooManyWatchers()
+        self._feed(kind, workflow_id)
+        return self._events(kind, workflow_id, start)
+
+    def _feed(self, kind: Kind, workflow_id: str) -> Feed:
         feed = self.feeds.get((kind, workflow_id))
         if feed is None:
             feed = self._open(kind, workflow_id)
+            self._idle(feed)  # until its first watcher comes
+        return feed
+
+    async def _events(self, kind: Kind, workflow_id: str, start: int) -> AsyncIterator[bytes]:
+        feed = self._feed(kind, workflow_id)
         if feed.idle is not None:
             feed.idle.cancel()
             feed.idle = None
         watcher = Watcher(start, self.buffer)
         backlog = feed.backlog(start)
-        if feed.end is None:
+        ended = feed.end is not None  # the backlog ends with it
+        if not ended:
             feed.watchers.add(watcher)
         self.watching += 1
-        return self._events(feed, watcher, backlog)
-
-    async def _events(
-        self, feed: Feed, watcher: Watcher, backlog: list[Event]
-    ) -> AsyncIterator[bytes]:
         try:
             for event in backlog:
                 if watcher.wants(event):
                     yield event.frame
-            if feed.end is not None and feed.end in backlog:
+            if ended:
                 return
             while True:
-                event = await watcher.queue.get()
-                if event is _DROPPED:
-                    return
-                if watcher.wants(event):
-                    yield event.frame
-                if event.kind == "end":
+                # What has queued up meanwhile goes out in one write: a watcher that fell a
+                # little behind catches up in fewer, larger sends.
+                events = [await watcher.queue.get()]
+                while not watcher.queue.empty() and len(events) < _BATCH:
+                    events.append(watcher.queue.get_nowait())
+                frames = [e.frame for e in events if e is not _DROPPED and watcher.wants(e)]
+                if frames:
+                    yield b"".join(frames)
+                if any(e is _DROPPED or e.kind == "end" for e in events):
                     return
         finally:
             self.watching -= 1
@@ -350,8 +367,12 @@ class Hub:
         its history has grown."""
         shown: list[PendingCall] = []  # what was last published for feed.waiting_turn
         asked: tuple[str, int] | None = None  # the turn and history length last asked at
+        pinged = time.monotonic()
         while feed.end is None:
             await asyncio.sleep(APPROVAL_POLL_SECONDS)
+            if time.monotonic() - pinged >= PING_SECONDS:
+                feed.publish(Event(kind="ping", frame=_PING))
+                pinged = time.monotonic()
             turn_id = feed.workflow_id if feed.kind == "turn" else await self._running_turn(feed)
             if feed.waiting_turn not in (None, turn_id) and shown:
                 # The turn that waited has ended (a session's next turn runs): none waits there.

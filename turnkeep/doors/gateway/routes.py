@@ -12,8 +12,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
-from pydantic import BaseModel
-from sse_starlette import EventSourceResponse
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
@@ -27,7 +26,7 @@ from turnkeep.doors.gateway.access import Access
 from turnkeep.doors.gateway.auth import ALL_AGENTS, ApiKey
 from turnkeep.doors.gateway.errors import ApiError
 from turnkeep.doors.gateway.fanout import Hub, TooManyWatchers, turn_outcome
-from turnkeep.doors.gateway.limits import read_json
+from turnkeep.doors.gateway.limits import describe, read_json
 from turnkeep.doors.gateway.models import (
     AgentInfo,
     AgentList,
@@ -45,6 +44,7 @@ from turnkeep.doors.gateway.models import (
     TurnStarted,
     TurnState,
 )
+from turnkeep.doors.gateway.sse import EventStream
 from turnkeep.workflows import visibility
 from turnkeep.workflows.approval import PendingCall
 from turnkeep.workflows.messages import Message
@@ -136,7 +136,10 @@ async def post_turn(request: Request) -> Response:
     key = gw.key(request)
     body = await read_json(request, StartTurn, gw.max_body)
     gw.access.agent(key, body.agent)
-    turn = TurnInput(agent=body.agent, messages=[body.prompt])
+    try:
+        turn = TurnInput.model_validate({"agent": body.agent, "messages": [body.prompt]})
+    except ValidationError as err:  # what the turn itself refuses (a prompt too long, say)
+        raise ApiError(422, describe(err).replace("messages.0", "prompt")) from None
     handle = await start_turn(
         gw.client,
         turn,
@@ -374,7 +377,7 @@ async def close_session(request: Request) -> Response:
 async def _stream(request: Request, kind: Any, workflow_id: str) -> Response:
     gw = _gateway(request)
     start = _start(request)
-    await gw.access.workflow(gw.key(request), kind, workflow_id)
+    await gw.access.workflow(gw.key(request), kind, workflow_id, recent=True)
     try:
         events = gw.hub.watch(kind, workflow_id, start)
     except TooManyWatchers:
@@ -383,11 +386,7 @@ async def _stream(request: Request, kind: Any, workflow_id: str) -> Response:
             "the gateway serves as many event streams as it may; try again later",
             headers={"retry-after": "5"},
         ) from None
-    return EventSourceResponse(
-        events,
-        ping=15,
-        headers={"cache-control": "no-store", "x-accel-buffering": "no"},
-    )
+    return EventStream(events)  # type: ignore[return-value]
 
 
 def error_response(err: ApiError) -> JSONResponse:
