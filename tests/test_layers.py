@@ -55,7 +55,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     # What a client process imports: connect, turns, sessions, history (which replays a
     # history as a worker would: the worker's replay set-up), live text.
     "client": {"config", "errors", "observability", "payloads", "support", "worker", "workflows"},
-    # Ways in for callers without a Temporal client (the HTTP gateway): over the client API.
+    # Ways in for callers without a Temporal client (the HTTP gateway, A2A): over the client API.
     "doors": {"client", "config", "errors", "observability", "support", "workflows"},
     # The embedded Temporal dev server and the background processes beside it.
     "devserver": {"config", "errors", "observability", "payloads", "support", "workflows"},

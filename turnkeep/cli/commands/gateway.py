@@ -58,6 +58,14 @@ def gateway(
             help="Accept requests without a key (every agent, deciding too): loopback only.",
         ),
     ] = False,
+    a2a: Annotated[
+        bool | None,
+        typer.Option(
+            "--a2a/--no-a2a",
+            help="Serve each agent over A2A at /a2a/<agent>/, behind the same keys "
+            "(default: when a2a-sdk is installed).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the config's agents over HTTP: turns, sessions, approvals and their live events
     (server-sent events), with an OpenAPI document at /openapi.json (docs/serving/http.md).
@@ -93,8 +101,9 @@ def gateway(
                     keys=None if no_auth else keys,
                     auth=not no_auth,
                     web_ui=settings.gateway.web_ui or (embedded.ui_url if embedded else None),
+                    a2a=a2a,
                 )
-            except (ValueError, KeysFileError) as err:
+            except (ValueError, KeysFileError, ImportError) as err:
                 raise ConfigError(str(err)) from None
             server = AsgiServer(app, name="gateway")
             try:

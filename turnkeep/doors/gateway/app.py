@@ -41,6 +41,9 @@ from turnkeep.workflows.turn_io import agent_task_queue
 log = logging.getLogger(__name__)
 
 API = "/api"
+# A2A's routes (turnkeep.doors.a2a), behind the same keys as the API.
+A2A = "/a2a"
+GUARDED = (API + "/", A2A + "/")
 # The web page's files, when the package has them.
 WEB_STATIC = Path(__file__).resolve().parent.parent / "web" / "static"
 
@@ -72,6 +75,7 @@ def gateway_app(
     web_ui: str | None = None,
     web: Path | None = WEB_STATIC,
     mounts: Mapping[str, ASGIApp] | None = None,
+    a2a: bool | None = None,
 ) -> Starlette:
     """The gateway over ``client`` for the agents of ``settings`` (its ``gateway:`` block gives
     the keys, CORS origins and limits).
@@ -83,8 +87,9 @@ def gateway_app(
     ``task_queue``). ``web_ui``: the Temporal Web UI's base URL, for each turn's link (default:
     ``gateway.web_ui``). ``web``: the web page's directory (none: no page). ``mounts``: more
     apps, by path prefix, served without the API's key check (``app.state.gateway.keys``
-    identifies a caller's key for them). Close the app's feeds with
-    ``await app.state.gateway.hub.aclose()``.
+    identifies a caller's key for them). ``a2a``: serve each agent over A2A at
+    ``/a2a/<agent>/`` behind the same keys (``turnkeep.doors.a2a``; default: when ``a2a-sdk``
+    is installed). Close the app's feeds with ``await app.state.gateway.hub.aclose()``.
     """
     config = settings.gateway
     ring = keys if isinstance(keys, KeyRing) else KeyRing(keys) if keys is not None else None
@@ -120,6 +125,8 @@ def gateway_app(
         Mount(API, routes=api),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
+    if a2a is not False:
+        app_routes.extend(_a2a_routes(client, settings, queue_of, required=a2a is True))
     for prefix, mounted in (mounts or {}).items():
         app_routes.append(Mount(prefix, app=mounted))
     if web is not None and (web / "index.html").is_file():
@@ -190,9 +197,37 @@ _HANDLERS: dict[Any, Any] = {
 }
 
 
+def _a2a_routes(
+    client: Client, settings: Settings, queue_of: Callable[[str], str], *, required: bool
+) -> list[BaseRoute]:
+    """The A2A routes, each request's caller its key (the guard has identified it): scoped to
+    agents, allowed to decide or not. None without ``a2a-sdk``, unless ``required``."""
+    try:
+        from turnkeep.doors.a2a import Caller, Refused, a2a_routes
+    except ImportError:
+        if required:
+            raise
+        return []
+
+    def authorize(request: Request, agent: str) -> Caller:
+        key: ApiKey = request.scope["state"]["key"]
+        if not key.may_use(agent):
+            raise Refused(403, f"this key may not use agent {agent!r}")
+        return Caller(name=f"gateway key {key.name}", decide=key.decide)
+
+    return a2a_routes(
+        client,
+        settings,
+        prefix=A2A,
+        task_queue=queue_of,
+        authorize=authorize,
+        max_body=settings.gateway.max_body_bytes,
+    )
+
+
 class _Guard:
-    """Authentication and rate limits for ``/api``, before any route: a request without a
-    valid key never reaches Temporal."""
+    """Authentication and rate limits for ``/api`` and ``/a2a``, before any route: a request
+    without a valid key never reaches Temporal."""
 
     def __init__(self, app: ASGIApp, *, ring: KeyRing, auth: bool, limiter: RateLimiter) -> None:
         self.app = app
@@ -201,7 +236,7 @@ class _Guard:
         self.limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(API + "/"):
+        if scope["type"] != "http" or not scope["path"].startswith(GUARDED):
             await self.app(scope, receive, send)
             return
         request = Request(scope)

@@ -1,0 +1,438 @@
+"""Agents served over A2A (``turnkeep.doors.a2a``), called with the ``a2a-sdk`` client over
+HTTP on loopback, against the real dev server, a worker and the fake model API: a task is a
+session, a message a turn, ``input-required`` an approval wait, streaming the live text."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+from a2a.client import AgentCardResolutionError, ClientConfig, create_client
+from a2a.client.client import Client as A2AClient
+from a2a.helpers.proto_helpers import get_message_text, new_data_part
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageRequest,
+    StreamResponse,
+    SubscribeToTaskRequest,
+    Task,
+    TaskState,
+)
+from a2a.utils.errors import InvalidParamsError, InvalidRequestError, TaskNotFoundError
+
+from tests.conftest import Harness, HarnessFactory, eventually
+from turnkeep.client.sessions import get_session
+from turnkeep.client.turns import get_turn
+from turnkeep.doors.a2a import a2a_app, session_id_for
+from turnkeep.doors.gateway import gateway_app
+from turnkeep.support.asgi import AsgiServer, bind, http_url
+from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
+from turnkeep.workflows.repair import INTERRUPTED_TEXT
+
+pytestmark = pytest.mark.asyncio
+
+KEY = "sk-turnkeep-a2a-7d1e"  # the provider key: never in an answer
+written: list[str] = []
+started: list[str] = []
+gate = asyncio.Event()
+
+
+def write(text: str) -> str:
+    """Writes ``text``."""
+    written.append(text)
+    return f"wrote {text}"
+
+
+async def wait_here(name: str) -> str:
+    """Runs until the test opens the gate."""
+    started.append(name)
+    await gate.wait()
+    return f"{name} done"
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    written.clear()
+    started.clear()
+    gate.clear()
+
+
+def config(fake: FakeModelApi) -> dict[str, Any]:
+    return {
+        "openai": {"api_key": KEY, "base_url": fake.base_url_openai},
+        "streaming": {"listen": "127.0.0.1:0"},
+        "agents": {
+            "test": {
+                "model": "openai.test-model",
+                "servers": ["fs"],
+                "description": "Writes things down.",
+                "approval": {"tools": ["fs__write"]},
+            },
+            "other": {"model": "openai.test-model"},
+        },
+    }
+
+
+@asynccontextmanager
+async def served(h: Harness, agents: list[str] | None = None) -> AsyncIterator[str]:
+    """The A2A routes of the harness's worker on loopback; yields the base URL."""
+    app = a2a_app(h.client, h.settings, agents or ["test"], task_queue=h.task_queue)
+    server = AsgiServer(app, name="a2a")
+    port = await server.start(bind("127.0.0.1", 0))
+    try:
+        yield http_url("127.0.0.1", port)
+    finally:
+        await server.stop()
+
+
+@asynccontextmanager
+async def a2a_client(
+    base: str, *, streaming: bool, key: str | None = None
+) -> AsyncIterator[A2AClient]:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(timeout=60, headers=headers) as http:
+        client = await create_client(
+            f"{base}/a2a/test/", ClientConfig(streaming=streaming, httpx_client=http)
+        )
+        yield client
+
+
+def user(
+    text: str = "", *, task_id: str = "", parts: list[Part] | None = None
+) -> SendMessageRequest:
+    message = Message(
+        message_id=uuid.uuid4().hex,
+        role=Role.ROLE_USER,
+        parts=parts if parts is not None else [Part(text=text)],
+        task_id=task_id,
+    )
+    return SendMessageRequest(message=message)
+
+
+async def send(client: A2AClient, request: SendMessageRequest) -> list[StreamResponse]:
+    return [event async for event in client.send_message(request)]
+
+
+def final_task(events: list[StreamResponse]) -> Task:
+    (only,) = events
+    assert only.HasField("task")
+    return only.task
+
+
+async def test_a_message_is_answered_and_a_second_continues_the_session(
+    fake: FakeModelApi, harness: HarnessFactory
+) -> None:
+    fake.script(
+        Reply.text("Noted: milk."),
+        Reply.text("You asked about milk."),
+        Reply.text("Still milk."),
+        api="openai",
+    )
+    async with harness({"fs": [write]}, **config(fake)) as h, served(h) as base:
+        async with httpx.AsyncClient() as http:
+            card = (await http.get(f"{base}/a2a/test/.well-known/agent-card.json")).json()
+        assert card["name"] == "test" and card["description"] == "Writes things down."
+        assert card["capabilities"]["streaming"] is True
+        assert card["supportedInterfaces"][0]["url"] == f"{base}/a2a/test/"
+        assert [s["id"] for s in card["skills"]] == ["test"]
+        assert "bearer" in card["securitySchemes"]
+        async with a2a_client(base, streaming=False) as client:
+            first = final_task(await send(client, user("remember milk")))
+            assert first.status.state == TaskState.TASK_STATE_COMPLETED
+            assert get_message_text(first.status.message) == "Noted: milk."
+            assert first.context_id == first.id
+            assert [a.name for a in first.artifacts] == ["answer"]
+            second = final_task(await send(client, user("what did I ask?", task_id=first.id)))
+            assert second.id == first.id
+            assert get_message_text(second.status.message) == "You asked about milk."
+            # One session: the model saw the first turn in the second request.
+            said = json.dumps(fake.requests_for("openai")[-1].body["messages"])
+            assert "remember milk" in said and "Noted: milk." in said
+            assert [get_message_text(m) for m in second.history] == [
+                "remember milk",
+                "Noted: milk.",
+                "what did I ask?",
+                "You asked about milk.",
+            ]
+            # The task is the session: tasks/get reads it from there.
+            got = await client.get_task(GetTaskRequest(id=first.id))
+            assert got.status.state == TaskState.TASK_STATE_COMPLETED
+            assert len(got.history) == 4
+            session = get_session(h.client, session_id_for("test", first.id))
+            assert (await session.progress()).turns_ended == 2
+        # A client of A2A 0.3 (its method names, no A2A-Version header) reaches the same task.
+        async with httpx.AsyncClient(timeout=60) as http:
+            message = {
+                "kind": "message",
+                "messageId": "m3",
+                "role": "user",
+                "taskId": first.id,
+                "parts": [{"kind": "text", "text": "and now?"}],
+            }
+            body = {
+                "jsonrpc": "2.0",
+                "id": 3,
+                "method": "message/send",
+                "params": {"message": message},
+            }
+            answer = (await http.post(f"{base}/a2a/test/", json=body)).json()
+        assert answer["result"]["id"] == first.id
+        assert answer["result"]["status"]["state"] == "completed"
+        assert answer["result"]["status"]["message"]["parts"][0]["text"] == "Still milk."
+    assert KEY not in json.dumps(card)
+
+
+async def test_streaming_carries_live_text_before_the_final_message(
+    fake: FakeModelApi, harness: HarnessFactory
+) -> None:
+    held = threading.Event()
+    try:
+        # The answer's last chunk waits until the client has seen live text.
+        fake.script(Reply.text("Streaming works word by word.", hold=held), api="openai")
+        async with (
+            harness({"fs": [write]}, **config(fake)) as h,
+            served(h) as base,
+            a2a_client(base, streaming=True) as client,
+        ):
+            events: list[StreamResponse] = []
+            async for event in client.send_message(user("stream please")):
+                events.append(event)
+                if event.HasField("artifact_update"):
+                    held.set()
+    finally:
+        held.set()
+    assert events[0].HasField("task")
+    live = [
+        e.artifact_update
+        for e in events
+        if e.HasField("artifact_update") and e.artifact_update.artifact.name == "live text"
+    ]
+    assert len(live) > 1 and not live[0].append and live[1].append
+    assert "".join(u.artifact.parts[0].text for u in live) == "Streaming works word by word."
+    final = events[-1]
+    assert final.HasField("status_update")
+    assert final.status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    assert get_message_text(final.status_update.status.message) == "Streaming works word by word."
+    first_live = events.index(next(e for e in events if e.HasField("artifact_update")))
+    first_message = next(
+        i
+        for i, e in enumerate(events)
+        if e.HasField("status_update") and e.status_update.status.HasField("message")
+    )
+    assert first_live < first_message
+
+
+async def test_a_call_needing_approval_is_input_required_and_the_decision_resumes_it(
+    fake: FakeModelApi, harness: HarnessFactory
+) -> None:
+    fake.script(
+        Answer(calls=(("w1", "fs__write", {"text": "draft"}),)),
+        Reply.text("Wrote it."),
+        Answer(calls=(("w2", "fs__write", {"text": "second"}),)),
+        Reply.text("Not written."),
+        api="openai",
+    )
+    async with harness({"fs": [write]}, **config(fake)) as h:
+        async with served(h) as base, a2a_client(base, streaming=True) as client:
+            events = await send(client, user("write a draft"))
+            waiting = events[-1].status_update.status
+            assert waiting.state == TaskState.TASK_STATE_INPUT_REQUIRED
+            text = get_message_text(waiting.message)
+            assert "fs__write" in text and "w1" in text and '"draft"' in text
+            task_id = events[0].task.id
+            assert written == []
+            # A message that is not a decision is refused while the call waits.
+            with pytest.raises(InvalidParamsError, match="wait for a decision"):
+                await send(client, user("hello?", task_id=task_id))
+        # Another server, as after a gateway restart: nothing was kept but the session.
+        async with served(h) as base, a2a_client(base, streaming=True) as client:
+            got = await client.get_task(GetTaskRequest(id=task_id))
+            assert got.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+            decision = new_data_part(
+                {"call_id": "w1", "approve": True, "arguments": {"text": "edited"}}
+            )
+            events = await send(client, user(task_id=task_id, parts=[decision]))
+            end = events[-1].status_update.status
+            assert end.state == TaskState.TASK_STATE_COMPLETED
+            assert get_message_text(end.message) == "Wrote it."
+            assert written == ["edited"]
+        async with served(h) as base, a2a_client(base, streaming=False) as client:
+            # Non-streaming, and decided by text.
+            task = final_task(await send(client, user("another", task_id=task_id)))
+            assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+            task = final_task(await send(client, user("deny: not today", task_id=task_id)))
+            assert task.status.state == TaskState.TASK_STATE_COMPLETED
+            assert get_message_text(task.status.message) == "Not written."
+            assert written == ["edited"]
+            sent = fake.requests_for("openai")[-1].body["messages"]
+            denied = [m for m in sent if m["role"] == "tool"][-1]
+            assert denied["tool_call_id"] == "w2"
+            assert "not today" in denied["content"]
+
+
+async def test_cancel_cancels_the_turn_and_the_task_goes_on(
+    fake: FakeModelApi, harness: HarnessFactory
+) -> None:
+    fake.script(
+        Answer(calls=(("s1", "fs__wait_here", {"name": "slow"}),)),
+        Reply.text("Back again."),
+        api="openai",
+    )
+    async with (
+        harness({"fs": [write, wait_here]}, **config(fake)) as h,
+        served(h) as base,
+        a2a_client(base, streaming=True) as client,
+    ):
+        stream = client.send_message(user("do the slow thing"))
+        first = await anext(stream)
+        task_id = first.task.id
+        session = get_session(h.client, session_id_for("test", task_id))
+        await eventually(lambda: started, "the slow tool runs")
+        # A second follower joins the running turn (tasks/resubscribe).
+        joined = client.subscribe(SubscribeToTaskRequest(id=task_id))
+        snapshot = await anext(joined)
+        assert snapshot.task.status.state == TaskState.TASK_STATE_WORKING
+        cancelled = await client.cancel_task(CancelTaskRequest(id=task_id))
+        assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+        for follower in (stream, joined):
+            rest = [event async for event in follower]
+            assert rest[-1].status_update.status.state == TaskState.TASK_STATE_CANCELED
+        # The session goes on: the next message is a new turn on the repaired conversation.
+        events = await send(client, user("still there?", task_id=task_id))
+        assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+        assert (await session.progress()).turns_ended == 2
+        # The interrupted call was answered by the repair before the model was asked again.
+        tool = [m for m in fake.requests_for("openai")[-1].body["messages"] if m["role"] == "tool"]
+        assert tool[-1]["tool_call_id"] == "s1" and INTERRUPTED_TEXT in json.dumps(tool[-1])
+
+
+async def test_unknown_agents_tasks_and_malformed_requests_are_refused_with_nothing_started(
+    fake: FakeModelApi, harness: HarnessFactory
+) -> None:
+    async with harness({"fs": [write]}, **config(fake)) as h, served(h) as base:
+        async with httpx.AsyncClient(timeout=30) as http:
+            # An agent of the settings that is not served, and one that does not exist.
+            for agent in ("other", "ghost"):
+                card = await http.get(f"{base}/a2a/{agent}/.well-known/agent-card.json")
+                assert card.status_code == 404
+                assert card.json() == {"error": f"no agent '{agent}' is served here"}
+                answer = await http.post(
+                    f"{base}/a2a/{agent}/",
+                    json={"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {}},
+                )
+                assert answer.json()["error"]["message"] == f"no agent '{agent}' is served here"
+            with pytest.raises(AgentCardResolutionError):
+                await create_client(f"{base}/a2a/ghost/", ClientConfig(httpx_client=http))
+            rpc = f"{base}/a2a/test/"
+            headers = {"A2A-Version": "1.0"}
+            bad = await http.post(rpc, content=b"{not json", headers=headers)
+            assert bad.json()["error"]["code"] == -32700
+
+            async def error_of(message: dict[str, Any]) -> str:
+                body = {
+                    "jsonrpc": "2.0",
+                    "id": 7,
+                    "method": "SendMessage",
+                    "params": {"message": message},
+                }
+                answer = (await http.post(rpc, json=body, headers=headers)).json()
+                assert "result" not in answer
+                return str(answer["error"]["message"])
+
+            base_message = {"messageId": "m1", "role": "ROLE_USER"}
+            assert "no parts" in await error_of({**base_message, "parts": []})
+            assert "ROLE_USER" in await error_of(
+                {**base_message, "role": "ROLE_AGENT", "parts": [{"text": "hi"}]}
+            )
+            assert "only text and data parts" in await error_of(
+                {**base_message, "parts": [{"url": "http://example.com/x"}]}
+            )
+            assert "invalid task id" in await error_of(
+                {**base_message, "taskId": "../../etc", "parts": [{"text": "hi"}]}
+            )
+            assert "no call" in await error_of(
+                {**base_message, "parts": [{"data": {"call_id": "x", "approve": True}}]}
+            )
+            assert "decisions.0.approve" in await error_of(
+                {**base_message, "parts": [{"data": {"call_id": "x"}}]}
+            )
+            too_long = "x" * 100_001
+            assert "at most 100000" in await error_of(
+                {**base_message, "parts": [{"text": too_long}]}
+            )
+            huge = await http.post(rpc, content=b" " * 1_048_577, headers=headers)
+            assert "over 1048576 bytes" in huge.json()["error"]["message"]
+        async with a2a_client(base, streaming=False) as client:
+            with pytest.raises(TaskNotFoundError):
+                await client.get_task(GetTaskRequest(id="no-such-task"))
+            with pytest.raises(TaskNotFoundError):
+                await send(client, user("hi", task_id="no-such-task"))
+        # Nothing reached the model, and no session was started.
+        assert fake.requests == []
+        sessions = [
+            w
+            async for w in h.client.list_workflows(
+                f"TaskQueue = '{h.task_queue}' AND WorkflowType = 'SessionWorkflow'"
+            )
+        ]
+        assert sessions == []
+
+
+ADMIN, READER, OTHER = "a2a-admin-key-0f3e", "a2a-reader-key-77c1", "a2a-other-key-5b20"
+KEYS = {
+    "admin": {"key": ADMIN, "agents": ["*"], "decide": True},
+    "reader": {"key": READER, "agents": ["test"]},
+    "other": {"key": OTHER, "agents": ["other"]},
+}
+
+
+async def test_behind_the_gateway_keys_say_who_may_call_and_who_may_decide(
+    fake: FakeModelApi, harness: HarnessFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.script(Answer(calls=(("w1", "fs__write", {"text": "draft"}),)), Reply.text("Ok."))
+    async with harness({"fs": [write]}, **config(fake)) as h:
+        settings = h.settings.model_copy(
+            update={"gateway": type(h.settings.gateway).model_validate({"keys": KEYS})}
+        )
+        app = gateway_app(h.client, settings, task_queue=h.task_queue, web=None, a2a=True)
+        server = AsgiServer(app, name="gateway")
+        base = http_url("127.0.0.1", await server.start(bind("127.0.0.1", 0)))
+        try:
+            async with httpx.AsyncClient(timeout=30) as http:
+                card_url = f"{base}/a2a/test/.well-known/agent-card.json"
+                assert (await http.get(card_url)).status_code == 401
+                wrong = await http.get(card_url, headers={"authorization": "Bearer nope"})
+                assert wrong.status_code == 401
+                body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {}}
+                scoped = await http.post(
+                    f"{base}/a2a/test/", json=body, headers={"authorization": f"Bearer {OTHER}"}
+                )
+                assert scoped.status_code == 403
+                assert scoped.json()["error"]["message"] == "this key may not use agent 'test'"
+            async with a2a_client(base, streaming=False, key=READER) as reader:
+                task = final_task(await send(reader, user("write a draft")))
+                assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+                with pytest.raises(InvalidRequestError, match="may not decide"):
+                    await send(reader, user("approve", task_id=task.id))
+            async with a2a_client(base, streaming=False, key=ADMIN) as admin:
+                done = final_task(await send(admin, user("approve", task_id=task.id)))
+                assert done.status.state == TaskState.TASK_STATE_COMPLETED
+        finally:
+            await app.state.gateway.hub.aclose()
+            await server.stop()
+        turn = await get_turn(h.client, f"{session_id_for('test', task.id)}/turn-1").result()
+        assert [(d.call_id, d.by) for d in turn.decisions] == [("w1", "gateway key admin via a2a")]
+    assert written == ["draft"]
+    # No key, the caller's or the provider's, in any log line.
+    assert not any(k in caplog.text for k in (ADMIN, READER, OTHER, KEY))
