@@ -354,3 +354,43 @@ async def test_stdio_serve_subprocess_keeps_a_session_per_connection(
     assert [m["content"] for m in asked if m["role"] == "user"] == ["Hi!", "Again?"]
     # Every line but JSON-RPC went to stderr.
     assert "serving helper over MCP on stdio" in stderr
+
+
+async def test_http_serve_subprocess_serves_only_the_named_agents_and_stops_on_sigterm(
+    temporal: ServerInfo, fake: FakeModelApi, tmp_path: Path
+) -> None:
+    queue = f"test-http-{uuid.uuid4().hex[:8]}"
+    cfg = write_config(tmp_path / "turnkeep.yaml", config(fake, queue, helper={}, hidden={}))
+    fake.script(Reply.text("Over HTTP."), model="helper-model")
+    argv = [
+        sys.executable, "-m", "turnkeep.cli", "serve", "--port", "0", "--config", str(cfg),
+        "--address", temporal.address, "--worker", "--agents", "helper",
+    ]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        assert line.startswith("serving helper over MCP at http://127.0.0.1:")
+        url = line.split(" at ", 1)[1].strip()
+        async with Client(url) as mcp:
+            names = {t.name for t in (await mcp.list_tools()).tools}
+            answer = await mcp.call_tool("helper", {"message": "Hello?"})
+            empty = await mcp.call_tool("helper", {"message": ""})
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        code = await asyncio.wait_for(proc.wait(), 30)
+    assert names == {"helper", *TOOL_NAMES}
+    assert text(answer) == "Over HTTP."
+    # The tool's input is validated: an empty message starts nothing.
+    assert empty.is_error and text(empty) == (
+        "invalid arguments for helper: message: String should have at least 1 character"
+    )
+    assert len(fake.requests_for_model("helper-model")) == 1
+    assert code == 0

@@ -32,10 +32,14 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import anyio
+import mcp_types
 from fastmcp import Context, FastMCP
 from fastmcp.exceptions import ToolError
+from fastmcp.exceptions import ValidationError as FastMcpValidationError
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.tools import ToolResult
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -192,6 +196,7 @@ class McpDoor:
             # A tool's unexpected failure is told as such, never with its text (which could
             # carry what a caller should not see); turnkeep's own errors are ToolErrors.
             mask_error_details=True,
+            middleware=[_OneLineArgumentErrors()],
         )
         for agent in self.agents:
             self._add_agent_tool(agent)
@@ -550,6 +555,28 @@ def mcp_server(
 
 
 # -- helpers ------------------------------------------------------------------------------------
+
+
+class _OneLineArgumentErrors(Middleware):
+    """A tool call's bad arguments told in one line naming the argument and the problem (not
+    pydantic's report, which spans lines and echoes the value)."""
+
+    async def on_call_tool(
+        self,
+        context: MiddlewareContext[mcp_types.CallToolRequestParams],
+        call_next: CallNext[mcp_types.CallToolRequestParams, ToolResult],
+    ) -> ToolResult:
+        try:
+            return await call_next(context)
+        except FastMcpValidationError as err:
+            cause = err.__cause__
+            if not isinstance(cause, ValidationError) or not cause.errors():
+                raise ToolError(f"invalid arguments for {context.message.name}") from None
+            first = cause.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "arguments"
+            raise ToolError(
+                f"invalid arguments for {context.message.name}: {where}: {first['msg']}"
+            ) from None
 
 
 def _text(result: TurnResult | None) -> str | None:
