@@ -317,15 +317,16 @@ async def test_mcp_server_entry_point_refuses_agents_the_settings_lack(tmp_path:
         mcp_server(fake_client, settings, agents=["b"])
 
 
-async def test_stdio_serve_subprocess_keeps_a_session_per_connection(
-    temporal: ServerInfo, fake: FakeModelApi, tmp_path: Path
+async def test_stdio_serve_subprocess_keeps_a_session_per_connection_and_cancels_on_request(
+    temporal: ServerInfo, client: TemporalClient, fake: FakeModelApi, tmp_path: Path
 ) -> None:
     queue = f"test-stdio-{uuid.uuid4().hex[:8]}"
     cfg = write_config(tmp_path / "turnkeep.yaml", config(fake, queue, helper={}, hidden={}))
-    held = threading.Event()
+    held, never = threading.Event(), threading.Event()
     fake.script(
         Answer(text="Hello over stdio.", hold=held),
         Reply.text("Still here."),
+        Answer(text="Words that stop halfway.", hold=never),
         model="helper-model",
     )
     params = StdioServerParameters(
@@ -344,13 +345,31 @@ async def test_stdio_serve_subprocess_keeps_a_session_per_connection(
             names = {t.name for t in (await mcp.list_tools()).tools}
             first, progress = await call_with_progress(mcp, "helper", "Hi!", release=held)
             second = await mcp.call_tool("helper", {"message": "Again?"})
+            # A call the client cancels: its turn is cancelled too.
+            streaming = asyncio.Event()
+            call = asyncio.create_task(call_with_progress(mcp, "helper", "More?", streaming))
+            try:
+                await asyncio.wait_for(streaming.wait(), 30)
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await call
+
+                async def third_turn() -> list[str]:
+                    listed = client.list_workflows(f"TaskQueue = '{queue}.helper'")
+                    return [w.id async for w in listed if w.id.endswith("/turn-3")]
+
+                [third] = await eventually(third_turn, "the third turn is listed")
+                with pytest.raises(TurnCancelledError):
+                    await asyncio.wait_for(get_turn(client, third).result(), 30)
+            finally:
+                never.set()
         errlog.seek(0)
         stderr = errlog.read()
     assert names == {"helper", *TOOL_NAMES}
     assert text(first) == "Hello over stdio." and "".join(progress) == "Hello over stdio."
     assert text(second) == "Still here."
     # One session for the connection: the second turn's model call saw the first exchange.
-    asked = fake.requests_for_model("helper-model")[-1].body["messages"]
+    asked = fake.requests_for_model("helper-model")[1].body["messages"]
     assert [m["content"] for m in asked if m["role"] == "user"] == ["Hi!", "Again?"]
     # Every line but JSON-RPC went to stderr.
     assert "serving helper over MCP on stdio" in stderr

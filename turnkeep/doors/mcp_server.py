@@ -78,6 +78,8 @@ MAX_WAIT_SECONDS = 300.0
 DECIDE_SECONDS = 30.0
 # The path streamable HTTP is served on.
 MCP_PATH = "/mcp"
+# How many of the turns it started a server remembers (for `drain`), the newest.
+TRACKED_TURNS = 10_000
 # Who a decision made over MCP is recorded as.
 DECIDED_BY = "mcp"
 
@@ -260,9 +262,7 @@ class McpDoor:
 
         # A message sent while another caller's turn runs waits for it: follow ours only.
         await poll_query(session.handle, SessionWorkflow.progress, started)
-        turn = get_turn(self.client, sent.turn_id)
-        self._started[sent.turn_id] = turn
-        return turn
+        return self._track(get_turn(self.client, sent.turn_id))
 
     async def _follow(self, turn: TurnHandle, ctx: Context) -> str:
         """The turn's live text as progress notifications, then its final text."""
@@ -326,8 +326,13 @@ class McpDoor:
         handle = await start_turn(
             self.client, turn, task_queue=agent_task_queue(self.settings.task_queue, agent)
         )
-        self._started[handle.workflow_id] = handle
-        return handle
+        return self._track(handle)
+
+    def _track(self, turn: TurnHandle) -> TurnHandle:
+        self._started[turn.workflow_id] = turn
+        if len(self._started) > TRACKED_TURNS:
+            del self._started[next(iter(self._started))]
+        return turn
 
     # -- turns that outlive a call ----------------------------------------------------------
 
@@ -480,15 +485,23 @@ class McpDoor:
             f"{visibility.AGENT.name} IN ({agents})"
         )
         listed: list[WaitingCall] = []
-        async for execution in self.client.list_workflows(query):
-            agent = self._queues.get(execution.task_queue)
-            if agent is None:
-                continue
-            turn = get_turn(self.client, execution.id)
-            try:
-                listed.extend(await self._waiting(turn, agent))
-            except ToolError:
-                log.warning("the waiting calls of turn %s could not be read", execution.id)
+        try:
+            async for execution in self.client.list_workflows(query):
+                agent = self._queues.get(execution.task_queue)
+                if agent is None:
+                    continue
+                turn = get_turn(self.client, execution.id)
+                try:
+                    listed.extend(await self._waiting(turn, agent))
+                except ToolError:
+                    log.warning("the waiting calls of turn %s could not be read", execution.id)
+        except RPCError as err:
+            if err.status != RPCStatusCode.INVALID_ARGUMENT:
+                raise
+            raise ToolError(
+                "the namespace cannot be searched for waiting calls (register turnkeep's search "
+                "attributes: turnkeep setup); name the turn instead"
+            ) from None
         children = {c.child_turn_id for c in listed if c.child_turn_id is not None}
         return [c for c in listed if c.turn_id not in children]
 
