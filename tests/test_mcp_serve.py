@@ -24,6 +24,7 @@ from temporalio.client import Client as TemporalClient
 
 from tests.conftest import eventually, make_settings
 from tests.worker_process import REPO, write_config
+from turnkeep.client.sessions import get_session
 from turnkeep.client.turns import get_turn
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.doors.mcp_server import TOOL_NAMES, McpDoor, mcp_server
@@ -109,6 +110,7 @@ async def test_http_calls_stream_live_text_and_a_shared_session_keeps_the_conver
     held = threading.Event()
     fake.script(Answer(text="Paris is the capital of France.", hold=held), model="helper-model")
     fake.script(Reply.text("About two million people."), model="helper-model")
+    fake.script(Reply.text("A fresh start."), model="helper-model")
     async with served(
         client,
         fake,
@@ -134,14 +136,21 @@ async def test_http_calls_stream_live_text_and_a_shared_session_keeps_the_conver
         # Another client, the same shared session: the model sees the first exchange.
         async with Client(url) as mcp:
             second = await mcp.call_tool("helper", {"message": "And its population?"})
-        assert text(second) == "About two million people."
+            assert text(second) == "About two million people."
+            # Its session ended elsewhere (`turnkeep sessions close`): the next call opens one.
+            [first_turn, *_] = door.turn_ids
+            await get_session(client, first_turn.rsplit("/", 1)[0]).close()
+            third = await mcp.call_tool("helper", {"message": "Hello again."})
+            assert text(third) == "A fresh start."
     asked = [r.body["messages"] for r in fake.requests_for_model("helper-model")]
     assert [m["content"] for m in asked[1] if m["role"] == "user"] == [
         "Capital of France?",
         "And its population?",
     ]
-    # Each call was a turn of the agent's one session.
-    assert len({turn.rsplit("/", 1)[0] for turn in door.turn_ids}) == 1
+    assert [m["content"] for m in asked[2] if m["role"] == "user"] == ["Hello again."]
+    # The first two calls were turns of one session, the third of the next.
+    sessions = [turn.rsplit("/", 1)[0] for turn in door.turn_ids]
+    assert sessions[0] == sessions[1] != sessions[2]
 
 
 async def test_a_client_cancelling_a_call_cancels_the_turn_which_repairs_itself(

@@ -25,6 +25,7 @@ only turns of those agents: any other id is told as unknown, whether or not it e
 # No `from __future__ import annotations`: the tools' annotations are read by fastmcp when they
 # are registered, and some name the server's own agents.
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -246,11 +247,21 @@ class McpDoor:
     async def _begin(self, agent: str, message: str, ctx: Context) -> TurnHandle:
         """The turn that answers ``message``: a turn of its own (request scope), else the
         session's turn, once it runs."""
-        if self.scope == "request":
+        sessions = self._sessions(ctx)
+        if sessions is None:
             return await self._start(agent, message)
-        session = await self._session(agent, ctx)
         try:
-            sent = await session.send(message)
+            session = await self._kept(sessions, agent, ctx)
+            try:
+                sent = await session.send(message)
+            except (SessionClosedError, WorkflowUpdateFailedError) as err:
+                # Ended or closing (closed by someone, idle too long): the caller's next
+                # message goes to a new session, as fast-agent's next call gets a new instance.
+                if not _session_closed(err):
+                    raise
+                sessions.pop(agent, None)
+                session = await self._kept(sessions, agent, ctx)
+                sent = await session.send(message)
         except SessionClosedError as err:
             raise ToolError(f"{agent}'s session has ended: {err}") from None
         except (WorkflowUpdateFailedError, RPCError) as err:
@@ -261,7 +272,8 @@ class McpDoor:
             return progress.turns_ended >= sent.turn or running == sent.turn_id
 
         # A message sent while another caller's turn runs waits for it: follow ours only.
-        await poll_query(session.handle, SessionWorkflow.progress, started)
+        if await poll_query(session.handle, SessionWorkflow.progress, started) is None:
+            raise ToolError(f"{agent}'s session ended before answering")
         return self._track(get_turn(self.client, sent.turn_id))
 
     async def _follow(self, turn: TurnHandle, ctx: Context) -> str:
@@ -270,7 +282,9 @@ class McpDoor:
         async for event in turn.stream():
             if isinstance(event, TextDelta) and event.text:
                 sent += 1
-                await ctx.report_progress(sent, None, event.text)
+                # A client that cannot be told (gone, say) does not stop the turn's answer.
+                with contextlib.suppress(Exception):
+                    await ctx.report_progress(sent, None, event.text)
         try:
             result = await turn.result()
         except TurnCancelledError:
@@ -279,31 +293,34 @@ class McpDoor:
             raise ToolError(f"turn {turn.workflow_id} failed: {_cause(err)}") from None
         return _text(result) or ""
 
-    async def _session(self, agent: str, ctx: Context) -> SessionHandle:
+    def _sessions(self, ctx: Context) -> dict[str, SessionHandle] | None:
+        """Where the caller's sessions are kept, by agent, as the scope says; None: nowhere
+        (request scope, or a connection this SDK does not let be reached), a turn of its own."""
         if self.scope == "shared":
-            return await self._kept(self._shared, agent)
-        connection = mcp_connection(ctx.session)
-        if connection is None:  # nothing to keep it on: a session of one call
-            return await self._open(agent)
-        if connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            # A 2026-era request is a connection of its own. Over stdio the process serves
-            # one client, whose session lasts as long as the process; over HTTP nothing ties
-            # one request to the next: a session for this call, closed with it.
-            if ctx.transport == "stdio":
-                return await self._kept(self._process, agent)
-            return await self._open(agent, close_with=connection)
+            return self._shared
+        connection = mcp_connection(ctx.session) if self.scope == "connection" else None
+        if connection is None:
+            return None
+        # A 2026-era request is a connection of its own. Over stdio the process serves one
+        # client, whose sessions last as long as the process; over HTTP nothing ties one
+        # request to the next: a session for this call, closed with it.
+        if connection.protocol_version in MODERN_PROTOCOL_VERSIONS and ctx.transport == "stdio":
+            return self._process
         sessions: dict[str, SessionHandle] = connection.state.setdefault("turnkeep", {})
-        session = sessions.get(agent)
-        if session is None:
-            session = sessions[agent] = await self._open(agent, close_with=connection)
-        return session
+        return sessions
 
-    async def _kept(self, sessions: dict[str, SessionHandle], agent: str) -> SessionHandle:
-        """The agent's session in ``sessions``, opened on first use (once, whoever asks)."""
+    async def _kept(
+        self, sessions: dict[str, SessionHandle], agent: str, ctx: Context
+    ) -> SessionHandle:
+        """The agent's session in ``sessions``, opened on first use (once, whoever asks); one
+        kept on an MCP connection is closed when the connection ends."""
         async with self._lock:
             session = sessions.get(agent)
             if session is None:
-                session = sessions[agent] = await self._open(agent)
+                keeper = None
+                if sessions is not self._shared and sessions is not self._process:
+                    keeper = mcp_connection(ctx.session)
+                session = sessions[agent] = await self._open(agent, close_with=keeper)
         return session
 
     async def _open(self, agent: str, *, close_with: Any = None) -> SessionHandle:
@@ -608,6 +625,12 @@ def _cause(err: BaseException) -> str:
     if isinstance(cause, RPCError):
         return _first_line(Exception(cause.message))
     return _first_line(cause)
+
+
+def _session_closed(err: Exception) -> bool:
+    """Whether a send failed because the session has ended or is closing (its validator's
+    words for the second)."""
+    return isinstance(err, SessionClosedError) or "session is closed" in _cause(err)
 
 
 def _waiting_call(turn_id: str, agent: str, call: PendingCall) -> WaitingCall:
