@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import signal
+from collections.abc import Coroutine
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
-from turnkeep.cli.process import client_and_worker, runs_worker, until_signalled
+from turnkeep.cli.process import client_and_worker, runs_worker
 from turnkeep.config.files import ConfigError, load_settings
 from turnkeep.doors.mcp_server import McpDoor
 
@@ -64,8 +66,9 @@ def serve(
     drain: Annotated[
         float,
         typer.Option(
-            help="With a worker in this process: on leaving, how many seconds the turns this "
-            "server started get to finish."
+            help="With a worker in this process: on leaving (stdin closed, or a first "
+            "SIGINT/SIGTERM), how many seconds the turns this server started get to finish; "
+            "another signal ends the wait."
         ),
     ] = 600.0,
 ) -> None:
@@ -91,18 +94,46 @@ def serve(
                 )
             except ValueError as err:
                 raise ConfigError(f"cannot serve: {err}") from None
+            signals = _Signals()
             if transport is Transport.stdio:
                 console.print(f"[dim]serving {', '.join(door.agents)} over MCP on stdio[/]")
-                await door.server.run_stdio_async(show_banner=False)
+                # Until the client closes stdin (or stops the process with a signal).
+                await signals.until(door.server.run_stdio_async(show_banner=False))
             else:
-                await _serve_http(door, host, port)
+                await _serve_http(door, host, port, signals)
             if in_process:
-                await _drain(door, drain)
+                await signals.until(_drain(door, drain))
 
     asyncio.run(go())
 
 
-async def _serve_http(door: McpDoor, host: str, port: int) -> None:
+class _Signals:
+    """SIGINT/SIGTERM, counted: each ends what ``until`` runs at the time (serving, then the
+    drain), so a second Ctrl-C stops a drain the first began."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._event.set)
+
+    async def until(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run ``work`` until it ends or a signal comes; its failure is raised."""
+        self._event.clear()
+        task = asyncio.ensure_future(work)
+        signalled = asyncio.ensure_future(self._event.wait())
+        try:
+            await asyncio.wait({task, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pending in (task, signalled):
+                pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if task.done() and not task.cancelled():
+            task.result()
+
+
+async def _serve_http(door: McpDoor, host: str, port: int, signals: _Signals) -> None:
     async with contextlib.AsyncExitStack() as stack:
         try:
             url = await stack.enter_async_context(door.serve_http(host, port))
@@ -114,7 +145,7 @@ async def _serve_http(door: McpDoor, host: str, port: int) -> None:
                 f"[yellow]warning: listening on {host} lets any host that reaches it start "
                 "turns; put an authenticating proxy in front (docs: Serving agents over MCP)[/]"
             )
-        await until_signalled()
+        await signals.until(asyncio.Event().wait())
 
 
 async def _drain(door: McpDoor, seconds: float) -> None:
