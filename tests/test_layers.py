@@ -77,6 +77,8 @@ MAY_IMPORT: dict[str, set[str]] = {
         "workflow",
         "workflows",
     },
+    # Front doors (MCP, HTTP, A2A): thin layers over the client API.
+    "doors": {"client", "config", "errors", "observability", "support", "workflows"},
     # The command line: no other room lists it, so nothing in turnkeep may import it.
     "cli": {
         "activities",

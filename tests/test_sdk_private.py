@@ -20,7 +20,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
 
-from fastmcp import FastMCP
+from fastmcp import Client as FastMcpClient
+from fastmcp import Context, FastMCP
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import CommandType
 from temporalio.bridge.proto.activity_result import ActivityResolution, Success
@@ -48,6 +49,8 @@ from turnkeep.support.sdk_private import (
     DecodingStages,
     WorkflowTracingHooks,
     decoding_outside_commands,
+    mcp_cancel_requested,
+    mcp_connection,
     server_info_stamp,
     workflow_evictor,
 )
@@ -245,6 +248,22 @@ def test_fastmcp_lets_a_server_s_identity_stamp_be_read() -> None:
     assert server_info_stamp(server) == stamp
 
 
+async def test_mcp_lets_a_tool_read_its_cancellation_and_its_connection() -> None:
+    server = FastMCP("cancellable")
+
+    @server.tool
+    def look(ctx: Context) -> str:
+        cancel = mcp_cancel_requested(ctx.session)
+        connection = mcp_connection(ctx.session)
+        assert cancel is not None and not cancel.is_set()
+        assert connection is not None and isinstance(connection.state, dict)
+        return connection.protocol_version  # type: ignore[no-any-return]
+
+    async with FastMcpClient(server) as mcp:
+        result = await mcp.call_tool("look", {})
+    assert result.data
+
+
 # -- what happens without them ------------------------------------------------------------------
 
 
@@ -252,6 +271,7 @@ def test_without_the_names_each_use_falls_back() -> None:
     nothing = cast(Any, object())
     assert workflow_evictor(nothing) is None
     assert server_info_stamp(nothing) is None
+    assert mcp_cancel_requested(nothing) is None and mcp_connection(nothing) is None
 
     class Bare(WorkflowTracingHooks):
         def workflow_carrier(self, from_headers: dict[str, Any] | None) -> dict[str, Any]:

@@ -19,7 +19,16 @@ import typer
 from temporalio import activity, workflow
 from temporalio.exceptions import ApplicationError
 
-from turnkeep.cli.commands import approvals, gateway, payloads, server, sessions, turns, worker
+from turnkeep.cli.commands import (
+    approvals,
+    gateway,
+    payloads,
+    serve,
+    server,
+    sessions,
+    turns,
+    worker,
+)
 from turnkeep.cli.errors import exit_code, report
 from turnkeep.observability.logs import LogFormat, LogLevel
 from turnkeep.observability.logs import configure as configure_logging
@@ -31,7 +40,7 @@ app = typer.Typer(
     help="Durable agent turns on Temporal: fast-agent's tool loop as a workflow.",
 )
 # Without a name, each group's commands become top-level commands, listed in this order.
-for group in (turns, sessions, approvals, payloads, worker, server, gateway):
+for group in (turns, sessions, approvals, payloads, worker, server, serve, gateway):
     app.add_typer(group.app)
 app.add_typer(sessions.sessions_app, name="sessions")
 

@@ -225,3 +225,28 @@ def server_info_stamp(server: FastMCP) -> dict[str, Any] | None:
     low_level = getattr(server, "_mcp_server", None)
     stamp = getattr(low_level, "server_info_stamp", None)
     return stamp if isinstance(stamp, dict) else None
+
+
+# -- mcp: a tool call's cancellation, and the connection it came on ----------------------------
+#
+# A tool handler is cancelled both when its client sends `notifications/cancelled` and when the
+# client goes away (or the server stops); the MCP door cancels the turn only in the first case.
+# The SDK sets an event on the request's dispatch context for the first, which fastmcp's
+# context does not expose: the server session keeps that context (and the connection, whose
+# public `state` and `exit_stack` key and close a connection's session) private.
+
+
+def mcp_cancel_requested(session: Any) -> Any | None:
+    """The ``anyio.Event`` the MCP SDK sets when the client cancels the request ``session``
+    (a request's ``ServerSession``) was built for; None where this SDK keeps no such event."""
+    outbound = getattr(session, "_request_outbound", None)
+    event = getattr(outbound, "cancel_requested", None)
+    return event if callable(getattr(event, "is_set", None)) else None
+
+
+def mcp_connection(session: Any) -> Any | None:
+    """The MCP SDK's ``Connection`` behind a request's ``ServerSession`` (its ``state`` and
+    ``exit_stack`` last as long as the client's connection); None where it cannot be reached."""
+    connection = getattr(session, "_connection", None)
+    has_parts = hasattr(connection, "state") and hasattr(connection, "exit_stack")
+    return connection if has_parts else None
