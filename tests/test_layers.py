@@ -55,7 +55,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     # What a client process imports: connect, turns, sessions, history (which replays a
     # history as a worker would: the worker's replay set-up), live text.
     "client": {"config", "errors", "observability", "payloads", "support", "worker", "workflows"},
-    # Ways in for callers without a Temporal client (the HTTP gateway, A2A): over the client API.
+    # Ways in for callers without a Temporal client (MCP, the HTTP gateway and its page, A2A):
+    # thin layers over the client API.
     "doors": {"client", "config", "errors", "observability", "support", "workflows"},
     # The embedded Temporal dev server and the background processes beside it.
     "devserver": {"config", "errors", "observability", "payloads", "support", "workflows"},
@@ -77,8 +78,6 @@ MAY_IMPORT: dict[str, set[str]] = {
         "workflow",
         "workflows",
     },
-    # Front doors (MCP, HTTP, A2A): thin layers over the client API.
-    "doors": {"client", "config", "errors", "observability", "support", "workflows"},
     # The command line: no other room lists it, so nothing in turnkeep may import it.
     "cli": {
         "activities",
