@@ -339,21 +339,27 @@ class Hub:
         not per watcher."""
         session = get_session(self.client, feed.workflow_id)
         try:
-            while feed.ended_upto <= index:
-                end = await query_retrying(session.handle, SessionWorkflow.turn_end, feed.next_turn)
-                if end is None:
-                    break  # not ended yet
-                feed.turn_ends.append((feed.next_turn, end))
-                feed.ended_upto = end
-                feed.next_turn += 1
-            for turn, end in feed.turn_ends:
-                if index < end:
-                    return f"{feed.workflow_id}/turn-{turn}"
-            progress = await session.progress()
+            # Twice at most: a turn that ends between the two asks is found by its end.
+            for _ in range(2):
+                while feed.ended_upto <= index:
+                    end = await query_retrying(
+                        session.handle, SessionWorkflow.turn_end, feed.next_turn
+                    )
+                    if end is None:
+                        break  # not ended yet
+                    feed.turn_ends.append((feed.next_turn, end))
+                    feed.ended_upto = end
+                    feed.next_turn += 1
+                for turn, end in feed.turn_ends:
+                    if index < end:
+                        return f"{feed.workflow_id}/turn-{turn}"
+                progress = await session.progress()
+                if progress.turn is not None and progress.turn.start <= index:
+                    return progress.turn.workflow_id
+                if progress.turns_ended < feed.next_turn:
+                    return None
         except (RPCError, WorkflowQueryFailedError):
             return None
-        if progress.turn is not None and progress.turn.start <= index:
-            return progress.turn.workflow_id
         return None
 
     def _end(self, feed: Feed, status: str, error: str | None) -> None:
