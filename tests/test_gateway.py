@@ -550,3 +550,26 @@ async def test_the_command_serves_the_config_and_logs_no_key(
     assert f"127.0.0.1:{port}" in output
     for secret in (ADMIN, WRONG):
         assert secret not in output
+
+
+async def test_a_failed_turn_says_why_in_its_own_words(harness: HarnessFactory) -> None:
+    """A turn that failed says what failed (the activity's own error, without its wrapper),
+    in its state and its stream's `end`, and names no secret of the server's command."""
+    server = {"command": "no-such-mcp-server-xyz", "args": ["--token", "tok-secret-1c5e"]}
+    config = {
+        "mcp": {"servers": {"gone": server}},
+        "agents": {"test": {"model": "passthrough", "servers": ["gone"]}},
+    }
+    async with harness(**config) as h, gateway(h) as http:
+        started = await http.post(
+            "/api/turns", json={"agent": "test", "prompt": "go"}, headers=bearer(ADMIN)
+        )
+        turn_id = started.json()["turn_id"]
+        got = await events(http, f"/api/turns/{turn_id}/events")
+        state = (await http.get(f"/api/turns/{turn_id}", headers=bearer(ADMIN))).json()
+    why = (
+        "ServerUnavailable: MCP server 'gone' (stdio) could not be started: "
+        "its command could not be run: No such file or directory"
+    )
+    assert got[-1][:2] == ("end", {"status": "failed", "error": why})
+    assert (state["status"], state["error"]) == ("failed", why)

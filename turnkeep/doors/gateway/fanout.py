@@ -28,6 +28,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
+from turnkeep.client.history import describe_failure
 from turnkeep.client.live import MessageEvent, Restarted, StreamEvent, TextDelta, ToolCallStart
 from turnkeep.client.sessions import get_session
 from turnkeep.client.turns import get_turn, query_retrying
@@ -484,7 +485,9 @@ async def turn_outcome(client: Client, turn_id: str) -> tuple[str, str | None]:
     try:
         await handle.result()
     except WorkflowFailureError as err:
-        return status, " ".join(str(err.cause or err).split()) or "the turn failed"
+        # In the failure's own words: an activity's error without its wrapper.
+        cause = describe_failure(err.cause) if err.cause else str(err)
+        return status, " ".join(cause.split()) or "the turn failed"
     except Exception as err:
         return status, f"the turn failed: {type(err).__name__}"
     return status, None
