@@ -598,6 +598,10 @@ class GatewaySettings(_SecretSettings):
     watcher_buffer: int = Field(default=1024, ge=16)
     # The Temporal Web UI's base URL, for the `web_ui` link of each started turn.
     web_ui: str | None = None
+    # What an agent's tool call is at /mcp, as `turnkeep serve --instance-scope` says, with
+    # the sessions kept per key: `shared` (one session per agent and key), `connection` (per
+    # MCP connection) or `request` (a turn of its own, no history).
+    mcp_scope: Literal["shared", "connection", "request"] = "shared"
 
     @model_validator(mode="after")
     def _key_names(self) -> GatewaySettings:

@@ -19,7 +19,8 @@ outlive a call, five more tools: ``turnkeep_start``, ``turnkeep_status``, ``turn
 ``turnkeep_pending`` and ``turnkeep_decide``, each a thin layer over the client API.
 
 The server serves only agents its ``Settings`` name (``agents`` narrows them), and reaches
-only turns of those agents: any other id is told as unknown, whether or not it exists.
+only turns of those agents: any other id is told as unknown, whether or not it exists. The HTTP
+gateway serves one such door per key at ``/mcp`` (``turnkeep.doors.gateway.mcp``).
 """
 
 # No `from __future__ import annotations`: the tools' annotations are read by fastmcp when they
@@ -27,7 +28,7 @@ only turns of those agents: any other id is told as unknown, whether or not it e
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -43,6 +44,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, ValidationError
 from temporalio.client import (
     Client,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowUpdateFailedError,
@@ -163,9 +165,20 @@ def served_agents(settings: Settings, agents: Iterable[str] | None = None) -> li
     return wanted
 
 
+# Which agent a turn is of, from its description (None: none served).
+AgentOf = Callable[[WorkflowExecutionDescription], Awaitable[str | None]]
+
+
 class McpDoor:
     """The MCP server (``server``) over a Temporal client, and what it keeps between calls:
-    the shared sessions, and the turns it started (``drain`` waits for them)."""
+    the shared sessions, and the turns it started (``drain`` waits for them).
+
+    For a caller that is not the server's only one (the gateway's door per key):
+    ``task_queue`` says where an agent's turns and sessions start (one queue, or a function of
+    the agent; default: the agent's queue on the settings' ``task_queue``); ``agent_of`` which
+    agent a turn is of (default: the one it names, by its search attribute or its queue, if it
+    runs on that agent's queue); ``decided_by`` who its decisions are recorded as;
+    ``decide=False`` refuses every decision."""
 
     def __init__(
         self,
@@ -175,6 +188,10 @@ class McpDoor:
         agents: Iterable[str] | None = None,
         scope: InstanceScope = "shared",
         name: str = "turnkeep",
+        task_queue: str | Callable[[str], str] | None = None,
+        agent_of: AgentOf | None = None,
+        decided_by: str = DECIDED_BY,
+        decide: bool = True,
     ) -> None:
         if scope not in SCOPES:
             raise ValueError(f"instance scope must be one of {', '.join(SCOPES)}, not {scope!r}")
@@ -185,7 +202,21 @@ class McpDoor:
         clash = sorted(set(self.agents) & set(TOOL_NAMES))
         if clash:
             raise ValueError(f"agent {clash[0]!r} has the name of one of turnkeep's MCP tools")
-        self._queues = {agent_task_queue(settings.task_queue, a): a for a in self.agents}
+        if isinstance(task_queue, str):
+            queue = task_queue
+            self._queue_of: Callable[[str], str] = lambda _agent: queue
+        elif task_queue is None:
+            self._queue_of = lambda agent: agent_task_queue(settings.task_queue, agent)
+        else:
+            self._queue_of = task_queue
+        # Each queue that only one served agent's turns run on, to that agent.
+        queues = [self._queue_of(a) for a in self.agents]
+        self._queues = {
+            q: a for q, a in zip(queues, self.agents, strict=True) if queues.count(q) == 1
+        }
+        self._agent_of = agent_of
+        self.decided_by = decided_by
+        self.decide = decide
         # The sessions kept for the server's life: shared scope's, and a 2026-era stdio
         # client's in connection scope (the process serves that one client).
         self._shared: dict[str, SessionHandle] = {}
@@ -327,7 +358,7 @@ class McpDoor:
         session = await open_session(
             self.client,
             agent=agent,
-            task_queue=agent_task_queue(self.settings.task_queue, agent),
+            task_queue=self._queue_of(agent),
             on_new_message=self.settings.agents[agent].on_new_message,
         )
         if close_with is not None:
@@ -340,9 +371,7 @@ class McpDoor:
             turn = TurnInput.model_validate({"agent": agent, "messages": [message]})
         except ValueError as err:
             raise ToolError(f"refused: {_first_line(err)}") from None
-        handle = await start_turn(
-            self.client, turn, task_queue=agent_task_queue(self.settings.task_queue, agent)
-        )
+        handle = await start_turn(self.client, turn, task_queue=self._queue_of(agent))
         return self._track(handle)
 
     def _track(self, turn: TurnHandle) -> TurnHandle:
@@ -421,11 +450,13 @@ class McpDoor:
                 Field(description="Run the call with these arguments instead."),
             ] = None,
         ) -> DecisionRecord:
+            if not self.decide:
+                raise ToolError("this caller may not decide tool calls")
             turn, _ = await self._served_turn(turn_id)
             try:
                 with anyio.fail_after(DECIDE_SECONDS):
                     return await turn.decide(
-                        call_id, approve, reason=reason, by=DECIDED_BY, arguments=arguments
+                        call_id, approve, reason=reason, by=self.decided_by, arguments=arguments
                     )
             except (WorkflowUpdateFailedError, RPCError) as err:
                 # The turn refused it (no such call waiting), or has ended.
@@ -457,8 +488,18 @@ class McpDoor:
             if err.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
                 raise unknown from None
             raise
-        agent = self._queues.get(described.task_queue)
-        if described.workflow_type != WORKFLOW_NAME or agent is None:
+        if described.workflow_type != WORKFLOW_NAME:
+            raise unknown
+        if self._agent_of is not None:
+            agent = await self._agent_of(described)
+        else:
+            # Its agent's, if it runs on that agent's queue: a turn of an agent of the same
+            # name on another worker's queue is not this server's.
+            agent = described.typed_search_attributes.get(visibility.AGENT)
+            agent = agent or self._queues.get(described.task_queue)
+            if agent is not None and described.task_queue != self._queue_of(agent):
+                agent = None
+        if agent is None or agent not in self.agents:
             raise unknown
         return turn, agent
 
@@ -504,8 +545,12 @@ class McpDoor:
         listed: list[WaitingCall] = []
         try:
             async for execution in self.client.list_workflows(query):
-                agent = self._queues.get(execution.task_queue)
-                if agent is None:
+                # Listed by its agent's search attribute; on that agent's queue only, unless
+                # ``agent_of`` says which turns are whose (the gateway's, as its API lists them).
+                agent = execution.typed_search_attributes.get(visibility.AGENT)
+                if agent is None or agent not in self.agents:
+                    continue
+                if self._agent_of is None and execution.task_queue != self._queue_of(agent):
                     continue
                 turn = get_turn(self.client, execution.id)
                 try:

@@ -66,10 +66,19 @@ def gateway(
             "(default: when a2a-sdk is installed).",
         ),
     ] = None,
+    mcp: Annotated[
+        bool,
+        typer.Option(
+            "--mcp/--no-mcp",
+            help="Serve the agents as MCP tools at /mcp (streamable HTTP), each key its own "
+            "agents (gateway.mcp_scope: what a call is).",
+        ),
+    ] = True,
 ) -> None:
     """Serve the config's agents over HTTP: turns, sessions, approvals and their live events
-    (server-sent events), with an OpenAPI document at /openapi.json (docs/serving/http.md).
-    Every request needs a bearer key from gateway.keys unless --no-auth on loopback."""
+    (server-sent events), with an OpenAPI document at /openapi.json (docs/serving/http.md);
+    over A2A at /a2a/<agent>/ and MCP at /mcp too. Every request needs a bearer key from
+    gateway.keys unless --no-auth on loopback."""
     settings = load_settings(config)
     host, port = _host_port(listen or settings.gateway.listen)
     if no_auth and not _loopback(host):
@@ -102,6 +111,7 @@ def gateway(
                     auth=not no_auth,
                     web_ui=settings.gateway.web_ui or (embedded.ui_url if embedded else None),
                     a2a=a2a,
+                    mcp=mcp,
                 )
             except (ValueError, KeysFileError, ImportError) as err:
                 raise ConfigError(str(err)) from None
@@ -112,16 +122,19 @@ def gateway(
                 raise ConfigError(
                     f"the gateway cannot listen on {host}:{port}: {err.strerror}"
                 ) from None
-            bound = await server.start(sock)
-            auth = "no authentication (loopback)" if no_auth else "bearer keys"
-            console.print(
-                f"gateway on [bold]{escape(http_url(host, bound))}[/] · agents: "
-                f"{escape(', '.join(settings.agents) or 'none')} · {auth}"
-            )
-            try:
-                await until_signalled()
-            finally:
-                await app.state.gateway.hub.aclose()
-                await server.stop()
+            # The app's lifespan runs the MCP door (its session managers), then closes it.
+            async with app.router.lifespan_context(app):
+                bound = await server.start(sock)
+                auth = "no authentication (loopback)" if no_auth else "bearer keys"
+                doors = " · MCP at /mcp" if mcp else ""
+                console.print(
+                    f"gateway on [bold]{escape(http_url(host, bound))}[/] · agents: "
+                    f"{escape(', '.join(settings.agents) or 'none')} · {auth}{doors}"
+                )
+                try:
+                    await until_signalled()
+                finally:
+                    await app.state.gateway.hub.aclose()
+                    await server.stop()
 
     asyncio.run(go())

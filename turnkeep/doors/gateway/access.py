@@ -94,12 +94,14 @@ class Access:
             raise
         if described.workflow_type != _TYPES[kind]:
             raise ApiError(404, f"no {kind} {workflow_id!r}")
-        agent = await self._agent_of(kind, described)
+        agent = await self.agent_of(kind, described)
         if agent is None:
             raise ApiError(403, f"{kind} {workflow_id!r} names no agent this gateway serves")
         return Found(workflow_id=workflow_id, agent=agent, description=described)
 
-    async def _agent_of(self, kind: Kind, described: WorkflowExecutionDescription) -> str | None:
+    async def agent_of(self, kind: Kind, described: WorkflowExecutionDescription) -> str | None:
+        """The agent a turn or session is of: its `TurnkeepAgent` search attribute, else the
+        agent its start input named; None when neither names one."""
         agent = described.typed_search_attributes.get(visibility.AGENT)
         if agent:
             return agent

@@ -3,15 +3,17 @@ application's own server. Every request under ``/api`` is authenticated (a beare
 rate-limited and validated before anything reaches Temporal; every error is
 ``{"error": "<one line>"}`` with a 4xx (or 5xx) status.
 
-The web page's files, when the package has them (``turnkeep/doors/web/static``), are served at
-``/`` (``index.html``) and ``/static/``; other apps (an A2A server) are mounted with
-``mounts``.
+The agents are served over A2A at ``/a2a/<agent>/`` and over MCP (streamable HTTP) at
+``/mcp``, behind the same keys. The web page's files, when the package has them
+(``turnkeep/doors/web/static``), are served at ``/`` (``index.html``) and ``/static/``; other
+apps are mounted with ``mounts``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,9 @@ log = logging.getLogger(__name__)
 API = "/api"
 # A2A's routes (turnkeep.doors.a2a), behind the same keys as the API.
 A2A = "/a2a"
-GUARDED = (API + "/", A2A + "/")
+# The agents as MCP tools (turnkeep.doors.gateway.mcp), behind the same keys.
+MCP = "/mcp"
+GUARDED = (API + "/", A2A + "/", MCP + "/")
 # The web page's files, when the package has them.
 WEB_STATIC = Path(__file__).resolve().parent.parent / "web" / "static"
 
@@ -76,6 +80,7 @@ def gateway_app(
     web: Path | None = WEB_STATIC,
     mounts: Mapping[str, ASGIApp] | None = None,
     a2a: bool | None = None,
+    mcp: bool = True,
 ) -> Starlette:
     """The gateway over ``client`` for the agents of ``settings`` (its ``gateway:`` block gives
     the keys, CORS origins and limits).
@@ -89,7 +94,10 @@ def gateway_app(
     apps, by path prefix, served without the API's key check (``app.state.gateway.keys``
     identifies a caller's key for them). ``a2a``: serve each agent over A2A at
     ``/a2a/<agent>/`` behind the same keys (``turnkeep.doors.a2a``; default: when ``a2a-sdk``
-    is installed). Close the app's feeds with ``await app.state.gateway.hub.aclose()``.
+    is installed). ``mcp``: serve the agents as MCP tools at ``/mcp`` (streamable HTTP), each
+    key its own agents, sessions and right to decide (``turnkeep.doors.gateway.mcp``); the
+    app's lifespan runs it (``app.router.lifespan_context(app)`` for a server that runs none).
+    Close the app's feeds with ``await app.state.gateway.hub.aclose()``.
     """
     config = settings.gateway
     ring = keys if isinstance(keys, KeyRing) else KeyRing(keys) if keys is not None else None
@@ -127,6 +135,14 @@ def gateway_app(
     ]
     if a2a is not False:
         app_routes.extend(_a2a_routes(client, settings, queue_of, required=a2a is True))
+    doors = None
+    if mcp:
+        from turnkeep.doors.gateway.mcp import McpDoors
+
+        doors = McpDoors(
+            client, settings, ring=ring, auth=auth, task_queue=queue_of, access=gateway.access
+        )
+        app_routes.append(Route(MCP, endpoint=doors))
     for prefix, mounted in (mounts or {}).items():
         app_routes.append(Mount(prefix, app=mounted))
     if web is not None and (web / "index.html").is_file():
@@ -158,12 +174,23 @@ def gateway_app(
                 max_age=600,
             ),
         )
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        if doors is None:
+            yield
+            return
+        async with doors.lifespan():
+            yield
+
     app = Starlette(
         routes=app_routes,
         middleware=middleware,
         exception_handlers=_HANDLERS,
+        lifespan=lifespan,
     )
     app.state.gateway = gateway
+    app.state.mcp = doors
     return app
 
 
@@ -226,8 +253,8 @@ def _a2a_routes(
 
 
 class _Guard:
-    """Authentication and rate limits for ``/api`` and ``/a2a``, before any route: a request
-    without a valid key never reaches Temporal."""
+    """Authentication and rate limits for ``/api``, ``/a2a`` and ``/mcp``, before any route: a
+    request without a valid key never reaches Temporal."""
 
     def __init__(self, app: ASGIApp, *, ring: KeyRing, auth: bool, limiter: RateLimiter) -> None:
         self.app = app
@@ -236,7 +263,8 @@ class _Guard:
         self.limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(GUARDED):
+        path = scope["path"] if scope["type"] == "http" else ""
+        if not (path == MCP or path.startswith(GUARDED)):
             await self.app(scope, receive, send)
             return
         request = Request(scope)
