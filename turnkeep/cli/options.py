@@ -1,4 +1,5 @@
-"""The options several commands share: which Temporal server and which configuration."""
+"""The options several commands share: which Temporal server, which configuration, and
+whether to run a worker in the command's process."""
 
 from __future__ import annotations
 
@@ -18,4 +19,8 @@ ConfigPath = Annotated[
         "-c",
         help="turnkeep.yaml (default: ./turnkeep.yaml, else fast-agent's config file).",
     ),
+]
+InProcessWorker = Annotated[
+    bool | None,
+    typer.Option(help="Run a worker in this process (default: only on the embedded server)."),
 ]

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from turnkeep.cli.console import console
-from turnkeep.cli.options import Address, ConfigPath, Namespace
+from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import client_and_worker, until_signalled
 from turnkeep.config.files import ConfigError, load_settings
 from turnkeep.doors.gateway import gateway_app
@@ -47,10 +47,7 @@ def gateway(
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
-    worker: Annotated[
-        bool | None,
-        typer.Option(help="Run a worker in this process (default: only on the embedded server)."),
-    ] = None,
+    worker: InProcessWorker = None,
     no_auth: Annotated[
         bool,
         typer.Option(

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from turnkeep.cli.console import console
-from turnkeep.cli.options import Address, ConfigPath, Namespace
+from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import client_and_worker, runs_worker
 from turnkeep.config.files import ConfigError, load_settings
 from turnkeep.doors.mcp_server import McpDoor
@@ -59,10 +59,7 @@ def serve(
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
-    worker: Annotated[
-        bool | None,
-        typer.Option(help="Run a worker in this process (default: only on the embedded server)."),
-    ] = None,
+    worker: InProcessWorker = None,
     drain: Annotated[
         float,
         typer.Option(

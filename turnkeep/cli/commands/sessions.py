@@ -24,7 +24,7 @@ from turnkeep.cli.commands.turns import _default_agent
 from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.errors import error_text, print_error
-from turnkeep.cli.options import Address, ConfigPath, Namespace
+from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import (
     client_and_worker,
     refuse_unrunnable,
@@ -54,10 +54,7 @@ def chat(
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
-    worker: Annotated[
-        bool | None,
-        typer.Option(help="Run a worker in this process (default: only on the embedded server)."),
-    ] = None,
+    worker: InProcessWorker = None,
 ) -> None:
     """Talk with an agent: each line you type is sent to the session and its turn streamed.
     Ctrl-C cancels the running turn (the conversation is repaired, the session goes on);
@@ -297,10 +294,7 @@ def close(
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
-    worker: Annotated[
-        bool | None,
-        typer.Option(help="Run a worker in this process (default: only on the embedded server)."),
-    ] = None,
+    worker: InProcessWorker = None,
 ) -> None:
     """Close a session: it answers any message still queued, then ends. It stays readable
     (`turnkeep show ID`) and takes no more messages."""

@@ -20,7 +20,7 @@ from temporalio.client import (
 from turnkeep.cli.approval_prompt import ApprovalPrompter
 from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console, print_json
-from turnkeep.cli.options import Address, ConfigPath, Namespace
+from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import (
     client_and_worker,
     refuse_unrunnable,
@@ -64,10 +64,7 @@ def run(
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
-    worker: Annotated[
-        bool | None,
-        typer.Option(help="Run a worker in this process (default: only on the embedded server)."),
-    ] = None,
+    worker: InProcessWorker = None,
     workflow_id: Annotated[str | None, typer.Option("--id", help="Workflow id.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the TurnResult as JSON.")] = False,
 ) -> None:
