@@ -22,6 +22,7 @@ from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.worker.build import build_worker
+from turnkeep.workflows.activity_io import TurnPlan
 from turnkeep.workflows.agent_tools import BUDGET_EXHAUSTED, child_id
 from turnkeep.workflows.messages import StopReason
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
@@ -121,13 +122,14 @@ async def test_the_model_sees_agent_tools_beside_its_other_tools(h: Harness) -> 
 
 
 async def _offered_tools(h: Harness, workflow_id: str) -> list[dict[str, Any]]:
-    """The tools of the turn's plan, as recorded in its prepare_turn result."""
+    """The tools of the turn's plan, as recorded in its prepare_turn result (read back as the
+    workflow reads it: a payload leaves out what holds its default)."""
     history = await h.client.get_workflow_handle(workflow_id).fetch_history()
     for event in history.events:
         if event.HasField("activity_task_completed_event_attributes"):
             payload = event.activity_task_completed_event_attributes.result.payloads[0]
-            plan = json.loads(payload.data)
-            return [tool["spec"] for tool in plan["agent_tools"]]
+            plan = TurnPlan.model_validate_json(payload.data)
+            return [tool.spec.model_dump() for tool in plan.agent_tools]
     raise AssertionError("no prepare_turn result")
 
 
