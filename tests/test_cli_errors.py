@@ -73,6 +73,18 @@ async def test_run_with_an_unknown_agent_or_a_model_it_may_not_use(
         assert [e async for e in client.list_workflows(f"TaskQueue = '{agent_queue}'")] == []
 
 
+async def test_serve_refuses_an_agent_the_config_lacks(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    """Before connecting to anything: one line naming the config's agents."""
+    config(tmp_path)
+    done = await cli(temporal, tmp_path, "serve", "--agents", "demo,nope")
+    assert one_error(done) == (
+        "error: cannot serve: no agent 'nope' in the configuration (its agents: demo)"
+    )
+    assert done.stdout == "" and done.stderr.count("\n") == 1
+
+
 async def test_run_refuses_an_empty_prompt(
     temporal: ServerInfo, client: Client, tmp_path: Path
 ) -> None:

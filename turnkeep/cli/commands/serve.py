@@ -18,6 +18,7 @@ from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import client_and_worker, runs_worker
 from turnkeep.config.files import ConfigError, load_settings
 from turnkeep.doors.mcp_server import McpDoor
+from turnkeep.errors import known
 
 app = typer.Typer()
 
@@ -79,6 +80,12 @@ def serve(
     in_process = runs_worker(address, worker)
     if port < 0 or port > 65535:
         raise typer.BadParameter("must be 0..65535", param_hint="--port")
+    missing = [a for a in wanted or () if a not in settings.agents]
+    if missing:  # before any server starts: nothing to serve
+        raise ConfigError(
+            f"cannot serve: no agent {missing[0]!r} in the configuration "
+            f"(its agents: {known(settings.agents)})"
+        )
 
     async def go() -> None:
         async with client_and_worker(address, namespace, settings, config, worker=worker) as (
