@@ -497,13 +497,15 @@ async def test_the_command_refuses_no_auth_off_loopback_and_a_config_without_key
 
 
 def start_command(
-    config: Path, port: int, env: dict[str, str], log: Path
+    config: Path, port: int, env: dict[str, str], log: Path, *options: str
 ) -> subprocess.Popen[bytes]:
+    """`turnkeep gateway` (with ``options``) for ``config`` on ``port``, its output to
+    ``log``."""
     with log.open("wb") as out:
         return subprocess.Popen(
             [
                 *(sys.executable, "-m", "turnkeep.cli", "--log-level", "debug", "gateway"),
-                *("--config", str(config), "--listen", f"127.0.0.1:{port}"),
+                *("--config", str(config), "--listen", f"127.0.0.1:{port}", *options),
             ],
             cwd=config.parent,
             env=env,

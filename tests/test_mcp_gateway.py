@@ -9,8 +9,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +21,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
 
 from tests.conftest import HarnessFactory, eventually, make_settings
+from tests.test_gateway import start_command
 from turnkeep.client.turns import get_turn
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.doors.gateway import gateway_app
@@ -302,23 +301,6 @@ async def test_an_mcp_session_is_only_its_keys(tmp_path: Path) -> None:
     assert other.status_code == 404 and "Session not found" in other.text
 
 
-def start_command(
-    config: Path, port: int, env: dict[str, str], log: Path
-) -> subprocess.Popen[bytes]:
-    """`turnkeep gateway --worker` for ``config`` on ``port``, its output to ``log``."""
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [
-                *(sys.executable, "-m", "turnkeep.cli", "--log-level", "debug", "gateway"),
-                *("--config", str(config), "--listen", f"127.0.0.1:{port}", "--worker"),
-            ],
-            cwd=config.parent,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
 async def test_the_command_serves_mcp_behind_its_keys_and_logs_no_key(
     temporal: ServerInfo, tmp_path: Path
 ) -> None:
@@ -334,7 +316,7 @@ async def test_the_command_serves_mcp_behind_its_keys_and_logs_no_key(
     sock.close()
     env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address, "OPS_KEY": ADMIN}
     log = tmp_path / "gateway.log"
-    process = start_command(config, port, env, log)
+    process = start_command(config, port, env, log, "--worker")
     url = f"{http_url('127.0.0.1', port)}/mcp"
     try:
         async with httpx2.AsyncClient(trust_env=False) as http:
