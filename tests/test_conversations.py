@@ -23,7 +23,11 @@ from turnkeep.client.turns import get_turn
 from turnkeep.payloads.conversations import DIRECTORY, owner_key
 from turnkeep.payloads.gc import collect
 from turnkeep.payloads.storage import payload_directory
+from turnkeep.testing import check_replay
 from turnkeep.workflows.conversation import ConversationRef
+from turnkeep.workflows.conversation_cache import ConversationCache
+from turnkeep.workflows.conversation_cache import conversations as conversations_cache
+from turnkeep.workflows.messages import Message
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 pytestmark = pytest.mark.asyncio
@@ -95,6 +99,48 @@ async def test_a_session_continued_as_new_carries_references(harness: HarnessFac
         assert [m.text async for m in session.messages(until_turn=5)] == seen
         turn = await get_turn(h.client, f"{session.session_id}/turn-5").result()
         assert [m.text for m in turn.history] == [t for line in lines for t in (line, line)]
+
+
+async def test_a_worker_hands_the_next_turn_the_conversation_it_has_validated(
+    harness: HarnessFactory,
+) -> None:
+    """The worker keeps the conversation a session's turn ended with, under the reference it
+    handed back: the next turn takes it instead of validating the expanded copy, and it is
+    exactly what the store holds. A worker without it (emptied) validates the copy and gives
+    the same turns, and the session's histories replay either way."""
+    async with harness(agents=AGENT) as h:
+        session = await open_session(
+            h.client, agent="test", task_queue=h.task_queue, turns_per_run=2
+        )
+        await talk(session, "one", "two", "three")
+        result = await get_turn(h.client, f"{session.session_id}/turn-3").result()
+        assert result.conversation is not None
+        kept = conversations_cache.get(result.conversation)
+        assert kept is not None
+        assert list(kept.messages) == result.history  # read back from the store
+        # The JSON kept for them is each message's own: model calls' digests depend on it.
+        assert kept.json
+        for message, _, text in kept.json.values():
+            assert text == message.model_dump_json()
+        conversations_cache.clear()
+        assert await talk(session, "four") == ["four", "four"]
+        fourth = await get_turn(h.client, f"{session.session_id}/turn-4").result()
+        assert [m.text for m in fourth.history] == [
+            t for line in ("one", "two", "three", "four") for t in (line, line)
+        ]
+        histories = [
+            await get_turn(h.client, f"{session.session_id}/turn-{n}").handle.fetch_history()
+            for n in (3, 4)
+        ]
+        described = await session.handle.describe()
+        first = described.raw_description.workflow_execution_info.first_run_id
+        histories.append(
+            await h.client.get_workflow_handle(session.session_id, run_id=first).fetch_history()
+        )
+        histories.append(await session.handle.fetch_history())
+        await check_replay(histories, settings=h.settings)  # warm
+        conversations_cache.clear()
+        await check_replay(histories, settings=h.settings)  # cold
 
 
 async def test_a_reference_copied_into_another_turn_is_refused(harness: HarnessFactory) -> None:
@@ -180,3 +226,26 @@ def _age(paths: list[Path], *, days: float) -> None:
     then = time.time() - days * 86400
     for path in paths:
         os.utime(path, (then, then))
+
+
+def test_the_conversation_cache_keeps_two_per_session_and_kind_within_its_bound() -> None:
+    cache = ConversationCache(max_chars=10_000)
+    ref = ConversationRef(owner="s1")
+    texts = [Message.user(f"m{n}") for n in range(3)]
+    for n in range(3):
+        cache.put(ref.model_copy(update={"head": f"h{n}"}), texts[: n + 1])
+    cache.put(ref.model_copy(update={"transcript": "t0"}), texts, kind="transcript")
+    # The two latest histories of s1 are kept, and its transcript apart from them.
+    assert cache.get(ref.model_copy(update={"head": "h0"})) is None
+    kept = cache.get(ref.model_copy(update={"head": "h2"}))
+    assert kept is not None and kept.messages == tuple(texts)
+    assert cache.get(ref.model_copy(update={"head": "h1"})) is not None
+    assert cache.get(ref.model_copy(update={"transcript": "t0"}), kind="transcript") is not None
+    # Past its bound, the least recently used entries go first, whichever session's.
+    big = [Message.user("x" * 9_000)]
+    cache.put(ConversationRef(owner="s2", head="b"), big)
+    assert cache.get(ref.model_copy(update={"head": "h2"})) is None  # the least recent
+    assert cache.get(ConversationRef(owner="s2", head="b")) is not None
+    cache.put(ConversationRef(owner="s3", head="c"), big)
+    assert cache.get(ConversationRef(owner="s2", head="b")) is None
+    assert len(cache) >= 1

@@ -18,6 +18,9 @@ from turnkeep.workflows.messages import Message, estimate_chars
 # The query `llm_step` reads its input through (see LlmStepRequest).
 MODEL_INPUT_QUERY = "model_input"
 
+# A message, its JSON's sha256 and its JSON (``MessageJson``).
+JsonEntry = tuple[Message, str, str]
+
 
 class LlmRequest(BaseModel):
     """Everything a provider needs for one model call: the conversation as the model sees it,
@@ -81,9 +84,16 @@ class MessageJson:
     decision drops it (``TurnWorkflow._approve``): it may wait for hours, and it pays one
     dump of its conversation afterwards."""
 
-    def __init__(self) -> None:
-        self._by_id: dict[int, tuple[Message, str, str]] = {}
+    def __init__(self, entries: dict[int, JsonEntry] | None = None) -> None:
+        """``entries``: JSON already worked out for messages this turn holds (those of the
+        conversation it was handed: ``conversation_cache``)."""
+        self._by_id: dict[int, JsonEntry] = dict(entries or {})
         self._estimates: dict[int, tuple[Message, int]] = {}
+
+    @property
+    def entries(self) -> dict[int, JsonEntry]:
+        """The messages of the last request, with their JSON and sha256, by id."""
+        return self._by_id
 
     def estimate_tokens(self, messages: list[Message]) -> int:
         """``messages.estimate_tokens``: the same number, measuring only new messages."""
@@ -99,7 +109,7 @@ class MessageJson:
         return chars // 4
 
     def request_json(self, request: LlmRequest) -> RequestJson:
-        kept: dict[int, tuple[Message, str, str]] = {}
+        kept: dict[int, JsonEntry] = {}
         parts: list[tuple[str, str]] = []
         for message in request.messages:
             entry = self._by_id.get(id(message))

@@ -3,7 +3,7 @@ to run, what its updates answer and what it ends with."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -62,12 +62,24 @@ class _ByReference(BaseModel):
     # Where the conversation is stored, once a turn has stored its messages.
     conversation: ConversationRef | None = None
 
+    # Whether a payload carries the history too: a closed session's result does, for its
+    # readers; the state a run carries over does not, as a session whose conversation is
+    # stored hands its turns the reference, never the history itself.
+    _with_history: ClassVar[bool] = True
+
     @model_serializer(mode="wrap")
     def _by_reference(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
-        data = handler(self)
         ref = self.conversation
-        if isinstance(data, dict) and ref is not None and stores(info):
-            data["history"] = ref.history_marker()
+        by_reference = ref is not None and stores(info)
+        # Without the conversation itself, which would be dumped only to be left out.
+        data = handler(
+            self.model_copy(update={"history": [], "transcript": []}) if by_reference else self
+        )
+        if isinstance(data, dict) and ref is not None and by_reference:
+            if self._with_history:
+                data["history"] = ref.history_marker()
+            else:
+                del data["history"]
             data["transcript"] = ref.transcript_marker()
         return data
 
@@ -75,6 +87,8 @@ class _ByReference(BaseModel):
 class SessionState(_ByReference):
     """What one run of a session hands the next when it continues as new: the conversation by
     reference once it is stored, so a long session's runs stay the same size."""
+
+    _with_history: ClassVar[bool] = False
 
     # Messages sent but not yet handed to a turn: the next turn's `messages`.
     queued: list[Message] = Field(default_factory=list)

@@ -30,6 +30,7 @@ from temporalio.exceptions import ApplicationError, ChildWorkflowError, Workflow
 from turnkeep.workflows import visibility, worker_cache
 from turnkeep.workflows.child_turn import start_child, turn_child_result
 from turnkeep.workflows.conversation import ConversationRef
+from turnkeep.workflows.conversation_cache import conversations
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.session_io import (
     SESSION_WORKFLOW_NAME,
@@ -121,6 +122,9 @@ class SessionWorkflow:
             ):
                 self._continuing = True
                 await workflow.wait_condition(workflow.all_handlers_finished)
+                if state.conversation is not None:
+                    # For the next run, if this worker runs it (``conversation_cache``).
+                    conversations.put(state.conversation, state.transcript, kind="transcript")
                 workflow.continue_as_new(args=[session, self._state])
         self._ended = True
         self._publish(visibility.TurnStatus.COMPLETED)
@@ -317,8 +321,12 @@ class _Start(NamedTuple):
 
 
 def _start_arguments(args: Sequence[Any]) -> _Start:
-    """The session's input and the state a continued run carries (``starting``)."""
-    return _Start(
+    """The session's input and the state a continued run carries (``starting``). A carried
+    transcript this worker holds already (its last run ended here, or this run is replayed
+    here) is taken as it is, and one it does not is kept for the next replay
+    (``conversation_cache``)."""
+    args, known = _known_transcript(args)
+    start = _Start(
         *start_arguments(
             args,
             SessionInput,
@@ -327,6 +335,30 @@ def _start_arguments(args: Sequence[Any]) -> _Start:
             error_type="InvalidSessionInput",
         )
     )
+    carried = start.carried
+    if carried is not None and carried.conversation is not None:
+        if known is not None:
+            carried.transcript = list(known)
+        else:
+            conversations.put(carried.conversation, carried.transcript, kind="transcript")
+    return start
+
+
+def _known_transcript(args: Sequence[Any]) -> tuple[Sequence[Any], tuple[Message, ...] | None]:
+    """``args`` without the carried transcript when this process holds it, and that transcript.
+    Only a run continued as new may carry state (``start_arguments`` refuses any other), and
+    the reference names the transcript's content."""
+    carried = args[1] if len(args) == 2 else None
+    if not isinstance(carried, dict) or not isinstance(carried.get("conversation"), dict):
+        return args, None
+    try:
+        ref = ConversationRef.model_validate(carried["conversation"])
+    except ValidationError:
+        return args, None  # refused with the rest of the state
+    known = conversations.get(ref, kind="transcript")
+    if known is None:
+        return args, None
+    return [args[0], {**carried, "transcript": []}], known.messages
 
 
 def _continue_as_new_due(turns_this_run: int, session: SessionInput) -> bool:

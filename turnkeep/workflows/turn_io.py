@@ -185,13 +185,17 @@ class TurnResult(BaseModel):
         """In a payload of a converter that stores segments, the turn's messages as a segment
         to store and the conversation by reference; in any other payload, no reference. A
         result for a parent turn is written compactly (``_compact_for_parent``)."""
-        data = handler(self)
+        by_reference = stores(info) and self._segment is not None and self.conversation is not None
+        # Without the history (the whole conversation), which would be dumped only to be
+        # left out.
+        data = handler(self.model_copy(update={"history": []}) if by_reference else self)
         if not isinstance(data, dict) or not isinstance(info.context, dict):
             return data
         if not stores(info):
             # The segment is not stored: whoever reads this takes the conversation itself.
             data["conversation"] = None
-        elif self._segment is not None and self.conversation is not None:
+        elif by_reference:
+            assert self._segment is not None
             # Recorded once per turn in the turn's history and again in its session's: what
             # the reader can tell from the rest stays out (``_read_compact``).
             data["messages"] = self._segment.marker()

@@ -47,10 +47,12 @@ from turnkeep.workflows.approval import (
     DecisionRecord,
     PendingCall,
 )
+from turnkeep.workflows.conversation_cache import conversations
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import CallToolResult, Message
 from turnkeep.workflows.model_io import (
     MODEL_INPUT_QUERY,
+    JsonEntry,
     LlmRequest,
     MessageJson,
     ModelInputPage,
@@ -138,13 +140,15 @@ class TurnWorkflow:
             try:
                 # Shared with the worker's other turns of the agent (``turnkeep.workflows.shared``).
                 plan = shared(await actions.prepare_turn(turn))
-                turn = _with_history(self._start)
+                turn, json = _with_history(self._start)
             except (ActivityError, ApplicationError):  # an unknown agent, a bad history...
                 self._failed_before_start()
                 turn_metrics.turn_ended(turn.agent, "failed", 0)
                 raise
             self._start = _Start(turn, None)
             self._state = TurnState.start(turn, plan)
+            if json is not None:
+                self._message_json = MessageJson(json)
             # Not replayed (the SDK's workflow logger skips replay): one line per turn.
             workflow.logger.info("turn started: agent %s, model %s", turn.agent, plan.model)
         state = self._state
@@ -190,11 +194,23 @@ class TurnWorkflow:
         self._show(visibility.ended(state), publish=True)
         await self._release_watchers()
         result = state.result()
+        self._keep_conversation(result)
         turn_metrics.turn_ended(state.plan.agent, result.stop_reason.value, result.iterations)
         workflow.logger.info(
             "turn ended: %s after %d iteration(s)", result.stop_reason.value, result.iterations
         )
         return result
+
+    def _keep_conversation(self, result: TurnResult) -> None:
+        """Leave a session's conversation, as it was handed to this turn and as the turn hands
+        it back, to the worker's next turn of the session and to a replay of this one
+        (``conversation_cache``)."""
+        state = self._require_state()
+        if state.history_ref is None or result.conversation is None:
+            return
+        json = self._message_json.entries
+        conversations.put(state.history_ref, state.history, json)
+        conversations.put(result.conversation, result.history, json)
 
     async def _release_watchers(self) -> None:
         # Long-polling watchers see the end (state.done) before the run closes.
@@ -650,12 +666,18 @@ def _check_owner(turn: TurnInput) -> None:
         )
 
 
-def _with_history(start: _Start) -> TurnInput:
-    """The turn's input with its history checked (as ``_start_arguments`` checks the rest)."""
+def _with_history(start: _Start) -> tuple[TurnInput, dict[int, JsonEntry] | None]:
+    """The turn's input with its history checked (as ``_start_arguments`` checks the rest),
+    and the JSON already worked out for its messages. A history this worker has validated
+    before (a session's previous turn ended with it) is taken as that turn left it."""
     if start.unchecked is None:
-        return start.turn
+        return start.turn, None
+    ref = start.turn.history_ref
+    known = conversations.get(ref) if ref is not None else None
+    if known is not None:
+        return start.turn.model_copy(update={"history": list(known.messages)}), known.json
     turn, _ = _checked_start([start.unchecked])
-    return turn
+    return turn, None
 
 
 def _checked_start(args: Sequence[Any]) -> tuple[TurnInput, TurnState | None]:
