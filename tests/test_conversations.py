@@ -228,7 +228,7 @@ def _age(paths: list[Path], *, days: float) -> None:
         os.utime(path, (then, then))
 
 
-def test_the_conversation_cache_keeps_two_per_session_and_kind_within_its_bound() -> None:
+async def test_the_conversation_cache_keeps_two_per_session_and_kind_within_its_bound() -> None:
     cache = ConversationCache(max_chars=10_000)
     ref = ConversationRef(owner="s1")
     texts = [Message.user(f"m{n}") for n in range(3)]

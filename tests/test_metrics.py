@@ -113,9 +113,15 @@ def settings_for(fake: FakeModelApi) -> dict[str, Any]:
     }
     return {
         "anthropic": {"api_key": "sk-test", "base_url": fake.base_url_anthropic},
+        # The gated agent's model is priced, the other's is not: both cost metrics are counted.
+        "prices": {"anthropic.priced-model": {"input": 1, "output": 1}},
         "agents": {
             "metered": agent,
-            "gated": {**agent, "approval": {"tools": ["math__add"], "timeout": "1h"}},
+            "gated": {
+                **agent,
+                "model": "anthropic.priced-model",
+                "approval": {"tools": ["math__add"], "timeout": "1h"},
+            },
         },
     }
 
@@ -179,15 +185,21 @@ async def test_turns_model_calls_tools_tokens_and_approvals_are_counted(
     assert after.value("turnkeep_turn_iterations_sum", agent="metered") == 1
     assert after.value("turnkeep_turn_iterations_bucket", agent="metered", le="0") == 1
 
-    # Tokens: exactly what the fake API reported, by kind.
+    # Tokens: exactly what the fake API reported, by kind (the gated turn's under its model).
     model = {"model": "anthropic.test-model"}
-    assert after.value("turnkeep_tokens", kind="input", **model) == 100 + 120 + 50 + 20 + 30
-    assert after.value("turnkeep_tokens", kind="output", **model) == 10 + 8 + 4 + 2 + 3
+    priced = {"model": "anthropic.priced-model"}
+    assert after.value("turnkeep_tokens", kind="input", **model) == 100 + 120 + 50
+    assert after.value("turnkeep_tokens", kind="output", **model) == 10 + 8 + 4
     assert after.value("turnkeep_tokens", kind="cache_read", **model) == 30
     assert after.value("turnkeep_tokens", kind="cache_write", **model) == 7
+    assert after.value("turnkeep_tokens", kind="input", **priced) == 20 + 30
 
-    # Model calls: 6 attempts, one of which failed with the provider error's class.
-    assert after.value("turnkeep_model_call_latency_count", **model) == 6
+    # Cost: the priced model's at $1 per million tokens; the other's calls are unpriced.
+    assert after.value("turnkeep_cost_micro_usd", **priced) == 20 + 30 + 2 + 3
+    assert after.value("turnkeep_unpriced_model_calls", **model) == 3
+
+    # Model calls: 4 attempts, one of which failed with the provider error's class.
+    assert after.value("turnkeep_model_call_latency_count", **model) == 4
     assert after.value("turnkeep_model_call_errors", error="ProviderOverloaded", **model) == 1
     assert after.value("turnkeep_model_call_errors", **model) == 1
 

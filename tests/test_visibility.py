@@ -203,10 +203,11 @@ def test_search_attribute_values_and_updates() -> None:
         "TurnkeepStopReason": None,  # how the turn ended: not yet
         "TurnkeepIterations": 1,
         "TurnkeepTokens": 1010,
+        "TurnkeepCostUsd": None,  # the answers carry no cost: unknown
     }
     every = list(values)
     first = visibility.search_attribute_updates(values, {}, every)
-    assert {u.key.name for u in first} == set(every) - {"TurnkeepStopReason"}
+    assert {u.key.name for u in first} == set(every) - {"TurnkeepStopReason", "TurnkeepCostUsd"}
 
     done = state_after(answer(StopReason.TOOL_USE, 1), answer(StopReason.END_TURN))
     later = visibility.search_attribute_values(done)
@@ -229,7 +230,7 @@ def test_a_start_request_sets_what_a_new_turn_publishes_but_its_model() -> None:
     assert visibility.starting_values("demo") == {
         name: value
         for name, value in fresh.items()
-        if name not in ("TurnkeepModel", "TurnkeepStopReason")
+        if name not in ("TurnkeepModel", "TurnkeepStopReason", "TurnkeepCostUsd")
     }
     # The workflow reads them back as what is already published: nothing left but the model.
     every = list(fresh)
@@ -251,6 +252,7 @@ def test_search_attribute_definitions_for_the_dev_server() -> None:
         "TurnkeepStopReason": "Keyword",
         "TurnkeepIterations": "Int",
         "TurnkeepTokens": "Int",
+        "TurnkeepCostUsd": "Double",
     }
     argv = build_argv(Path("temporal"), port=1, ui_port=None, search_attributes=types)
     assert "TurnkeepIterations=Int" in argv
@@ -505,7 +507,8 @@ async def test_current_details_follow_the_turn(
             "the details show the tool being waited on",
         )
         assert text.startswith("**test** · iteration 0 of 5")
-        assert "tokens: 100 in, 7 out · last stop: `toolUse(1)`" in text
+        # Sonnet 4.5 at $3 in and $15 out per million tokens.
+        assert "tokens: 100 in, 7 out · cost: $0.0004 · last stop: `toolUse(1)`" in text
         running = await search_attributes(handle)
         expected = {
             "TurnkeepAgent": "test",
@@ -514,7 +517,7 @@ async def test_current_details_follow_the_turn(
             "TurnkeepTokens": 0,
         }
         if interval == 0:  # published after the answer, the model with it
-            expected |= {"TurnkeepModel": model, "TurnkeepTokens": 107}
+            expected |= {"TurnkeepModel": model, "TurnkeepTokens": 107, "TurnkeepCostUsd": 0.000405}
         assert running == expected
 
         gate.set()
@@ -583,6 +586,7 @@ async def test_start_turn_sets_what_it_knows_so_a_quick_turn_upserts_once(
         "TurnkeepStatus": "Completed",
         "TurnkeepStopReason": "endTurn",
         "TurnkeepIterations": 1,
+        "TurnkeepCostUsd": 0.0,  # the offline model costs nothing
     }
     # Without them at start: the start is published by the workflow's first task.
     assert not theirs.events[0].workflow_execution_started_event_attributes.HasField(

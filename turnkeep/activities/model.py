@@ -19,6 +19,7 @@ from turnkeep.errors import require_workflow
 from turnkeep.observability import spans
 from turnkeep.providers.base import ModelProvider
 from turnkeep.providers.model_strings import ModelRef
+from turnkeep.providers.prices import with_cost
 from turnkeep.providers.registry import ModelCatalog
 from turnkeep.providers.streaming import LiveServer, streaming_to
 from turnkeep.workflows.activity_io import COMPACT_HISTORY, LLM_STEP, CompactRequest
@@ -64,7 +65,9 @@ class ModelActivities:
         check_overrides(self._agents, self._models, step.agent, overrides)
         provider = self._provider(ref)
         spans.model_call(ref.provider, ref.name, request)  # the call's span, when tracing
-        answer = await self._call(provider, request, ref, step.call_index)
+        answer = with_cost(
+            await self._call(provider, request, ref, step.call_index), self._models.price(ref)
+        )
         # The ids come from the activity logger; the content stays out of the log.
         activity.logger.info(
             "model call #%d (%s): %s",

@@ -20,6 +20,7 @@ from turnkeep.workflows.activity_io import (
     PAYLOAD_ENVELOPE_BYTES,
     PAYLOAD_LIMIT_BYTES,
     PREPARE_TURN,
+    BudgetPlan,
     CompactionPlan,
     ContinueAsNewPlan,
     PrepareTurnRequest,
@@ -31,7 +32,7 @@ from turnkeep.workflows.activity_io import (
 from turnkeep.workflows.approval import ApprovalPlan
 from turnkeep.workflows.team_planner import planner_instruction
 from turnkeep.workflows.team_router import routing_instruction
-from turnkeep.workflows.turn_io import TurnOverrides
+from turnkeep.workflows.turn_io import BudgetLimit, TurnOverrides
 
 
 class TurnSetupActivities:
@@ -84,6 +85,12 @@ class TurnSetupActivities:
             value = getattr(overrides, name)
             return value if value is not None else getattr(agent, name, None)
 
+        # The chain follows the turn's model: the agent's fallbacks, past the one it runs on.
+        fallbacks = [m for m in agent.fallback_models if not self._models.is_allowed(model, [m])]
+        budget = _budget(request.agent, agent, request.budget)
+        if budget is not None and budget.unit == "usd":
+            budget.input_usd_per_token = self._input_price(request.agent, [model, *fallbacks])
+
         return TurnPlan.model_validate(
             {
                 "agent": request.agent,
@@ -101,8 +108,26 @@ class TurnSetupActivities:
                 "approval": _approval(agent),
                 "agent_tools": [self._agents.agent_tool(name) for name in agent.agents],
                 "max_parallel": agent.max_parallel,
+                "budget": budget,
+                "fallback_models": fallbacks,
+                "fallback_after_attempts": agent.fallback_after_attempts,
             }
         )
+
+    def _input_price(self, name: str, models: list[str]) -> float:
+        """The dearest input price (USD per token) of ``models``, for a dollar budget's
+        estimates; a model with no price makes the budget unusable, which is said here."""
+        prices = []
+        for model in models:
+            price = self._models.price(self._models.resolve(model))
+            if price is None:
+                raise config_error(
+                    "BudgetNeedsPrice",
+                    f"Agent {name!r} has a budget in USD, but model {model!r} has no price: "
+                    "give it one in the config's `prices:` (USD per million tokens).",
+                )
+            prices.append(price.input_per_token)
+        return max(prices)
 
     def _team_plan(
         self,
@@ -240,6 +265,35 @@ def _tool_task_queues(agents: AgentCatalog, agent: AgentSettings) -> dict[str, s
     are scheduled as they always were."""
     queues = {server: agents.tool_task_queue(agent, server) for server in agent.servers}
     return queues if any(queues.values()) else {}
+
+
+def _budget(name: str, agent: AgentSettings, asked: BudgetLimit | None) -> BudgetPlan | None:
+    """The turn's budget: the agent's, or the turn's own (``TurnInput.budget``), which may
+    lower it, never raise it (a turn of an agent with no budget may set one)."""
+    rules = agent.budget
+    if rules is None and asked is None:
+        return None
+    if rules is None:
+        assert asked is not None
+        return BudgetPlan(unit=asked.unit, limit=asked.amount)
+    unit = "tokens" if rules.tokens is not None else "usd"
+    limit = float(rules.tokens if rules.tokens is not None else rules.usd or 0.0)
+    if asked is not None:
+        if asked.unit != unit or asked.amount > limit:
+            raise config_error(
+                "OverrideNotAllowed",
+                f"Agent {name!r} has a budget of {limit:g} {unit}: a turn may lower it, not set "
+                f"{asked.amount:g} {asked.unit}.",
+            )
+        limit = asked.amount
+    return BudgetPlan(
+        unit=unit,
+        limit=limit,
+        per=rules.per,
+        on_exceeded=rules.on_exceeded,
+        max_raise=rules.max_raise,
+        timeout=rules.timeout,
+    )
 
 
 def _approval(agent: AgentSettings) -> ApprovalPlan | None:

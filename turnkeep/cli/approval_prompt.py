@@ -47,6 +47,7 @@ from turnkeep.workflows.approval import PendingCall
 from turnkeep.workflows.messages import Message
 
 PROMPT = "Approve? [y]es / [n]o / [e]dit: "
+BUDGET_PROMPT = "Raise the budget to (a number; empty: stop the turn): "
 # How often the turn is asked which calls wait: soon after the model asked for tools, then
 # less often while a long tool runs (one query a second at most).
 _FIRST_POLL = 0.2
@@ -239,6 +240,13 @@ class ApprovalPrompter:
             return None  # a worker slow to answer the session's query: next round
 
     def _tell(self, handle: TurnHandle, call: PendingCall) -> None:
+        if call.kind == "budget":
+            self._out.print(
+                f"[yellow]the turn is at its budget ({escape(call.prompt or '')})[/]; decide "
+                f"with: turnkeep budget {escape(call.turn_id or handle.workflow_id)} "
+                "--raise N | --stop"
+            )
+            return
         self._out.print(
             f"[yellow]call {escape(call.call_id)} ({escape(_visible(call.name))}) awaits "
             f"approval{escape(_visible(_in_child(call)))}[/]; decide with: turnkeep approve "
@@ -251,6 +259,9 @@ class ApprovalPrompter:
         self._settled.clear()
         self._draft = None
         try:
+            if call.kind == "budget":
+                await self._ask_budget(handle, call)
+                return
             while True:
                 answer = await self._line(PROMPT, handle, call)
                 choice = answer.strip().lower()
@@ -279,7 +290,36 @@ class ApprovalPrompter:
         finally:
             self._asking = None
 
+    async def _ask_budget(self, handle: TurnHandle, call: PendingCall) -> None:
+        """A budget's wait: a new budget to raise it to, or nothing to stop the turn."""
+        while True:
+            answer = await self._line(BUDGET_PROMPT, handle, call)
+            text = answer.strip().lower()
+            if text in ("", "n", "no", "stop"):
+                await self._decide(handle, call, approve=False)
+                return
+            try:
+                limit = float(text)
+            except ValueError:
+                self._out.print(
+                    "answer a number (the new budget), or nothing to stop", markup=False
+                )
+                continue
+            if await self._decide(handle, call, approve=True, limit=limit):
+                return
+
     def _show(self, call: PendingCall) -> None:
+        if call.kind == "budget":
+            self._out.print()
+            self._out.print(
+                Text.assemble(
+                    ("budget reached", "bold yellow"),
+                    " · ",
+                    _visible(call.prompt or ""),
+                    _visible(_in_child(call)),
+                )
+            )
+            return
         self._out.print()
         self._out.print(
             Text.assemble(
@@ -356,25 +396,37 @@ class ApprovalPrompter:
         approve: bool,
         reason: str | None = None,
         arguments: dict[str, Any] | None = None,
-    ) -> None:
+        limit: float | None = None,
+    ) -> bool:
+        """Whether the decision was taken (a refusal is printed)."""
         if arguments == call.arguments:
             arguments = None  # not an edit
         try:
             record = await _owner(handle, call).decide(
-                call.call_id, approve, reason=reason or None, by=self._by, arguments=arguments
+                call.call_id,
+                approve,
+                reason=reason or None,
+                by=self._by,
+                arguments=arguments,
+                limit=limit,
             )
         except WorkflowUpdateFailedError as err:
             # Decided elsewhere in the same instant, or the turn ended: the validator says so.
             cause = err.cause
             why = cause.message if isinstance(cause, FailureError) else str(cause)
             self._out.print(f"[yellow]not decided: {escape(why)}[/]")
-            return
+            return False
         except RPCError as err:  # the turn has gone, the server is unreachable
             self._out.print(f"[yellow]not decided: {escape(err.message)}[/]")
-            return
+            return False
+        if record.kind == "budget":
+            verb = f"raised the budget to {limit:g}" if record.approved else "stopped at the budget"
+            self._out.print(verb)
+            return True
         edit = " with edited arguments" if record.arguments is not None else ""
         verb = "approved" if record.approved else "denied"
         self._out.print(f"{verb} call {escape(record.call_id)}{edit}")
+        return True
 
 
 class _EndOfInput(Exception):

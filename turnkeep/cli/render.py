@@ -22,7 +22,8 @@ from temporalio.client import WorkflowExecutionStatus
 from turnkeep.client.history import ActivityOutcome, ActivityTiming, TurnStatus, TurnView
 from turnkeep.client.live import MessageEvent, Restarted, StreamEvent, TextDelta
 from turnkeep.workflows.messages import Message, StopReason
-from turnkeep.workflows.turn_io import TurnResult
+from turnkeep.workflows.turn_io import TurnResult, Usage
+from turnkeep.workflows.visibility import format_usd
 
 MAX_RESULT_CHARS = 600  # a tool result: its gist
 MAX_TEXT_CHARS = 4000  # a message's text, a tool call's arguments
@@ -186,9 +187,13 @@ class TurnRenderer:
 
     def summary(self, result: TurnResult, *, running: bool = False) -> None:
         usage = ", ".join(
-            f"{model}: {u.input_tokens} in / {u.output_tokens} out ({plural(u.calls, 'call')})"
+            f"{model}: {u.input_tokens} in / {u.output_tokens} out ({plural(u.calls, 'call')}, "
+            f"{format_usd(u.cost_usd)})"
             for model, u in result.usage.items()
         )
+        if len(result.usage) > 1:
+            total = sum(result.usage.values(), Usage())
+            usage += f" · cost: {format_usd(total.cost_usd)}"
         # A running turn has no stop reason yet (its result holds only a default).
         ended = (
             "[bold]still running[/]" if running else f"[bold]stop reason:[/] {result.stop_reason}"
@@ -202,7 +207,7 @@ class TurnRenderer:
             edit = f" · edited to {json.dumps(d.arguments)}" if d.arguments is not None else ""
             reason = f": {d.reason}" if d.reason else ""
             self._line(
-                ("approval ", "bold"),
+                (f"{d.kind} ", "bold"),
                 _visible(f"{d.decision} {d.tool} · call {d.call_id} by {d.by} at {utc_time(d.at)}")
                 + _visible(reason + edit),
             )

@@ -216,6 +216,10 @@ def get_turn(client: Client, workflow_id: str, run_id: str | None = None) -> Tur
     )
 
 
+class NoBudgetWait(ValueError):
+    """``raise_budget`` or ``stop_at_budget`` on a turn that is not waiting at its budget."""
+
+
 class TurnHandle:
     def __init__(self, handle: WorkflowHandle[Any, TurnResult], client: Client) -> None:
         self.handle = handle
@@ -321,6 +325,7 @@ class TurnHandle:
         reason: str | None = None,
         by: str = "unknown",
         arguments: dict[str, Any] | None = None,
+        limit: float | None = None,
     ) -> DecisionRecord:
         """Approve or deny a tool call awaiting approval (``arguments``: run it with these
         instead). A refused decision (an unknown or already decided call, a turn that has
@@ -334,6 +339,7 @@ class TurnHandle:
             reason=reason,
             by=by,
             arguments=arguments,
+            limit=limit,
         )
         try:
             return await self.handle.execute_update(
@@ -343,7 +349,32 @@ class TurnHandle:
             child = _child_turn(err, self.workflow_id)
             if child is None:
                 raise
-        return await get_turn(self.client, child).decide(call_id, approve, reason, by, arguments)
+        return await get_turn(self.client, child).decide(
+            call_id, approve, reason, by, arguments, limit
+        )
+
+    async def raise_budget(
+        self, limit: float, by: str = "unknown", reason: str | None = None
+    ) -> DecisionRecord:
+        """Raise the budget of a turn waiting at it to ``limit`` (in the budget's unit: tokens
+        or USD), so its next model call goes ahead. Refused (``WorkflowUpdateFailedError``,
+        the turn still waiting) when no budget waits, or ``limit`` is not above what is spent
+        or is above the agent's ``max_raise``."""
+        return await self.decide(await self._budget_call(), True, reason=reason, by=by, limit=limit)
+
+    async def stop_at_budget(
+        self, by: str = "unknown", reason: str | None = None
+    ) -> DecisionRecord:
+        """Stop a turn waiting at its budget: it ends with a final message saying so."""
+        return await self.decide(await self._budget_call(), False, reason=reason, by=by)
+
+    async def _budget_call(self) -> str:
+        """The id of the budget wait of this turn (or of a child turn, which ``decide``
+        sends the decision to)."""
+        waiting = [c for c in await self.pending_approvals() if c.kind == "budget"]
+        if not waiting:
+            raise NoBudgetWait(f"turn {self.workflow_id!r} is not waiting at its budget")
+        return waiting[0].call_id
 
     async def pending_approvals(self, rpc_timeout: timedelta | None = None) -> list[PendingCall]:
         """The turn's calls waiting for a decision (a worker of its task queue answers)."""

@@ -250,6 +250,44 @@ class ApprovalSettings(_Settings):
         return self
 
 
+class BudgetSettings(_Settings):
+    """What a turn (or a session) of the agent may spend, in tokens or US dollars, before its
+    next model call waits for a person to raise the budget (``ask``) or the turn stops
+    (``stop``). A budget never interrupts a model call halfway."""
+
+    # Every token the model calls process (input, output, cache reads and writes)...
+    tokens: int | None = Field(default=None, gt=0)
+    # ...or their cost by the price table (`prices`): every model of the agent needs a price.
+    usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # `turn`: each turn has the whole budget; `session`: a session's turns share it.
+    per: Literal["turn", "session"] = "turn"
+    # `ask`: wait for a decision (raise the budget, or stop); `stop`: end the turn at once.
+    on_exceeded: Literal["ask", "stop"] = "ask"
+    # The most a person may raise the budget to (same unit); unset: no ceiling.
+    max_raise: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # How long a turn waits for the decision (seconds or `1d`, `2h`...); then it stops.
+    timeout: Annotated[float, BeforeValidator(_duration)] = Field(default=86400.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_unit(self) -> BudgetSettings:
+        if (self.tokens is None) == (self.usd is None):
+            raise ValueError("a budget is either `tokens` or `usd`, not both nor neither")
+        amount = self.tokens if self.tokens is not None else self.usd
+        if self.max_raise is not None and amount is not None and self.max_raise < amount:
+            raise ValueError("budget.max_raise is below the budget itself")
+        return self
+
+
+class PriceSettings(_Settings):
+    """One model's price in US dollars per million tokens (an entry of ``prices``)."""
+
+    input: float = Field(ge=0, allow_inf_nan=False)
+    output: float = Field(ge=0, allow_inf_nan=False)
+    # Unset: as the input price.
+    cache_read: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    cache_write: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+
 # -- payload encryption (turnkeep.payloads.codec, turnkeep.payloads.codec_server) -------------
 
 AES_256_KEY_BYTES = 32
@@ -374,7 +412,16 @@ class AgentOptions(_Settings):
     """What a YAML ``agents:`` entry (``AgentSettings``) and a Python ``turnkeep.Agent`` share:
     all but how they name tools and hooks."""
 
-    model: str | None = None  # falls back to default_model
+    # Falls back to default_model. A list is a fallback chain: `[primary, fallback, ...]`.
+    model: str | None = None
+    # The models that answer, in order, when a call of `model` fails for good (a final
+    # provider error, or rate limits past `fallback_after_attempts`); a turn may use them too.
+    fallback_models: list[str] = Field(default_factory=list)
+    # Attempts a model of the chain gets before the next one answers (the last one gets all of
+    # `llm_timeouts.max_attempts`).
+    fallback_after_attempts: int = Field(default=2, ge=1)
+    # What a turn (or a session) may spend before it asks or stops; none when absent.
+    budget: BudgetSettings | None = None
     instruction: str | None = None
     max_iterations: int = DEFAULT_MAX_ITERATIONS
     use_history: bool = True
@@ -453,6 +500,16 @@ class AgentOptions(_Settings):
     # fast-agent's orchestrator takes `full` or `iterative` and plans one step at a time
     # either way; so does turnkeep's.
     plan_type: Literal["full", "iterative"] = "full"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_chain(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("model"), list):
+            chain = list(data["model"])
+            if not chain or not all(isinstance(m, str) and m for m in chain):
+                raise ValueError("`model` as a list is a fallback chain of model strings")
+            return {**data, "model": chain[0], "fallback_models": chain[1:]}
+        return data
 
     @model_validator(mode="after")
     def _workflow_agent(self) -> AgentOptions:
@@ -628,6 +685,9 @@ class Settings(_SecretSettings):
     # approval policy name -> "package.module:function"; agents name one in `approval.policy`.
     approval_policies: dict[str, str] = Field(default_factory=dict)
     agents: dict[str, AgentSettings] = Field(default_factory=dict)
+    # model string -> its price (USD per million tokens), over turnkeep's own table: what a
+    # model call's `cost_usd` is worked out with. A model priced nowhere costs "unknown".
+    prices: dict[str, PriceSettings] = Field(default_factory=dict)
     # How deep agents may call agents as tools (a turn a client starts is at depth 0): a call
     # that would go deeper is answered with an error instead of starting a turn. Workers of
     # different configs could otherwise call each other's agents round in a circle.

@@ -31,12 +31,14 @@ from temporalio.worker import (
 from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP, ToolCallOutcome
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.metrics import (
+    COST,
     MODEL_CALL_ERRORS,
     MODEL_CALL_LATENCY,
     PAYLOAD_BYTES_STORED,
     TOKENS,
     TOOL_CALL_ERRORS,
     TOOL_CALL_LATENCY,
+    UNPRICED_CALLS,
     MetricSpec,
 )
 
@@ -50,6 +52,8 @@ class _ModelInstruments:
     latency: MetricHistogramTimedelta
     errors: MetricCounter
     tokens: MetricCounter
+    cost: MetricCounter
+    unpriced: MetricCounter
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,8 @@ class ActivityMetrics(Interceptor):
                 latency=_latency(meter, MODEL_CALL_LATENCY),
                 errors=_counter(meter, MODEL_CALL_ERRORS),
                 tokens=_counter(meter, TOKENS),
+                cost=_counter(meter, COST),
+                unpriced=_counter(meter, UNPRICED_CALLS),
             )
         else:
             made = _ToolInstruments(
@@ -162,6 +168,12 @@ class _MetricsInbound(ActivityInboundInterceptor):
                     count = usage.get(field)
                     if isinstance(count, int) and count > 0:
                         instruments.tokens.add(count, {**model, "kind": label})
+                cost = usage.get("cost_usd")
+                if isinstance(cost, int | float):
+                    if (micros := round(cost * 1_000_000)) > 0:
+                        instruments.cost.add(micros, model)
+                else:
+                    instruments.unpriced.add(1, model)
             return
         tool = {"tool": str(getattr(request, "name", ""))}
         instruments.latency.record(elapsed, tool)

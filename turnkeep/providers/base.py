@@ -80,5 +80,6 @@ class ModelProvider(ABC):
 def with_usage(message: Message, usage: Usage) -> Message:
     """Attach usage the way every provider reports it: as the ``usage`` channel."""
     channels = dict(message.channels or {})
-    channels["usage"] = json_channel(usage.model_dump(exclude={"calls"}))
+    # A cost is the model activity's to add (``turnkeep.providers.prices``): unknown here.
+    channels["usage"] = json_channel(usage.model_dump(exclude={"calls"}, exclude_none=True))
     return message.model_copy(update={"channels": channels})

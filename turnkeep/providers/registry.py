@@ -30,6 +30,7 @@ from turnkeep.providers.openai import GenericProvider, OpenAIProvider
 from turnkeep.providers.openai_compat import OPENAI_COMPATIBLE_PROVIDERS
 from turnkeep.providers.passthrough import PassthroughProvider
 from turnkeep.providers.playback import PlaybackProvider
+from turnkeep.providers.prices import ModelPrice, builtin_price
 from turnkeep.support.entry_points import register_installed
 
 log = logging.getLogger(__name__)
@@ -179,6 +180,23 @@ class ModelCatalog:
     def __init__(self, settings: Settings, registry: ProviderRegistry | None = None) -> None:
         self.registry = registry or installed_providers()
         self._settings = settings
+        # The config's prices by what their model strings name (a reasoning setting aside:
+        # it changes how many tokens a call takes, not what one costs).
+        self._prices: dict[tuple[str, str], ModelPrice] = {}
+        for model, price in settings.prices.items():
+            try:
+                ref = self.resolve(model)
+            except ApplicationError:  # a model no provider answers: no call will cost it
+                log.warning("prices: unknown model %r is left out", model)
+                continue
+            self._prices[(ref.provider, ref.name)] = ModelPrice(
+                price.input, price.output, price.cache_read, price.cache_write
+            )
+
+    def price(self, ref: ModelRef) -> ModelPrice | None:
+        """What a call of ``ref`` costs: the config's price, else turnkeep's own (None:
+        unknown)."""
+        return self._prices.get((ref.provider, ref.name)) or builtin_price(ref.provider, ref.name)
 
     def resolve(self, model: str) -> ModelRef:
         return self.registry.resolve(model)
@@ -202,9 +220,10 @@ class ModelCatalog:
         return PassthroughProvider.name
 
     def allowed_models(self, agent: AgentSettings) -> list[str]:
-        """The models a turn of ``agent`` may run on: its model (else the worker's default) and
-        its ``models``. Both prepare_turn and the model activities hold requests to this."""
-        return [agent.model or self.default_model(), *agent.models]
+        """The models a turn of ``agent`` may run on: its model (else the worker's default), its
+        fallback models and its ``models``. Both prepare_turn and the model activities hold
+        requests to this."""
+        return [agent.model or self.default_model(), *agent.fallback_models, *agent.models]
 
     def is_allowed(self, model: str, allowed: Iterable[str]) -> bool:
         """Whether ``model`` is one of ``allowed``, comparing what they name, not how they are

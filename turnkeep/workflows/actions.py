@@ -13,7 +13,15 @@ from typing import TypeVar
 from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    FailureError,
+)
+from temporalio.exceptions import (
+    TimeoutError as ActivityTimeout,
+)
 
 from turnkeep.workflows import visibility
 from turnkeep.workflows.activity_io import (
@@ -105,7 +113,9 @@ def failure_text(err: ActivityError) -> str:
 
 
 async def prepare_turn(turn: TurnInput) -> TurnPlan:
-    request = PrepareTurnRequest(agent=turn.agent, overrides=turn.overrides(), depth=turn.depth)
+    request = PrepareTurnRequest(
+        agent=turn.agent, overrides=turn.overrides(), depth=turn.depth, budget=turn.budget
+    )
     summary = visibility.prepare_summary(turn.agent)
     return await execute(PREPARE_TURN, request, TurnPlan, summary, SETUP)
 
@@ -158,13 +168,77 @@ async def call_model(request: LlmRequest, plan: TurnPlan, messages: MessageJson)
         summary = visibility.llm_summary(request.call_index, request.model)
         return await execute(LLM_STEP, step, Message, summary, plan.llm)
     except ActivityError as err:
-        text = failure_text(err)
-        return Message(
-            role="assistant",
-            content=[TextContent(text=f"The model call failed: {text}")],
-            channels={"error": [TextContent(text=text)]},
-            stop_reason=StopReason.ERROR,
+        return _failed_call(err)
+
+
+def _failed_call(err: ActivityError) -> Message:
+    text = failure_text(err)
+    return Message(
+        role="assistant",
+        content=[TextContent(text=f"The model call failed: {text}")],
+        channels={"error": [TextContent(text=text)]},
+        stop_reason=StopReason.ERROR,
+    )
+
+
+# Failures turnkeep's providers give a call the provider ended (``turnkeep.providers.errors``)
+# besides those whose type starts with "Provider": another model may well answer these. A
+# refusal of turnkeep's own (a model the agent does not allow, a request that no longer
+# matches) would be refused for any model, and is not one.
+_PROVIDER_FAILURES = frozenset({"ContextLengthExceeded", "MissingApiKey"})
+
+
+def falls_back(err: ActivityError) -> bool:
+    """Whether a model call that failed for good with ``err`` goes to the next model of a
+    fallback chain: a provider's final error, or its rate limits, overloads and time-outs past
+    the attempts the chain gives it."""
+    cause = err.cause
+    if isinstance(cause, ActivityTimeout):
+        return True
+    return isinstance(cause, ApplicationError) and bool(
+        cause.type and (cause.type.startswith("Provider") or cause.type in _PROVIDER_FAILURES)
+    )
+
+
+async def call_model_chain(
+    request: LlmRequest,
+    plan: TurnPlan,
+    messages: MessageJson,
+    on_request: Callable[[LlmRequest], None],
+) -> tuple[Message, LlmRequest]:
+    """``call_model`` along the plan's fallback chain: ``request`` on its model with at most
+    ``fallback_after_attempts`` attempts, then the same request on each fallback model in turn
+    (the last with all of the agent's attempts), until one answers or fails otherwise than a
+    provider's final error. ``on_request`` is told each request before it is made (the workflow
+    answers ``MODEL_INPUT_QUERY`` with it). Returns the answer and the request it answered."""
+    chain = [request.model, *plan.fallback_models]
+    bound = plan.fallback_after_attempts
+    for position, model in enumerate(chain):
+        last = position == len(chain) - 1
+        attempts = plan.llm.max_attempts
+        if not last:  # 0 is Temporal's "no limit"
+            attempts = bound if attempts == 0 else min(attempts, bound)
+        asked = request if position == 0 else request.model_copy(update={"model": model})
+        on_request(asked)
+        info = workflow.info()
+        step = LlmStepRequest.referencing(
+            asked, workflow_id=info.workflow_id, run_id=info.run_id, messages=messages
         )
+        summary = visibility.llm_summary(asked.call_index, asked.model)
+        t = plan.llm.model_copy(update={"max_attempts": attempts})
+        try:
+            return await execute(LLM_STEP, step, Message, summary, t), asked
+        except ActivityError as err:
+            if last or not falls_back(err):
+                return _failed_call(err), asked
+            workflow.logger.warning(
+                "model %s failed (%s); model call #%d goes to %s",
+                model,
+                failure_text(err),
+                asked.call_index,
+                chain[position + 1],
+            )
+    raise AssertionError("a fallback chain has at least one model")
 
 
 # Waits for a person's decision on a call: the call to run (edited or not), or the result a

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from turnkeep.workflows.approval import ApprovalPlan
 from turnkeep.workflows.compact import Compact
 from turnkeep.workflows.messages import CallToolResult, Message, StopReason
-from turnkeep.workflows.turn_io import TurnOverrides, Usage
+from turnkeep.workflows.turn_io import BudgetLimit, BudgetUnit, TurnOverrides, Usage
 
 PREPARE_TURN = "prepare_turn"
 LIST_TOOLS = "list_tools"
@@ -36,6 +36,22 @@ class PrepareTurnRequest(Compact):
     agent: str
     overrides: TurnOverrides
     depth: int = 0  # `TurnInput.depth`: checked against the worker's `max_agent_depth`
+    budget: BudgetLimit | None = None  # `TurnInput.budget`: at most the agent's
+
+
+class BudgetPlan(Compact):
+    """The turn's budget (``turnkeep.workflows.loop`` checks it before each model call)."""
+
+    unit: BudgetUnit
+    limit: float  # in `unit`: the turn's, or the session's for a budget per session
+    per: Literal["turn", "session"] = "turn"
+    on_exceeded: Literal["ask", "stop"] = "ask"
+    # The most a person may raise the budget to (None: no ceiling).
+    max_raise: float | None = None
+    timeout: float = 86400.0  # seconds a budget wait lasts; then the turn stops
+    # USD per input token of the turn's models (the dearest), for a USD budget's estimate of
+    # what the next call's input will cost; None: the estimate counts only what is spent.
+    input_usd_per_token: float | None = None
 
 
 class HookPoint(StrEnum):
@@ -176,6 +192,13 @@ class TurnPlan(Compact):
 
     # Set for a workflow agent: the turn runs these steps instead of the model loop.
     team: TeamPlan | None = None
+    # What the turn may spend before it asks (or stops); None: no budget.
+    budget: BudgetPlan | None = None
+    # The models that answer, in order, a model call `model` fails for good (a final provider
+    # error), and how many attempts a model of such a chain gets before the next one answers
+    # (the last gets `llm.max_attempts`).
+    fallback_models: list[str] = Field(default_factory=list)
+    fallback_after_attempts: int = 2
 
     def agent_tool(self, tool: str) -> AgentTool | None:
         """The agent a call of ``tool`` runs, if it names one of the agent's agent tools."""

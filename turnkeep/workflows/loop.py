@@ -42,7 +42,15 @@ from turnkeep.workflows.messages import (
 from turnkeep.workflows.model_io import LlmRequest
 from turnkeep.workflows.repair import repair_dangling_tool_calls
 from turnkeep.workflows.tool_batch import ToolBatch
-from turnkeep.workflows.turn_io import HistoryChange, RollbackState, TurnInput, TurnResult, Usage
+from turnkeep.workflows.turn_io import (
+    BudgetUnit,
+    HistoryChange,
+    RollbackState,
+    Spent,
+    TurnInput,
+    TurnResult,
+    Usage,
+)
 
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n\n"
 STRUCTURED_FINALIZATION_PROMPT = (
@@ -87,6 +95,12 @@ class TurnState(BaseModel):
     # model (the turn's own model calls are in `usage`).
     depth: int = 0
     team_usage: dict[str, dict[str, Usage]] = Field(default_factory=dict)
+    # The budget as it stands (the plan's, plus what people raised it by), what its session's
+    # earlier turns spent, and the model call a person let through past it (its index).
+    budget_limit: float | None = None
+    budget_raised: float = 0.0
+    session_spent: Spent | None = None
+    budget_passed: int = 0
 
     # -- starting -------------------------------------------------------------------------
 
@@ -100,6 +114,15 @@ class TurnState(BaseModel):
         state = cls(
             plan=plan, history=list(turn.history), history_ref=turn.history_ref, depth=turn.depth
         )
+        if plan.budget is not None:
+            state.session_spent = turn.session_spent if plan.budget.per == "session" else None
+            raised = state.session_spent.raised if state.session_spent else 0.0
+            # Never past the most the agent lets people raise it to.
+            ceiling = plan.budget.max_raise
+            limit = plan.budget.limit + raised
+            state.budget_limit = (
+                limit if ceiling is None else min(limit, max(ceiling, plan.budget.limit))
+            )
         if plan.use_history and not any(m.tool_results for m in turn.messages):
             state._heal(turn.history)
         state.messages.extend(turn.messages)
@@ -154,11 +177,12 @@ class TurnState(BaseModel):
             max_tokens=self.plan.max_tokens,
         )
 
-    def on_assistant(self, assistant: Message) -> None:
-        """Record a model answer and decide: run tools, ask for the final JSON, or stop."""
+    def on_assistant(self, assistant: Message, model: str | None = None) -> None:
+        """Record a model answer (by ``model``: a fallback's, else the plan's) and decide: run
+        tools, ask for the final JSON, or stop."""
         self.model_calls += 1
         self.messages.append(assistant)
-        self._add_usage(assistant)
+        self._add_usage(assistant, model)
         if self.finalizing:
             # The deferred structured-output call offered no tools: it ends the turn whatever
             # it says, and calls it makes anyway are answered rather than run.
@@ -272,12 +296,18 @@ class TurnState(BaseModel):
         if call not in self.pending_approvals:
             waiting = ", ".join(sorted(self.pending_approvals)) or "none"
             return f"no call {call!r} is waiting for approval (waiting: {waiting})"
+        if self.pending_approvals[call].kind == "budget":
+            return self._budget_decision_problem(decision)
+        if decision.limit is not None:
+            return "a limit goes only with a budget's wait"
         if decision.arguments is not None and decision.decision != "approve":
             return "arguments (an edit) go only with an approval"
         return None
 
     def decide(self, decision: Decision, now: datetime) -> DecisionRecord:
         """Record a person's decision on a waiting call (checked by ``decision_problem``)."""
+        if self.pending_approvals[decision.call_id].kind == "budget":
+            return self._decide_budget(decision, now)
         pending = self.pending_approvals.pop(decision.call_id)
         edited = decision.arguments is not None and decision.arguments != pending.arguments
         record = DecisionRecord(
@@ -294,9 +324,13 @@ class TurnState(BaseModel):
         return record
 
     def time_out(self, call_id: str, now: datetime) -> DecisionRecord:
-        """Deny a call nobody decided on in time (``on_timeout: deny``)."""
+        """Deny a call nobody decided on in time (``on_timeout: deny``; a budget's wait: the
+        turn stops)."""
         pending = self.pending_approvals.pop(call_id)
-        timeout = self.plan.approval.timeout if self.plan.approval else 0.0
+        if pending.kind == "budget":
+            timeout = self.plan.budget.timeout if self.plan.budget else 0.0
+        else:
+            timeout = self.plan.approval.timeout if self.plan.approval else 0.0
         record = DecisionRecord(
             call_id=call_id,
             tool=pending.name,
@@ -304,6 +338,7 @@ class TurnState(BaseModel):
             by=TIMEOUT_DECIDER,
             reason=f"no decision within {format_seconds(timeout)}",
             at=now,
+            kind=pending.kind,
         )
         self.decisions.append(record)
         return record
@@ -355,6 +390,131 @@ class TurnState(BaseModel):
             for model, usage in by_model.items():
                 total[model] = total.get(model, Usage()) + usage
         return total
+
+    # -- budget -----------------------------------------------------------------------------
+
+    def budget_spent(self) -> float:
+        """What counts against the budget so far, in its unit: every token (or dollar) of the
+        turn's model calls and of the agents it called as tools, and for a budget per session,
+        what the session's earlier turns spent. A dollar budget counts the priced part (the
+        worker refuses one on an agent whose own models have no price)."""
+        budget = self.plan.budget
+        if budget is None:
+            return 0.0
+        usage = self.total_usage().values()
+        earlier = self.session_spent
+        if budget.unit == "tokens":
+            return float(sum(u.tokens for u in usage) + (earlier.tokens if earlier else 0))
+        return sum(u.cost_usd or 0.0 for u in usage) + (earlier.usd if earlier else 0.0)
+
+    def budget_exceeded(self, estimated_input_tokens: int) -> str | None:
+        """Why the next model call would pass the budget, or None: what is spent has reached
+        it, or what is spent plus the next call's estimated input (its tokens, or their cost at
+        the plan's input price) is over it. The output cannot be known before the call, and a
+        call is never stopped halfway: one call may end past the budget, and the next asks."""
+        budget, limit = self.plan.budget, self.budget_limit
+        if budget is None or limit is None or self.budget_passed == self.model_calls + 1:
+            return None
+        spent = self.budget_spent()
+        said = f"spent {budget_amount(spent, budget.unit)} of {budget_amount(limit, budget.unit)}"
+        if spent >= limit:
+            return said
+        if budget.unit == "tokens":
+            upcoming = float(estimated_input_tokens)
+        else:
+            upcoming = estimated_input_tokens * (budget.input_usd_per_token or 0.0)
+        if spent + upcoming > limit:
+            about = budget_amount(upcoming, budget.unit)
+            return f"{said}; the next model call's input, about {about}, would pass it"
+        return None
+
+    def budget_call_id(self) -> str:
+        return f"budget:{self.model_calls + 1}"
+
+    def await_budget(self, problem: str, now: datetime) -> PendingCall:
+        """Hold the next model call for a person's decision on the budget."""
+        budget = self.plan.budget
+        assert budget is not None and self.budget_limit is not None
+        call = PendingCall(
+            call_id=self.budget_call_id(),
+            name="budget",
+            arguments={
+                "spent": self.budget_spent(),
+                "limit": self.budget_limit,
+                "unit": budget.unit,
+                "max_raise": budget.max_raise,
+            },
+            since=now,
+            kind="budget",
+            prompt=problem,
+        )
+        self.pending_approvals[call.call_id] = call
+        return call
+
+    def _budget_decision_problem(self, decision: Decision) -> str | None:
+        budget = self.plan.budget
+        assert budget is not None
+        if decision.arguments is not None:
+            return "a budget's wait takes a limit (the raised budget), not arguments"
+        if decision.decision == "deny":
+            return "a limit goes only with raising the budget" if decision.limit else None
+        if decision.limit is None:
+            return f"raising the budget needs a limit: the new budget, in {budget.unit}"
+        spent = self.budget_spent()
+        if decision.limit <= spent:
+            return (
+                f"a limit of {budget_amount(decision.limit, budget.unit)} is not above what is "
+                f"spent ({budget_amount(spent, budget.unit)})"
+            )
+        if budget.max_raise is not None and decision.limit > budget.max_raise:
+            return (
+                f"a limit of {budget_amount(decision.limit, budget.unit)} is above the most "
+                f"agent {self.plan.agent!r} allows ({budget_amount(budget.max_raise, budget.unit)})"
+            )
+        return None
+
+    def _decide_budget(self, decision: Decision, now: datetime) -> DecisionRecord:
+        pending = self.pending_approvals.pop(decision.call_id)
+        before = self.budget_limit or 0.0
+        raised = decision.decision == "approve" and decision.limit is not None
+        record = DecisionRecord(
+            call_id=pending.call_id,
+            tool=pending.name,
+            decision=decision.decision,
+            by=decision.by,
+            reason=decision.reason,
+            at=now,
+            original_arguments={"limit": before} if raised else None,
+            arguments={"limit": decision.limit} if raised else None,
+            kind="budget",
+        )
+        if raised and decision.limit is not None:
+            self.budget_raised += decision.limit - before
+            self.budget_limit = decision.limit
+            self.budget_passed = self.model_calls + 1
+        self.decisions.append(record)
+        return record
+
+    def stop_at_budget(self, problem: str, record: DecisionRecord | None = None) -> None:
+        """End the turn before its next model call, with a final assistant message saying
+        why: the agent stops at its budget, or nobody (or a person) raised it."""
+        budget = self.plan.budget
+        why = "" if record is None else f" ({_budget_stopped_by(record)})"
+        text = f"Stopped at the budget: {problem}{why}."
+        detail = {
+            "spent": self.budget_spent(),
+            "limit": self.budget_limit,
+            "unit": budget.unit if budget else None,
+        }
+        self.messages.append(
+            Message(
+                role="assistant",
+                content=[TextContent(text=text)],
+                channels={"budget": json_channel(detail)},
+                stop_reason=StopReason.PAUSE,
+            )
+        )
+        self._finish(StopReason.PAUSE)
 
     # -- compaction -----------------------------------------------------------------------
 
@@ -475,6 +635,8 @@ class TurnState(BaseModel):
             rollback=self.rollback,
             structured=_parse_json(final.text) if final and self.plan.structured_output else None,
             decisions=self.decisions,
+            budget_raised=self.budget_raised,
+            session_budget=self.plan.budget is not None and self.plan.budget.per == "session",
         )
         # Read by the parent turn alone (its workflow code): written compactly.
         result._for_parent = self.depth > 0
@@ -506,13 +668,27 @@ class TurnState(BaseModel):
         self.done = True
         self.stop_reason = stop_reason
 
-    def _add_usage(self, assistant: Message) -> None:
+    def _add_usage(self, assistant: Message, model: str | None = None) -> None:
         reported = assistant.channel_json("usage")
         if reported is None:
             return
-        usage = Usage.model_validate(reported) + Usage(calls=1)
-        model = self.plan.model
+        usage = Usage.model_validate({**reported, "calls": 1})
+        model = model or self.plan.model
         self.usage[model] = self.usage.get(model, Usage()) + usage
+
+
+def budget_amount(value: float, unit: BudgetUnit) -> str:
+    """``12,000 tokens``, ``1.25 USD``: an amount of a budget as a person reads it."""
+    if unit == "tokens":
+        return f"{round(value):,} tokens"
+    return f"{value:,.2f} USD" if value >= 100 else f"{value:.4g} USD"
+
+
+def _budget_stopped_by(record: DecisionRecord) -> str:
+    if record.decision == "timeout":
+        return record.reason or "no decision in time"
+    said = f": {record.reason}" if record.reason else ""
+    return f"{record.by} chose to stop{said}"
 
 
 def _merged(

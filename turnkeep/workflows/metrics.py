@@ -116,6 +116,24 @@ TOKENS = MetricSpec(
     "Tokens reported by the provider, by kind: input, output, cache_read, cache_write.",
     "activity",
 )
+COST = MetricSpec(
+    "turnkeep_cost_micro_usd",
+    MetricKind.COUNTER,
+    "1",
+    ("model",),
+    "What model calls cost by the worker's price table, in millionths of a US dollar (a "
+    "counter takes whole numbers: divide by 1e6), by model. A call of a model with no price "
+    "adds nothing here and one to turnkeep_unpriced_model_calls.",
+    "activity",
+)
+UNPRICED_CALLS = MetricSpec(
+    "turnkeep_unpriced_model_calls",
+    MetricKind.COUNTER,
+    "1",
+    ("model",),
+    "Model calls whose cost is unknown: their model has no price (set one in `prices:`).",
+    "activity",
+)
 TOOL_CALL_LATENCY = MetricSpec(
     "turnkeep_tool_call_latency",
     MetricKind.HISTOGRAM,
@@ -151,6 +169,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MODEL_CALL_LATENCY,
     MODEL_CALL_ERRORS,
     TOKENS,
+    COST,
+    UNPRICED_CALLS,
     TOOL_CALL_LATENCY,
     TOOL_CALL_ERRORS,
     PAYLOAD_BYTES_STORED,

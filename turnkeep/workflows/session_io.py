@@ -16,7 +16,7 @@ from pydantic import (
 
 from turnkeep.workflows.conversation import ConversationRef, stores
 from turnkeep.workflows.messages import Message
-from turnkeep.workflows.turn_io import NAME_MAX_CHARS
+from turnkeep.workflows.turn_io import NAME_MAX_CHARS, Spent
 
 SESSION_WORKFLOW_NAME = "SessionWorkflow"
 
@@ -99,6 +99,9 @@ class SessionState(_ByReference):
     turns: int = 0  # turns started so far: the next one is `<session id>/turn-<turns + 1>`
     tokens: int = 0  # input and output tokens of every turn
     closing: bool = False
+    # What the turns spent against the agent's budget, once one says the budget is per
+    # session: handed to each next turn (`TurnInput.session_spent`).
+    spent: Spent | None = None
 
 
 class RunningTurn(BaseModel):

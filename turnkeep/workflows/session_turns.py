@@ -24,7 +24,7 @@ from temporalio.common import RawValue
 
 from turnkeep.workflows.conversation import ConversationRef
 from turnkeep.workflows.messages import Message, message_json
-from turnkeep.workflows.turn_io import HistoryChange, TurnResult, Usage
+from turnkeep.workflows.turn_io import HistoryChange, Spent, TurnResult, Usage
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -41,6 +41,8 @@ class TurnOutcome(BaseModel):
     history_change: HistoryChange = HistoryChange.APPENDED
     # The session's stored conversation after the turn, when the turn stored its messages.
     conversation: ConversationRef | None = None
+    budget_raised: float = 0.0
+    session_budget: bool = False
 
 
 class ConversationJson:
@@ -57,22 +59,25 @@ class ConversationJson:
         history: list[Message],
         messages: list[Message],
         ref: ConversationRef | None = None,
+        spent: Spent | None = None,
     ) -> RawValue:
         """A ``TurnInput`` for ``agent`` answering ``messages`` after the conversation: by
         reference when it is stored (``ref``; the data converter expands it), else
         ``history`` itself. As the payload the converter would write for it."""
         new = ",".join(message_json(m) for m in messages)
+        # A budget per session: what the earlier turns spent (only once a turn said so).
+        extra = "" if spent is None else f',"session_spent":{spent.model_dump_json()}'
         if ref is not None:
             marker = json.dumps(ref.sibling_marker("history_ref"), separators=(",", ":"))
             text = (
                 f'{{"agent":{json.dumps(agent)},"messages":[{new}],"history":{marker},'
-                f'"history_ref":{ref.model_dump_json()}}}'
+                f'"history_ref":{ref.model_dump_json()}{extra}}}'
             )
         else:
             self._cover(history)
             text = (
                 f'{{"agent":{json.dumps(agent)},"messages":[{new}],'
-                f'"history":[{",".join(self._json)}]}}'
+                f'"history":[{",".join(self._json)}]{extra}}}'
             )
         return RawValue(Payload(metadata={"encoding": _JSON_ENCODING}, data=text.encode()))
 

@@ -43,7 +43,7 @@ from turnkeep.workflows.session_io import (
 )
 from turnkeep.workflows.session_turns import ConversationJson, TurnOutcome, decode, take_in
 from turnkeep.workflows.starting import start_arguments
-from turnkeep.workflows.turn_io import TurnCancelledError
+from turnkeep.workflows.turn_io import Spent, TurnCancelledError
 
 # The line a session logs for a turn that failed (`turnkeep chat` says it in its own words).
 TURN_FAILED_LOG = "turn %s failed: %s"
@@ -148,7 +148,9 @@ class SessionWorkflow:
             # The session's first turn: an empty conversation by reference, so a worker that
             # stores segments hands back the start of a stored one.
             ref = ConversationRef(owner=workflow.info().workflow_id)
-        turn = self._history_json.turn_input(session.agent, state.history, messages, ref)
+        turn = self._history_json.turn_input(
+            session.agent, state.history, messages, ref, state.spent
+        )
         while True:
             try:
                 child = await start_child(turn, messages[-1], RawValue, id=turn_id, task_queue=None)
@@ -186,6 +188,8 @@ class SessionWorkflow:
                 state.conversation = outcome.conversation
             state.transcript += outcome.messages
             state.tokens += sum(u.input_tokens + u.output_tokens for u in outcome.usage.values())
+            if outcome.session_budget:
+                state.spent = (state.spent or Spent()).after(outcome.usage, outcome.budget_raised)
         state.turn_ends[state.turns] = len(state.transcript)
         self._turn = None
         self._child = None

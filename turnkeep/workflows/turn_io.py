@@ -4,7 +4,7 @@ turnkeep from your own Temporal app*)."""
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -86,6 +86,12 @@ class TurnInput(TurnOverrides):
     # for an agent's turn another agent called as a tool. A client setting it only brings the
     # worker's `max_agent_depth` nearer.
     depth: int = Field(default=0, ge=0)
+    # A budget for this turn, in the agent's budget unit: at most the agent's (a turn may
+    # lower its budget, never raise it).
+    budget: BudgetLimit | None = None
+    # Set by a session whose agent's budget is per session: what its earlier turns spent (a
+    # client setting it only brings the budget nearer).
+    session_spent: Spent | None = None
 
     def overrides(self) -> TurnOverrides:
         return TurnOverrides.model_validate(
@@ -113,7 +119,11 @@ _TURN_INPUT_DEFAULTS: dict[str, Any] = {
     "history": [],
     "history_ref": None,
     "depth": 0,
+    "budget": None,
+    "session_spent": None,
 }
+
+_TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
 
 
 class Usage(BaseModel):
@@ -122,11 +132,74 @@ class Usage(BaseModel):
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     calls: int = 0
+    # What the tokens cost in US dollars, by the worker's price table; None: unknown (a model
+    # with no price, or a sum with such a part), never zero for want of a price.
+    cost_usd: float | None = None
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            **{name: getattr(self, name) + getattr(other, name) for name in Usage.model_fields}
+        # A sum with an unknown part is unknown, as fast-agent totals its costs: a known part
+        # shown alone would read as the whole. An empty usage (no call) is no part at all.
+        costs = [u.cost_usd for u in (self, other) if not u.empty]
+        cost = None if None in costs else sum(c for c in costs if c is not None)
+        summed = {name: getattr(self, name) + getattr(other, name) for name in _TOKEN_FIELDS}
+        return Usage(**summed, calls=self.calls + other.calls, cost_usd=cost)
+
+    @property
+    def empty(self) -> bool:
+        return not self.calls and not any(getattr(self, name) for name in _TOKEN_FIELDS)
+
+    @property
+    def tokens(self) -> int:
+        """Every token the calls processed: input, output, cache reads and writes."""
+        return sum(getattr(self, name) for name in _TOKEN_FIELDS)
+
+
+BudgetUnit = Literal["tokens", "usd"]
+
+
+class BudgetLimit(BaseModel):
+    """A budget: ``{"tokens": 200000}`` or ``{"usd": 1.5}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: int | None = Field(default=None, gt=0)
+    usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _one_unit(self) -> BudgetLimit:
+        if (self.tokens is None) == (self.usd is None):
+            raise ValueError("a budget is either `tokens` or `usd`, not both nor neither")
+        return self
+
+    @property
+    def unit(self) -> BudgetUnit:
+        return "tokens" if self.tokens is not None else "usd"
+
+    @property
+    def amount(self) -> float:
+        return float(self.tokens if self.tokens is not None else self.usd or 0.0)
+
+
+class Spent(Compact):
+    """What a session's earlier turns spent, handed to its next turn (``session_spent``), and
+    how much people raised the session's budget by in them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: int = Field(default=0, ge=0)
+    usd: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    raised: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+
+    def after(self, usage: dict[str, Usage], raised: float) -> Spent:
+        """This, plus a turn's ``usage`` (its priced part, in dollars) and its raises."""
+        return Spent(
+            tokens=self.tokens + sum(u.tokens for u in usage.values()),
+            usd=self.usd + sum(u.cost_usd or 0.0 for u in usage.values()),
+            raised=self.raised + raised,
         )
+
+
+TurnInput.model_rebuild()
 
 
 class RollbackState(StrEnum):
@@ -170,6 +243,12 @@ class TurnResult(BaseModel):
     structured: Any = None
     # Every approval decision on the turn's tool calls (who, what, when, edits), in order.
     decisions: list[DecisionRecord] = Field(default_factory=list)
+    # How much people raised the turn's budget by, in the budget's unit (a session adds it to
+    # its own, for a budget per session).
+    budget_raised: float = 0.0
+    # Whether the turn's budget is its session's (the session hands its next turn what this
+    # one spent).
+    session_budget: bool = False
     # For a session's turn whose messages were stored: the session's conversation after the
     # turn (its `history` is then left empty: the session has it by reference).
     conversation: ConversationRef | None = None
@@ -260,6 +339,8 @@ _LEFT_OUT_WHEN_DEFAULT = (
     "decisions",
     "history_change",
     "usage_by_agent",
+    "budget_raised",
+    "session_budget",
 )
 _DEFAULTS: dict[str, Any] = {
     "usage_by_agent": {},
@@ -267,6 +348,8 @@ _DEFAULTS: dict[str, Any] = {
     "structured": None,
     "decisions": [],
     "history_change": HistoryChange.APPENDED.value,
+    "budget_raised": 0.0,
+    "session_budget": False,
 }
 
 

@@ -241,17 +241,70 @@ class TurnWorkflow:
 
     async def _ask_model(self) -> None:
         state = self._require_state()
-        request = self._model_input = state.model_request()
+        request = state.model_request()
+        if state.plan.budget is not None and not await self._within_budget(request):
+            return
+        self._model_input = request
         self._show(visibility.waiting_on_model(request))
-        answer = await actions.call_model(request, state.plan, self._message_json)
+        if state.plan.fallback_models:
+            answer, request = await actions.call_model_chain(
+                request, state.plan, self._message_json, self._next_model
+            )
+        else:
+            answer = await actions.call_model(request, state.plan, self._message_json)
         self._model_input = None  # read only while the call is in flight
-        state.on_assistant(answer)
+        state.on_assistant(answer, request.model)
         # An outcome gets a row of its own only when the rows after it do not tell it: not a
         # toolUse answer whose every call runs as a tool activity (its `tool …` rows say it).
         if not state.runs_every_pending_call():
             self._record_outcome(visibility.outcome_summary(request, answer))
         self._show(visibility.answered(answer), publish=self._publish_due())
         await self._hooks(HookPoint.AFTER_LLM_CALL)
+
+    def _next_model(self, request: LlmRequest) -> None:
+        """A fallback model takes the call over: the query answers with its request now."""
+        self._model_input = request
+        self._show(visibility.waiting_on_model(request))
+
+    async def _within_budget(self, request: LlmRequest) -> bool:
+        """Whether the model call ``request`` may go ahead under the turn's budget: at once,
+        or once a person raised it. Otherwise the turn has stopped with a final message: the
+        agent stops at its budget, or the person chose to, or nobody decided in time. The wait
+        is an approval's: no activity runs, the turn leaves the worker's cache."""
+        state = self._require_state()
+        budget = state.plan.budget
+        assert budget is not None
+        problem = state.budget_exceeded(self._message_json.estimate_tokens(request.messages))
+        if problem is None:
+            return True
+        if budget.on_exceeded == "stop":
+            state.stop_at_budget(problem)
+            return False
+        call = state.await_budget(problem, workflow.now())
+        self._message_json = MessageJson()  # a person may take hours (see `_approve`)
+        turn_metrics.approval_requested(state.plan.agent)
+        self._show(f"waiting on a budget decision: {problem}", publish=True)
+        worker_cache.leave_cache()
+        try:
+            await workflow.wait_condition(
+                lambda: call.call_id not in state.pending_approvals,
+                timeout=budget.timeout,
+                timeout_summary=visibility.clip(f"budget · {call.call_id}"),
+            )
+        except TimeoutError:
+            if call.call_id in state.pending_approvals:  # not decided in this same task
+                state.time_out(call.call_id, workflow.now())
+        except asyncio.CancelledError:
+            turn_metrics.approval_resolved(state.plan.agent, "cancelled")
+            raise
+        record = state.decision(call.call_id)
+        assert record is not None
+        turn_metrics.approval_resolved(state.plan.agent, record.decision)
+        if not record.approved:
+            state.stop_at_budget(problem, record)
+            return False
+        self._show(visibility.waiting_on_model(request), publish=True)
+        return True
 
     def _record_outcome(self, summary: str) -> None:
         """Record a model call's outcome in the history, as the summary of a timer nobody
@@ -652,11 +705,19 @@ def _start_arguments(args: Sequence[Any]) -> _Start:
 def _check_owner(turn: TurnInput) -> None:
     """A stored conversation is handed only by the session that owns it, to its own child
     turns: any client could copy a reference from another session's history (digests are no
-    secret), and the worker would expand it into that session's messages."""
+    secret), and the worker would expand it into that session's messages. What a session's
+    earlier turns spent of its budget (and raised it by) comes only from a parent too: a client
+    could otherwise start a turn past any budget."""
+    parent = workflow.info().parent
+    if turn.session_spent is not None and parent is None:
+        raise ApplicationError(
+            "session_spent is handed to a turn only by its session, as its child",
+            type="InvalidTurnInput",
+            non_retryable=True,
+        )
     ref = turn.history_ref
     if ref is None:
         return
-    parent = workflow.info().parent
     if parent is None or parent.workflow_id != ref.owner:
         raise ApplicationError(
             "history_ref names the stored conversation of another workflow: only the session "

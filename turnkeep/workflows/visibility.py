@@ -9,7 +9,7 @@ documentation's *The Web UI*).
 - the workflow's current details (markdown): iteration, what the turn waits on, last stop
   reason, tokens so far;
 - search attributes (``TurnkeepAgent``, ``TurnkeepModel``, ``TurnkeepStatus``,
-  ``TurnkeepStopReason``, ``TurnkeepIterations``, ``TurnkeepTokens``).
+  ``TurnkeepStopReason``, ``TurnkeepIterations``, ``TurnkeepTokens``, ``TurnkeepCostUsd``).
 
 Only text and values computed from the loop's state live here, no Temporal calls, so all of it
 is testable without a server; ``TurnWorkflow._show`` publishes them. The search-attribute
@@ -46,6 +46,7 @@ STATUS = SearchAttributeKey.for_keyword("TurnkeepStatus")
 STOP_REASON = SearchAttributeKey.for_keyword("TurnkeepStopReason")
 ITERATIONS = SearchAttributeKey.for_int("TurnkeepIterations")
 TOKENS = SearchAttributeKey.for_int("TurnkeepTokens")
+COST_USD = SearchAttributeKey.for_float("TurnkeepCostUsd")
 
 SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[Any], ...] = (
     AGENT,
@@ -54,6 +55,7 @@ SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[Any], ...] = (
     STOP_REASON,
     ITERATIONS,
     TOKENS,
+    COST_USD,
 )
 
 
@@ -101,7 +103,16 @@ def tokens(state: TurnState) -> tuple[int, int]:
     return sum(u.input_tokens for u in usage), sum(u.output_tokens for u in usage)
 
 
-SearchAttributeValues = dict[str, str | int | None]
+SearchAttributeValues = dict[str, str | int | float | None]
+
+
+def cost_usd(state: TurnState) -> float | None:
+    """What the turn has cost so far in US dollars, with the agents it called as tools; None
+    when some of it is unknown (a model with no price)."""
+    usage = list(state.total_usage().values())
+    if any(u.cost_usd is None for u in usage):
+        return None
+    return sum(u.cost_usd or 0.0 for u in usage) if usage else None
 
 
 def search_attribute_values(state: TurnState) -> SearchAttributeValues:
@@ -114,7 +125,13 @@ def search_attribute_values(state: TurnState) -> SearchAttributeValues:
         STOP_REASON.name: state.stop_reason.value if state.done and state.stop_reason else None,
         ITERATIONS.name: state.iteration,
         TOKENS.name: sum(tokens(state)),
+        COST_USD.name: _rounded(cost_usd(state)),
     }
+
+
+def _rounded(value: float | None) -> float | None:
+    # Sums of float costs differ in their last bits: rounded, an unchanged cost is no update.
+    return None if value is None else round(value, 6)
 
 
 _KEYS: dict[str, SearchAttributeKey[Any]] = {key.name: key for key in SEARCH_ATTRIBUTES}
@@ -150,13 +167,13 @@ def published_values(attributes: TypedSearchAttributes) -> SearchAttributeValues
     return {
         pair.key.name: pair.value
         for pair in attributes
-        if pair.key.name in _KEYS and isinstance(pair.value, str | int)
+        if pair.key.name in _KEYS and isinstance(pair.value, str | int | float)
     }
 
 
 def search_attribute_updates(
-    values: Mapping[str, str | int | None],
-    published: Mapping[str, str | int | None],
+    values: Mapping[str, str | int | float | None],
+    published: Mapping[str, str | int | float | None],
     allowed: Iterable[str],
 ) -> list[SearchAttributeUpdate[Any]]:
     """The updates that bring ``published`` to ``values``, for the ``allowed`` attributes only
@@ -318,6 +335,8 @@ def details(state: TurnState, doing: str) -> str:
         # Not "in/out: 16/33": the Web UI's markdown turns digits around a slash into a fraction.
         f" · tokens: {tokens_in:,} in, {tokens_out:,} out"
     )
+    if (cost := cost_usd(state)) is not None:
+        totals += f" · cost: {format_usd(cost)}"
     if state.stop_reason:
         totals += f" · last stop: `{state.stop_reason.value}`"
     elif state.messages and (last := _last_answer(state.messages)) is not None:
@@ -333,13 +352,20 @@ def _awaiting(state: TurnState) -> str:
         return ""
     lines = [
         f"- `{call.name}` · call `{call.call_id}`{_in_child(call)} · since "
-        f"{call.since:%Y-%m-%d %H:%M:%S} UTC"
+        f"{call.since:%Y-%m-%d %H:%M:%S} UTC" + (f" · {call.prompt}" if call.prompt else "")
         for call in waiting[:_NAMES_SHOWN]
     ]
     more = len(waiting) - _NAMES_SHOWN
     if more > 0:
         lines.append(f"- and {more} more")
     return "\n\n**awaiting approval** (`turnkeep approve TURN CALL`):\n\n" + "\n".join(lines)
+
+
+def format_usd(value: float | None) -> str:
+    """``$0.0123``, ``$1.50``; ``unknown`` for a cost with no price."""
+    if value is None:
+        return "unknown"
+    return f"${value:,.2f}" if value >= 1 else f"${value:.4f}"
 
 
 def _in_child(call: PendingCall) -> str:

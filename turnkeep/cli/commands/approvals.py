@@ -146,6 +146,39 @@ def approve(
     asyncio.run(go())
 
 
+@app.command()
+def budget(
+    workflow_id: Annotated[str, typer.Argument(help="The turn (workflow id) at its budget.")],
+    raise_to: Annotated[
+        float | None,
+        typer.Option("--raise", help="Raise the budget to this (tokens or USD, as the budget)."),
+    ] = None,
+    stop: Annotated[bool, typer.Option("--stop", help="Stop the turn at its budget.")] = False,
+    reason: Annotated[str | None, typer.Option(help="Why (kept in the audit trail).")] = None,
+    by: Annotated[str | None, typer.Option(help="Who decides (default: the user name).")] = None,
+    address: Address = None,
+    namespace: Namespace = None,
+    config: ConfigPath = None,
+) -> None:
+    """Decide on a turn waiting at its budget: raise it (--raise N) or stop the turn (--stop)."""
+    if (raise_to is None) == (not stop):
+        raise typer.BadParameter("give one of --raise N or --stop")
+    settings = load_settings(config)
+
+    async def go() -> None:
+        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+        turn = get_turn(client, workflow_id)
+        who = by or getpass.getuser()
+        if raise_to is not None:
+            record = await turn.raise_budget(raise_to, by=who, reason=reason)
+            console.print(f"raised the budget of {escape(workflow_id)} to {raise_to:g}")
+        else:
+            record = await turn.stop_at_budget(by=who, reason=reason)
+            console.print(f"stopped {escape(workflow_id)} at its budget ({record.call_id})")
+
+    asyncio.run(go())
+
+
 def _arguments(text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None

@@ -1,0 +1,370 @@
+"""Cost, budgets and model fallback: prices and the cost of usage (pure), the budget's rules in
+the loop (pure), and on the real dev server with the fake model API: a turn's cost in its
+result and search attribute, budgets that ask (raised, refused past the ceiling, stopped),
+`on_exceeded: stop`, a session's budget across turns, and a fallback model answering after
+the primary's final error and after its 429s past the chain's attempts."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError as ConfigError
+from temporalio.service import RPCError
+
+from tests.conftest import HarnessFactory, eventually, make_settings, turn_setup
+from turnkeep.client.turns import TurnHandle, get_turn
+from turnkeep.providers.prices import ModelPrice, builtin_price
+from turnkeep.providers.registry import ModelCatalog
+from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
+from turnkeep.workflows import visibility
+from turnkeep.workflows.activity_io import BudgetPlan, PrepareTurnRequest, Timeouts, TurnPlan
+from turnkeep.workflows.approval import Decision
+from turnkeep.workflows.loop import TurnState
+from turnkeep.workflows.messages import Message, StopReason, json_channel
+from turnkeep.workflows.turn_io import (
+    WORKFLOW_NAME,
+    BudgetLimit,
+    Spent,
+    TurnInput,
+    TurnOverrides,
+    Usage,
+)
+
+pytestmark = pytest.mark.asyncio
+
+NOW = datetime(2025, 1, 1, tzinfo=UTC)
+# USD per million tokens: 10 input and 5 output tokens cost 0.00003 + 0.0001.
+PRICE = {"input": 3.0, "output": 20.0}
+
+
+def done(text: str) -> str:
+    """Says it is done."""
+    return f"done: {text}"
+
+
+TOOLS = {"work": [done]}
+
+# -- cost (pure) ---------------------------------------------------------------------------
+
+
+async def test_costs_add_up_and_an_unknown_part_stays_unknown() -> None:
+    price = ModelPrice(input=3.0, output=15.0, cache_read=0.3, cache_write=3.75)
+    usage = Usage(
+        input_tokens=1000, output_tokens=100, cache_read_tokens=2000, cache_write_tokens=0
+    )
+    assert price.cost(usage) == pytest.approx((3000 + 1500 + 600) / 1e6)
+    known = Usage(input_tokens=1, calls=1, cost_usd=0.5)
+    unknown = Usage(input_tokens=1, calls=1)
+    assert (known + known).cost_usd == 1.0
+    assert (known + unknown).cost_usd is None and (unknown + known).cost_usd is None
+    # Nothing spent is no unknown part: the empty usage a total starts from.
+    assert (Usage() + known).cost_usd == 0.5
+    assert builtin_price("anthropic", "claude-haiku-4-5") is not None
+    assert builtin_price("anthropic", "claude-nonesuch") is None
+
+
+async def test_the_config_prices_a_model_over_the_table_and_unknown_models_cost_unknown(
+    tmp_path: Path,
+) -> None:
+    models = ModelCatalog(
+        make_settings(tmp_path, prices={"haiku": {"input": 9, "output": 9}, "generic.x": PRICE})
+    )
+    haiku = models.price(models.resolve("anthropic.claude-haiku-4-5"))
+    assert haiku is not None and haiku.input == 9 and haiku.cache_read is None
+    assert models.price(models.resolve("generic.x")) == ModelPrice(3.0, 20.0)
+    assert models.price(models.resolve("generic.y")) is None
+    assert models.price(models.resolve("passthrough")) == ModelPrice(0, 0, 0, 0)
+
+
+# -- budgets (pure) ------------------------------------------------------------------------
+
+
+def state(budget: BudgetPlan, spent: Spent | None = None) -> TurnState:
+    plan = TurnPlan(
+        agent="a",
+        model="m",
+        max_iterations=10,
+        use_history=True,
+        parallel_tool_calls=True,
+        has_tools=False,
+        llm=Timeouts(start_to_close=1),
+        tools=Timeouts(start_to_close=1),
+        budget=budget,
+    )
+    return TurnState.start(TurnInput(agent="a", messages=["hi"], session_spent=spent), plan)
+
+
+def answer(input_tokens: int, output_tokens: int, cost: float | None = None) -> Message:
+    usage: dict[str, Any] = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+    if cost is not None:
+        usage["cost_usd"] = cost
+    return Message(
+        role="assistant", stop_reason=StopReason.TOOL_USE, channels={"usage": json_channel(usage)}
+    )
+
+
+async def test_a_budget_is_passed_by_what_is_spent_or_by_the_next_calls_estimated_input() -> None:
+    s = state(BudgetPlan(unit="tokens", limit=100, max_raise=500))
+    assert s.budget_exceeded(estimated_input_tokens=50) is None
+    # The estimate rule: 60 spent + about 50 more is over 100.
+    s.on_assistant(answer(50, 10))
+    assert s.budget_exceeded(50) == (
+        "spent 60 tokens of 100 tokens; the next model call's input, about 50 tokens, would pass it"
+    )
+    # The spent rule.
+    s.on_assistant(answer(40, 10))
+    assert s.budget_exceeded(0) == "spent 110 tokens of 100 tokens"
+    # A dollar budget counts the cost, and its estimate is at the plan's input price.
+    usd = state(BudgetPlan(unit="usd", limit=1.0, input_usd_per_token=0.001))
+    usd.on_assistant(answer(10, 10, cost=0.5))
+    assert usd.budget_exceeded(400) is None
+    assert usd.budget_exceeded(600) is not None
+    # A session's budget counts its earlier turns.
+    assert state(BudgetPlan(unit="tokens", limit=100, per="session"), Spent(tokens=100))
+    session = state(BudgetPlan(unit="tokens", limit=100, per="session"), Spent(tokens=100))
+    assert session.budget_exceeded(0) == "spent 100 tokens of 100 tokens"
+
+
+async def test_budget_decisions_are_checked_and_a_raise_lets_the_call_through() -> None:
+    s = state(BudgetPlan(unit="tokens", limit=100, max_raise=500))
+    s.on_assistant(answer(100, 20))
+    problem = s.budget_exceeded(0)
+    assert problem is not None
+    call = s.await_budget(problem, NOW)
+    assert (call.call_id, call.kind, call.prompt) == ("budget:2", "budget", problem)
+
+    def refused(**decision: Any) -> str | None:
+        return s.decision_problem(Decision(call_id="budget:2", by="bo", **decision))
+
+    assert (
+        refused(decision="approve") == "raising the budget needs a limit: the new budget, in tokens"
+    )
+    assert "not above what is spent" in (refused(decision="approve", limit=120) or "")
+    assert "above the most agent 'a' allows (500 tokens)" in (
+        refused(decision="approve", limit=501) or ""
+    )
+    assert refused(decision="approve", limit=200, arguments={}) is not None
+    assert refused(decision="deny") is None and refused(decision="approve", limit=500) is None
+    record = s.decide(Decision(call_id="budget:2", decision="approve", by="bo", limit=300), NOW)
+    assert (record.kind, record.arguments, record.original_arguments) == (
+        "budget",
+        {"limit": 300},
+        {"limit": 100},
+    )
+    assert s.budget_limit == 300 and s.budget_raised == 200
+    # The call a person let through goes ahead whatever its estimate.
+    assert s.budget_exceeded(10_000) is None
+    # A limit on a tool call's approval is refused.
+    s.pending_approvals["t1"] = call.model_copy(update={"call_id": "t1", "kind": "approval"})
+    no = Decision(call_id="t1", decision="approve", by="bo", limit=5)
+    assert s.decision_problem(no) == "a limit goes only with a budget's wait"
+
+
+async def test_a_stopped_budget_ends_the_turn_with_a_clean_final_message() -> None:
+    s = state(BudgetPlan(unit="tokens", limit=10, on_exceeded="stop"))
+    s.on_assistant(answer(10, 10).model_copy(update={"stop_reason": StopReason.END_TURN}))
+    s.stop_at_budget(s.budget_exceeded(0) or "")
+    result = s.result()
+    assert result.stop_reason == StopReason.PAUSE and s.done
+    assert result.final is not None
+    assert result.final.text == "Stopped at the budget: spent 20 tokens of 10 tokens."
+
+
+async def test_a_turn_may_lower_its_budget_not_raise_it_and_usd_needs_prices(
+    tmp_path: Path,
+) -> None:
+    agent = {"model": "generic.x", "budget": {"usd": 1.0}, "fallback_models": ["generic.y"]}
+    generic = {"base_url": "http://127.0.0.1:9/v1"}
+    setup = turn_setup(
+        make_settings(tmp_path, generic=generic, prices={"generic.x": PRICE}, agents={"a": agent})
+    )
+
+    def plan(budget: BudgetLimit | None = None) -> TurnPlan:
+        request = PrepareTurnRequest(agent="a", overrides=TurnOverrides(), budget=budget)
+        return setup.plan(request)
+
+    with pytest.raises(ConfigError, match=r"'generic\.y' has no price"):
+        plan()
+    priced = {"generic.x": PRICE, "generic.y": {"input": 6, "output": 1}}
+    setup = turn_setup(make_settings(tmp_path, generic=generic, prices=priced, agents={"a": agent}))
+    full = plan()
+    assert full.budget is not None and full.budget.input_usd_per_token == pytest.approx(6e-6)
+    assert full.fallback_models == ["generic.y"]
+    lowered = plan(BudgetLimit(usd=0.5))
+    assert lowered.budget is not None and lowered.budget.limit == 0.5
+    with pytest.raises(ConfigError, match="a turn may lower it"):
+        plan(BudgetLimit(usd=2.0))
+    with pytest.raises(ConfigError, match="a turn may lower it"):
+        plan(BudgetLimit(tokens=10))
+    # `model: [primary, fallback]` is the chain.
+    chain = make_settings(tmp_path, agents={"a": {"model": ["generic.x", "generic.y"]}})
+    assert (chain.agents["a"].model, chain.agents["a"].fallback_models) == (
+        "generic.x",
+        ["generic.y"],
+    )
+
+
+# -- on the dev server ---------------------------------------------------------------------
+
+
+def config(fake: FakeModelApi, **agent: Any) -> dict[str, Any]:
+    llm = {"start_to_close": 30, "heartbeat": 5, "max_attempts": 3}
+    return {
+        "anthropic": {"api_key": "sk-test", "base_url": fake.base_url_anthropic},
+        "prices": {"anthropic.primary": PRICE, "anthropic.backup": {"input": 1, "output": 1}},
+        "agents": {
+            "test": {
+                "model": "anthropic.primary",
+                "servers": ["work"],
+                "llm_timeouts": llm,
+                **agent,
+            }
+        },
+    }
+
+
+def tool_then_text(fake: FakeModelApi, model: str = "primary") -> None:
+    fake.script(
+        Reply.tool_calls(("c1", "work__done", {"text": "a"}), usage=Tokens(100, 10)),
+        Reply.text("All done.", usage=Tokens(120, 5)),
+        model=model,
+    )
+
+
+async def budget_wait(turn: TurnHandle) -> str:
+    waiting = await eventually(turn.pending_approvals, "the turn waits at its budget")
+    assert [c.kind for c in waiting] == ["budget"]
+    return waiting[0].call_id
+
+
+async def test_a_turns_cost_is_in_its_result_and_search_attribute(
+    harness: HarnessFactory, fake: FakeModelApi
+) -> None:
+    tool_then_text(fake)
+    async with harness(TOOLS, **config(fake)) as h:
+        turn = await h.start("go")
+        result = await turn.result()
+        usage = result.usage["anthropic.primary"]
+        expected = (220 * 3.0 + 15 * 20.0) / 1e6
+        assert usage.calls == 2 and usage.cost_usd == pytest.approx(expected)
+        described = await turn.handle.describe()
+        assert described.typed_search_attributes.get(visibility.COST_USD) == pytest.approx(expected)
+
+
+async def test_a_budget_that_asks_refuses_a_raise_past_its_ceiling_then_is_raised(
+    harness: HarnessFactory, fake: FakeModelApi
+) -> None:
+    tool_then_text(fake)
+    budget = {"tokens": 100, "max_raise": 1000}
+    async with harness(TOOLS, **config(fake, budget=budget)) as h:
+        turn = await h.start("go")
+        call_id = await budget_wait(turn)
+        assert call_id == "budget:2"
+        await eventually(
+            lambda: _status(turn, visibility.TurnStatus.AWAITING_APPROVAL), "status says waiting"
+        )
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await turn.raise_budget(5000, by="alice")
+        assert "above the most agent 'test' allows" in str(refused.value.cause)
+        assert [c.call_id for c in await turn.pending_approvals()] == [call_id]  # still waiting
+        record = await turn.raise_budget(500, by="alice")
+        assert record.kind == "budget" and record.arguments == {"limit": 500}
+        result = await turn.result()
+        assert result.stop_reason == StopReason.END_TURN and result.budget_raised == 400
+        assert [d.kind for d in result.decisions] == ["budget"]
+
+
+async def test_a_budget_stopped_by_a_person_and_one_that_stops_by_itself(
+    harness: HarnessFactory, fake: FakeModelApi
+) -> None:
+    tool_then_text(fake)
+    async with harness(TOOLS, **config(fake, budget={"tokens": 100})) as h:
+        turn = await h.start("go")
+        await budget_wait(turn)
+        await turn.stop_at_budget(by="bob", reason="enough")
+        result = await turn.result()
+        assert result.stop_reason == StopReason.PAUSE and result.final is not None
+        assert result.final.text == (
+            "Stopped at the budget: spent 110 tokens of 100 tokens (bob chose to stop: enough)."
+        )
+        assert fake.pending(model="primary") == 1  # the second call was never made
+    fake.reset()
+    tool_then_text(fake)
+    async with harness(TOOLS, **config(fake, budget={"usd": 0.0003, "on_exceeded": "stop"})) as h:
+        result = await h.run("go")
+        assert result.stop_reason == StopReason.PAUSE and not result.decisions
+        assert result.final is not None and "Stopped at the budget: spent" in result.final.text
+
+
+async def test_a_session_budget_counts_across_its_turns(
+    harness: HarnessFactory, fake: FakeModelApi
+) -> None:
+    fake.script(
+        Reply.text("one", usage=Tokens(100, 10)),
+        Reply.text("two", usage=Tokens(100, 10)),
+        model="primary",
+    )
+    budget = {"tokens": 250, "per": "session", "on_exceeded": "stop"}
+    async with harness(TOOLS, **config(fake, budget=budget)) as h:
+        session = await h.session()
+        finals = []
+        for text in ("a", "b", "c"):
+            sent = await session.send(text)
+            turn = get_turn(h.client, sent.turn_id)
+            await eventually(lambda t=turn: _started(t), f"turn {sent.turn_id} started")
+            finals.append((await turn.result()).stop_reason)
+        # The third turn would pass the session's budget (220 spent by the first two, and its
+        # input): it stops before any call.
+        assert finals == [StopReason.END_TURN, StopReason.END_TURN, StopReason.PAUSE]
+        assert len(fake.requests_for_model("primary")) == 2
+        await session.close()
+        # A client claiming its turn's session raised the budget by a fortune: refused before
+        # any model call, as only a session hands a turn what it spent and raised.
+        forged = await h.client.start_workflow(
+            WORKFLOW_NAME,
+            {"agent": "test", "messages": ["d"], "session_spent": {"raised": 1e9}},
+            id=f"forged-{uuid.uuid4().hex[:8]}",
+            task_queue=h.task_queue,
+        )
+        with pytest.raises(WorkflowFailureError) as failed:
+            await forged.result()
+        assert "only by its session" in str(failed.value.cause)
+        assert len(fake.requests_for_model("primary")) == 2
+
+
+async def test_a_fallback_model_answers_after_a_final_error_and_after_429s_past_its_attempts(
+    harness: HarnessFactory, fake: FakeModelApi
+) -> None:
+    fake.script(
+        Reply.error(404, "no such model"),  # call 1: final at once
+        Reply.error(429, "slow down"),  # call 2: rate limited, twice (fallback_after_attempts)
+        Reply.error(429, "slow down"),
+        model="primary",
+    )
+    tool_then_text(fake, model="backup")
+    chain = ["anthropic.primary", "anthropic.backup"]
+    async with harness(TOOLS, **config(fake, model=chain)) as h:
+        result = await h.run("go")
+        assert result.final is not None and result.final.text == "All done."
+        assert list(result.usage) == ["anthropic.backup"]
+        backup = result.usage["anthropic.backup"]
+        assert backup.calls == 2 and backup.cost_usd == pytest.approx((220 + 15) / 1e6)
+        assert fake.pending(model="primary") == 0
+
+
+async def _started(turn: TurnHandle) -> bool:
+    try:
+        await turn.handle.describe()
+    except RPCError:
+        return False
+    return True
+
+
+async def _status(turn: TurnHandle, status: visibility.TurnStatus) -> bool:
+    described = await turn.handle.describe()
+    return described.typed_search_attributes.get(visibility.STATUS) == status.value
