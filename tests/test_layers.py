@@ -115,6 +115,7 @@ WORKFLOW_MODULES = [
     "session_io",
     "session_turns",
     "model_io",
+    "conversation_cache",
     "tool_batch",
     "loop",
     "visibility",
