@@ -43,6 +43,10 @@ NO_REASON = "no reason given"
 _BY_MAX_CHARS = 200
 _REASON_MAX_CHARS = 2000
 
+# What a waiting call waits for: a person's approval of a tool call, an MCP server's
+# elicitation or sampling request made during one, a client-side tool's result, a budget.
+WaitKind = Literal["approval", "elicitation", "sampling", "client_result", "budget"]
+
 
 class ApprovalPlan(Compact):
     """An agent's approval rules, resolved by ``prepare_turn`` into the turn's plan."""
@@ -75,6 +79,10 @@ class Decision(BaseModel):
     reason: str | None = Field(default=None, max_length=_REASON_MAX_CHARS)
     by: str = Field(min_length=1, max_length=_BY_MAX_CHARS)
     arguments: dict[str, Any] | None = None
+    # An elicitation's answer: with approve, MCP's accept, the content checked against the
+    # request's schema; deny is MCP's decline, or with ``cancel`` its cancel.
+    content: dict[str, Any] | None = None
+    cancel: bool = False
 
 
 class PendingCall(BaseModel):
@@ -88,6 +96,11 @@ class PendingCall(BaseModel):
     since: datetime
     turn_id: str | None = None
     agent: str | None = None
+    kind: WaitKind = "approval"
+    # What a person is asked, in one line (an elicitation's message), and the JSON schema an
+    # answer must match (an elicitation's requestedSchema).
+    prompt: str | None = None
+    requested_schema: dict[str, Any] | None = None
 
 
 class ChildApprovals(BaseModel):
@@ -114,6 +127,7 @@ class DecisionRecord(BaseModel):
     # what ran instead.
     original_arguments: dict[str, Any] | None = None
     arguments: dict[str, Any] | None = None
+    kind: WaitKind = "approval"
 
     @property
     def approved(self) -> bool:
