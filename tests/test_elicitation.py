@@ -7,24 +7,36 @@ counted; and the pure rules (content checked against the requested schema)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import mcp_types
 import pytest
 from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.service import RPCError
 
+from tests import test_loop
 from tests.conftest import HarnessFactory, eventually
 from tests.test_visibility import current_details
-from turnkeep.client.turns import TurnHandle
+from tests.worker_process import FLEET_ENV, WorkerProcesses, write_config
+from turnkeep.client.turns import TurnHandle, start_turn
+from turnkeep.config.settings import McpElicitationSettings, Settings
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 from turnkeep.testing.fake_model import FakeModel
-from turnkeep.workflows.approval import PendingCall
+from turnkeep.tools.server_requests import RequestBook, Suspended
+from turnkeep.workflows.activity_io import ToolCallRequest
+from turnkeep.workflows.approval import Decision, PendingCall
+from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import CallToolResult
-from turnkeep.workflows.server_requests import content_problem
-from turnkeep.workflows.turn_io import TurnResult
+from turnkeep.workflows.server_requests import ServerAnswer, ServerRequest, content_problem
+from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 
@@ -85,6 +97,89 @@ async def test_content_is_checked_against_the_requested_schema() -> None:
     assert content_problem(choice, {"tier": "c"}) == "field 'tier' must be one of ['a', 'b']"
     flag = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
     assert content_problem(flag, {"ok": 1}) == "field 'ok' must be true or false"
+
+
+def _waiting_state(schema: dict[str, Any] | None = SCHEMA) -> tuple[TurnState, str]:
+    state = TurnState.start(TurnInput(agent="a", messages=["hi"]), test_loop.plan())
+    call = ToolCallRequest(agent="a", call_id="c1", name="shows__book", arguments={})
+    request = ServerRequest(
+        kind="elicitation", digest="d", server="shows", message="Who?", requested_schema=schema
+    )
+    state.await_input(call, "c1:elicit:1", request, datetime.now(UTC))
+    return state, "c1:elicit:1"
+
+
+def _decision(**fields: Any) -> Decision:
+    return Decision.model_validate({"call_id": "c1:elicit:1", "by": "t", **fields})
+
+
+async def test_an_elicitation_is_answered_declined_cancelled_or_timed_out_without_a_server() -> (
+    None
+):
+    state, id = _waiting_state()
+    assert state.pending_approvals[id].kind == "elicitation"
+    assert state.decision_problem(_decision(decision="approve", content={"name": "A"})) == (
+        "the content does not match the requested schema: field 'seats' is required"
+    )
+    assert "goes only with deny" in (
+        state.decision_problem(_decision(decision="approve", content={}, cancel=True)) or ""
+    )
+    assert "arguments" in (
+        state.decision_problem(_decision(decision="approve", arguments={})) or ""
+    )
+    good = _decision(decision="approve", content={"name": "A", "seats": 2.0})
+    assert state.decision_problem(good) is None
+    record = state.decide(good, datetime.now(UTC))
+    assert (record.kind, record.approved) == ("elicitation", True)
+    # JSON's 2.0 is the integer the schema asks for.
+    assert state.server_answers[id].result == {
+        "action": "accept",
+        "content": {"name": "A", "seats": 2},
+    }
+    for fields, action in (
+        ({"decision": "deny"}, "decline"),
+        ({"decision": "deny", "cancel": True}, "cancel"),
+    ):
+        state, id = _waiting_state()
+        state.decide(_decision(**fields), datetime.now(UTC))
+        assert state.server_answers[id].result == {"action": action}
+    state, id = _waiting_state()
+    timed_out = state.time_out(id, datetime.now(UTC))
+    assert (timed_out.decision, timed_out.kind) == ("timeout", "elicitation")
+    assert state.server_answers[id].result == {"action": "cancel"}
+    # An approval's own kind takes no content.
+    state, _ = _waiting_state()
+    state.await_approval(
+        ToolCallRequest(agent="a", call_id="c2", name="x", arguments={}), datetime.now(UTC)
+    )
+    problem = state.decision_problem(Decision(call_id="c2", decision="approve", by="t", content={}))
+    assert problem is not None and "answer an elicitation" in problem
+
+
+async def test_a_run_answers_what_the_server_asks_again_in_order_and_suspends_on_the_new() -> None:
+    params = mcp_types.ElicitRequestFormParams(message="Who?", requested_schema=SCHEMA)
+    other = mcp_types.ElicitRequestFormParams(message="Sure?", requested_schema=SCHEMA)
+    forms = McpElicitationSettings(mode="forms")
+    first = RequestBook("shows", [], forms, None)
+    with pytest.raises(Suspended):
+        first.elicit(params)
+    assert first.needed is not None and first.needed.message == "Who?"
+    answer = ServerAnswer(
+        kind="elicitation",
+        digest=first.needed.digest,
+        result={"action": "accept", "content": {"name": "A", "seats": 1}},
+    )
+    second = RequestBook("shows", [answer], forms, None)
+    assert second.elicit(params).action == "accept"
+    with pytest.raises(Suspended):  # a new request: asked again (n+1)
+        second.elicit(other)
+    assert second.needed is not None and second.needed.message == "Sure?"
+    cancelling = RequestBook("shows", [], McpElicitationSettings(mode="auto-cancel"), None)
+    assert cancelling.elicit(params).action == "cancel"
+    assert [d.reason for d in cancelling.declined] == ["elicitation mode is auto-cancel"]
+    sampling = mcp_types.CreateMessageRequestParams(messages=[], max_tokens=5)
+    with pytest.raises(RuntimeError, match="sampling is not enabled"):
+        cancelling.sample(sampling)
 
 
 # -- elicitation -----------------------------------------------------------------------------
@@ -201,8 +296,6 @@ async def test_sampling_runs_on_the_agents_model_and_counts_its_usage(
         "mcp": {"servers": {"shows": server(record, sampling={})}},
         "agents": {"test": {"model": model, "servers": ["shows"]}},
     }
-    from turnkeep.config.settings import Settings
-
     async with worker_harness(
         client, Settings.model_validate({**settings, "base_dir": tmp_path}), fake=fake_model
     ) as h:
@@ -215,3 +308,43 @@ async def test_sampling_runs_on_the_agents_model_and_counts_its_usage(
     usage = result.usage[model]
     assert usage.calls == 3
     del fake
+
+
+# -- durability ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_worker_killed_while_an_elicitation_waits(
+    client: Client, temporal: ServerInfo, tmp_path: Path
+) -> None:
+    """The turn waits on an elicitation with no activity running; its worker process is
+    SIGKILLed; a new worker (and a new server process) takes the answer and runs the call."""
+    record = tmp_path / "record.txt"
+    task_queue = f"elicit-{uuid.uuid4().hex[:10]}"
+    asking = server(record, elicitation={"timeout": 3600})
+    asking["env"][FLEET_ENV] = f"${{{FLEET_ENV}:}}"
+    settings = {"task_queue": task_queue, **config(record)}
+    settings["mcp"]["servers"]["shows"] = asking
+    path = write_config(tmp_path / "turnkeep.yaml", settings)
+    with WorkerProcesses(path, temporal.address, tmp_path / "logs") as workers:
+        first = await workers.start_polling(client, task_queue)
+        turn = await start_turn(
+            client, TurnInput(agent="test", messages=[BOOK]), task_queue=task_queue
+        )
+        pending = await asked(turn)
+        workers.kill(first)
+        await workers.start_polling(client, task_queue)
+        # Replayed by the new worker to the same wait: nothing was lost with the old one.
+        again = await eventually(lambda: _waiting(turn), "the elicitation still waits")
+        assert [p.call_id for p in again] == [pending.call_id]
+        await turn.answer_elicitation(pending.call_id, {"name": "Cy", "seats": 3}, by="cy")
+        result = await asyncio.wait_for(turn.result(), 60)
+    assert tool_result(result).text == "booked 3 seats for Cy at Hamlet"
+    assert runs(record)[0] == "book Hamlet asking" and runs(record)[-1] == "book Hamlet answered"
+
+
+async def _waiting(turn: TurnHandle) -> list[PendingCall] | None:
+    try:
+        return await turn.pending_approvals() or None
+    except RPCError:
+        return None
