@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.approvals import _mb, _ms, _slots, percentile
+from bench.approvals import _diff, _mb, _ms, _slots, _snapshot, percentile
 from bench.environment import Environment
 from bench.memory import _gathered, _settled_rss
 from bench.report import Table, Target, progress
@@ -128,11 +128,14 @@ async def measure(env: Environment, count: int, sample: int) -> Elicitations:
             turn = await _start(env, queue, f"{queue}-warm-{uuid.uuid4().hex[:6]}")
             await _answer(turn, await _waiting_id(turn))
         before = await _settled_rss(w.pid, 1.0)
+        await _snapshot(w, 0)
         progress(f"elicitations: starting {count} turns that stop on an elicitation")
         ids = [f"{queue}-{i}" for i in range(count)]
         turns: list[TurnHandle] = await _gathered([partial(_start, env, queue, i) for i in ids])
         await _all_waiting(env, queue, count)
         with_ = await _settled_rss(w.pid)
+        if await _snapshot(w, 1):
+            progress(f"elicitations: what grew with {count} waiting turns\n" + _diff(count))
         slots, cached = await _slots(w)
         progress(f"elicitations: {count} turns wait; answering {sample} one at a time")
         answered, completed = [], []

@@ -21,7 +21,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from tests import test_loop
-from tests.conftest import HarnessFactory, eventually
+from tests.conftest import HarnessFactory, eventually, turnkeep
 from tests.test_visibility import current_details
 from tests.worker_process import FLEET_ENV, WorkerProcesses, write_config
 from turnkeep.client.turns import TurnHandle, start_turn
@@ -279,6 +279,72 @@ async def test_a_server_without_elicitation_is_refused_at_once(
     assert result.decisions == []
 
 
+async def test_pending_shows_the_question_and_answer_answers_it(
+    harness: HarnessFactory, tmp_path: Path, temporal: ServerInfo
+) -> None:
+    record = tmp_path / "record.txt"
+    async with harness(**config(record, elicitation={})) as h:
+        turn = await h.start(BOOK)
+        pending = await asked(turn)
+
+        def cli(*args: str) -> Any:
+            return turnkeep(*args, temporal=temporal, cwd=tmp_path)
+
+        listed = await asyncio.to_thread(cli, "pending")
+        assert f"call {pending.call_id} · shows__book · elicitation" in listed.stdout
+        assert "asks: Who is booking for Hamlet, and how many seats?" in listed.stdout
+        assert "answer with: name: string, seats: integer" in listed.stdout
+        bad = '{"name": "Dee", "seats": "x"}'
+        wrong = await asyncio.to_thread(
+            cli, "answer", turn.workflow_id, pending.call_id, "--json", bad
+        )
+        assert wrong.returncode == 2
+        assert "field 'seats' must be an integer" in wrong.stderr
+        good = '{"name": "Dee", "seats": 1}'
+        out = await asyncio.to_thread(
+            cli, "answer", turn.workflow_id, pending.call_id, "--json", good
+        )
+        assert out.returncode == 0, out.stderr
+        assert f"answered {pending.call_id} (shows__book)" in out.stdout
+        result = await turn.result()
+    assert tool_result(result).text == "booked 1 seats for Dee at Hamlet"
+
+
+async def test_an_older_connection_runs_one_call_at_a_time_and_attributes_each_request(
+    harness: HarnessFactory, tmp_path: Path
+) -> None:
+    """On a 2025-11-25 connection a server's elicitation is a request of its own that does not
+    say which call it is for: two calls of one batch each get their own answer."""
+    record = tmp_path / "record.txt"
+    prompt = (
+        '***CALL_TOOL shows__book_push {"show": "Hamlet"}\n'
+        '***CALL_TOOL shows__book_push {"show": "Lear"}'
+    )
+    async with harness(**config(record, elicitation={}, protocol_mode="legacy")) as h:
+        turn = await h.start(prompt)
+        waiting = await eventually(lambda: _both(turn), "both calls' elicitations wait", within=30)
+        for call in waiting:
+            show = "Hamlet" if "Hamlet" in (call.prompt or "") else "Lear"
+            await turn.answer_elicitation(call.call_id, {"name": show[0], "seats": len(show)})
+        result = await turn.result()
+    texts = sorted(
+        r.text for m in result.messages if m.tool_results for r in m.tool_results.values()
+    )
+    assert texts == ["booked 4 seats for L at Lear", "booked 6 seats for H at Hamlet"]
+    # Each first run was told "cancel" (and its result set aside), each re-run accepted.
+    assert sorted(runs(record)) == [
+        "book_push Hamlet accept",
+        "book_push Hamlet cancel",
+        "book_push Lear accept",
+        "book_push Lear cancel",
+    ]
+
+
+async def _both(turn: TurnHandle) -> list[PendingCall] | None:
+    waiting = await turn.pending_approvals()
+    return waiting if len(waiting) == 2 else None
+
+
 # -- sampling --------------------------------------------------------------------------------
 
 
@@ -308,6 +374,35 @@ async def test_sampling_runs_on_the_agents_model_and_counts_its_usage(
     usage = result.usage[model]
     assert usage.calls == 3
     del fake
+
+
+async def test_sampling_waits_for_approval_when_configured_and_a_denial_refuses_it(
+    client: Client, fake_model: FakeModel, tmp_path: Path
+) -> None:
+    record = tmp_path / "record.txt"
+    model = fake_model.script(
+        "approver",
+        Reply.tool_calls(("c1", "shows__summarise", {"text": "a long play"})),
+        Reply.text("Done."),
+    )
+    settings = {
+        "base_dir": tmp_path,
+        "mcp": {"servers": {"shows": server(record, sampling={"approval": True})}},
+        "agents": {"test": {"model": model, "servers": ["shows"]}},
+    }
+    async with worker_harness(client, Settings.model_validate(settings), fake=fake_model) as h:
+        turn = await h.start("summarise it", agent="test")
+        pending = await asked(turn)
+        assert (pending.kind, pending.call_id) == ("sampling", "c1:sample:1")
+        assert pending.prompt == "shows asks the model: Summarise: a long play"
+        await turn.decide(pending.call_id, False, reason="not now", by="eve")
+        result = await turn.result()
+    # Denied: no model call was made for it, and the server got an error.
+    assert len(fake_model.requests("approver")) == 2
+    assert tool_result(result).is_error
+    assert "sampling was not approved" in tool_result(result).text
+    [decision] = result.decisions
+    assert (decision.kind, decision.decision, decision.by) == ("sampling", "deny", "eve")
 
 
 # -- durability ------------------------------------------------------------------------------

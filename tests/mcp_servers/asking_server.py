@@ -9,6 +9,7 @@ got), so a test sees how often the server ran it."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as t
@@ -55,6 +56,23 @@ async def book(ctx: Context, show: str) -> Any:
     if answer.action != "accept" or not answer.content:
         return f"not booked: {answer.action}"
     return f"booked {answer.content['seats']} seats for {answer.content['name']} at {show}"
+
+
+@dataclass
+class Booking:
+    name: str
+    seats: int
+
+
+@mcp.tool
+async def book_push(ctx: Context, show: str) -> str:
+    """``book`` the way a server asks on a connection older than 2026-07-28: a request of its
+    own (``elicitation/create``) while the call waits."""
+    answer = await ctx.elicit(f"Who is booking for {show}?", Booking)
+    _record(f"book_push {show} {answer.action}")
+    if answer.action != "accept":
+        return f"not booked: {answer.action}"
+    return f"booked {answer.data.seats} seats for {answer.data.name} at {show}"
 
 
 @mcp.tool

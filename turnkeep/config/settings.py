@@ -95,6 +95,9 @@ class McpServerSettings(_Settings):
     # (sampling). Unset: neither (the capability is not advertised; a request is declined).
     elicitation: McpElicitationSettings | None = None
     sampling: McpSamplingSettings | None = None
+    # fast-agent's key: the MCP protocol era the client speaks. auto: the newest both sides
+    # speak; modern: 2026-07-28 only; legacy: the initialize handshake (2025-11-25 and older).
+    protocol_mode: Literal["auto", "modern", "legacy"] = "auto"
 
     @model_validator(mode="after")
     def _infer_transport(self) -> McpServerSettings:

@@ -24,7 +24,7 @@ from fastmcp.client.transports import (
     StdioTransport,
     StreamableHttpTransport,
 )
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_MODERN_VERSION
 
 from turnkeep.config.settings import McpServerSettings, Settings
 from turnkeep.tools.failures import failure_reason, is_connection_failure, root_cause, start_failure
@@ -56,8 +56,11 @@ class McpSource(ToolSource):
         init_timeout: float,
         redact: Redactor,
         request_timeout: float | None = None,
+        protocol_mode: str = "auto",
     ) -> None:
         self.name = name
+        # fast-agent's protocol_mode, as fastmcp's Client takes it.
+        self._mode = {"modern": LATEST_MODERN_VERSION}.get(protocol_mode, protocol_mode)
         self.redact = redact
         self._init_timeout = init_timeout
         # A tool call unanswered this long fails (fast-agent's `read_timeout_seconds`). Not
@@ -215,6 +218,7 @@ class McpSource(ToolSource):
             self._transport(),
             name=f"turnkeep:{self.name}",
             init_timeout=self._init_timeout,
+            mode=self._mode,
             **handlers,
         )
         try:
@@ -252,6 +256,7 @@ class _ConfiguredSource(McpSource):
             init_timeout=config.init_timeout,
             redact=Redactor.of(config),
             request_timeout=config.read_timeout_seconds,
+            protocol_mode=config.protocol_mode,
         )
         self._config = config
         elicitation, sampling = config.elicitation, config.sampling

@@ -134,7 +134,6 @@ IGNORED_SERVER: frozenset[str] = frozenset(
     {
         "auth",
         "roots",
-        "protocol_mode",
         "ping_interval_seconds",
         "max_missed_pings",
         "http_timeout_seconds",
