@@ -279,6 +279,7 @@ async def test_a_server_without_elicitation_is_refused_at_once(
     assert result.decisions == []
 
 
+@pytest.mark.slow  # the command line in subprocesses
 async def test_pending_shows_the_question_and_answer_answers_it(
     harness: HarnessFactory, tmp_path: Path, temporal: ServerInfo
 ) -> None:
