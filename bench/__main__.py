@@ -25,6 +25,7 @@ from pathlib import Path
 
 from bench import (
     approvals,
+    elicitations,
     history,
     overhead,
     recovery,
@@ -49,6 +50,7 @@ SECTIONS = (
     "throughput",
     "recovery",
     "approvals",
+    "elicitations",
     "sessions",
     "teams",
     "live",
@@ -78,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--recovery-runs", type=int, help="recovery: kills per line")
     parser.add_argument(
         "--approval-turns", type=int, help="approvals: turns awaiting approval at once"
+    )
+    parser.add_argument(
+        "--elicitation-turns", type=int, help="elicitations: turns awaiting an elicitation at once"
     )
     parser.add_argument("--session-turns", type=int, help="sessions: turns of the long session")
     parser.add_argument("--idle-sessions", type=int, help="sessions: idle sessions on a worker")
@@ -144,6 +149,7 @@ async def run(args: argparse.Namespace) -> Results:
     memory_turns = args.memory_turns or (200 if quick else 1000)
     recovery_runs = args.recovery_runs or (1 if quick else 2)
     approval_turns = args.approval_turns or (200 if quick else 1000)
+    elicitation_turns = args.elicitation_turns or (200 if quick else 1000)
     session_turns = args.session_turns or (200 if quick else 1000)
     idle_sessions = args.idle_sessions or (200 if quick else 1000)
     out = Results()
@@ -192,6 +198,13 @@ async def run(args: argparse.Namespace) -> Results:
         out.tables.append(table)
         out.session_targets += targets
 
+    async def elicitations_section(env: Environment) -> None:
+        table, targets = await elicitations.elicitations(
+            env, elicitation_turns, 20 if quick else 50
+        )
+        out.tables.append(table)
+        out.session_targets += targets
+
     async def sessions_section(env: Environment) -> None:
         tables, targets = await sessions.sessions(env, session_turns, idle_sessions)
         out.tables += tables
@@ -232,6 +245,7 @@ async def run(args: argparse.Namespace) -> Results:
         "throughput": throughput_section,
         "recovery": recovery_section,
         "approvals": approvals_section,
+        "elicitations": elicitations_section,
         "sessions": sessions_section,
         "teams": teams_section,
         "live": live_section,

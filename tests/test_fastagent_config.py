@@ -97,7 +97,6 @@ IGNORED = [
     "skills",
     "mcp.servers.local.roots",
     "mcp.servers.remote.auth",
-    "mcp.servers.remote.elicitation",
 ]
 
 
@@ -157,6 +156,9 @@ async def test_a_fast_agent_project_is_found_upward_and_runs_a_turn(
             "X-Team": "platform",
             "Authorization": "Bearer remote-token",
         }
+        # fast-agent's elicitation block is read (docs/elicitation.md), not ignored.
+        elicitation = servers["remote"].elicitation
+        assert elicitation is not None and elicitation.mode == "forms"
         assert settings.openai is not None and settings.openai.api_key is not None
         assert settings.openai.api_key.get_secret_value() == "sk-test-secret"
 

@@ -108,6 +108,7 @@ WORKFLOW_MODULES = [
     "starting",
     "worker_cache",
     "approval",
+    "server_requests",
     "turn_metrics",
     "turn_io",
     "activity_io",

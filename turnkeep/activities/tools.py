@@ -20,6 +20,7 @@ from turnkeep.config.catalog import AgentCatalog
 from turnkeep.config.settings import AgentSettings
 from turnkeep.errors import require_workflow
 from turnkeep.tools.registry import ToolServers
+from turnkeep.tools.server_requests import CURRENT_BOOK, RequestBook
 from turnkeep.tools.source import ServerConnectionError, ServerUnavailable
 from turnkeep.workflows.activity_io import (
     CALL_TOOL,
@@ -102,6 +103,8 @@ class ToolActivities:
         meta = {IDEMPOTENCY_KEY_META: key}
         # The source itself, not the pool's call_tool: one coroutine less on the hot path.
         source = self._pool.source(server)
+        book = self._book(server, req)
+        token = CURRENT_BOOK.set(book) if book is not None else None
         started = time.perf_counter()
         try:
             raw = await heartbeating(
@@ -115,7 +118,26 @@ class ToolActivities:
             # The server answered with a JSON-RPC error (unknown tool, bad params...): an answer
             # retrying will not change, and one the model can act on.
             result = CallToolResult.error(f"Error: {err}")
+        finally:
+            if token is not None:
+                CURRENT_BOOK.reset(token)
         duration_ms = (time.perf_counter() - started) * 1000
+        if book is not None and (book.needed is not None or book.declined):
+            activity.logger.info(
+                "tool %s: %s",
+                req.name,
+                f"needs input ({book.needed.kind})" if book.needed else "declined a request",
+                extra={"call_id": req.call_id, "tool": req.name},
+            )
+            if book.needed is not None:
+                # Whatever the server's tool did with the suspension is set aside: the call
+                # runs again once the workflow has the answer.
+                return ToolCallOutcome(
+                    result=CallToolResult(),
+                    duration_ms=duration_ms,
+                    needs_input=book.needed,
+                    declined=book.declined,
+                )
         # The activity logger adds the turn's and the activity's ids; never the arguments or
         # the result, which may hold anything.
         activity.logger.info(
@@ -127,7 +149,16 @@ class ToolActivities:
         )
         if self._max_result_bytes is not None:
             result = truncate_result(result, self._max_result_bytes)
-        return ToolCallOutcome(result=result, duration_ms=duration_ms)
+        declined = book.declined if book is not None else []
+        return ToolCallOutcome(result=result, duration_ms=duration_ms, declined=declined)
+
+    def _book(self, server: str, req: ToolCallRequest) -> RequestBook | None:
+        """What the call may answer its server's requests with, if the server's config lets it
+        ask anything (the worker's config, not the request, decides what may be answered)."""
+        config = self._agents.server(server)
+        if config is None or (config.elicitation is None and config.sampling is None):
+            return None
+        return RequestBook(server, req.answers, config.elicitation, config.sampling)
 
     def _check_server(self, name: str, agent: AgentSettings, server: str) -> None:
         """Refuse a server the agent lacks, or one the config puts on another task queue than

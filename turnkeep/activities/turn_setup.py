@@ -30,6 +30,7 @@ from turnkeep.workflows.activity_io import (
     VisibilityPlan,
 )
 from turnkeep.workflows.approval import ApprovalPlan
+from turnkeep.workflows.server_requests import ServerRequestPlan
 from turnkeep.workflows.team_planner import planner_instruction
 from turnkeep.workflows.team_router import routing_instruction
 from turnkeep.workflows.turn_io import BudgetLimit, TurnOverrides
@@ -106,6 +107,7 @@ class TurnSetupActivities:
                 "tools": _timeouts(agent.tool_timeouts),
                 "tool_task_queues": _tool_task_queues(self._agents, agent),
                 "approval": _approval(agent),
+                "server_requests": _server_requests(self._agents, agent),
                 "agent_tools": [self._agents.agent_tool(name) for name in agent.agents],
                 "max_parallel": agent.max_parallel,
                 "budget": budget,
@@ -294,6 +296,28 @@ def _budget(name: str, agent: AgentSettings, asked: BudgetLimit | None) -> Budge
         max_raise=rules.max_raise,
         timeout=rules.timeout,
     )
+
+
+def _server_requests(agents: AgentCatalog, agent: AgentSettings) -> dict[str, ServerRequestPlan]:
+    """How the turn answers each of the agent's servers that may ask a person or a model
+    something during a tool call; the others are left out (their requests are declined)."""
+    plans: dict[str, ServerRequestPlan] = {}
+    for server in agent.servers:
+        config = agents.server(server)
+        if config is None:
+            continue
+        elicit = config.elicitation.mode if config.elicitation else "none"
+        sampling = config.sampling if config.sampling and config.sampling.enabled else None
+        if elicit != "forms" and sampling is None:
+            continue
+        plans[server] = ServerRequestPlan(
+            elicitation=elicit,
+            elicitation_timeout=config.elicitation.timeout if config.elicitation else None,
+            sampling=sampling is not None,
+            sampling_model=sampling.model if sampling else None,
+            sampling_approval=sampling.approval if sampling else False,
+        )
+    return plans
 
 
 def _approval(agent: AgentSettings) -> ApprovalPlan | None:

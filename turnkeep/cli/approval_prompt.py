@@ -47,6 +47,7 @@ from turnkeep.workflows.approval import PendingCall
 from turnkeep.workflows.messages import Message
 
 PROMPT = "Approve? [y]es / [n]o / [e]dit: "
+ELICIT_PROMPT = "[a]nswer / [d]ecline / [c]ancel: "
 BUDGET_PROMPT = "Raise the budget to (a number; empty: stop the turn): "
 # How often the turn is asked which calls wait: soon after the model asked for tools, then
 # less often while a long tool runs (one query a second at most).
@@ -247,6 +248,14 @@ class ApprovalPrompter:
                 "--raise N | --stop"
             )
             return
+        if call.kind == "elicitation":
+            self._out.print(
+                f"[yellow]{escape(call.call_id)} ({escape(_visible(call.name))}) asks: "
+                f"{escape(_visible(call.prompt or ''))}[/]; answer with: turnkeep answer "
+                f"{escape(call.turn_id or handle.workflow_id)} {escape(call.call_id)} "
+                "--json '{...}' | --decline | --cancel"
+            )
+            return
         self._out.print(
             f"[yellow]call {escape(call.call_id)} ({escape(_visible(call.name))}) awaits "
             f"approval{escape(_visible(_in_child(call)))}[/]; decide with: turnkeep approve "
@@ -262,6 +271,18 @@ class ApprovalPrompter:
             if call.kind == "budget":
                 await self._ask_budget(handle, call)
                 return
+            while call.kind == "elicitation":
+                choice = (await self._line(ELICIT_PROMPT, handle, call)).strip().lower()
+                if choice in ("a", "answer"):
+                    content = await self._form(handle, call)
+                    if await self._answer(handle, call, content=content):
+                        return
+                elif choice in ("d", "decline", "c", "cancel"):
+                    cancel = choice.startswith("c")
+                    await self._answer(handle, call, decline=not cancel, cancel=cancel)
+                    return
+                else:
+                    self._out.print("answer a, d or c", markup=False)
             while True:
                 answer = await self._line(PROMPT, handle, call)
                 choice = answer.strip().lower()
@@ -308,6 +329,52 @@ class ApprovalPrompter:
             if await self._decide(handle, call, approve=True, limit=limit):
                 return
 
+    async def _form(self, handle: TurnHandle, call: PendingCall) -> dict[str, Any]:
+        """The requested schema as a form: one typed prompt per property (MCP's requested
+        schemas are flat); an empty line leaves an optional field out."""
+        schema = call.requested_schema or {}
+        required = set(schema.get("required") or [])
+        content: dict[str, Any] = {}
+        for name, spec in (schema.get("properties") or {}).items():
+            spec = spec if isinstance(spec, dict) else {}
+            while True:
+                hint = _field_hint(spec, optional=name not in required)
+                text = (await self._line(f"{name} ({hint}): ", handle, call)).strip()
+                if not text and name not in required:
+                    break
+                try:
+                    content[name] = _field_value(spec, text)
+                    break
+                except ValueError as err:
+                    self._out.print(f"[red]{escape(str(err))}[/]")
+        return content
+
+    async def _answer(
+        self,
+        handle: TurnHandle,
+        call: PendingCall,
+        *,
+        content: dict[str, Any] | None = None,
+        decline: bool = False,
+        cancel: bool = False,
+    ) -> bool:
+        """Send the answer; False when the turn refused it (asked again)."""
+        try:
+            record = await _owner(handle, call).answer_elicitation(
+                call.call_id, content, decline=decline, cancel=cancel, by=self._by
+            )
+        except WorkflowUpdateFailedError as err:
+            cause = err.cause
+            why = cause.message if isinstance(cause, FailureError) else str(cause)
+            self._out.print(f"[yellow]not answered: {escape(why)}[/]")
+            return not await _still_waits(handle, call)
+        except RPCError as err:
+            self._out.print(f"[yellow]not answered: {escape(err.message)}[/]")
+            return True
+        verb = "answered" if record.approved else ("cancelled" if cancel else "declined")
+        self._out.print(f"{verb} {escape(record.call_id)}")
+        return True
+
     def _show(self, call: PendingCall) -> None:
         if call.kind == "budget":
             self._out.print()
@@ -319,6 +386,20 @@ class ApprovalPrompter:
                     _visible(_in_child(call)),
                 )
             )
+            return
+        if call.kind != "approval":
+            self._out.print()
+            self._out.print(
+                Text.assemble(
+                    (f"{call.kind} requested", "bold yellow"),
+                    " · ",
+                    (_visible(call.name), "cyan"),
+                    " · ",
+                    (_visible(call.call_id), "dim"),
+                    _visible(_in_child(call)),
+                )
+            )
+            self._out.print(Text(_visible(call.prompt or "")))
             return
         self._out.print()
         self._out.print(
@@ -487,6 +568,41 @@ async def _what_became_of(handle: TurnHandle, call: PendingCall) -> str:
         verb = "approved" if record.approved else "denied"
         return f"call {call.call_id} was {verb} elsewhere, by {_visible(record.by)}"
     return said
+
+
+def _field_hint(spec: dict[str, Any], *, optional: bool) -> str:
+    options = spec.get("enum") or [
+        o.get("const") for o in spec.get("oneOf") or spec.get("anyOf") or [] if isinstance(o, dict)
+    ]
+    kind = " | ".join(str(o) for o in options) if options else str(spec.get("type", "string"))
+    if spec.get("type") == "boolean":
+        kind = "y/n"
+    return f"{kind}{', optional' if optional else ''}"
+
+
+def _field_value(spec: dict[str, Any], text: str) -> Any:
+    """What was typed for a field, as the field's type (the turn checks it against the schema
+    too)."""
+    kind = spec.get("type")
+    if kind == "boolean":
+        if text.lower() in ("y", "yes", "true"):
+            return True
+        if text.lower() in ("n", "no", "false"):
+            return False
+        raise ValueError("answer y or n")
+    if kind == "integer":
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not an integer") from None
+    if kind == "number":
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a number") from None
+    if kind == "array":
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return text
 
 
 def _object(text: str) -> dict[str, Any]:

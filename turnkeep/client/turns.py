@@ -341,6 +341,36 @@ class TurnHandle:
             arguments=arguments,
             limit=limit,
         )
+        return await self._decide(decision)
+
+    async def answer_elicitation(
+        self,
+        call_id: str,
+        content: dict[str, Any] | None = None,
+        *,
+        decline: bool = False,
+        cancel: bool = False,
+        reason: str | None = None,
+        by: str = "unknown",
+    ) -> DecisionRecord:
+        """Answer what an MCP server asked during a tool call (an elicitation waiting under
+        ``call_id``, ``<tool call id>:elicit:<n>``): ``content`` (MCP's accept, checked against
+        the requested schema), or ``decline``, or ``cancel``. A refused answer (content that
+        does not match the schema, naming the field; content with a decline) raises
+        ``WorkflowUpdateFailedError`` saying why; the turn goes on waiting."""
+        if decline and cancel:
+            raise ValueError("decline or cancel, not both")
+        decision = Decision(
+            call_id=call_id,
+            decision="deny" if decline or cancel else "approve",
+            reason=reason,
+            by=by,
+            content=content if content is not None or decline or cancel else {},
+            cancel=cancel,
+        )
+        return await self._decide(decision)
+
+    async def _decide(self, decision: Decision) -> DecisionRecord:
         try:
             return await self.handle.execute_update(
                 DECIDE_UPDATE, decision, result_type=DecisionRecord
@@ -349,9 +379,7 @@ class TurnHandle:
             child = _child_turn(err, self.workflow_id)
             if child is None:
                 raise
-        return await get_turn(self.client, child).decide(
-            call_id, approve, reason, by, arguments, limit
-        )
+        return await get_turn(self.client, child)._decide(decision)
 
     async def raise_budget(
         self, limit: float, by: str = "unknown", reason: str | None = None

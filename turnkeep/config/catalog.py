@@ -68,6 +68,10 @@ class AgentCatalog(Mapping[str, AgentSettings]):
             )
         return agent
 
+    def server(self, name: str) -> McpServerSettings | None:
+        """The ``mcp.servers`` entry ``name`` (None: a server of another tool-source kind)."""
+        return self._servers.get(name)
+
     def tool_task_queue(self, agent: AgentSettings, server: str) -> str | None:
         """The task queue ``agent``'s calls to ``server`` run on (None: the turn's own)."""
         config = self._servers.get(server)

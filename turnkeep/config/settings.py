@@ -44,6 +44,32 @@ class _Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class McpElicitationSettings(_Settings):
+    """``mcp.servers.<name>.elicitation``: what the server's ``elicitation/create`` requests
+    during a tool call get (fast-agent's key)."""
+
+    # forms: the turn waits for a person's answer (a durable wait, like an approval);
+    # auto-cancel: cancelled at once; none: the capability is not advertised, and a request
+    # that comes anyway is declined. Each refusal is recorded in the turn's decisions.
+    mode: Literal["forms", "auto-cancel", "none"] = "forms"
+    # Seconds a request waits for a person; unset: the agent's approval timeout, or a day.
+    # Nobody answering in time is MCP's cancel.
+    timeout: float | None = Field(default=None, gt=0)
+
+
+class McpSamplingSettings(_Settings):
+    """``mcp.servers.<name>.sampling``: the server's ``sampling/createMessage`` requests during
+    a tool call run as a model call of the turn (fast-agent's key; turnkeep answers them only
+    for a server with this block)."""
+
+    enabled: bool = True
+    # The model that answers (fast-agent's key); unset: the agent's. Either way one the agent
+    # may use (its `model` or `models`).
+    model: str | None = Field(default=None, min_length=1)
+    # Whether each request waits for a person's approval before the model is called.
+    approval: bool = False
+
+
 class McpServerSettings(_Settings):
     """One entry of fast-agent's ``mcp.servers``."""
 
@@ -65,6 +91,13 @@ class McpServerSettings(_Settings):
     # Its tools are listed and called by the workers polling this task queue (a host with a
     # GPU, a private network, a desktop), whatever the agent's `task_queue` says.
     task_queue: str | None = Field(default=None, min_length=1)
+    # What the server may ask during a tool call: a person (elicitation), the agent's model
+    # (sampling). Unset: neither (the capability is not advertised; a request is declined).
+    elicitation: McpElicitationSettings | None = None
+    sampling: McpSamplingSettings | None = None
+    # fast-agent's key: the MCP protocol era the client speaks. auto: the newest both sides
+    # speak; modern: 2026-07-28 only; legacy: the initialize handshake (2025-11-25 and older).
+    protocol_mode: Literal["auto", "modern", "legacy"] = "auto"
 
     @model_validator(mode="after")
     def _infer_transport(self) -> McpServerSettings:

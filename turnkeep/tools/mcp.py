@@ -24,10 +24,12 @@ from fastmcp.client.transports import (
     StdioTransport,
     StreamableHttpTransport,
 )
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_MODERN_VERSION
 
 from turnkeep.config.settings import McpServerSettings, Settings
 from turnkeep.tools.failures import failure_reason, is_connection_failure, root_cause, start_failure
 from turnkeep.tools.redaction import Redactor
+from turnkeep.tools.server_requests import CURRENT_BOOK, RequestBook, Suspended
 from turnkeep.tools.source import (
     ServerConnectionError,
     ServerUnavailable,
@@ -54,8 +56,11 @@ class McpSource(ToolSource):
         init_timeout: float,
         redact: Redactor,
         request_timeout: float | None = None,
+        protocol_mode: str = "auto",
     ) -> None:
         self.name = name
+        # fast-agent's protocol_mode, as fastmcp's Client takes it.
+        self._mode = {"modern": LATEST_MODERN_VERSION}.get(protocol_mode, protocol_mode)
         self.redact = redact
         self._init_timeout = init_timeout
         # A tool call unanswered this long fails (fast-agent's `read_timeout_seconds`). Not
@@ -64,6 +69,15 @@ class McpSource(ToolSource):
         self._client: Client[Any] | None = None
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
+        # Whether the server may ask the client something during a tool call (elicitation,
+        # sampling): only then are the handlers installed and the capabilities advertised.
+        self._asks_elicitation = False
+        self._asks_sampling = False
+        # On a connection older than 2026-07-28 a server's request does not say which call it
+        # belongs to: such a server's calls run one at a time, under this lock, the running
+        # call's book in `_serial_book`.
+        self._serial = asyncio.Lock()
+        self._serial_book: RequestBook | None = None
 
     @abstractmethod
     def _transport(self) -> ClientTransport:
@@ -93,10 +107,22 @@ class McpSource(ToolSource):
         lost; not retried here because the tool may already have run), ``MCPError`` (the
         server answered with a JSON-RPC error) or ``CancelledError`` (the MCP client has sent
         the server a cancel notification; the connection stays usable)."""
-        return await self._request(
-            f"tools/call {tool}",
-            lambda c: c.call_tool_mcp(tool, arguments, meta=meta, timeout=self._request_timeout),
-        )
+        what = f"tools/call {tool}"
+
+        def send(c: Client[Any]) -> Awaitable[mcp.types.CallToolResult]:
+            return c.call_tool_mcp(tool, arguments, meta=meta, timeout=self._request_timeout)
+
+        book = CURRENT_BOOK.get()
+        if book is None or not (self._asks_elicitation or self._asks_sampling):
+            return await self._request(what, send)
+        if not _handshake_era(await self._connected()):
+            return await self._request(what, send)
+        async with self._serial:
+            self._serial_book = book
+            try:
+                return await self._request(what, send)
+            finally:
+                self._serial_book = None
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
@@ -155,9 +181,45 @@ class McpSource(ToolSource):
         task.add_done_callback(self._closing.discard)
         return task
 
+    def _book(self, client: Client[Any] | None) -> RequestBook | None:
+        """The book of the call a server's request belongs to (``server_requests``)."""
+        if client is not None and _handshake_era(client):
+            return self._serial_book
+        return CURRENT_BOOK.get()
+
+    async def _on_elicit(self, message: str, kind: Any, params: Any, context: Any) -> Any:
+        del message, kind, context
+        book = self._book(self._client)
+        if book is None:  # no call of ours is running: nobody to ask
+            return mcp.types.ElicitResult(action="cancel")
+        try:
+            return book.elicit(params)
+        except Suspended:
+            if self._client is not None and _handshake_era(self._client):
+                # The server's tool goes on with a cancel and its result is set aside; the
+                # call runs again once the answer is in.
+                return mcp.types.ElicitResult(action="cancel")
+            raise  # ends the call: the SDK sends the server nothing more for it
+
+    async def _on_sample(self, messages: Any, params: Any, context: Any) -> Any:
+        del messages, context
+        book = self._book(self._client)
+        if book is None:
+            raise RuntimeError("no tool call of this client is running")
+        return book.sample(params)
+
     async def _open(self) -> Client[Any]:
+        handlers: dict[str, Any] = {}
+        if self._asks_elicitation:
+            handlers["elicitation_handler"] = self._on_elicit
+        if self._asks_sampling:
+            handlers["sampling_handler"] = self._on_sample
         client: Client[Any] = Client(
-            self._transport(), name=f"turnkeep:{self.name}", init_timeout=self._init_timeout
+            self._transport(),
+            name=f"turnkeep:{self.name}",
+            init_timeout=self._init_timeout,
+            mode=self._mode,
+            **handlers,
         )
         try:
             async with asyncio.timeout(self._init_timeout):
@@ -194,8 +256,12 @@ class _ConfiguredSource(McpSource):
             init_timeout=config.init_timeout,
             redact=Redactor.of(config),
             request_timeout=config.read_timeout_seconds,
+            protocol_mode=config.protocol_mode,
         )
         self._config = config
+        elicitation, sampling = config.elicitation, config.sampling
+        self._asks_elicitation = elicitation is not None and elicitation.mode != "none"
+        self._asks_sampling = sampling is not None and sampling.enabled
 
     @classmethod
     def from_config(cls, name: str, config: McpServerSettings, settings: Settings) -> ToolSource:
@@ -284,6 +350,13 @@ class SseSource(HttpSource):
 
     def _transport(self) -> ClientTransport:
         return SSETransport(self._url, headers=self._config.headers)
+
+
+def _handshake_era(client: Client[Any]) -> bool:
+    """Whether the connection is older than 2026-07-28 (servers then send requests of their
+    own during a call, rather than returning them as the call's result)."""
+    version = getattr(client.session, "protocol_version", None)
+    return version is None or str(version) in HANDSHAKE_PROTOCOL_VERSIONS
 
 
 async def _close_client(client: Client[Any]) -> None:

@@ -246,6 +246,12 @@ async def call_model_chain(
 Approver = Callable[[ToolCallRequest], Awaitable[ToolCallRequest | CallToolResult]]
 # Runs a call of one of the turn's agent tools (``turnkeep.workflows.agent_tools``).
 AgentCaller = Callable[[ToolCallRequest, AgentTool], Awaitable[ToolCallOutcome]]
+# Settles what a call's server asked during a run (``ToolCallOutcome.needs_input``, and the
+# requests the run declined): the call to run again with the answer, the result to end it
+# with, or None when the outcome stands.
+ServerAnswerer = Callable[
+    [ToolCallRequest, ToolCallOutcome], Awaitable[ToolCallRequest | CallToolResult | None]
+]
 
 
 async def run_tools(
@@ -255,6 +261,7 @@ async def run_tools(
     approve: Approver,
     call_agent: AgentCaller,
     on_result: Callable[[], None] | None = None,
+    answer_server: ServerAnswerer | None = None,
 ) -> tuple[dict[str, CallToolResult], dict[str, float]]:
     """Run a batch; ``completed`` fills in as calls finish (``on_result`` is called after
     each), so a cancellation keeps them. Gated calls wait for ``approve`` alongside the
@@ -275,6 +282,15 @@ async def run_tools(
                 summary, queue = visibility.tool_summary(call), plan.tool_task_queue(call.name)
                 t = plan.tools
                 outcome = await execute(CALL_TOOL, call, ToolCallOutcome, summary, t, queue)
+                # A call whose server asked something runs again once it is answered.
+                while answer_server is not None and (outcome.needs_input or outcome.declined):
+                    again = await answer_server(call, outcome)
+                    if isinstance(again, CallToolResult):
+                        outcome = ToolCallOutcome(result=again, duration_ms=outcome.duration_ms)
+                    if not isinstance(again, ToolCallRequest):
+                        break
+                    call = again
+                    outcome = await execute(CALL_TOOL, call, ToolCallOutcome, summary, t, queue)
             completed[call.call_id] = outcome.result
             timing[call.call_id] = outcome.duration_ms
         except ActivityError as err:

@@ -11,6 +11,12 @@ from pydantic import BaseModel, Field
 from turnkeep.workflows.approval import ApprovalPlan
 from turnkeep.workflows.compact import Compact
 from turnkeep.workflows.messages import CallToolResult, Message, StopReason
+from turnkeep.workflows.server_requests import (
+    MAX_SERVER_REQUESTS,
+    ServerAnswer,
+    ServerRequest,
+    ServerRequestPlan,
+)
 from turnkeep.workflows.turn_io import BudgetLimit, BudgetUnit, TurnOverrides, Usage
 
 PREPARE_TURN = "prepare_turn"
@@ -189,6 +195,9 @@ class TurnPlan(Compact):
     # may run at once (None: all of a batch's).
     agent_tools: list[AgentTool] = Field(default_factory=list)
     max_parallel: int | None = None
+    # How the turn answers what its MCP servers ask during a tool call (elicitation, sampling),
+    # for the servers whose config allows any; empty: none does, and a request is declined.
+    server_requests: dict[str, ServerRequestPlan] = Field(default_factory=dict)
 
     # Set for a workflow agent: the turn runs these steps instead of the model loop.
     team: TeamPlan | None = None
@@ -224,11 +233,22 @@ class ToolCallRequest(Compact):
     call_id: str
     name: str  # namespaced
     arguments: dict[str, Any]
+    # The answers to what the server asked on earlier runs of this call, in order: a run
+    # answers each request the server makes again from here (``server_requests``).
+    answers: list[ServerAnswer] = Field(default_factory=list, max_length=MAX_SERVER_REQUESTS)
+
+    def server_plan(self, plan: TurnPlan) -> ServerRequestPlan | None:
+        return plan.server_requests.get(self.name.partition(TOOL_SEPARATOR)[0])
 
 
-class ToolCallOutcome(BaseModel):
+class ToolCallOutcome(Compact):
     result: CallToolResult
     duration_ms: float
+    # Set when the server asked something this run had no answer for: ``result`` is then
+    # meaningless, and the call runs again once the workflow has the answer.
+    needs_input: ServerRequest | None = None
+    # What the run declined or cancelled at once, as the server's config says (recorded).
+    declined: list[ServerRequest] = Field(default_factory=list)
 
 
 class HookContext(BaseModel):

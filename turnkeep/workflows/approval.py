@@ -44,7 +44,8 @@ _BY_MAX_CHARS = 200
 _REASON_MAX_CHARS = 2000
 
 # What a waiting call waits for: a person's approval of a tool call, an MCP server's
-# elicitation or sampling request, a client-side tool's result, or a raise of a spent budget.
+# elicitation or sampling request made during one, a client-side tool's result, or a
+# raise of a spent budget.
 WaitKind = Literal["approval", "elicitation", "sampling", "client_result", "budget"]
 
 
@@ -81,6 +82,10 @@ class Decision(BaseModel):
     arguments: dict[str, Any] | None = None
     # A budget wait: the raised budget, in the budget's unit (with approve).
     limit: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # An elicitation's answer: with approve, MCP's accept, the content checked against the
+    # request's schema; deny is MCP's decline, or with ``cancel`` its cancel.
+    content: dict[str, Any] | None = None
+    cancel: bool = False
 
 
 class PendingCall(BaseModel):
@@ -95,9 +100,9 @@ class PendingCall(BaseModel):
     turn_id: str | None = None
     agent: str | None = None
     kind: WaitKind = "approval"
-    # What a person is asked, in one line ("spent 1.2 of 1.0 USD").
+    # What a person is asked, in one line (an elicitation's message), and the JSON schema an
+    # answer must match (an elicitation's requestedSchema).
     prompt: str | None = None
-    # The JSON schema an answer must match.
     requested_schema: dict[str, Any] | None = None
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from turnkeep.workflows.activity_io import (
+    TOOL_SEPARATOR,
     HookChange,
     HookContext,
     HookPoint,
@@ -41,6 +42,14 @@ from turnkeep.workflows.messages import (
 )
 from turnkeep.workflows.model_io import LlmRequest
 from turnkeep.workflows.repair import repair_dangling_tool_calls
+from turnkeep.workflows.server_requests import (
+    SERVER_POLICY_DECIDER,
+    ServerAnswer,
+    ServerRequest,
+    coerce_content,
+    content_problem,
+    elicit_answer,
+)
 from turnkeep.workflows.tool_batch import ToolBatch
 from turnkeep.workflows.turn_io import (
     BudgetUnit,
@@ -52,6 +61,9 @@ from turnkeep.workflows.turn_io import (
     Usage,
 )
 
+# Seconds a server's request waits for a person when neither the server nor the agent's
+# approval rules say.
+DEFAULT_INPUT_TIMEOUT = 86400.0
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n\n"
 STRUCTURED_FINALIZATION_PROMPT = (
     "Now produce the final answer as structured JSON matching the requested schema. "
@@ -89,6 +101,11 @@ class TurnState(BaseModel):
     descendant_approvals: dict[str, list[PendingCall]] = Field(default_factory=dict, exclude=True)
     # Every decision taken on this turn's calls, in order: the audit trail.
     decisions: list[DecisionRecord] = Field(default_factory=list)
+    # What a server asked during a tool call and waits for a person under its wait id, and the
+    # answers given, until the waiting call takes them. Never carried over: a run continues as
+    # new only between steps, with no tool call running.
+    server_asks: dict[str, ServerRequest] = Field(default_factory=dict, exclude=True)
+    server_answers: dict[str, ServerAnswer] = Field(default_factory=dict, exclude=True)
     # Where `history` is stored, for a session's turn (`TurnInput.history_ref`).
     history_ref: ConversationRef | None = None
     # `TurnInput.depth`, and the usage of the agents this turn called as tools, by agent and
@@ -253,6 +270,42 @@ class TurnState(BaseModel):
             call_id=call.call_id, name=call.name, arguments=call.arguments, since=now
         )
 
+    def await_input(
+        self, call: ToolCallRequest, wait_id: str, request: ServerRequest, now: datetime
+    ) -> None:
+        """Hold ``call`` while a person answers what its server asked (``request``), under
+        ``wait_id``."""
+        self.pending_approvals[wait_id] = PendingCall(
+            call_id=wait_id,
+            name=call.name,
+            arguments=call.arguments,
+            since=now,
+            kind=request.kind,
+            prompt=request.prompt(),
+            requested_schema=request.requested_schema,
+        )
+        self.server_asks[wait_id] = request
+
+    def decline_server_request(
+        self, call: ToolCallRequest, wait_id: str, request: ServerRequest, now: datetime
+    ) -> DecisionRecord:
+        """Record a request the agent's config declined (or cancelled) at once."""
+        record = DecisionRecord(
+            call_id=wait_id,
+            tool=call.name,
+            decision="deny",
+            by=SERVER_POLICY_DECIDER,
+            reason=request.reason or f"{request.kind} is not enabled for this server",
+            at=now,
+            kind=request.kind,
+        )
+        self.decisions.append(record)
+        return record
+
+    def on_sampling(self, model: str, answer: Message) -> None:
+        """Count a model call made for a server's sampling request (under its own model)."""
+        self._add_usage(answer, model)
+
     @property
     def awaits_decision(self) -> bool:
         """Whether a call of this turn, or of one of its child turns, waits for a person."""
@@ -296,19 +349,39 @@ class TurnState(BaseModel):
         if call not in self.pending_approvals:
             waiting = ", ".join(sorted(self.pending_approvals)) or "none"
             return f"no call {call!r} is waiting for approval (waiting: {waiting})"
-        if self.pending_approvals[call].kind == "budget":
+        kind = self.pending_approvals[call].kind
+        if kind == "budget":
             return self._budget_decision_problem(decision)
         if decision.limit is not None:
             return "a limit goes only with a budget's wait"
+        if decision.arguments is not None and kind != "approval":
+            return f"arguments (an edit) go only with a tool call's approval, not {kind}"
         if decision.arguments is not None and decision.decision != "approve":
             return "arguments (an edit) go only with an approval"
+        if (decision.content is not None or decision.cancel) and kind != "elicitation":
+            return f"content and cancel answer an elicitation; {call!r} waits for {kind}"
+        if kind == "elicitation":
+            return self._elicitation_problem(decision)
         return None
+
+    def _elicitation_problem(self, decision: Decision) -> str | None:
+        if decision.decision == "deny":
+            if decision.content is not None:
+                return "content goes only with an answer (approve), not with a decline or cancel"
+            return None
+        if decision.cancel:
+            return "cancel goes only with deny"
+        schema = self.pending_approvals[decision.call_id].requested_schema
+        problem = content_problem(schema, decision.content or {})
+        return f"the content does not match the requested schema: {problem}" if problem else None
 
     def decide(self, decision: Decision, now: datetime) -> DecisionRecord:
         """Record a person's decision on a waiting call (checked by ``decision_problem``)."""
         if self.pending_approvals[decision.call_id].kind == "budget":
             return self._decide_budget(decision, now)
         pending = self.pending_approvals.pop(decision.call_id)
+        if pending.kind != "approval":
+            return self._answered(pending, decision, now)
         edited = decision.arguments is not None and decision.arguments != pending.arguments
         record = DecisionRecord(
             call_id=pending.call_id,
@@ -323,12 +396,43 @@ class TurnState(BaseModel):
         self.decisions.append(record)
         return record
 
+    def _answered(self, pending: PendingCall, decision: Decision, now: datetime) -> DecisionRecord:
+        """A person's answer to what a server asked: the record, and for an elicitation the
+        answer the call's next run gives the server."""
+        request = self.server_asks.pop(pending.call_id)
+        reason = decision.reason
+        if pending.kind == "elicitation":
+            if decision.decision == "approve":
+                content = coerce_content(pending.requested_schema, decision.content or {})
+                answer = elicit_answer(request, "accept", content)
+            else:
+                answer = elicit_answer(request, "cancel" if decision.cancel else "decline")
+                reason = reason or ("cancelled" if decision.cancel else "declined")
+            self.server_answers[pending.call_id] = answer
+        record = DecisionRecord(
+            call_id=pending.call_id,
+            tool=pending.name,
+            decision=decision.decision,
+            by=decision.by,
+            reason=reason,
+            at=now,
+            kind=pending.kind,
+        )
+        self.decisions.append(record)
+        return record
+
     def time_out(self, call_id: str, now: datetime) -> DecisionRecord:
         """Deny a call nobody decided on in time (``on_timeout: deny``; a budget's wait: the
         turn stops)."""
         pending = self.pending_approvals.pop(call_id)
         if pending.kind == "budget":
             timeout = self.plan.budget.timeout if self.plan.budget else 0.0
+        elif pending.kind != "approval":
+            timeout = self.input_timeout(pending.name)
+            request = self.server_asks.pop(call_id)
+            if pending.kind == "elicitation":
+                # Nobody answering is MCP's cancel ("dismissed without an explicit choice").
+                self.server_answers[call_id] = elicit_answer(request, "cancel")
         else:
             timeout = self.plan.approval.timeout if self.plan.approval else 0.0
         record = DecisionRecord(
@@ -342,6 +446,14 @@ class TurnState(BaseModel):
         )
         self.decisions.append(record)
         return record
+
+    def input_timeout(self, tool: str) -> float:
+        """Seconds what a server of ``tool`` asks may wait for a person: the server's own
+        timeout, else the agent's approval timeout, else a day."""
+        server = self.plan.server_requests.get(tool.partition(TOOL_SEPARATOR)[0])
+        if server is not None and server.elicitation_timeout is not None:
+            return server.elicitation_timeout
+        return self.plan.approval.timeout if self.plan.approval else DEFAULT_INPUT_TIMEOUT
 
     def decision(self, call_id: str) -> DecisionRecord | None:
         return next((r for r in reversed(self.decisions) if r.call_id == call_id), None)
@@ -607,6 +719,7 @@ class TurnState(BaseModel):
         """Repair the conversation the way fast-agent does when a turn is interrupted."""
         # Calls awaiting approval are repaired as interrupted, like any other unanswered call.
         self.pending_approvals.clear()
+        self.server_asks.clear()
         self.descendant_approvals.clear()
         if not self.plan.use_history:
             self.rollback = RollbackState.HISTORY_DISABLED

@@ -49,7 +49,7 @@ from turnkeep.workflows.approval import (
 )
 from turnkeep.workflows.conversation_cache import conversations
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.messages import CallToolResult, Message
+from turnkeep.workflows.messages import CallToolResult, Message, StopReason
 from turnkeep.workflows.model_io import (
     MODEL_INPUT_QUERY,
     JsonEntry,
@@ -57,6 +57,16 @@ from turnkeep.workflows.model_io import (
     MessageJson,
     ModelInputPage,
     model_input_page,
+)
+from turnkeep.workflows.server_requests import (
+    MAX_SERVER_REQUESTS,
+    ServerAnswer,
+    ServerRequest,
+    ServerRequestPlan,
+    elicit_answer,
+    sample_answer,
+    sample_refusal,
+    wait_id,
 )
 from turnkeep.workflows.shared import shared
 from turnkeep.workflows.starting import start_arguments
@@ -122,6 +132,14 @@ class TurnWorkflow:
         self._team_doing: str | None = None
         # Telling the parent turn (for a turn an agent called as a tool) of waiting calls.
         self._reporter: asyncio.Task[None] | None = None
+        # The tool calls whose server's request waits for a person, by wait id; and the
+        # requests of the model calls made for servers' sampling requests, by call index.
+        self._asking: dict[str, str] = {}
+        self._sampling_inputs: dict[int, LlmRequest] = {}
+        # Per tool call, how many of its server's requests were numbered, and the declined
+        # ones already recorded (by digest).
+        self._requests: dict[str, int] = {}
+        self._declined: set[tuple[str, str]] = set()
 
     @workflow.run
     async def run(self, *args: Any) -> TurnResult:
@@ -344,7 +362,13 @@ class TurnWorkflow:
         bound = state.plan.max_parallel
         self._agent_slots = asyncio.Semaphore(bound) if bound else None
         results, timing = await actions.run_tools(
-            batch, state.plan, self._completed, self._approve, self._call_agent, refresh
+            batch,
+            state.plan,
+            self._completed,
+            self._approve,
+            self._call_agent,
+            refresh,
+            self._answer_server,
         )
         # The outcome that asked for these tools spans them in the Web UI's timeline.
         self._cancel_outcome_timers()
@@ -458,6 +482,121 @@ class TurnWorkflow:
             return call.model_copy(update={"arguments": record.arguments})
         return call
 
+    async def _answer_server(
+        self, call: ToolCallRequest, outcome: ToolCallOutcome
+    ) -> ToolCallRequest | CallToolResult | None:
+        """Settle what ``call``'s server asked during a run: record what the run declined at
+        once, and get the answer to what it could not (a person's, for an elicitation; a model
+        call's, for sampling, after a person's approval if the server's config wants one).
+        The call then runs again with the answer (``server_requests``)."""
+        state = self._require_state()
+        now = workflow.now()
+        for declined in outcome.declined:
+            # A re-run declines the same request again: it is recorded once.
+            if (call.call_id, declined.digest) not in self._declined:
+                self._declined.add((call.call_id, declined.digest))
+                id = wait_id(call.call_id, declined.kind, self._next_request(call.call_id))
+                state.decline_server_request(call, id, declined, now)
+        request = outcome.needs_input
+        if request is None:
+            return None
+        if len(call.answers) >= MAX_SERVER_REQUESTS:
+            return CallToolResult.error(
+                f"Error: the server made more than {MAX_SERVER_REQUESTS} requests in this call"
+            )
+        plan = call.server_plan(state.plan)
+        id = wait_id(call.call_id, request.kind, self._next_request(call.call_id))
+        if request.kind == "elicitation":
+            if plan is None or plan.elicitation != "forms":
+                refused = request.model_copy(update={"reason": "elicitation is not enabled"})
+                state.decline_server_request(call, id, refused, now)
+                answer = elicit_answer(request, "decline")
+            else:
+                await self._wait_for_input(call, id, request)
+                answer = state.server_answers.pop(id)
+        else:
+            answer = await self._sample(call, id, request, plan)
+        return call.model_copy(update={"answers": [*call.answers, answer]})
+
+    def _next_request(self, call_id: str) -> int:
+        """The number of a server's next request in call ``call_id`` (1, 2...)."""
+        self._requests[call_id] = self._requests.get(call_id, 0) + 1
+        return self._requests[call_id]
+
+    async def _wait_for_input(self, call: ToolCallRequest, id: str, request: ServerRequest) -> None:
+        """Hold ``call`` under ``id`` until a person answers ``request`` (the ``decide``
+        update) or its timeout passes: the same durable wait as an approval's (``_approve``)."""
+        state = self._require_state()
+        state.await_input(call, id, request, workflow.now())
+        self._asking[id] = call.call_id
+        self._message_json = MessageJson()
+        turn_metrics.approval_requested(state.plan.agent)
+        self._tools_moved(publish=True)
+        try:
+            await workflow.wait_condition(
+                lambda: id not in state.pending_approvals,
+                timeout=state.input_timeout(call.name),
+                timeout_summary=visibility.clip(f"{request.kind} {call.name} · {id}"),
+            )
+        except TimeoutError:
+            if id in state.pending_approvals:
+                state.time_out(id, workflow.now())
+        except asyncio.CancelledError:
+            turn_metrics.approval_resolved(state.plan.agent, "cancelled")
+            raise
+        finally:
+            del self._asking[id]
+        self._tools_moved(publish=True)
+        record = state.decision(id)
+        assert record is not None
+        turn_metrics.approval_resolved(state.plan.agent, record.decision)
+
+    async def _sample(
+        self,
+        call: ToolCallRequest,
+        id: str,
+        request: ServerRequest,
+        plan: ServerRequestPlan | None,
+    ) -> ServerAnswer:
+        """A server's sampling request as a model call of the turn (on the server's configured
+        model or the agent's), counted in the turn's usage."""
+        state = self._require_state()
+        if plan is None or not plan.sampling or request.sampling is None:
+            refused = request.model_copy(update={"reason": "sampling is not enabled"})
+            state.decline_server_request(call, id, refused, workflow.now())
+            return sample_refusal(request, "sampling is not enabled for this server")
+        if plan.sampling_approval:
+            await self._wait_for_input(call, id, request)
+            record = state.decision(id)
+            if record is None or not record.approved:
+                return sample_refusal(request, "sampling was not approved")
+        sampling = request.sampling
+        limit = state.plan.max_tokens
+        max_tokens = sampling.max_tokens
+        if limit is not None:
+            max_tokens = min(max_tokens or limit, limit)
+        model = plan.sampling_model or state.plan.model
+        state.model_calls += 1
+        llm = LlmRequest(
+            agent=state.plan.agent,
+            model=model,
+            call_index=state.model_calls,
+            instruction=sampling.system_prompt,
+            messages=sampling.messages,
+            tools=[],
+            temperature=sampling.temperature,
+            max_tokens=max_tokens,
+        )
+        self._sampling_inputs[llm.call_index] = llm
+        try:
+            answer = await actions.call_model(llm, state.plan, MessageJson())
+        finally:
+            del self._sampling_inputs[llm.call_index]
+        state.on_sampling(model, answer)
+        if answer.stop_reason == StopReason.ERROR:
+            return sample_refusal(request, answer.text)
+        return sample_answer(request, answer, model)
+
     def _tools_doing(self) -> str:
         state = self._require_state()
         # An agent call whose child turn waits for a decision awaits a person too.
@@ -466,8 +605,9 @@ class TurnWorkflow:
         }
         if self._team_doing is not None and not in_children:
             return self._team_doing
+        asking = set(self._asking.values())
         return visibility.tools_in_progress(
-            self._batch_calls, self._completed, {*state.pending_approvals, *in_children}
+            self._batch_calls, self._completed, {*state.pending_approvals, *in_children, *asking}
         )
 
     def _tools_moved(self, *, publish: bool = False) -> None:
@@ -482,8 +622,10 @@ class TurnWorkflow:
         """Whether some calls of the batch wait for a decision and every other call has ended
         (a pure read, also made after each query by the worker's ``CacheRelease``)."""
         waiting = self._state.pending_approvals if self._state else {}
+        asking = set(self._asking.values())
         return bool(waiting) and all(
-            c.call_id in waiting or c.call_id in self._completed for c in self._batch_calls
+            c.call_id in waiting or c.call_id in asking or c.call_id in self._completed
+            for c in self._batch_calls
         )
 
     async def _maybe_compact(self) -> None:
@@ -618,6 +760,8 @@ class TurnWorkflow:
         """A page of the request of model call ``call_index``, while it is in flight."""
         request = self._model_input
         if request is None or request.call_index != call_index:
+            request = self._sampling_inputs.get(call_index)
+        if request is None:
             return None
         return model_input_page(request, start)
 

@@ -346,19 +346,35 @@ def details(state: TurnState, doing: str) -> str:
 
 def _awaiting(state: TurnState) -> str:
     """Which calls wait for a person's decision (in child turns too), and since when: a list
-    under the totals."""
+    under the totals; what servers asked during tool calls ("awaiting input") apart."""
     waiting = state.waiting_calls()
     if not waiting:
         return ""
+    approvals = [c for c in waiting if c.kind == "approval"]
+    inputs = [c for c in waiting if c.kind != "approval"]
+    text = ""
+    if approvals:
+        text += "\n\n**awaiting approval** (`turnkeep approve TURN CALL`):\n\n" + _listed(approvals)
+    if inputs:
+        text += (
+            "\n\n**awaiting input** (`turnkeep answer TURN ID`; "
+            "a budget: `turnkeep budget TURN`):\n\n" + _listed(inputs)
+        )
+    return text
+
+
+def _listed(calls: list[PendingCall]) -> str:
     lines = [
-        f"- `{call.name}` · call `{call.call_id}`{_in_child(call)} · since "
-        f"{call.since:%Y-%m-%d %H:%M:%S} UTC" + (f" · {call.prompt}" if call.prompt else "")
-        for call in waiting[:_NAMES_SHOWN]
+        f"- `{call.name}` · "
+        + (f"call `{call.call_id}`" if call.kind == "approval" else f"{call.kind} `{call.call_id}`")
+        + (f" · {clip(call.prompt)}" if call.prompt else "")
+        + f"{_in_child(call)} · since {call.since:%Y-%m-%d %H:%M:%S} UTC"
+        for call in calls[:_NAMES_SHOWN]
     ]
-    more = len(waiting) - _NAMES_SHOWN
+    more = len(calls) - _NAMES_SHOWN
     if more > 0:
         lines.append(f"- and {more} more")
-    return "\n\n**awaiting approval** (`turnkeep approve TURN CALL`):\n\n" + "\n".join(lines)
+    return "\n".join(lines)
 
 
 def format_usd(value: float | None) -> str:

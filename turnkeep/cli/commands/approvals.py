@@ -92,10 +92,16 @@ def pending(
         if turn.error:
             console.print(f"  [yellow]{escape(turn.error)}[/]")
         for call in turn.calls:
+            kind = "" if call.kind == "approval" else f" · {call.kind}"
             console.print(
-                f"  call {escape(call.call_id)} · {escape(call.name)} · waiting since "
+                f"  call {escape(call.call_id)} · {escape(call.name)}{kind} · waiting since "
                 f"{utc_time(call.since)}"
             )
+            if call.prompt:
+                console.print(f"    asks: {escape(call.prompt)}")
+            if call.requested_schema:
+                fields = ", ".join(_schema_fields(call.requested_schema))
+                console.print(f"    answer with: {escape(fields)} (`turnkeep answer`)")
             if call.turn_id is not None:
                 console.print(
                     f"    in child turn {escape(call.turn_id)} · agent {escape(call.agent or '?')}"
@@ -177,6 +183,68 @@ def budget(
             console.print(f"stopped {escape(workflow_id)} at its budget ({record.call_id})")
 
     asyncio.run(go())
+
+
+@app.command()
+def answer(
+    workflow_id: Annotated[str, typer.Argument(help="The turn (workflow id).")],
+    call_id: Annotated[
+        str, typer.Argument(help="What waits: `<tool call id>:elicit:<n>` (`turnkeep pending`).")
+    ],
+    json_content: Annotated[
+        str | None,
+        typer.Option("--json", help="The answer: a JSON object matching the requested schema."),
+    ] = None,
+    decline: Annotated[bool, typer.Option("--decline", help="Decline to answer.")] = False,
+    cancel: Annotated[bool, typer.Option("--cancel", help="Dismiss the request.")] = False,
+    reason: Annotated[str | None, typer.Option(help="Why (kept in the audit trail).")] = None,
+    by: Annotated[str | None, typer.Option(help="Who answers (default: the user name).")] = None,
+    address: Address = None,
+    namespace: Namespace = None,
+    config: ConfigPath = None,
+) -> None:
+    """Answer what an MCP server asked during a tool call (an elicitation): --json with the
+    answer, or --decline, or --cancel."""
+    if sum((json_content is not None, decline, cancel)) != 1:
+        raise typer.BadParameter("give one of --json, --decline or --cancel")
+    content = _object(json_content, "--json") if json_content is not None else None
+    settings = load_settings(config)
+
+    async def go() -> None:
+        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+        turn = get_turn(client, workflow_id)
+        record = await turn.answer_elicitation(
+            call_id,
+            content,
+            decline=decline,
+            cancel=cancel,
+            reason=reason,
+            by=by or getpass.getuser(),
+        )
+        verb = "answered" if record.approved else ("cancelled" if cancel else "declined")
+        console.print(f"{verb} {escape(record.call_id)} ({escape(record.tool)})")
+
+    asyncio.run(go())
+
+
+def _schema_fields(schema: dict[str, Any]) -> list[str]:
+    props = schema.get("properties") or {}
+    required = set(schema.get("required") or [])
+    return [
+        f"{name}: {spec.get('type', '?') if isinstance(spec, dict) else '?'}"
+        + ("" if name in required else "?")
+        for name, spec in props.items()
+    ]
+
+
+def _object(text: str, option: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise typer.BadParameter(f"{option} is not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter(f"{option} must be a JSON object")
+    return value
 
 
 def _arguments(text: str | None) -> dict[str, Any] | None:

@@ -126,16 +126,14 @@ PROVIDER_KEYS: dict[str, frozenset[str]] = {
 # `mcp:` keys beside `servers` and `targets`.
 IGNORED_MCP: frozenset[str] = frozenset({"defaults", "client", "diagnostics"})
 
-# Per-server keys turnkeep accepts and does nothing with: OAuth, roots, sampling and
-# elicitation need a person at a console; pings and reconnection are the tool activities'
-# retries' job here; provider-managed hints have no meaning for a client-managed server.
+# Per-server keys turnkeep accepts and does nothing with: OAuth and roots need a person at a
+# console (`sampling` and `elicitation` are read: docs/elicitation.md); pings and reconnection
+# are the tool activities' retries' job here; provider-managed hints have no meaning for a
+# client-managed server.
 IGNORED_SERVER: frozenset[str] = frozenset(
     {
         "auth",
         "roots",
-        "sampling",
-        "elicitation",
-        "protocol_mode",
         "ping_interval_seconds",
         "max_missed_pings",
         "http_timeout_seconds",

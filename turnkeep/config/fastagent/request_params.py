@@ -51,7 +51,7 @@ REFUSED: dict[str, str] = {
     "response_format": "turnkeep has no structured output",
     "structured_schema": "turnkeep has no structured output",
     "structured_tool_policy": "turnkeep has no structured output",
-    "sampling_tool_choice": "turnkeep does not answer MCP sampling requests",
+    "sampling_tool_choice": "turnkeep offers a sampling request's model call no tools",
     "mcp_metadata": "turnkeep sends its own idempotency key as a tool call's _meta",
     "tool_execution_handler": "use hooks (`hooks=`) or approval to act on tool calls",
     "tool_result_mode": "tool results always go back to the model (`postprocess`)",

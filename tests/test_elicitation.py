@@ -1,0 +1,446 @@
+"""MCP elicitation and sampling during a tool call, on the real dev server with a real FastMCP
+server (stdio, ``tests/mcp_servers/asking_server.py``): the call suspends with what the server
+asked, the turn waits like an approval (no activity running) or samples the model, and the
+call runs again with the answers. Answered, declined, cancelled, timed out, refused by the
+server's config, bad content refused, sampling through the fake model API with its usage
+counted; and the pure rules (content checked against the requested schema)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import mcp_types
+import pytest
+from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.service import RPCError
+
+from tests import test_loop
+from tests.conftest import HarnessFactory, eventually, turnkeep
+from tests.test_visibility import current_details
+from tests.worker_process import FLEET_ENV, WorkerProcesses, write_config
+from turnkeep.client.turns import TurnHandle, start_turn
+from turnkeep.config.settings import McpElicitationSettings, Settings
+from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.testing import harness as worker_harness
+from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
+from turnkeep.testing.fake_model import FakeModel
+from turnkeep.tools.server_requests import RequestBook, Suspended
+from turnkeep.workflows.activity_io import ToolCallRequest
+from turnkeep.workflows.approval import Decision, PendingCall
+from turnkeep.workflows.loop import TurnState
+from turnkeep.workflows.messages import CallToolResult
+from turnkeep.workflows.server_requests import ServerAnswer, ServerRequest, content_problem
+from turnkeep.workflows.turn_io import TurnInput, TurnResult
+
+pytestmark = pytest.mark.asyncio
+
+SERVER = Path(__file__).parent / "mcp_servers" / "asking_server.py"
+BOOK = '***CALL_TOOL shows__book {"show": "Hamlet"}'
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "seats": {"type": "integer", "minimum": 1}},
+    "required": ["name", "seats"],
+}
+
+
+def server(record: Path, **asks: Any) -> dict[str, Any]:
+    return {
+        "command": sys.executable,
+        "args": [str(SERVER)],
+        "env": {"TURNKEEP_TEST_RECORD": str(record)},
+        **asks,
+    }
+
+
+def config(record: Path, *, agent: dict[str, Any] | None = None, **asks: Any) -> dict[str, Any]:
+    return {
+        "mcp": {"servers": {"shows": server(record, **asks)}},
+        "agents": {"test": {"model": "passthrough", "servers": ["shows"], **(agent or {})}},
+    }
+
+
+def runs(record: Path) -> list[str]:
+    return record.read_text().splitlines() if record.exists() else []
+
+
+def tool_result(result: TurnResult) -> CallToolResult:
+    return next(r for m in result.messages if m.tool_results for r in m.tool_results.values())
+
+
+async def asked(turn: TurnHandle) -> PendingCall:
+    [pending] = await eventually(turn.pending_approvals, "the elicitation waits")
+    return pending
+
+
+# -- rules (pure) ----------------------------------------------------------------------------
+
+
+async def test_content_is_checked_against_the_requested_schema() -> None:
+    assert content_problem(SCHEMA, {"name": "Ann", "seats": 2}) is None
+    assert content_problem(SCHEMA, {"name": "Ann"}) == "field 'seats' is required"
+    assert content_problem(SCHEMA, {"name": "Ann", "seats": "2"}) == (
+        "field 'seats' must be an integer"
+    )
+    assert (
+        content_problem(SCHEMA, {"name": "Ann", "seats": 0}) == "field 'seats' must be at least 1"
+    )
+    assert "not in the requested schema" in (
+        content_problem(SCHEMA, {"name": "A", "seats": 1, "x": 1}) or ""
+    )
+    choice = {"type": "object", "properties": {"tier": {"type": "string", "enum": ["a", "b"]}}}
+    assert content_problem(choice, {"tier": "c"}) == "field 'tier' must be one of ['a', 'b']"
+    flag = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    assert content_problem(flag, {"ok": 1}) == "field 'ok' must be true or false"
+
+
+def _waiting_state(schema: dict[str, Any] | None = SCHEMA) -> tuple[TurnState, str]:
+    state = TurnState.start(TurnInput(agent="a", messages=["hi"]), test_loop.plan())
+    call = ToolCallRequest(agent="a", call_id="c1", name="shows__book", arguments={})
+    request = ServerRequest(
+        kind="elicitation", digest="d", server="shows", message="Who?", requested_schema=schema
+    )
+    state.await_input(call, "c1:elicit:1", request, datetime.now(UTC))
+    return state, "c1:elicit:1"
+
+
+def _decision(**fields: Any) -> Decision:
+    return Decision.model_validate({"call_id": "c1:elicit:1", "by": "t", **fields})
+
+
+async def test_an_elicitation_is_answered_declined_cancelled_or_timed_out_without_a_server() -> (
+    None
+):
+    state, id = _waiting_state()
+    assert state.pending_approvals[id].kind == "elicitation"
+    assert state.decision_problem(_decision(decision="approve", content={"name": "A"})) == (
+        "the content does not match the requested schema: field 'seats' is required"
+    )
+    assert "goes only with deny" in (
+        state.decision_problem(_decision(decision="approve", content={}, cancel=True)) or ""
+    )
+    assert "arguments" in (
+        state.decision_problem(_decision(decision="approve", arguments={})) or ""
+    )
+    good = _decision(decision="approve", content={"name": "A", "seats": 2.0})
+    assert state.decision_problem(good) is None
+    record = state.decide(good, datetime.now(UTC))
+    assert (record.kind, record.approved) == ("elicitation", True)
+    # JSON's 2.0 is the integer the schema asks for.
+    assert state.server_answers[id].result == {
+        "action": "accept",
+        "content": {"name": "A", "seats": 2},
+    }
+    for fields, action in (
+        ({"decision": "deny"}, "decline"),
+        ({"decision": "deny", "cancel": True}, "cancel"),
+    ):
+        state, id = _waiting_state()
+        state.decide(_decision(**fields), datetime.now(UTC))
+        assert state.server_answers[id].result == {"action": action}
+    state, id = _waiting_state()
+    timed_out = state.time_out(id, datetime.now(UTC))
+    assert (timed_out.decision, timed_out.kind) == ("timeout", "elicitation")
+    assert state.server_answers[id].result == {"action": "cancel"}
+    # An approval's own kind takes no content.
+    state, _ = _waiting_state()
+    state.await_approval(
+        ToolCallRequest(agent="a", call_id="c2", name="x", arguments={}), datetime.now(UTC)
+    )
+    problem = state.decision_problem(Decision(call_id="c2", decision="approve", by="t", content={}))
+    assert problem is not None and "answer an elicitation" in problem
+
+
+async def test_a_run_answers_what_the_server_asks_again_in_order_and_suspends_on_the_new() -> None:
+    params = mcp_types.ElicitRequestFormParams(message="Who?", requested_schema=SCHEMA)
+    other = mcp_types.ElicitRequestFormParams(message="Sure?", requested_schema=SCHEMA)
+    forms = McpElicitationSettings(mode="forms")
+    first = RequestBook("shows", [], forms, None)
+    with pytest.raises(Suspended):
+        first.elicit(params)
+    assert first.needed is not None and first.needed.message == "Who?"
+    answer = ServerAnswer(
+        kind="elicitation",
+        digest=first.needed.digest,
+        result={"action": "accept", "content": {"name": "A", "seats": 1}},
+    )
+    second = RequestBook("shows", [answer], forms, None)
+    assert second.elicit(params).action == "accept"
+    with pytest.raises(Suspended):  # a new request: asked again (n+1)
+        second.elicit(other)
+    assert second.needed is not None and second.needed.message == "Sure?"
+    cancelling = RequestBook("shows", [], McpElicitationSettings(mode="auto-cancel"), None)
+    assert cancelling.elicit(params).action == "cancel"
+    assert [d.reason for d in cancelling.declined] == ["elicitation mode is auto-cancel"]
+    sampling = mcp_types.CreateMessageRequestParams(messages=[], max_tokens=5)
+    with pytest.raises(RuntimeError, match="sampling is not enabled"):
+        cancelling.sample(sampling)
+
+
+# -- elicitation -----------------------------------------------------------------------------
+
+
+async def test_an_answer_resumes_the_tool_with_it(harness: HarnessFactory, tmp_path: Path) -> None:
+    record = tmp_path / "record.txt"
+    async with harness(**config(record, elicitation={"mode": "forms"})) as h:
+        turn = await h.start(BOOK)
+        pending = await asked(turn)
+        assert pending.kind == "elicitation" and pending.call_id.endswith(":elicit:1")
+        assert pending.prompt == "Who is booking for Hamlet, and how many seats?"
+        assert pending.requested_schema is not None
+        assert set(pending.requested_schema["properties"]) == {"name", "seats"}
+        details = await current_details(turn)
+        assert "awaiting input" in details and pending.call_id in details
+        # Bad content is refused, naming the field; the turn still waits.
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await turn.answer_elicitation(pending.call_id, {"name": "Ann", "seats": "two"})
+        assert "field 'seats' must be an integer" in str(refused.value.cause)
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await turn.decide(pending.call_id, False, by="t", arguments={"x": 1})
+        assert "arguments" in str(refused.value.cause)
+        assert [p.call_id for p in await turn.pending_approvals()] == [pending.call_id]
+        record_ = await turn.answer_elicitation(
+            pending.call_id, {"name": "Ann", "seats": 2}, by="ann"
+        )
+        assert record_.kind == "elicitation" and record_.approved
+        result = await turn.result()
+    assert tool_result(result).text == "booked 2 seats for Ann at Hamlet"
+    # The first run asked and ended; the second ran the tool from the start, was asked the
+    # same and answered from the recorded answer (MCP's retry with the answer: a third leg).
+    assert runs(record) == ["book Hamlet asking", "book Hamlet asking", "book Hamlet answered"]
+    [decision] = result.decisions
+    assert (decision.call_id, decision.by, decision.kind) == (pending.call_id, "ann", "elicitation")
+
+
+@pytest.mark.parametrize(("how", "said"), [("decline", "decline"), ("cancel", "cancel")])
+async def test_a_decline_or_cancel_reaches_the_server(
+    harness: HarnessFactory, tmp_path: Path, how: str, said: str
+) -> None:
+    record = tmp_path / "record.txt"
+    async with harness(**config(record, elicitation={})) as h:
+        turn = await h.start(BOOK)
+        pending = await asked(turn)
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await turn.handle.execute_update(
+                "decide",
+                {"call_id": pending.call_id, "decision": "deny", "by": "t", "content": {"a": 1}},
+            )
+        assert "content goes only with an answer" in str(refused.value.cause)
+        flags = {"decline": how == "decline", "cancel": how == "cancel"}
+        await turn.answer_elicitation(pending.call_id, by="bob", **flags)
+        result = await turn.result()
+    assert tool_result(result).text == f"not booked: {said}"
+    assert not result.decisions[0].approved
+
+
+async def test_nobody_answering_in_time_is_a_cancel(
+    harness: HarnessFactory, tmp_path: Path
+) -> None:
+    record = tmp_path / "record.txt"
+    async with harness(**config(record, elicitation={"timeout": 1})) as h:
+        result = await h.run(BOOK)
+    assert tool_result(result).text == "not booked: cancel"
+    [decision] = result.decisions
+    assert (decision.decision, decision.by, decision.kind) == ("timeout", "timeout", "elicitation")
+
+
+async def test_auto_cancel_answers_at_once_and_is_recorded(
+    harness: HarnessFactory, tmp_path: Path
+) -> None:
+    record = tmp_path / "record.txt"
+    async with harness(**config(record, elicitation={"mode": "auto-cancel"})) as h:
+        result = await h.run(BOOK)
+    assert tool_result(result).text == "not booked: cancel"
+    assert runs(record) == ["book Hamlet asking", "book Hamlet answered"]
+    [decision] = result.decisions
+    assert (decision.decision, decision.by, decision.kind) == (
+        "deny",
+        "policy:mcp-server",
+        "elicitation",
+    )
+    assert decision.reason == "elicitation mode is auto-cancel"
+
+
+async def test_a_server_without_elicitation_is_refused_at_once(
+    harness: HarnessFactory, tmp_path: Path
+) -> None:
+    record = tmp_path / "record.txt"
+    async with harness(**config(record, elicitation={"mode": "none"})) as h:
+        result = await h.run(BOOK)
+    # No capability advertised: the client refuses the request, the call ends with an error
+    # and no one waits.
+    assert tool_result(result).is_error
+    assert runs(record) == ["book Hamlet asking"]
+    assert result.decisions == []
+
+
+@pytest.mark.slow  # the command line in subprocesses
+async def test_pending_shows_the_question_and_answer_answers_it(
+    harness: HarnessFactory, tmp_path: Path, temporal: ServerInfo
+) -> None:
+    record = tmp_path / "record.txt"
+    async with harness(**config(record, elicitation={})) as h:
+        turn = await h.start(BOOK)
+        pending = await asked(turn)
+
+        def cli(*args: str) -> Any:
+            return turnkeep(*args, temporal=temporal, cwd=tmp_path)
+
+        listed = await asyncio.to_thread(cli, "pending")
+        assert f"call {pending.call_id} · shows__book · elicitation" in listed.stdout
+        assert "asks: Who is booking for Hamlet, and how many seats?" in listed.stdout
+        assert "answer with: name: string, seats: integer" in listed.stdout
+        bad = '{"name": "Dee", "seats": "x"}'
+        wrong = await asyncio.to_thread(
+            cli, "answer", turn.workflow_id, pending.call_id, "--json", bad
+        )
+        assert wrong.returncode == 2
+        assert "field 'seats' must be an integer" in wrong.stderr
+        good = '{"name": "Dee", "seats": 1}'
+        out = await asyncio.to_thread(
+            cli, "answer", turn.workflow_id, pending.call_id, "--json", good
+        )
+        assert out.returncode == 0, out.stderr
+        assert f"answered {pending.call_id} (shows__book)" in out.stdout
+        result = await turn.result()
+    assert tool_result(result).text == "booked 1 seats for Dee at Hamlet"
+
+
+async def test_an_older_connection_runs_one_call_at_a_time_and_attributes_each_request(
+    harness: HarnessFactory, tmp_path: Path
+) -> None:
+    """On a 2025-11-25 connection a server's elicitation is a request of its own that does not
+    say which call it is for: two calls of one batch each get their own answer."""
+    record = tmp_path / "record.txt"
+    prompt = (
+        '***CALL_TOOL shows__book_push {"show": "Hamlet"}\n'
+        '***CALL_TOOL shows__book_push {"show": "Lear"}'
+    )
+    async with harness(**config(record, elicitation={}, protocol_mode="legacy")) as h:
+        turn = await h.start(prompt)
+        waiting = await eventually(lambda: _both(turn), "both calls' elicitations wait", within=30)
+        for call in waiting:
+            show = "Hamlet" if "Hamlet" in (call.prompt or "") else "Lear"
+            await turn.answer_elicitation(call.call_id, {"name": show[0], "seats": len(show)})
+        result = await turn.result()
+    texts = sorted(
+        r.text for m in result.messages if m.tool_results for r in m.tool_results.values()
+    )
+    assert texts == ["booked 4 seats for L at Lear", "booked 6 seats for H at Hamlet"]
+    # Each first run was told "cancel" (and its result set aside), each re-run accepted.
+    assert sorted(runs(record)) == [
+        "book_push Hamlet accept",
+        "book_push Hamlet cancel",
+        "book_push Lear accept",
+        "book_push Lear cancel",
+    ]
+
+
+async def _both(turn: TurnHandle) -> list[PendingCall] | None:
+    waiting = await turn.pending_approvals()
+    return waiting if len(waiting) == 2 else None
+
+
+# -- sampling --------------------------------------------------------------------------------
+
+
+async def test_sampling_runs_on_the_agents_model_and_counts_its_usage(
+    client: Client, fake_model: FakeModel, fake: FakeModelApi, tmp_path: Path
+) -> None:
+    record = tmp_path / "record.txt"
+    model = fake_model.script(
+        "sampler",
+        Reply.tool_calls(("c1", "shows__summarise", {"text": "a long play"})),
+        Reply.text("Prince avenges father, dies.", usage=Tokens(input=40, output=6)),
+        Reply.text("Done.", usage=Tokens(input=80, output=2)),
+    )
+    settings = {
+        "mcp": {"servers": {"shows": server(record, sampling={})}},
+        "agents": {"test": {"model": model, "servers": ["shows"]}},
+    }
+    async with worker_harness(
+        client, Settings.model_validate({**settings, "base_dir": tmp_path}), fake=fake_model
+    ) as h:
+        result = await h.run("summarise it", agent="test")
+    assert tool_result(result).text == "summary: Prince avenges father, dies."
+    sampled = fake_model.requests("sampler")[1].body
+    assert sampled["system"] == "Answer in five words." and sampled["max_tokens"] == 50
+    assert json.dumps(sampled["messages"]).count("Summarise: a long play") == 1
+    assert sampled.get("tools") in (None, [])
+    usage = result.usage[model]
+    assert usage.calls == 3
+    del fake
+
+
+async def test_sampling_waits_for_approval_when_configured_and_a_denial_refuses_it(
+    client: Client, fake_model: FakeModel, tmp_path: Path
+) -> None:
+    record = tmp_path / "record.txt"
+    model = fake_model.script(
+        "approver",
+        Reply.tool_calls(("c1", "shows__summarise", {"text": "a long play"})),
+        Reply.text("Done."),
+    )
+    settings = {
+        "base_dir": tmp_path,
+        "mcp": {"servers": {"shows": server(record, sampling={"approval": True})}},
+        "agents": {"test": {"model": model, "servers": ["shows"]}},
+    }
+    async with worker_harness(client, Settings.model_validate(settings), fake=fake_model) as h:
+        turn = await h.start("summarise it", agent="test")
+        pending = await asked(turn)
+        assert (pending.kind, pending.call_id) == ("sampling", "c1:sample:1")
+        assert pending.prompt == "shows asks the model: Summarise: a long play"
+        await turn.decide(pending.call_id, False, reason="not now", by="eve")
+        result = await turn.result()
+    # Denied: no model call was made for it, and the server got an error.
+    assert len(fake_model.requests("approver")) == 2
+    assert tool_result(result).is_error
+    assert "sampling was not approved" in tool_result(result).text
+    [decision] = result.decisions
+    assert (decision.kind, decision.decision, decision.by) == ("sampling", "deny", "eve")
+
+
+# -- durability ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_worker_killed_while_an_elicitation_waits(
+    client: Client, temporal: ServerInfo, tmp_path: Path
+) -> None:
+    """The turn waits on an elicitation with no activity running; its worker process is
+    SIGKILLed; a new worker (and a new server process) takes the answer and runs the call."""
+    record = tmp_path / "record.txt"
+    task_queue = f"elicit-{uuid.uuid4().hex[:10]}"
+    asking = server(record, elicitation={"timeout": 3600})
+    asking["env"][FLEET_ENV] = f"${{{FLEET_ENV}:}}"
+    settings = {"task_queue": task_queue, **config(record)}
+    settings["mcp"]["servers"]["shows"] = asking
+    path = write_config(tmp_path / "turnkeep.yaml", settings)
+    with WorkerProcesses(path, temporal.address, tmp_path / "logs") as workers:
+        first = await workers.start_polling(client, task_queue)
+        turn = await start_turn(
+            client, TurnInput(agent="test", messages=[BOOK]), task_queue=task_queue
+        )
+        pending = await asked(turn)
+        workers.kill(first)
+        await workers.start_polling(client, task_queue)
+        # Replayed by the new worker to the same wait: nothing was lost with the old one.
+        again = await eventually(lambda: _waiting(turn), "the elicitation still waits")
+        assert [p.call_id for p in again] == [pending.call_id]
+        await turn.answer_elicitation(pending.call_id, {"name": "Cy", "seats": 3}, by="cy")
+        result = await asyncio.wait_for(turn.result(), 60)
+    assert tool_result(result).text == "booked 3 seats for Cy at Hamlet"
+    assert runs(record)[0] == "book Hamlet asking" and runs(record)[-1] == "book Hamlet answered"
+
+
+async def _waiting(turn: TurnHandle) -> list[PendingCall] | None:
+    try:
+        return await turn.pending_approvals() or None
+    except RPCError:
+        return None
