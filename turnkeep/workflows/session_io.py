@@ -14,6 +14,7 @@ from pydantic import (
     model_serializer,
 )
 
+from turnkeep.workflows.approval import AllowRule
 from turnkeep.workflows.conversation import ConversationRef, stores
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.turn_io import NAME_MAX_CHARS
@@ -85,6 +86,9 @@ class SessionState(_ByReference):
     turns: int = 0  # turns started so far: the next one is `<session id>/turn-<turns + 1>`
     tokens: int = 0  # input and output tokens of every turn
     closing: bool = False
+    # The session's "always allow" rules (set by decisions remembered for the session, in its
+    # turns), revoked ones kept (marked) for the audit: the active ones go to each turn.
+    allow_rules: list[AllowRule] = Field(default_factory=list)
 
 
 class RunningTurn(BaseModel):

@@ -22,6 +22,7 @@ from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 
+from turnkeep.workflows.approval import AllowRule
 from turnkeep.workflows.conversation import ConversationRef
 from turnkeep.workflows.messages import Message, message_json
 from turnkeep.workflows.turn_io import HistoryChange, TurnResult, Usage
@@ -41,6 +42,8 @@ class TurnOutcome(BaseModel):
     history_change: HistoryChange = HistoryChange.APPENDED
     # The session's stored conversation after the turn, when the turn stored its messages.
     conversation: ConversationRef | None = None
+    # The rules the turn knew: the session's it was handed, and those its decisions set.
+    allow_rules: list[AllowRule] = Field(default_factory=list)
 
 
 class ConversationJson:
@@ -57,21 +60,29 @@ class ConversationJson:
         history: list[Message],
         messages: list[Message],
         ref: ConversationRef | None = None,
+        rules: list[AllowRule] | None = None,
     ) -> RawValue:
         """A ``TurnInput`` for ``agent`` answering ``messages`` after the conversation: by
         reference when it is stored (``ref``; the data converter expands it), else
-        ``history`` itself. As the payload the converter would write for it."""
+        ``history`` itself, with the session's active ``rules``. As the payload the converter
+        would write for it."""
         new = ",".join(message_json(m) for m in messages)
+        # Only when the session has some: the turns of a session without rules are as before.
+        allow = (
+            f',"allow_rules":[{",".join(r.model_dump_json(exclude_defaults=True) for r in rules)}]'
+            if rules
+            else ""
+        )
         if ref is not None:
             marker = json.dumps(ref.sibling_marker("history_ref"), separators=(",", ":"))
             text = (
-                f'{{"agent":{json.dumps(agent)},"messages":[{new}],"history":{marker},'
+                f'{{"agent":{json.dumps(agent)},"messages":[{new}]{allow},"history":{marker},'
                 f'"history_ref":{ref.model_dump_json()}}}'
             )
         else:
             self._cover(history)
             text = (
-                f'{{"agent":{json.dumps(agent)},"messages":[{new}],'
+                f'{{"agent":{json.dumps(agent)},"messages":[{new}]{allow},'
                 f'"history":[{",".join(self._json)}]}}'
             )
         return RawValue(Payload(metadata={"encoding": _JSON_ENCODING}, data=text.encode()))

@@ -19,7 +19,7 @@ from pydantic import (
 )
 from temporalio.exceptions import CancelledError
 
-from turnkeep.workflows.approval import DecisionRecord
+from turnkeep.workflows.approval import AllowRule, DecisionRecord
 from turnkeep.workflows.compact import Compact
 from turnkeep.workflows.conversation import ConversationRef, Segment, stores
 from turnkeep.workflows.messages import Message, StopReason, compact_message
@@ -86,6 +86,9 @@ class TurnInput(TurnOverrides):
     # for an agent's turn another agent called as a tool. A client setting it only brings the
     # worker's `max_agent_depth` nearer.
     depth: int = Field(default=0, ge=0)
+    # A session's "always allow" rules, handed to each of its turns. Honoured only for a child
+    # turn of a session (as `history_ref`): a client cannot hand a turn rules of its own.
+    allow_rules: list[AllowRule] = Field(default_factory=list)
 
     def overrides(self) -> TurnOverrides:
         return TurnOverrides.model_validate(
@@ -113,6 +116,7 @@ _TURN_INPUT_DEFAULTS: dict[str, Any] = {
     "history": [],
     "history_ref": None,
     "depth": 0,
+    "allow_rules": [],
 }
 
 
@@ -170,6 +174,9 @@ class TurnResult(BaseModel):
     structured: Any = None
     # Every approval decision on the turn's tool calls (who, what, when, edits), in order.
     decisions: list[DecisionRecord] = Field(default_factory=list)
+    # The "always allow" rules the turn knew: those its session handed it, then those set by
+    # its decisions, revoked ones included (with who revoked them).
+    allow_rules: list[AllowRule] = Field(default_factory=list)
     # For a session's turn whose messages were stored: the session's conversation after the
     # turn (its `history` is then left empty: the session has it by reference).
     conversation: ConversationRef | None = None
@@ -254,6 +261,7 @@ _LEFT_OUT_WHEN_DEFAULT = (
     "rollback",
     "structured",
     "decisions",
+    "allow_rules",
     "history_change",
     "usage_by_agent",
 )
@@ -262,6 +270,7 @@ _DEFAULTS: dict[str, Any] = {
     "rollback": None,
     "structured": None,
     "decisions": [],
+    "allow_rules": [],
     "history_change": HistoryChange.APPENDED.value,
 }
 
