@@ -7,6 +7,7 @@ then the real dev server, worker and fake model API (and a killed worker process
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import uuid
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from rich.console import Console
 from temporalio.client import Client, WorkflowUpdateFailedError
 
 from tests.conftest import eventually, turnkeep
@@ -22,6 +24,7 @@ from tests.test_approval_durability import still_waiting
 from tests.test_durability import Fleet, worker_config
 from tests.worker_process import WorkerProcesses
 from turnkeep import Settings
+from turnkeep.cli.approval_prompt import ApprovalPrompter, LineReader
 from turnkeep.compat.fastagent import FastAgent
 from turnkeep.config.agents import Agent, ClientTool, declare
 from turnkeep.devserver.embedded import ServerInfo
@@ -365,3 +368,31 @@ async def test_worker_killed_while_a_client_side_call_waits(
     answer = next(m.tool_results["c1"] for m in result.messages if m.tool_results)
     assert answer.text == "confirmed" and not answer.is_error
     assert result.final is not None and result.final.text == "deployed"
+
+
+async def test_the_terminal_prompt_asks_for_the_result_until_it_fits(
+    client: Client, fake_model: FakeModel
+) -> None:
+    """What ``run``, ``watch`` and ``chat`` do at a terminal: ask for the result, as JSON when
+    the tool has an output schema, again while the turn refuses it."""
+    fake_model.script(
+        "app", Reply.tool_calls(("p1", "client__pick_color", {"hint": "warm"})), Reply.text("ok")
+    )
+    async with harness(client, agents=[_agent(fake_model)], fake=fake_model) as h:
+        turn = await h.start("go", agent="app")
+        screen = io.StringIO()
+        typed = LineReader(io.StringIO('[1]\n{"color": 3}\n{"color": "red"}\n'))
+        prompter = ApprovalPrompter.for_turn(
+            turn, interactive=True, reader=typed, out=Console(file=screen, width=200), by="dana"
+        )
+        async with prompter:
+            async for message in turn.messages(include_tool_results=True):
+                prompter.saw(message)
+        result = await turn.result()
+    shown = screen.getvalue()
+    assert "result needed · client__pick_color · call p1" in shown
+    assert "the result must be a JSON object" in shown
+    assert "not submitted: the result does not match the tool's output schema at color" in shown
+    assert "submitted the result of call p1" in shown
+    [decision] = result.decisions
+    assert (decision.by, decision.kind) == ("dana", "client_result")
