@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from turnkeep.client.plugin import TurnkeepClientPlugin
     from turnkeep.client.sessions import SessionHandle, get_session, open_session
     from turnkeep.client.turns import TurnHandle, get_turn, start_turn
-    from turnkeep.config.agents import Agent, Approval, McpServer
+    from turnkeep.config.agents import Agent, Approval, ClientTool, McpServer
     from turnkeep.config.fastagent.request_params import RequestParams
     from turnkeep.config.files import load_settings
     from turnkeep.config.settings import Settings
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "Agent": "turnkeep.config.agents",
     "Approval": "turnkeep.config.agents",
+    "ClientTool": "turnkeep.config.agents",
     "McpServer": "turnkeep.config.agents",
     "RequestParams": "turnkeep.config.fastagent.request_params",
     "Settings": "turnkeep.config.settings",
@@ -93,6 +94,7 @@ __all__ = [
     "Approval",
     "ApprovalPolicy",
     "ApprovalRequest",
+    "ClientTool",
     "Hook",
     "HookChange",
     "HookContext",

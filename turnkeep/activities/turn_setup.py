@@ -17,15 +17,19 @@ from turnkeep.config.settings import (
 from turnkeep.errors import config_error, known, require_workflow
 from turnkeep.providers.registry import ModelCatalog
 from turnkeep.workflows.activity_io import (
+    CLIENT_TOOL_PREFIX,
     PAYLOAD_ENVELOPE_BYTES,
     PAYLOAD_LIMIT_BYTES,
     PREPARE_TURN,
     BudgetPlan,
+    ClientTool,
+    ClientToolsPlan,
     CompactionPlan,
     ContinueAsNewPlan,
     PrepareTurnRequest,
     TeamPlan,
     Timeouts,
+    ToolSpec,
     TurnPlan,
     VisibilityPlan,
 )
@@ -113,6 +117,7 @@ class TurnSetupActivities:
                 "budget": budget,
                 "fallback_models": fallbacks,
                 "fallback_after_attempts": agent.fallback_after_attempts,
+                "client_tools": _client_tools(agent),
             }
         )
 
@@ -327,6 +332,23 @@ def _approval(agent: AgentSettings) -> ApprovalPlan | None:
     return ApprovalPlan(
         tools=rules.tools, timeout=rules.timeout, on_timeout=rules.on_timeout, policy=rules.policy
     )
+
+
+def _client_tools(agent: AgentSettings) -> ClientToolsPlan | None:
+    if not agent.client_tools:
+        return None
+    tools = [
+        ClientTool(
+            spec=ToolSpec(
+                name=CLIENT_TOOL_PREFIX + tool.name,
+                description=tool.description,
+                input_schema=tool.input_schema,
+            ),
+            output_schema=tool.output_schema,
+        )
+        for tool in agent.client_tools
+    ]
+    return ClientToolsPlan(tools=tools, timeout=agent.client_timeout)
 
 
 def _compaction(agent: AgentSettings, model_window: int | None) -> CompactionPlan | None:

@@ -43,10 +43,12 @@ from turnkeep.cli.console import console
 from turnkeep.cli.render import _visible
 from turnkeep.client.sessions import SessionHandle
 from turnkeep.client.turns import TurnHandle, get_turn
-from turnkeep.workflows.approval import PendingCall
+from turnkeep.workflows.approval import PendingCall, RememberScope
 from turnkeep.workflows.messages import Message
 
-PROMPT = "Approve? [y]es / [n]o / [e]dit: "
+PROMPT = "Approve? [y]es / [a]lways / [n]o / [e]dit: "
+RESULT_PROMPT = "Result (one line; empty: deny the call): "
+JSON_RESULT_PROMPT = "Result as one line of JSON (empty: deny the call): "
 ELICIT_PROMPT = "[a]nswer / [d]ecline / [c]ancel: "
 BUDGET_PROMPT = "Raise the budget to (a number; empty: stop the turn): "
 # How often the turn is asked which calls wait: soon after the model asked for tools, then
@@ -148,6 +150,8 @@ class ApprovalPrompter:
         self._closing = asyncio.Event()
         self._draft: str | None = None  # arguments being edited, not yet a JSON object
         self._task: asyncio.Task[None] | None = None
+        # Following a session's turns: "always" may then be for the session.
+        self.in_session = False
 
     @classmethod
     def for_turn(cls, handle: TurnHandle, **kwargs: Any) -> ApprovalPrompter:
@@ -164,7 +168,9 @@ class ApprovalPrompter:
             running = (await session.progress()).turn
             return get_turn(session.client, running.workflow_id) if running else None
 
-        return cls(turn, **kwargs)
+        prompter = cls(turn, **kwargs)
+        prompter.in_session = True
+        return prompter
 
     async def __aenter__(self) -> ApprovalPrompter:
         return self
@@ -241,6 +247,7 @@ class ApprovalPrompter:
             return None  # a worker slow to answer the session's query: next round
 
     def _tell(self, handle: TurnHandle, call: PendingCall) -> None:
+        turn = escape(call.turn_id or handle.workflow_id)
         if call.kind == "budget":
             self._out.print(
                 f"[yellow]the turn is at its budget ({escape(call.prompt or '')})[/]; decide "
@@ -256,6 +263,14 @@ class ApprovalPrompter:
                 "--json '{...}' | --decline | --cancel"
             )
             return
+        if call.kind == "client_result":
+            option = "--json '{...}'" if call.requested_schema else "--text ..."
+            self._out.print(
+                f"[yellow]call {escape(call.call_id)} ({escape(_visible(call.name))}) awaits "
+                f"its result{escape(_visible(_in_child(call)))}[/]; submit it with: turnkeep "
+                f"submit {turn} {escape(call.call_id)} {escape(option)}"
+            )
+            return
         self._out.print(
             f"[yellow]call {escape(call.call_id)} ({escape(_visible(call.name))}) awaits "
             f"approval{escape(_visible(_in_child(call)))}[/]; decide with: turnkeep approve "
@@ -268,6 +283,9 @@ class ApprovalPrompter:
         self._settled.clear()
         self._draft = None
         try:
+            if call.kind == "client_result":
+                await self._ask_result(handle, call)
+                return
             if call.kind == "budget":
                 await self._ask_budget(handle, call)
                 return
@@ -289,6 +307,22 @@ class ApprovalPrompter:
                 if choice in ("y", "yes"):
                     await self._decide(handle, call, approve=True)
                     return
+                if choice in ("a", "always"):
+                    scope: RememberScope = "turn"
+                    if self.in_session:
+                        where = await self._line(
+                            "Always for the [t]urn or the [s]ession? ", handle, call
+                        )
+                        scope = "session" if where.strip().lower() in ("s", "session") else "turn"
+                    same = await self._line("Only with these arguments? [y/N]: ", handle, call)
+                    await self._decide(
+                        handle,
+                        call,
+                        approve=True,
+                        remember=scope,
+                        remember_arguments=same.strip().lower() in ("y", "yes"),
+                    )
+                    return
                 if choice in ("n", "no"):
                     reason = await self._line("Reason (optional): ", handle, call)
                     await self._decide(handle, call, approve=False, reason=reason.strip())
@@ -299,7 +333,7 @@ class ApprovalPrompter:
                         continue  # kept as they were: ask again
                     await self._decide(handle, call, approve=True, arguments=edited)
                     return
-                self._out.print("answer y, n or e", markup=False)
+                self._out.print("answer y, a, n or e", markup=False)
         except _NoLongerWaiting:
             became = await _what_became_of(handle, call)
             self._out.print()
@@ -310,6 +344,40 @@ class ApprovalPrompter:
             self._tell(handle, call)
         finally:
             self._asking = None
+
+    async def _ask_result(self, handle: TurnHandle, call: PendingCall) -> None:
+        """Ask for a client-side call's result: a line of text, or of JSON when its tool has
+        an output schema; asked again while the turn refuses it. An empty line denies it."""
+        schema = call.requested_schema
+        if schema is not None:
+            self._out.print(Text(_visible("output schema: " + json.dumps(schema))))
+        while True:
+            line = await self._line(JSON_RESULT_PROMPT if schema else RESULT_PROMPT, handle, call)
+            if not line.strip():
+                reason = await self._line("Reason (optional): ", handle, call)
+                await self._decide(handle, call, approve=False, reason=reason.strip())
+                return
+            result: str | dict[str, Any] = line
+            if schema is not None:
+                try:
+                    result = _object(line, "the result")
+                except ValueError as err:
+                    self._out.print(f"[red]{escape(str(err))}[/]")
+                    continue
+            try:
+                await _owner(handle, call).submit_tool_result(call.call_id, result, by=self._by)
+            except WorkflowUpdateFailedError as err:
+                cause = err.cause
+                why = cause.message if isinstance(cause, FailureError) else str(cause)
+                self._out.print(f"[yellow]not submitted: {escape(why)}[/]")
+                if "does not match" in why or "structured content" in why:
+                    continue  # the call still waits: ask again
+                return
+            except RPCError as err:
+                self._out.print(f"[yellow]not submitted: {escape(err.message)}[/]")
+                return
+            self._out.print(f"submitted the result of call {escape(call.call_id)}")
+            return
 
     async def _ask_budget(self, handle: TurnHandle, call: PendingCall) -> None:
         """A budget's wait: a new budget to raise it to, or nothing to stop the turn."""
@@ -387,7 +455,7 @@ class ApprovalPrompter:
                 )
             )
             return
-        if call.kind != "approval":
+        if call.kind not in ("approval", "client_result"):
             self._out.print()
             self._out.print(
                 Text.assemble(
@@ -401,10 +469,11 @@ class ApprovalPrompter:
             )
             self._out.print(Text(_visible(call.prompt or "")))
             return
+        needed = "result needed" if call.kind == "client_result" else "approval needed"
         self._out.print()
         self._out.print(
             Text.assemble(
-                ("approval needed", "bold yellow"),
+                (needed, "bold yellow"),
                 " · ",
                 (_visible(call.name), "cyan"),
                 " · call ",
@@ -478,6 +547,8 @@ class ApprovalPrompter:
         reason: str | None = None,
         arguments: dict[str, Any] | None = None,
         limit: float | None = None,
+        remember: RememberScope | None = None,
+        remember_arguments: bool = False,
     ) -> bool:
         """Whether the decision was taken (a refusal is printed)."""
         if arguments == call.arguments:
@@ -490,6 +561,8 @@ class ApprovalPrompter:
                 by=self._by,
                 arguments=arguments,
                 limit=limit,
+                remember=remember,
+                remember_arguments=remember_arguments,
             )
         except WorkflowUpdateFailedError as err:
             # Decided elsewhere in the same instant, or the turn ended: the validator says so.
@@ -507,6 +580,11 @@ class ApprovalPrompter:
         edit = " with edited arguments" if record.arguments is not None else ""
         verb = "approved" if record.approved else "denied"
         self._out.print(f"{verb} call {escape(record.call_id)}{edit}")
+        if record.rule is not None:
+            self._out.print(
+                f"{escape(record.tool)} is allowed for the rest of the {record.remember} "
+                f"(rule {escape(record.rule)})"
+            )
         return True
 
 
@@ -605,13 +683,13 @@ def _field_value(spec: dict[str, Any], text: str) -> Any:
     return text
 
 
-def _object(text: str) -> dict[str, Any]:
+def _object(text: str, what: str = "the arguments") -> dict[str, Any]:
     try:
         value = json.loads(text)
     except ValueError as err:
         raise ValueError(f"not JSON: {err}") from None
     if not isinstance(value, dict):
-        raise ValueError("the arguments must be a JSON object")
+        raise ValueError(f"{what} must be a JSON object")
     return value
 
 

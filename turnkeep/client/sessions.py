@@ -37,6 +37,12 @@ from turnkeep.client.live import MessageEvent, StreamEvent
 from turnkeep.client.turns import get_turn, poll_query, query_retrying
 from turnkeep.observability.search_attributes import present_search_attributes
 from turnkeep.workflows import visibility
+from turnkeep.workflows.approval import (
+    ALLOW_RULES_QUERY,
+    REVOKE_ALLOW_UPDATE,
+    AllowRule,
+    RevokeAllow,
+)
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.session_io import (
     DEFAULT_TURNS_PER_RUN,
@@ -235,6 +241,29 @@ class SessionHandle:
             return False
         await get_turn(self.client, turn.workflow_id).cancel()
         return True
+
+    async def allow_rules(self, *, include_revoked: bool = False) -> list[AllowRule]:
+        """The session's "always allow" rules: those of its ended turns, then those remembered
+        for the session in the running turn (which join the session when that turn ends)."""
+        rules = await self.handle.query(ALLOW_RULES_QUERY, result_type=list[AllowRule])
+        running = (await self.progress()).turn
+        if running is not None:
+            known = {rule.id for rule in rules}
+            in_turn = await get_turn(self.client, running.workflow_id).allow_rules()
+            rules += [r for r in in_turn if r.scope == "session" and r.id not in known]
+        return rules if include_revoked else [rule for rule in rules if rule.active]
+
+    async def revoke_allow(self, rule_id: str, *, by: str = "unknown") -> AllowRule:
+        """Revoke one of the session's rules, for the session and its running turn: the calls
+        it covered wait for a person again. A rule remembered in the running turn is revoked
+        there (it never joins the session). A refused revocation (an unknown or revoked rule)
+        raises ``WorkflowUpdateFailedError`` saying why."""
+        rules = await self.handle.query(ALLOW_RULES_QUERY, result_type=list[AllowRule])
+        running = (await self.progress()).turn
+        if running is not None and rule_id not in {rule.id for rule in rules}:
+            return await get_turn(self.client, running.workflow_id).revoke_allow(rule_id, by=by)
+        revoke = RevokeAllow(rule_id=rule_id, by=by)
+        return await self.handle.execute_update(REVOKE_ALLOW_UPDATE, revoke, result_type=AllowRule)
 
     async def close(self) -> None:
         """Answer what is queued, then end the session; its result is the conversation."""

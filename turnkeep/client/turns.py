@@ -33,12 +33,18 @@ from turnkeep.observability.search_attributes import present_search_attributes
 from turnkeep.payloads.conversations import with_history
 from turnkeep.workflows import visibility
 from turnkeep.workflows.approval import (
+    ALLOW_RULES_QUERY,
     DECIDE_UPDATE,
     DECIDED_IN_CHILD,
     PENDING_QUERY,
+    REVOKE_ALLOW_UPDATE,
+    AllowRule,
     Decision,
     DecisionRecord,
     PendingCall,
+    RememberScope,
+    RevokeAllow,
+    SubmittedResult,
 )
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.turn_io import (
@@ -326,10 +332,16 @@ class TurnHandle:
         by: str = "unknown",
         arguments: dict[str, Any] | None = None,
         limit: float | None = None,
+        *,
+        remember: RememberScope | None = None,
+        remember_arguments: bool = False,
     ) -> DecisionRecord:
         """Approve or deny a tool call awaiting approval (``arguments``: run it with these
-        instead). A refused decision (an unknown or already decided call, a turn that has
-        ended) raises ``WorkflowUpdateFailedError`` saying why; the turn goes on unaffected.
+        instead). ``remember`` ("turn" or "session"), with an approval, also allows the tool's
+        later calls (with ``remember_arguments``: only with the same arguments) for the rest of
+        the turn or of its session, without waiting: the record names the rule it set. A
+        refused decision (an unknown or already decided call, a turn that has ended) raises
+        ``WorkflowUpdateFailedError`` saying why; the turn goes on unaffected.
 
         A call waiting in a child turn (an agent this turn called as a tool, or one below it)
         is decided there: the turn refuses the decision naming that turn, and it goes to it."""
@@ -340,8 +352,10 @@ class TurnHandle:
             by=by,
             arguments=arguments,
             limit=limit,
+            remember=remember,
+            remember_arguments=remember_arguments,
         )
-        return await self._decide(decision)
+        return await self.send_decision(decision)
 
     async def answer_elicitation(
         self,
@@ -368,9 +382,34 @@ class TurnHandle:
             content=content if content is not None or decline or cancel else {},
             cancel=cancel,
         )
-        return await self._decide(decision)
+        return await self.send_decision(decision)
 
-    async def _decide(self, decision: Decision) -> DecisionRecord:
+    async def submit_tool_result(
+        self,
+        call_id: str,
+        result: str | list[Any] | dict[str, Any],
+        *,
+        is_error: bool = False,
+        by: str = "unknown",
+    ) -> DecisionRecord:
+        """Answer a call of a client-side tool with its result: text, a list of MCP content
+        blocks, or a dict (structured content, also sent to the model as its JSON text). A
+        tool with an output schema takes structured content that matches it. A refused result
+        (a call that is not waiting or not a client-side tool's, a result that does not match)
+        raises ``WorkflowUpdateFailedError`` saying why; the call still waits. To refuse the
+        call instead, ``decide(call_id, approve=False, reason=...)``."""
+        return await self.send_decision(
+            Decision(
+                call_id=call_id,
+                decision="approve",
+                by=by,
+                result=SubmittedResult.of(result, is_error=is_error),
+            )
+        )
+
+    async def send_decision(self, decision: Decision) -> DecisionRecord:
+        """Send a ``Decision`` as it is (``decide`` and ``submit_tool_result`` build one),
+        following a call that waits in a child turn to that turn."""
         try:
             return await self.handle.execute_update(
                 DECIDE_UPDATE, decision, result_type=DecisionRecord
@@ -379,7 +418,7 @@ class TurnHandle:
             child = _child_turn(err, self.workflow_id)
             if child is None:
                 raise
-        return await get_turn(self.client, child)._decide(decision)
+        return await get_turn(self.client, child).send_decision(decision)
 
     async def raise_budget(
         self, limit: float, by: str = "unknown", reason: str | None = None
@@ -403,6 +442,19 @@ class TurnHandle:
         if not waiting:
             raise NoBudgetWait(f"turn {self.workflow_id!r} is not waiting at its budget")
         return waiting[0].call_id
+
+    async def allow_rules(self) -> list[AllowRule]:
+        """The turn's "always allow" rules (its session's and its own), revoked ones
+        included (``AllowRule.active`` is False)."""
+        return await self.handle.query(ALLOW_RULES_QUERY, result_type=list[AllowRule])
+
+    async def revoke_allow(self, rule_id: str, *, by: str = "unknown") -> AllowRule:
+        """Revoke one of the turn's rules: the calls it covered wait for a person again. A
+        session's rule is revoked for this turn only (``SessionHandle.revoke_allow`` revokes it
+        for the session)."""
+        return await self.handle.execute_update(
+            REVOKE_ALLOW_UPDATE, RevokeAllow(rule_id=rule_id, by=by), result_type=AllowRule
+        )
 
     async def pending_approvals(self, rpc_timeout: timedelta | None = None) -> list[PendingCall]:
         """The turn's calls waiting for a decision (a worker of its task queue answers)."""

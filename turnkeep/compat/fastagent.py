@@ -83,27 +83,37 @@ class FastAgent:
         # an agent still reach it, as in fast-agent.
         self._declared: dict[str, tuple[dict[str, Any], bool]] = {}
         self._tools: list[Tool] = []
+        self._client_tools: list[Tool] = []
 
     @property
     def agents(self) -> list[Agent]:
         """The agents declared so far; those without ``function_tools`` get the ``@fast.tool``
         functions, as in fast-agent."""
         return [
-            Agent(**arguments) if explicit else Agent(**{**arguments, "tools": self._tools})
+            Agent(**arguments)
+            if explicit
+            else Agent(**{**arguments, "tools": self._tools, "client_tools": self._client_tools})
             for arguments, explicit in self._declared.values()
         ]
 
     def tool(
-        self, function: F | None = None, *, name: str | None = None, description: str | None = None
+        self,
+        function: F | None = None,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        client_side: bool = False,
     ) -> Any:
         """``@fast.tool``: a Python function every agent without ``function_tools`` gets. The
         model sees it by its ``__name__`` and docstring (``name``/``description`` overrides are
-        not supported)."""
+        not supported). With ``client_side=True`` the function is never called: the model sees
+        it as ``client__<name>``, and a client submits each call's result (its return type, when
+        an object, is the output schema the result must match)."""
         if name is not None or description is not None:
             raise ValueError("@fast.tool(name=..., description=...) is not supported by turnkeep")
 
         def register(fn: F) -> F:
-            self._tools.append(fn)
+            (self._client_tools if client_side else self._tools).append(fn)
             return fn
 
         return register(function) if function is not None else register

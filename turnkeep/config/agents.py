@@ -20,6 +20,7 @@ from turnkeep.config.settings import (
     AgentOptions,
     AgentSettings,
     ApprovalSettings,
+    ClientToolSettings,
     McpServerSettings,
     Settings,
 )
@@ -50,6 +51,9 @@ class Agent(AgentOptions):
     - ``approval``: the YAML's ``approval`` (``Approval``, whose ``policy`` may be a function),
       or an approval policy function alone, which then decides on every tool call; a function
       is registered under its ``__name__``;
+    - ``client_tools``: tools a client answers (``client__<name>``), as the YAML's
+      ``client_tools`` entries (``ClientTool``) or Python functions, never called: their name,
+      docstring, parameters and return type give the tool's spec and output schema;
     - fast-agent's names: ``servers`` (server names, added to ``tools``) and
       ``request_params`` (``turnkeep.RequestParams``), whose ``model``, ``maxTokens``,
       ``max_iterations``, ``parallel_tool_calls``, ``temperature`` and ``use_history`` set those
@@ -61,6 +65,7 @@ class Agent(AgentOptions):
     tool_filter: dict[str, list[str]] | None = None
     hooks: dict[HookPoint, list[str | HookFunction]] = Field(default_factory=dict)
     approval: Approval | ApprovalSettings | ApprovalPolicy | None = None  # type: ignore[assignment]
+    client_tools: list[ClientToolSettings | Tool] = Field(default_factory=list)  # type: ignore[assignment]
     servers: list[str] = Field(default_factory=list)
     request_params: RequestParams | None = None
 
@@ -83,6 +88,29 @@ class Agent(AgentOptions):
                     raise ValueError(f"{option} differs between the argument and request_params")
                 data[option] = value
         return data
+
+
+class ClientTool(ClientToolSettings):
+    """A tool a client answers, as a ``client_tools:`` entry has it: ``name``,
+    ``description``, ``input_schema`` and ``output_schema`` (optional)."""
+
+
+def client_tool(function: Tool) -> ClientToolSettings:
+    """A client-side tool's spec from a Python function that is never called: its
+    ``__name__``, docstring, parameters (the input schema) and return type (the output schema,
+    when it is an object: a plain value is given as text), as FastMCP reads a function tool."""
+    from fastmcp.tools import Tool as FastMcpTool
+
+    tool = FastMcpTool.from_function(function)
+    output = tool.output_schema
+    if output is not None and output.get("x-fastmcp-wrap-result"):
+        output = None
+    return ClientToolSettings(
+        name=tool.name,
+        description=tool.description,
+        input_schema=tool.parameters,
+        output_schema=output,
+    )
 
 
 class McpServer(McpServerSettings):
@@ -132,13 +160,19 @@ def declare(
                 )
             _add(tools, agent.name, functions, "function-tool server")
         names = [tool for tool in agent.tools if isinstance(tool, str)]
-        options = agent.model_dump(include=set(AgentOptions.model_fields) - {"approval"})
+        options = agent.model_dump(
+            include=set(AgentOptions.model_fields) - {"approval", "client_tools"}
+        )
         _add(
             agent_settings,
             agent.name,
             AgentSettings(
                 **options,
                 approval=_approval(agent.approval, policies),
+                client_tools=[
+                    t if isinstance(t, ClientToolSettings) else client_tool(t)
+                    for t in agent.client_tools
+                ],
                 servers=[*names, agent.name] if functions else names,
                 tools=agent.tool_filter,
                 hooks={

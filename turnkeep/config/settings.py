@@ -28,6 +28,7 @@ from pydantic import (
 
 from turnkeep.config.fastagent.keys import accept_fast_agent_keys
 from turnkeep.workflows.activity_io import (
+    CLIENT_TOOL_PREFIX,
     DEFAULT_CONTINUE_AS_NEW_BYTES,
     DEFAULT_CONTINUE_AS_NEW_EVENTS,
     HookPoint,
@@ -321,6 +322,34 @@ class PriceSettings(_Settings):
     cache_write: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
+# A client-side tool's name, as the model sees it after `client__`: what providers take in a
+# tool name (letters, digits, `_`, `-`; at most 64 characters with the prefix).
+_CLIENT_TOOL_NAME = r"^[A-Za-z0-9_-]{1,56}$"
+# The server part of a client tool's name, which no server of the same agent may take.
+CLIENT_SERVER = CLIENT_TOOL_PREFIX.removesuffix("__")
+
+
+class ClientToolSettings(_Settings):
+    """A tool a client answers (``client_tools:``): the worker never runs it; the model sees
+    it as ``client__<name>`` and a call waits for a client to submit the result. The worker
+    has no server to list it from, so its spec is written here."""
+
+    name: str = Field(pattern=_CLIENT_TOOL_NAME)
+    description: str | None = None
+    # JSON schemas: the arguments the model passes, and (optional) the structured content a
+    # submitted result must have.
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    output_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _object_schemas(self) -> ClientToolSettings:
+        for key in ("input_schema", "output_schema"):
+            schema = getattr(self, key)
+            if schema is not None and schema.get("type", "object") != "object":
+                raise ValueError(f"a client tool's {key} describes a JSON object (type: object)")
+        return self
+
+
 # -- payload encryption (turnkeep.payloads.codec, turnkeep.payloads.codec_server) -------------
 
 AES_256_KEY_BYTES = 32
@@ -480,6 +509,11 @@ class AgentOptions(_Settings):
     task_queue: str | None = Field(default=None, min_length=1)
     # Tool calls that wait for a person's approval; none when absent.
     approval: ApprovalSettings | None = None
+    # Tools a client answers (`client__<name>`): a call waits for a client's result, up to
+    # `client_timeout` (seconds or `1d`, `2h`, `30m`...), then is denied. It needs no approval:
+    # the client that answers decides.
+    client_tools: list[ClientToolSettings] = Field(default_factory=list)
+    client_timeout: Annotated[float, BeforeValidator(_duration)] = Field(default=86400.0, gt=0)
     # In a session, what a message sent while a turn runs does (`queue`: answered by the next
     # turn; `interrupt`: cancels the running one first). `open_session` passes it in.
     on_new_message: NewMessageMode = "queue"
@@ -563,6 +597,17 @@ class AgentOptions(_Settings):
         return self
 
     @model_validator(mode="after")
+    def _client_tools(self) -> AgentOptions:
+        # A Python agent's may be functions, named by `__name__` (``turnkeep.Agent``).
+        names = [getattr(tool, "name", getattr(tool, "__name__", "")) for tool in self.client_tools]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"client tool(s) {twice} declared twice")
+        if self.client_tools and self.type != "agent":
+            raise ValueError(f"a {self.type} agent runs other agents: it has no client tools")
+        return self
+
+    @model_validator(mode="after")
     def _known_overrides(self) -> AgentOptions:
         unknown = set(self.overrides) - ALL_OVERRIDES
         if unknown:
@@ -580,6 +625,15 @@ class AgentSettings(AgentOptions):
     tools: dict[str, list[str]] | None = None
     # Hook names (from the top-level `hooks`) to run at each of fast-agent's hook points.
     hooks: dict[HookPoint, list[str]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _client_server(self) -> AgentSettings:
+        if self.client_tools and CLIENT_SERVER in self.servers:
+            raise ValueError(
+                f"an agent with client_tools cannot also use a server named {CLIENT_SERVER!r}: "
+                f"client tools are named {CLIENT_SERVER}__<name>"
+            )
+        return self
 
 
 class WorkerSettings(_Settings):

@@ -122,10 +122,14 @@ async def prepare_turn(turn: TurnInput) -> TurnPlan:
 
 async def list_tools(plan: TurnPlan) -> list[ToolSpec]:
     """The tools the turn offers the model: its servers' tools, then, as fast-agent adds them,
-    its agent tools (those whose names no server tool has taken)."""
+    its agent tools (those whose names no server tool has taken), then its client-side tools
+    (from the plan: no server lists them)."""
     listed = await _server_tools(plan)
     taken = {tool.name for tool in listed}
-    return [*listed, *(a.spec for a in plan.agent_tools if a.spec.name not in taken)]
+    tools = [*listed, *(a.spec for a in plan.agent_tools if a.spec.name not in taken)]
+    if plan.client_tools is not None:
+        tools += [t.spec for t in plan.client_tools.tools]
+    return tools
 
 
 async def _server_tools(plan: TurnPlan) -> list[ToolSpec]:
@@ -252,6 +256,8 @@ AgentCaller = Callable[[ToolCallRequest, AgentTool], Awaitable[ToolCallOutcome]]
 ServerAnswerer = Callable[
     [ToolCallRequest, ToolCallOutcome], Awaitable[ToolCallRequest | CallToolResult | None]
 ]
+# Waits for a client to submit a client-side call's result (or for its denial).
+ClientWaiter = Callable[[ToolCallRequest], Awaitable[CallToolResult]]
 
 
 async def run_tools(
@@ -262,11 +268,13 @@ async def run_tools(
     call_agent: AgentCaller,
     on_result: Callable[[], None] | None = None,
     answer_server: ServerAnswerer | None = None,
+    client_result: ClientWaiter | None = None,
 ) -> tuple[dict[str, CallToolResult], dict[str, float]]:
     """Run a batch; ``completed`` fills in as calls finish (``on_result`` is called after
     each), so a cancellation keeps them. Gated calls wait for ``approve`` alongside the
     others, then run (or are answered) on their own, whatever ``parallel_tool_calls`` says:
-    one person's wait must not hold up the rest. Calls of agent tools go to ``call_agent``."""
+    one person's wait must not hold up the rest. Calls of agent tools go to ``call_agent``;
+    client-side calls wait for ``client_result`` alongside the others, and run nothing."""
     timing: dict[str, float] = {}
     completed.update(batch.answered)
     for call_id in batch.answered:
@@ -316,11 +324,23 @@ async def run_tools(
             for call in batch.to_run:
                 await run_one(call)
 
+    async def run_on_client(call: ToolCallRequest) -> None:
+        assert client_result is not None, "a batch with client-side calls needs a waiter"
+        started = workflow.time()
+        completed[call.call_id] = await client_result(call)
+        timing[call.call_id] = (workflow.time() - started) * 1000
+        if on_result is not None:
+            on_result()
+
     async def run_all() -> None:
-        if not batch.gated:
+        if not batch.gated and not batch.client:
             await run_ungated()
             return
-        await asyncio.gather(run_ungated(), *(run_approved(call) for call in batch.gated))
+        await asyncio.gather(
+            run_ungated(),
+            *(run_approved(call) for call in batch.gated),
+            *(run_on_client(call) for call in batch.client),
+        )
 
     # Shielded so that cancelling the turn cannot reach an activity whose result arrived in
     # the same workflow task as the cancel: the SDK would turn that result into a

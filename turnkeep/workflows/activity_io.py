@@ -126,6 +126,28 @@ class ToolSpec(Compact):
 AGENT_TOOL_PREFIX = "agent__"
 
 
+# A client-side tool's name: `client__<name>`. Its calls are answered by a client, never run on
+# a worker, and the fixed prefix says so to the model's reader, the approval globs and any client
+# (the CLI's prompt, the gateway) from the name alone, as `agent__` says an agent answers.
+CLIENT_TOOL_PREFIX = "client__"
+
+
+class ClientTool(Compact):
+    """A client-side tool: offered to the model like any other (``spec``, named
+    ``client__<name>``), its calls wait for a client to submit the result, which must match
+    ``output_schema`` when there is one."""
+
+    spec: ToolSpec
+    output_schema: dict[str, Any] | None = None
+
+
+class ClientToolsPlan(Compact):
+    """An agent's client-side tools, and how long a call waits for its result."""
+
+    tools: list[ClientTool]
+    timeout: float  # seconds; then the call is denied, as an approval's timeout denies
+
+
 class AgentTool(Compact):
     """An agent that another agent's model may call as a tool: a call runs its turn as a child
     workflow, on the agent's own task queue."""
@@ -198,6 +220,8 @@ class TurnPlan(Compact):
     # How the turn answers what its MCP servers ask during a tool call (elicitation, sampling),
     # for the servers whose config allows any; empty: none does, and a request is declined.
     server_requests: dict[str, ServerRequestPlan] = Field(default_factory=dict)
+    # Tools a client answers (None: none).
+    client_tools: ClientToolsPlan | None = None
 
     # Set for a workflow agent: the turn runs these steps instead of the model loop.
     team: TeamPlan | None = None
@@ -212,6 +236,11 @@ class TurnPlan(Compact):
     def agent_tool(self, tool: str) -> AgentTool | None:
         """The agent a call of ``tool`` runs, if it names one of the agent's agent tools."""
         return next((a for a in self.agent_tools if a.spec.name == tool), None)
+
+    def client_tool(self, tool: str) -> ClientTool | None:
+        """The client-side tool a call of ``tool`` names, if it names one."""
+        tools = self.client_tools.tools if self.client_tools else []
+        return next((t for t in tools if t.spec.name == tool), None)
 
     def tool_task_queue(self, tool: str) -> str | None:
         """Where a call of ``tool`` (``server__tool``) runs (None: the turn's own queue)."""

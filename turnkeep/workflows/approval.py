@@ -1,6 +1,8 @@
 """Approval of tool calls: which calls wait for a person, which an approval policy decides, what
-a person or a policy decides, and what the turn records of it. Pure (pydantic and stdlib only),
-so the workflow, the worker that plans the turn and any client share these models.
+a person or a policy decides, and what the turn records of it; the result a client submits for
+a client-side tool's call; the rules that remember a decision ("always allow"). Pure (pydantic
+and stdlib only, and ``jsonschema`` imported when a submitted result is checked), so the
+workflow, the worker that plans the turn and any client share these models.
 
 An approval policy is a function registered on the worker by name
 (``turnkeep.activities.approval_policy`` runs it, as an activity: user code is not
@@ -11,6 +13,7 @@ denial) or ``"ask"`` (it waits for a person, as the glob rules make it), or a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from fnmatch import fnmatchcase
@@ -19,11 +22,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from turnkeep.workflows.compact import Compact
-from turnkeep.workflows.messages import CallToolResult
+from turnkeep.workflows.messages import CallToolResult, ContentBlock, TextContent
 
 # The update a person's decision arrives by, and the query listing what waits.
 DECIDE_UPDATE = "decide"
 PENDING_QUERY = "pending_approvals"
+# The update that revokes an "always allow" rule (on a turn and on a session), the query that
+# lists a workflow's rules, and the signal a session tells its running turn by that one of the
+# session's rules was revoked.
+REVOKE_ALLOW_UPDATE = "revoke_allow"
+ALLOW_RULES_QUERY = "allow_rules"
+SESSION_RULE_REVOKED_SIGNAL = "session_rule_revoked"
 # The signal an agent's child turn tells its parent turn by which of its calls (and of its own
 # children's) wait for a decision.
 CHILD_APPROVALS_SIGNAL = "child_approvals"
@@ -47,6 +56,9 @@ _REASON_MAX_CHARS = 2000
 # elicitation or sampling request made during one, a client-side tool's result, or a
 # raise of a spent budget.
 WaitKind = Literal["approval", "elicitation", "sampling", "client_result", "budget"]
+# How long a decision is remembered ("always allow"): for the rest of the turn, or of the
+# session the turn belongs to.
+RememberScope = Literal["turn", "session"]
 
 
 class ApprovalPlan(Compact):
@@ -69,9 +81,42 @@ class ApprovalPlan(Compact):
         return any(fnmatchcase(tool, pattern) for pattern in self.tools)
 
 
+class SubmittedResult(BaseModel):
+    """The result a client submits for a call of a client-side tool: MCP's ``CallToolResult``
+    (``content`` blocks, ``structured_content``, ``is_error``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    content: list[ContentBlock] = Field(default_factory=list)
+    structured_content: dict[str, Any] | None = None
+    is_error: bool = False
+
+    @classmethod
+    def of(
+        cls, result: str | list[Any] | dict[str, Any], *, is_error: bool = False
+    ) -> SubmittedResult:
+        """A result from text, a list of content blocks, or a dict (structured content, also
+        given as its JSON text, as MCP servers give it for clients without structured
+        content)."""
+        if isinstance(result, str):
+            return cls(content=[TextContent(text=result)], is_error=is_error)
+        if isinstance(result, list):
+            return cls.model_validate({"content": result, "is_error": is_error})
+        text = json.dumps(result, ensure_ascii=False, separators=(",", ":"))
+        return cls(content=[TextContent(text=text)], structured_content=result, is_error=is_error)
+
+    def as_result(self) -> CallToolResult:
+        return CallToolResult(
+            content=self.content, structured_content=self.structured_content, is_error=self.is_error
+        )
+
+
 class Decision(BaseModel):
     """The argument of the ``decide`` update. ``arguments``, with ``approve``, runs the call
-    with these arguments instead of the model's (recorded as an edit)."""
+    with these arguments instead of the model's (recorded as an edit). ``result`` answers a
+    client-side tool's call (with ``approve``; ``deny`` answers it with a denial). ``remember``,
+    with ``approve``, also allows later calls of the same tool (with ``remember_arguments``:
+    only with the same arguments) for the rest of the turn or of its session."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -86,6 +131,12 @@ class Decision(BaseModel):
     # request's schema; deny is MCP's decline, or with ``cancel`` its cancel.
     content: dict[str, Any] | None = None
     cancel: bool = False
+    # A client-side tool's result (with approve).
+    result: SubmittedResult | None = None
+    # Always allow: remember an approval for the rest of the turn or session, for this tool
+    # (with these same arguments only, with `remember_arguments`).
+    remember: RememberScope | None = None
+    remember_arguments: bool = False
 
 
 class PendingCall(BaseModel):
@@ -100,8 +151,9 @@ class PendingCall(BaseModel):
     turn_id: str | None = None
     agent: str | None = None
     kind: WaitKind = "approval"
-    # What a person is asked, in one line (an elicitation's message), and the JSON schema an
-    # answer must match (an elicitation's requestedSchema).
+    # What a person is asked, in one line (an elicitation's message, a budget's spending), and
+    # the JSON schema an answer must match (an elicitation's requestedSchema, a client-side
+    # tool's output schema).
     prompt: str | None = None
     requested_schema: dict[str, Any] | None = None
 
@@ -131,6 +183,10 @@ class DecisionRecord(BaseModel):
     original_arguments: dict[str, Any] | None = None
     arguments: dict[str, Any] | None = None
     kind: WaitKind = "approval"
+    # The "always allow" rule this decision set (its scope in `remember`), or, for a call a
+    # rule allowed without waiting, that rule's id (`by` is then `rule:<who set it>`).
+    rule: str | None = None
+    remember: RememberScope | None = None
 
     @property
     def approved(self) -> bool:
@@ -140,6 +196,90 @@ class DecisionRecord(BaseModel):
         """The isError result a denied (or timed-out) call is answered with, so the model can
         adapt."""
         return CallToolResult.error(f"Tool call denied by {self.by}: {self.reason or NO_REASON}")
+
+
+# -- always allow --------------------------------------------------------------------------------
+
+
+class AllowRule(BaseModel):
+    """A remembered approval: calls of ``tool`` (with ``arguments``: only with exactly these)
+    run without waiting for the rest of the turn (``scope`` "turn") or of the session. Set by a
+    person's decision (``call_id``, ``by``, ``at``); kept once revoked, for the audit."""
+
+    id: str = Field(min_length=1, max_length=_BY_MAX_CHARS)
+    tool: str
+    arguments: dict[str, Any] | None = None
+    scope: RememberScope
+    by: str
+    at: datetime
+    call_id: str
+    revoked_by: str | None = None
+    revoked_at: datetime | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+    def covers(self, tool: str, arguments: dict[str, Any]) -> bool:
+        return (
+            self.active
+            and self.tool == tool
+            and (self.arguments is None or self.arguments == arguments)
+        )
+
+
+def rule_decider(rule: AllowRule) -> str:
+    """Who a call a rule allowed is recorded as approved by."""
+    return f"rule:{rule.by}"
+
+
+class RevokeAllow(BaseModel):
+    """The argument of the ``revoke_allow`` update: the rule to revoke, and who revokes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule_id: str = Field(min_length=1, max_length=_BY_MAX_CHARS)
+    by: str = Field(min_length=1, max_length=_BY_MAX_CHARS)
+
+
+def revoke_problem(rules: list[AllowRule], rule_id: str, where: str) -> str | None:
+    """Why rule ``rule_id`` cannot be revoked from ``rules`` (those of ``where``: "this turn",
+    "this session"), or None."""
+    rule = next((r for r in rules if r.id == rule_id), None)
+    if rule is None:
+        active = ", ".join(r.id for r in rules if r.active) or "none"
+        return f"no rule {rule_id!r} in {where} (active rules: {active})"
+    if not rule.active:
+        return f"rule {rule_id!r} was already revoked, by {rule.revoked_by}"
+    return None
+
+
+def revoked(rule: AllowRule, by: str, at: datetime) -> AllowRule:
+    return rule.model_copy(update={"revoked_by": by, "revoked_at": at})
+
+
+# -- client results ------------------------------------------------------------------------------
+
+
+def result_problem(result: SubmittedResult, schema: dict[str, Any] | None) -> str | None:
+    """Why ``result`` does not answer a call whose tool has output schema ``schema``, or None:
+    with a schema, structured content that matches it is required (MCP asks the same of a
+    server's result), unless the result is an error."""
+    if schema is None or result.is_error:
+        return None
+    if result.structured_content is None:
+        return "the tool has an output schema: the result needs structured content (a JSON object)"
+    # Imported here: only a turn with a client-side tool that has an output schema needs it.
+    import jsonschema
+
+    try:
+        jsonschema.validate(result.structured_content, schema)
+    except jsonschema.ValidationError as err:
+        where = "/".join(str(p) for p in err.absolute_path) or "the result"
+        return f"the result does not match the tool's output schema at {where}: {err.message}"
+    except jsonschema.SchemaError as err:
+        return f"the tool's output schema is not a valid JSON schema: {err.message}"
+    return None
 
 
 # -- approval policies ---------------------------------------------------------------------------

@@ -26,10 +26,15 @@ from turnkeep.workflows.activity_io import (
 )
 from turnkeep.workflows.approval import (
     TIMEOUT_DECIDER,
+    AllowRule,
     Decision,
     DecisionRecord,
     PendingCall,
     format_seconds,
+    result_problem,
+    revoke_problem,
+    revoked,
+    rule_decider,
 )
 from turnkeep.workflows.conversation import ConversationRef, after_turn
 from turnkeep.workflows.messages import (
@@ -50,7 +55,7 @@ from turnkeep.workflows.server_requests import (
     content_problem,
     elicit_answer,
 )
-from turnkeep.workflows.tool_batch import ToolBatch
+from turnkeep.workflows.tool_batch import ToolBatch, covering
 from turnkeep.workflows.turn_io import (
     BudgetUnit,
     HistoryChange,
@@ -106,6 +111,15 @@ class TurnState(BaseModel):
     # new only between steps, with no tool call running.
     server_asks: dict[str, ServerRequest] = Field(default_factory=dict, exclude=True)
     server_answers: dict[str, ServerAnswer] = Field(default_factory=dict, exclude=True)
+    # The "always allow" rules: its session's (`TurnInput.allow_rules`), then those its
+    # decisions set, revoked ones kept (marked) for the audit.
+    allow_rules: list[AllowRule] = Field(default_factory=list)
+    # Whether the turn is a session's (its child, under the session's turn ids): only then may
+    # a decision be remembered for the session.
+    in_session: bool = False
+    # The results clients submitted for client-side calls, until the waiting call takes them.
+    # Never carried over: a run continues as new only between steps, with no call waiting.
+    submitted: dict[str, CallToolResult] = Field(default_factory=dict, exclude=True)
     # Where `history` is stored, for a session's turn (`TurnInput.history_ref`).
     history_ref: ConversationRef | None = None
     # `TurnInput.depth`, and the usage of the agents this turn called as tools, by agent and
@@ -122,14 +136,21 @@ class TurnState(BaseModel):
     # -- starting -------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, turn: TurnInput, plan: TurnPlan) -> TurnState:
+    def start(cls, turn: TurnInput, plan: TurnPlan, *, in_session: bool = False) -> TurnState:
         """Auto-heal a history left dangling by an interrupted turn, then add the new input.
 
         As in fast-agent, the history is healed only when it is used and none of the new
         messages carries tool results: those answer the dangling calls themselves, and a
-        second, contradictory result for the same call id is refused by strict providers."""
+        second, contradictory result for the same call id is refused by strict providers.
+        ``in_session``: the turn is a session's (the workflow has checked that it is, and so
+        that ``turn.allow_rules`` are the session's)."""
         state = cls(
-            plan=plan, history=list(turn.history), history_ref=turn.history_ref, depth=turn.depth
+            plan=plan,
+            history=list(turn.history),
+            history_ref=turn.history_ref,
+            depth=turn.depth,
+            allow_rules=[r for r in turn.allow_rules if r.active and r.scope == "session"],
+            in_session=in_session,
         )
         if plan.budget is not None:
             state.session_spent = turn.session_spent if plan.budget.per == "session" else None
@@ -236,6 +257,7 @@ class TurnState(BaseModel):
         available = {tool.name for tool in self.tools}
         to_run: list[ToolCallRequest] = []
         gated: list[ToolCallRequest] = []
+        client: list[ToolCallRequest] = []
         answered: dict[str, CallToolResult] = {}
         approval = self.plan.approval
         for call_id, call in calls.items():
@@ -250,9 +272,13 @@ class TurnState(BaseModel):
                 request = ToolCallRequest(
                     agent=self.plan.agent, call_id=call_id, name=call.name, arguments=call.arguments
                 )
+                if self.plan.client_tools and self.plan.client_tool(call.name):
+                    # Its client answers: no approval on top, the client is who decides.
+                    client.append(request)
+                    continue
                 gate = approval is not None and approval.needs_approval(call.name)
                 (gated if gate else to_run).append(request)
-        return ToolBatch(to_run=to_run, answered=answered, gated=gated)
+        return ToolBatch(to_run=to_run, answered=answered, gated=gated, client=client)
 
     def runs_every_pending_call(self) -> bool:
         """Whether each call of the pending tool request runs as a tool activity (none is
@@ -261,7 +287,7 @@ class TurnState(BaseModel):
         if not self.awaiting_tools:
             return False
         batch = self.tool_batch()
-        return bool(batch.to_run) and not batch.answered and not batch.gated
+        return bool(batch.to_run) and not batch.answered and not batch.gated and not batch.client
 
     # -- approvals --------------------------------------------------------------------------
 
@@ -306,6 +332,19 @@ class TurnState(BaseModel):
         """Count a model call made for a server's sampling request (under its own model)."""
         self._add_usage(answer, model)
 
+    def await_client_result(self, call: ToolCallRequest, now: datetime) -> None:
+        """Hold a call of a client-side tool until a client submits its result."""
+        tool = self.plan.client_tool(call.name)
+        assert tool is not None, "only calls of client-side tools wait for a client"
+        self.pending_approvals[call.call_id] = PendingCall(
+            call_id=call.call_id,
+            name=call.name,
+            arguments=call.arguments,
+            since=now,
+            kind="client_result",
+            requested_schema=tool.output_schema,
+        )
+
     @property
     def awaits_decision(self) -> bool:
         """Whether a call of this turn, or of one of its child turns, waits for a person."""
@@ -349,15 +388,31 @@ class TurnState(BaseModel):
         if call not in self.pending_approvals:
             waiting = ", ".join(sorted(self.pending_approvals)) or "none"
             return f"no call {call!r} is waiting for approval (waiting: {waiting})"
-        kind = self.pending_approvals[call].kind
+        pending = self.pending_approvals[call]
+        kind = pending.kind
         if kind == "budget":
             return self._budget_decision_problem(decision)
         if decision.limit is not None:
             return "a limit goes only with a budget's wait"
+        if kind == "client_result":
+            return _client_result_problem(decision, pending)
+        if decision.result is not None:
+            return (
+                f"call {call!r} ({pending.name}) is not a client-side tool's: it is approved or "
+                "denied, not given a result"
+            )
         if decision.arguments is not None and kind != "approval":
             return f"arguments (an edit) go only with a tool call's approval, not {kind}"
         if decision.arguments is not None and decision.decision != "approve":
             return "arguments (an edit) go only with an approval"
+        if decision.remember is not None and decision.decision != "approve":
+            return "remember (always allow) goes only with an approval"
+        if decision.remember is not None and kind != "approval":
+            return f"remember (always allow) goes only with a tool call's approval, not {kind}"
+        if decision.remember_arguments and decision.remember is None:
+            return "remember_arguments goes only with remember"
+        if decision.remember == "session" and not self.in_session:
+            return "remember: session needs a session's turn; this turn is no session's"
         if (decision.content is not None or decision.cancel) and kind != "elicitation":
             return f"content and cancel answer an elicitation; {call!r} waits for {kind}"
         if kind == "elicitation":
@@ -375,14 +430,35 @@ class TurnState(BaseModel):
         problem = content_problem(schema, decision.content or {})
         return f"the content does not match the requested schema: {problem}" if problem else None
 
-    def decide(self, decision: Decision, now: datetime) -> DecisionRecord:
-        """Record a person's decision on a waiting call (checked by ``decision_problem``)."""
+    def decide(
+        self, decision: Decision, now: datetime, rule_id: str | None = None
+    ) -> DecisionRecord:
+        """Record a person's decision on a waiting call (checked by ``decision_problem``). One
+        that remembers (``rule_id``: the new rule's id) also sets an "always allow" rule, which
+        allows at once the batch's other waiting calls it covers."""
         if self.pending_approvals[decision.call_id].kind == "budget":
             return self._decide_budget(decision, now)
         pending = self.pending_approvals.pop(decision.call_id)
+        if pending.kind == "client_result":
+            return self._answer_client_call(decision, pending, now)
         if pending.kind != "approval":
             return self._answered(pending, decision, now)
         edited = decision.arguments is not None and decision.arguments != pending.arguments
+        rule = None
+        if decision.remember is not None:
+            assert rule_id is not None, "a remembered decision sets a rule, with an id"
+            rule = AllowRule(
+                id=rule_id,
+                tool=pending.name,
+                arguments=(decision.arguments or pending.arguments)
+                if decision.remember_arguments
+                else None,
+                scope=decision.remember,
+                by=decision.by,
+                at=now,
+                call_id=pending.call_id,
+            )
+            self.allow_rules.append(rule)
         record = DecisionRecord(
             call_id=pending.call_id,
             tool=pending.name,
@@ -392,6 +468,27 @@ class TurnState(BaseModel):
             at=now,
             original_arguments=pending.arguments if edited else None,
             arguments=decision.arguments if edited else None,
+            rule=rule.id if rule else None,
+            remember=decision.remember,
+        )
+        self.decisions.append(record)
+        if rule is not None:
+            self._allow_waiting(now)
+        return record
+
+    def _answer_client_call(
+        self, decision: Decision, pending: PendingCall, now: datetime
+    ) -> DecisionRecord:
+        if decision.result is not None and decision.decision == "approve":
+            self.submitted[pending.call_id] = decision.result.as_result()
+        record = DecisionRecord(
+            call_id=pending.call_id,
+            tool=pending.name,
+            decision=decision.decision,
+            by=decision.by,
+            reason=decision.reason,
+            at=now,
+            kind="client_result",
         )
         self.decisions.append(record)
         return record
@@ -421,12 +518,32 @@ class TurnState(BaseModel):
         self.decisions.append(record)
         return record
 
+    def _allow_waiting(self, now: datetime) -> None:
+        """Approve the waiting calls a rule now covers, as ``apply_rules`` would have."""
+        for call in list(self.pending_approvals.values()):
+            rule = covering(self.allow_rules, call.name, call.arguments)
+            if call.kind != "approval" or rule is None:
+                continue
+            del self.pending_approvals[call.call_id]
+            self.decisions.append(
+                DecisionRecord(
+                    call_id=call.call_id,
+                    tool=call.name,
+                    decision="approve",
+                    by=rule_decider(rule),
+                    at=now,
+                    rule=rule.id,
+                )
+            )
+
     def time_out(self, call_id: str, now: datetime) -> DecisionRecord:
         """Deny a call nobody decided on in time (``on_timeout: deny``; a budget's wait: the
         turn stops)."""
         pending = self.pending_approvals.pop(call_id)
         if pending.kind == "budget":
             timeout = self.plan.budget.timeout if self.plan.budget else 0.0
+        elif pending.kind == "client_result" and self.plan.client_tools:
+            timeout = self.plan.client_tools.timeout
         elif pending.kind != "approval":
             timeout = self.input_timeout(pending.name)
             request = self.server_asks.pop(call_id)
@@ -454,6 +571,23 @@ class TurnState(BaseModel):
         if server is not None and server.elicitation_timeout is not None:
             return server.elicitation_timeout
         return self.plan.approval.timeout if self.plan.approval else DEFAULT_INPUT_TIMEOUT
+
+    # -- always allow -----------------------------------------------------------------------
+
+    def revoke_problem(self, rule_id: str) -> str | None:
+        if self.done:
+            return f"the turn has ended ({self.stop_reason}); its rules ended with it"
+        return revoke_problem(self.allow_rules, rule_id, "this turn")
+
+    def revoke(self, rule_id: str, by: str, now: datetime) -> AllowRule | None:
+        """Revoke a rule (checked by ``revoke_problem``; a session's revocation it relays may
+        name one the turn does not have, which changes nothing): the calls it covered wait
+        again."""
+        for i, rule in enumerate(self.allow_rules):
+            if rule.id == rule_id and rule.active:
+                self.allow_rules[i] = revoked(rule, by, now)
+                return self.allow_rules[i]
+        return None
 
     def decision(self, call_id: str) -> DecisionRecord | None:
         return next((r for r in reversed(self.decisions) if r.call_id == call_id), None)
@@ -568,6 +702,15 @@ class TurnState(BaseModel):
         assert budget is not None
         if decision.arguments is not None:
             return "a budget's wait takes a limit (the raised budget), not arguments"
+        if (
+            decision.result is not None
+            or decision.content is not None
+            or decision.cancel
+            or decision.remember is not None
+        ):
+            return (
+                "a budget's wait is decided with a limit (raise) or a denial (stop), nothing else"
+            )
         if decision.decision == "deny":
             return "a limit goes only with raising the budget" if decision.limit else None
         if decision.limit is None:
@@ -721,6 +864,7 @@ class TurnState(BaseModel):
         self.pending_approvals.clear()
         self.server_asks.clear()
         self.descendant_approvals.clear()
+        self.submitted.clear()
         if not self.plan.use_history:
             self.rollback = RollbackState.HISTORY_DISABLED
         else:
@@ -750,6 +894,7 @@ class TurnState(BaseModel):
             decisions=self.decisions,
             budget_raised=self.budget_raised,
             session_budget=self.plan.budget is not None and self.plan.budget.per == "session",
+            allow_rules=self.allow_rules,
         )
         # Read by the parent turn alone (its workflow code): written compactly.
         result._for_parent = self.depth > 0
@@ -813,6 +958,21 @@ def _merged(
         for model, usage in by_model.items():
             mine[model] = mine.get(model, Usage()) + usage
     return merged
+
+
+def _client_result_problem(decision: Decision, pending: PendingCall) -> str | None:
+    """Why ``decision`` does not answer ``pending``, a client-side tool's call, or None."""
+    if decision.arguments is not None:
+        return f"call {pending.call_id!r} is a client-side tool's: it takes a result, not arguments"
+    if decision.remember is not None or decision.remember_arguments:
+        return f"call {pending.call_id!r} is a client-side tool's: its client answers each call"
+    if decision.content is not None or decision.cancel:
+        return "content and cancel answer an elicitation, not a client-side tool's call"
+    if decision.decision == "deny":
+        return "a denial takes no result" if decision.result is not None else None
+    if decision.result is None:
+        return f"call {pending.call_id!r} ({pending.name}) waits for its result: submit one"
+    return result_problem(decision.result, pending.requested_schema)
 
 
 def _not_available(name: str, available: set[str]) -> str:

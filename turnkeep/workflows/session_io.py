@@ -14,6 +14,7 @@ from pydantic import (
     model_serializer,
 )
 
+from turnkeep.workflows.approval import AllowRule
 from turnkeep.workflows.conversation import ConversationRef, stores
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.turn_io import NAME_MAX_CHARS, Spent
@@ -102,6 +103,9 @@ class SessionState(_ByReference):
     # What the turns spent against the agent's budget, once one says the budget is per
     # session: handed to each next turn (`TurnInput.session_spent`).
     spent: Spent | None = None
+    # The session's "always allow" rules (set by decisions remembered for the session, in its
+    # turns), revoked ones kept (marked) for the audit: the active ones go to each turn.
+    allow_rules: list[AllowRule] = Field(default_factory=list)
 
 
 class RunningTurn(BaseModel):

@@ -22,6 +22,7 @@ from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 
+from turnkeep.workflows.approval import AllowRule
 from turnkeep.workflows.conversation import ConversationRef
 from turnkeep.workflows.messages import Message, message_json
 from turnkeep.workflows.turn_io import HistoryChange, Spent, TurnResult, Usage
@@ -43,6 +44,8 @@ class TurnOutcome(BaseModel):
     conversation: ConversationRef | None = None
     budget_raised: float = 0.0
     session_budget: bool = False
+    # The rules the turn knew: the session's it was handed, and those its decisions set.
+    allow_rules: list[AllowRule] = Field(default_factory=list)
 
 
 class ConversationJson:
@@ -60,23 +63,31 @@ class ConversationJson:
         messages: list[Message],
         ref: ConversationRef | None = None,
         spent: Spent | None = None,
+        rules: list[AllowRule] | None = None,
     ) -> RawValue:
         """A ``TurnInput`` for ``agent`` answering ``messages`` after the conversation: by
         reference when it is stored (``ref``; the data converter expands it), else
-        ``history`` itself. As the payload the converter would write for it."""
+        ``history`` itself, with the session's active ``rules``. As the payload the converter
+        would write for it."""
         new = ",".join(message_json(m) for m in messages)
         # A budget per session: what the earlier turns spent (only once a turn said so).
         extra = "" if spent is None else f',"session_spent":{spent.model_dump_json()}'
+        # Only when the session has some: the turns of a session without rules are as before.
+        allow = (
+            f',"allow_rules":[{",".join(r.model_dump_json(exclude_defaults=True) for r in rules)}]'
+            if rules
+            else ""
+        )
         if ref is not None:
             marker = json.dumps(ref.sibling_marker("history_ref"), separators=(",", ":"))
             text = (
-                f'{{"agent":{json.dumps(agent)},"messages":[{new}],"history":{marker},'
+                f'{{"agent":{json.dumps(agent)},"messages":[{new}]{allow},"history":{marker},'
                 f'"history_ref":{ref.model_dump_json()}{extra}}}'
             )
         else:
             self._cover(history)
             text = (
-                f'{{"agent":{json.dumps(agent)},"messages":[{new}],'
+                f'{{"agent":{json.dumps(agent)},"messages":[{new}]{allow},'
                 f'"history":[{",".join(self._json)}]{extra}}}'
             )
         return RawValue(Payload(metadata={"encoding": _JSON_ENCODING}, data=text.encode()))

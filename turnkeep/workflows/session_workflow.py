@@ -25,9 +25,23 @@ from typing import Any, NamedTuple
 from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.common import RawValue
-from temporalio.exceptions import ApplicationError, ChildWorkflowError, WorkflowAlreadyStartedError
+from temporalio.exceptions import (
+    ApplicationError,
+    ChildWorkflowError,
+    FailureError,
+    WorkflowAlreadyStartedError,
+)
 
 from turnkeep.workflows import visibility, worker_cache
+from turnkeep.workflows.approval import (
+    ALLOW_RULES_QUERY,
+    REVOKE_ALLOW_UPDATE,
+    SESSION_RULE_REVOKED_SIGNAL,
+    AllowRule,
+    RevokeAllow,
+    revoke_problem,
+    revoked,
+)
 from turnkeep.workflows.child_turn import start_child, turn_child_result
 from turnkeep.workflows.conversation import ConversationRef
 from turnkeep.workflows.conversation_cache import conversations
@@ -148,8 +162,9 @@ class SessionWorkflow:
             # The session's first turn: an empty conversation by reference, so a worker that
             # stores segments hands back the start of a stored one.
             ref = ConversationRef(owner=workflow.info().workflow_id)
+        rules = [r for r in state.allow_rules if r.active]
         turn = self._history_json.turn_input(
-            session.agent, state.history, messages, ref, state.spent
+            session.agent, state.history, messages, ref, state.spent, rules
         )
         while True:
             try:
@@ -190,6 +205,8 @@ class SessionWorkflow:
             state.tokens += sum(u.input_tokens + u.output_tokens for u in outcome.usage.values())
             if outcome.session_budget:
                 state.spent = (state.spent or Spent()).after(outcome.usage, outcome.budget_raised)
+            if outcome.allow_rules:
+                state.allow_rules = _merged_rules(state.allow_rules, outcome.allow_rules)
         state.turn_ends[state.turns] = len(state.transcript)
         self._turn = None
         self._child = None
@@ -261,6 +278,40 @@ class SessionWorkflow:
     def _check_close(self, *args: Any) -> None:
         if args:
             raise _invalid(f"close takes no arguments; got {len(args)}")
+
+    @workflow.update(name=REVOKE_ALLOW_UPDATE)
+    async def revoke_allow(self, *args: Any) -> AllowRule:
+        """Revoke one of the session's "always allow" rules: one argument, a ``RevokeAllow``.
+        The running turn, which was handed the rule, is told to drop it too."""
+        revoke = RevokeAllow.model_validate(args[0])
+        rules = self._state.allow_rules
+        i = next(i for i, r in enumerate(rules) if r.id == revoke.rule_id)
+        rules[i] = revoked(rules[i], revoke.by, workflow.now())
+        if self._turn is not None:
+            turn = workflow.get_external_workflow_handle(self._turn.workflow_id)
+            try:
+                await turn.signal(SESSION_RULE_REVOKED_SIGNAL, revoke)
+            except FailureError as err:  # the turn ended meanwhile: nothing to tell
+                workflow.logger.info("revocation not relayed to %s: %s", turn.id, err)
+        return rules[i]
+
+    @revoke_allow.validator
+    def _check_revoke_allow(self, *args: Any) -> None:
+        if len(args) != 1:
+            raise _invalid(f"revoke_allow takes one argument, a RevokeAllow; got {len(args)}")
+        try:
+            revoke = RevokeAllow.model_validate(args[0])
+        except ValidationError as err:
+            raise _invalid(f"not a RevokeAllow: {err}") from None
+        problem = revoke_problem(self._state.allow_rules, revoke.rule_id, "this session")
+        if problem is not None:
+            raise ApplicationError(problem, type="InvalidDecision", non_retryable=True)
+
+    @workflow.query(name=ALLOW_RULES_QUERY)
+    def allow_rules(self) -> list[AllowRule]:
+        """The session's "always allow" rules (from the turns that have ended), revoked ones
+        included."""
+        return self._state.allow_rules
 
     @workflow.update(unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON)
     async def wait_for_messages(self, *args: Any) -> SessionProgress:
@@ -363,6 +414,20 @@ def _known_transcript(args: Sequence[Any]) -> tuple[Sequence[Any], tuple[Message
     if known is None:
         return args, None
     return [args[0], {**carried, "transcript": []}], known.messages
+
+
+def _merged_rules(session: list[AllowRule], turn: list[AllowRule]) -> list[AllowRule]:
+    """The session's rules after a turn that knew ``turn``: the session-scoped rules it set are
+    added, and those it saw revoked are revoked; a rule the session has revoked meanwhile stays
+    revoked, whatever the turn last knew of it."""
+    merged = {rule.id: rule for rule in session}
+    for rule in turn:
+        if rule.scope != "session":
+            continue
+        known = merged.get(rule.id)
+        if known is None or (known.active and not rule.active):
+            merged[rule.id] = rule
+    return list(merged.values())
 
 
 def _continue_as_new_due(turns_this_run: int, session: SessionInput) -> bool:

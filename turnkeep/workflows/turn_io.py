@@ -19,7 +19,7 @@ from pydantic import (
 )
 from temporalio.exceptions import CancelledError
 
-from turnkeep.workflows.approval import DecisionRecord
+from turnkeep.workflows.approval import AllowRule, DecisionRecord
 from turnkeep.workflows.compact import Compact
 from turnkeep.workflows.conversation import ConversationRef, Segment, stores
 from turnkeep.workflows.messages import Message, StopReason, compact_message
@@ -92,6 +92,9 @@ class TurnInput(TurnOverrides):
     # Set by a session whose agent's budget is per session: what its earlier turns spent (a
     # client setting it only brings the budget nearer).
     session_spent: Spent | None = None
+    # A session's "always allow" rules, handed to each of its turns. Honoured only for a child
+    # turn of a session (as `history_ref`): a client cannot hand a turn rules of its own.
+    allow_rules: list[AllowRule] = Field(default_factory=list)
 
     def overrides(self) -> TurnOverrides:
         return TurnOverrides.model_validate(
@@ -121,6 +124,7 @@ _TURN_INPUT_DEFAULTS: dict[str, Any] = {
     "depth": 0,
     "budget": None,
     "session_spent": None,
+    "allow_rules": [],
 }
 
 _TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
@@ -249,6 +253,9 @@ class TurnResult(BaseModel):
     # Whether the turn's budget is its session's (the session hands its next turn what this
     # one spent).
     session_budget: bool = False
+    # The "always allow" rules the turn knew: those its session handed it, then those set by
+    # its decisions, revoked ones included (with who revoked them).
+    allow_rules: list[AllowRule] = Field(default_factory=list)
     # For a session's turn whose messages were stored: the session's conversation after the
     # turn (its `history` is then left empty: the session has it by reference).
     conversation: ConversationRef | None = None
@@ -337,6 +344,7 @@ _LEFT_OUT_WHEN_DEFAULT = (
     "rollback",
     "structured",
     "decisions",
+    "allow_rules",
     "history_change",
     "usage_by_agent",
     "budget_raised",
@@ -347,6 +355,7 @@ _DEFAULTS: dict[str, Any] = {
     "rollback": None,
     "structured": None,
     "decisions": [],
+    "allow_rules": [],
     "history_change": HistoryChange.APPENDED.value,
     "budget_raised": 0.0,
     "session_budget": False,

@@ -38,14 +38,19 @@ from turnkeep.workflows.activity_io import (
 )
 from turnkeep.workflows.agent_tools import AgentCall
 from turnkeep.workflows.approval import (
+    ALLOW_RULES_QUERY,
     CHILD_APPROVALS_SIGNAL,
     DECIDE_UPDATE,
     DECIDED_IN_CHILD,
     PENDING_QUERY,
+    REVOKE_ALLOW_UPDATE,
+    SESSION_RULE_REVOKED_SIGNAL,
+    AllowRule,
     ChildApprovals,
     Decision,
     DecisionRecord,
     PendingCall,
+    RevokeAllow,
 )
 from turnkeep.workflows.conversation_cache import conversations
 from turnkeep.workflows.loop import TurnState
@@ -70,7 +75,7 @@ from turnkeep.workflows.server_requests import (
 )
 from turnkeep.workflows.shared import shared
 from turnkeep.workflows.starting import start_arguments
-from turnkeep.workflows.tool_batch import apply_verdicts, policy_request
+from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts, policy_request
 from turnkeep.workflows.turn_io import WORKFLOW_NAME, TurnInput, TurnProgress, TurnResult
 
 # As in fast-agent: a failing after_tool_call (or after_turn_complete, once the answer stands)
@@ -164,7 +169,7 @@ class TurnWorkflow:
                 turn_metrics.turn_ended(turn.agent, "failed", 0)
                 raise
             self._start = _Start(turn, None)
-            self._state = TurnState.start(turn, plan)
+            self._state = TurnState.start(turn, plan, in_session=_in_session())
             if json is not None:
                 self._message_json = MessageJson(json)
             # Not replayed (the SDK's workflow logger skips replay): one line per turn.
@@ -354,10 +359,15 @@ class TurnWorkflow:
             order = list(state.messages[-1].tool_calls or {})
             batch, records = apply_verdicts(batch, rules, verdicts, order, workflow.now())
             state.decisions.extend(records)
-        self._batch_calls = batch.to_run + batch.gated
+        if batch.gated and any(rule.active for rule in state.allow_rules):
+            # After the policy: a rule spares the calls it covers a person's wait, no more.
+            order = list(state.messages[-1].tool_calls or {})
+            batch, records = apply_rules(batch, state.allow_rules, order, workflow.now())
+            state.decisions.extend(records)
+        self._batch_calls = batch.to_run + batch.gated + batch.client
         self._show(self._tools_doing())
         # With calls awaiting a person, the others' ends show in the details as they come.
-        refresh = self._tools_moved if batch.gated else None
+        refresh = self._tools_moved if batch.gated or batch.client else None
         # fast-agent's max_parallel: a bound on the batch's agent calls running at once.
         bound = state.plan.max_parallel
         self._agent_slots = asyncio.Semaphore(bound) if bound else None
@@ -369,6 +379,7 @@ class TurnWorkflow:
             self._call_agent,
             refresh,
             self._answer_server,
+            self._client_result,
         )
         # The outcome that asked for these tools spans them in the Web UI's timeline.
         self._cancel_outcome_timers()
@@ -453,6 +464,26 @@ class TurnWorkflow:
         rules = state.plan.approval
         assert rules is not None, "only calls the approval rules name are gated"
         state.await_approval(call, workflow.now())
+        record = await self._wait(call, rules.timeout)
+        if not record.approved:
+            return record.denial()
+        if record.arguments is not None:
+            return call.model_copy(update={"arguments": record.arguments})
+        return call
+
+    async def _client_result(self, call: ToolCallRequest) -> CallToolResult:
+        """Hold a client-side tool's call until a client submits its result through ``decide``
+        (or denies it, or the timeout does): the same durable wait as an approval's."""
+        state = self._require_state()
+        assert state.plan.client_tools is not None, "only client-side calls wait for a client"
+        state.await_client_result(call, workflow.now())
+        record = await self._wait(call, state.plan.client_tools.timeout)
+        submitted = state.submitted.pop(call.call_id, None)
+        return submitted if record.approved and submitted is not None else record.denial()
+
+    async def _wait(self, call: ToolCallRequest, seconds: float) -> DecisionRecord:
+        """Wait until ``call``, now in ``pending_approvals``, is decided (or times out)."""
+        state = self._require_state()
         # A person may take hours: meanwhile the turn keeps its conversation but not the
         # conversation's JSON too (the next model call dumps it again).
         self._message_json = MessageJson()
@@ -463,7 +494,7 @@ class TurnWorkflow:
         try:
             await workflow.wait_condition(
                 lambda: call.call_id not in state.pending_approvals,
-                timeout=rules.timeout,
+                timeout=seconds,
                 timeout_summary=visibility.approval_timeout_summary(call),
             )
         except TimeoutError:
@@ -476,11 +507,7 @@ class TurnWorkflow:
         record = state.decision(call.call_id)
         assert record is not None
         turn_metrics.approval_resolved(state.plan.agent, record.decision)
-        if not record.approved:
-            return record.denial()
-        if record.arguments is not None:
-            return call.model_copy(update={"arguments": record.arguments})
-        return call
+        return record
 
     async def _answer_server(
         self, call: ToolCallRequest, outcome: ToolCallOutcome
@@ -704,7 +731,10 @@ class TurnWorkflow:
     @workflow.update(name=DECIDE_UPDATE)
     def decide(self, *args: Any) -> DecisionRecord:
         """A person's decision on a call awaiting approval: one argument, a ``Decision``."""
-        return self._require_state().decide(Decision.model_validate(args[0]), workflow.now())
+        decision = Decision.model_validate(args[0])
+        # Drawn only by a decision that sets a rule: no other turn's replay sees it.
+        rule_id = f"rule-{workflow.uuid4().hex[:12]}" if decision.remember else None
+        return self._require_state().decide(decision, workflow.now(), rule_id)
 
     @decide.validator
     def _check_decide(self, *args: Any) -> None:
@@ -717,13 +747,56 @@ class TurnWorkflow:
         state = self._state
         if state is not None:
             _route_to_child(state.call_owners(decision.call_id), decision.call_id)
+        if state is None:
+            raise _bad_decision("the turn has not reached its tool calls yet")
+        # A result is checked against its tool's output schema by jsonschema, which is not
+        # workflow code: imported outside the sandbox, once per worker.
+        with workflow.unsafe.imports_passed_through():
+            problem = state.decision_problem(decision)
+        if problem is not None:
+            raise _bad_decision(problem)
+
+    # Sync, as decide: it only records the revocation; calls the rule covered wait from now.
+    @workflow.update(name=REVOKE_ALLOW_UPDATE)
+    def revoke_allow(self, *args: Any) -> AllowRule:
+        """Revoke an "always allow" rule of the turn: one argument, a ``RevokeAllow``."""
+        revoke = RevokeAllow.model_validate(args[0])
+        rule = self._require_state().revoke(revoke.rule_id, revoke.by, workflow.now())
+        assert rule is not None
+        return rule
+
+    @revoke_allow.validator
+    def _check_revoke_allow(self, *args: Any) -> None:
+        if len(args) != 1:
+            raise _bad_decision(f"revoke_allow takes one argument, a RevokeAllow; got {len(args)}")
+        try:
+            revoke = RevokeAllow.model_validate(args[0])
+        except ValidationError as err:
+            raise _bad_decision(f"not a RevokeAllow: {err}") from None
+        state = self._state
         problem = (
-            "the turn has not reached its tool calls yet"
-            if state is None
-            else state.decision_problem(decision)
+            "the turn has no rules yet" if state is None else state.revoke_problem(revoke.rule_id)
         )
         if problem is not None:
             raise _bad_decision(problem)
+
+    @workflow.signal(name=SESSION_RULE_REVOKED_SIGNAL)
+    def session_rule_revoked(self, *args: Any) -> None:
+        """The turn's session revoked one of its rules (validated there, by its update): one
+        argument, a ``RevokeAllow``. A signal cannot be refused, and any client may send one:
+        it can only make calls wait for a person again, never let one run."""
+        try:
+            revoke = RevokeAllow.model_validate(args[0] if len(args) == 1 else None)
+        except ValidationError as err:
+            workflow.logger.warning("ignored a session_rule_revoked signal: %s", err)
+            return
+        if self._state is not None and not self._state.done:
+            self._state.revoke(revoke.rule_id, revoke.by, workflow.now())
+
+    @workflow.query(name=ALLOW_RULES_QUERY)
+    def allow_rules(self) -> list[AllowRule]:
+        """The turn's "always allow" rules, revoked ones included."""
+        return self._state.allow_rules if self._state else []
 
     @workflow.signal(name=CHILD_APPROVALS_SIGNAL)
     def child_approvals(self, *args: Any) -> None:
@@ -840,10 +913,32 @@ def _start_arguments(args: Sequence[Any]) -> _Start:
     if isinstance(value, dict) and "history" in value and (len(args) == 1 or args[1] is None):
         turn, _ = _checked_start([{**value, "history": []}])
         _check_owner(turn)
+        _check_rules(turn)
         return _Start(turn, None, value)
     start = _Start(*_checked_start(args))
     _check_owner(start.turn)
+    _check_rules(start.turn)
     return start
+
+
+def _in_session() -> bool:
+    """Whether this turn is a session's: started by its parent under the session's turn ids
+    (``<session id>/turn-<n>``), which no client can do (a client starts no child workflow)."""
+    info = workflow.info()
+    parent = info.parent
+    return parent is not None and info.workflow_id.startswith(parent.workflow_id + "/turn-")
+
+
+def _check_rules(turn: TurnInput) -> None:
+    """A turn takes "always allow" rules only from the session it is a turn of: from anyone
+    else, they would let calls run that the agent's config makes wait for a person."""
+    if turn.allow_rules and not _in_session():
+        raise ApplicationError(
+            "allow_rules are handed to a turn only by its session: a turn takes no rules from "
+            "its client",
+            type="InvalidTurnInput",
+            non_retryable=True,
+        )
 
 
 def _check_owner(turn: TurnInput) -> None:

@@ -1,6 +1,7 @@
-"""The commands about tool calls awaiting a person's approval: ``pending`` lists them (every
-turn whose ``TurnkeepStatus`` is ``AwaitingApproval``, with its calls' arguments), ``approve``
-decides one."""
+"""The commands about tool calls awaiting a person's approval or a client's result: ``pending``
+lists them (every turn whose ``TurnkeepStatus`` is ``AwaitingApproval``, with its calls'
+arguments), ``approve`` decides one (``--always`` remembers it), ``submit`` answers a
+client-side tool's call, ``revoke`` revokes an "always allow" rule of a turn or a session."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import getpass
 import json
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from pydantic import BaseModel
@@ -21,10 +22,12 @@ from turnkeep.cli.console import console, print_json
 from turnkeep.cli.options import Address, ConfigPath, Namespace
 from turnkeep.cli.process import warn_if_unpolled
 from turnkeep.cli.render import utc_time
-from turnkeep.client.turns import get_turn
+from turnkeep.client.sessions import get_session
+from turnkeep.client.turns import TurnHandle, get_turn
 from turnkeep.config.files import find_config, load_settings
 from turnkeep.workflows import visibility
-from turnkeep.workflows.approval import PendingCall
+from turnkeep.workflows.approval import AllowRule, DecisionRecord, PendingCall
+from turnkeep.workflows.session_io import SESSION_WORKFLOW_NAME
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 app = typer.Typer()
@@ -92,7 +95,9 @@ def pending(
         if turn.error:
             console.print(f"  [yellow]{escape(turn.error)}[/]")
         for call in turn.calls:
-            kind = "" if call.kind == "approval" else f" · {call.kind}"
+            kind = {"approval": "", "client_result": " · awaits its result"}.get(
+                call.kind, f" · {call.kind}"
+            )
             console.print(
                 f"  call {escape(call.call_id)} · {escape(call.name)}{kind} · waiting since "
                 f"{utc_time(call.since)}"
@@ -120,6 +125,17 @@ def approve(
         str | None,
         typer.Option(help="Run the call with these arguments instead (a JSON object)."),
     ] = None,
+    always: Annotated[
+        Literal["turn", "session"] | None,
+        typer.Option(
+            "--always",
+            help="Also allow the tool's later calls for the rest of the turn or session.",
+        ),
+    ] = None,
+    same_arguments: Annotated[
+        bool,
+        typer.Option("--same-arguments", help="With --always: only calls with these arguments."),
+    ] = False,
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
@@ -128,28 +144,114 @@ def approve(
     turn (an agent the turn called as a tool) may be named with the parent turn's id."""
     settings = load_settings(config)
     edited = _arguments(arguments)
+    if same_arguments and always is None:
+        raise typer.BadParameter("--same-arguments goes with --always")
 
-    async def go() -> None:
-        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
-        turn = get_turn(client, workflow_id)
-        # The turn takes the decision on a worker of its queue, if there is one.
-        queue = (await turn.handle.describe()).task_queue
-        unpolled = asyncio.ensure_future(
-            warn_if_unpolled(
-                client, queue, what="the decision", hint="start `turnkeep worker` for the turn"
-            )
+    async def go(turn: TurnHandle) -> DecisionRecord:
+        return await turn.decide(
+            call_id,
+            not deny,
+            reason=reason,
+            by=by or getpass.getuser(),
+            arguments=edited,
+            remember=always,
+            remember_arguments=same_arguments,
         )
-        try:
-            record = await turn.decide(
-                call_id, not deny, reason=reason, by=by or getpass.getuser(), arguments=edited
-            )
-        finally:
-            unpolled.cancel()
-        edit = " with edited arguments" if record.arguments is not None else ""
-        verb = "approved" if record.approved else "denied"
-        console.print(f"{verb} call {escape(record.call_id)} ({escape(record.tool)}){edit}")
 
-    asyncio.run(go())
+    record = asyncio.run(_on_turn(workflow_id, go, address, namespace, config, settings))
+    edit = " with edited arguments" if record.arguments is not None else ""
+    verb = "approved" if record.approved else "denied"
+    console.print(f"{verb} call {escape(record.call_id)} ({escape(record.tool)}){edit}")
+    if record.rule is not None:
+        console.print(
+            f"rule {escape(record.rule)}: {escape(record.tool)} is allowed for the rest of the "
+            f"{record.remember} (revoke with: turnkeep revoke {escape(workflow_id)} "
+            f"{escape(record.rule)})"
+        )
+
+
+@app.command()
+def submit(
+    workflow_id: Annotated[str, typer.Argument(help="The turn (workflow id).")],
+    call_id: Annotated[str, typer.Argument(help="The client-side tool call awaiting its result.")],
+    text: Annotated[str | None, typer.Option("--text", help="The result, as text.")] = None,
+    json_result: Annotated[
+        str | None,
+        typer.Option("--json", help="The result as structured content (a JSON object)."),
+    ] = None,
+    error: Annotated[bool, typer.Option("--error", help="The result is an error.")] = False,
+    by: Annotated[str | None, typer.Option(help="Who answers (default: the user name).")] = None,
+    address: Address = None,
+    namespace: Namespace = None,
+    config: ConfigPath = None,
+) -> None:
+    """Submit the result of a client-side tool's call (`--text` or `--json`); a tool with an
+    output schema takes `--json` that matches it. To refuse the call, `turnkeep approve TURN
+    CALL --deny`."""
+    settings = load_settings(config)
+    if json_result is not None and text is None:
+        result: str | dict[str, Any] = _object(json_result, "--json")
+    elif text is not None and json_result is None:
+        result = text
+    else:
+        raise typer.BadParameter("give the result with one of --text or --json")
+
+    async def go(turn: TurnHandle) -> DecisionRecord:
+        return await turn.submit_tool_result(
+            call_id, result, is_error=error, by=by or getpass.getuser()
+        )
+
+    record = asyncio.run(_on_turn(workflow_id, go, address, namespace, config, settings))
+    console.print(f"submitted the result of call {escape(record.call_id)} ({escape(record.tool)})")
+
+
+@app.command()
+def revoke(
+    workflow_id: Annotated[str, typer.Argument(help="The turn or session (workflow id).")],
+    rule_id: Annotated[str, typer.Argument(help="The rule (`turnkeep approve --always` said).")],
+    by: Annotated[str | None, typer.Option(help="Who revokes (default: the user name).")] = None,
+    address: Address = None,
+    namespace: Namespace = None,
+    config: ConfigPath = None,
+) -> None:
+    """Revoke an "always allow" rule of a turn, or of a session (for its later turns and the
+    one running): the calls it covered wait for a person again."""
+    settings = load_settings(config)
+
+    async def go() -> AllowRule:
+        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+        who = by or getpass.getuser()
+        described = await client.get_workflow_handle(workflow_id).describe()
+        if described.workflow_type == SESSION_WORKFLOW_NAME:
+            return await get_session(client, workflow_id).revoke_allow(rule_id, by=who)
+        return await get_turn(client, workflow_id).revoke_allow(rule_id, by=who)
+
+    rule = asyncio.run(go())
+    console.print(f"revoked rule {escape(rule.id)} ({escape(rule.tool)}): its calls wait again")
+
+
+async def _on_turn(
+    workflow_id: str,
+    act: Any,
+    address: str | None,
+    namespace: str | None,
+    config: Any,
+    settings: Any,
+) -> Any:
+    """``act(turn)`` on turn ``workflow_id``, warning meanwhile when no worker polls its queue
+    (the turn takes the update on a worker of its queue)."""
+    client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+    turn = get_turn(client, workflow_id)
+    queue = (await turn.handle.describe()).task_queue
+    unpolled = asyncio.ensure_future(
+        warn_if_unpolled(
+            client, queue, what="the decision", hint="start `turnkeep worker` for the turn"
+        )
+    )
+    try:
+        return await act(turn)
+    finally:
+        unpolled.cancel()
 
 
 @app.command()
@@ -248,12 +350,4 @@ def _object(text: str, option: str) -> dict[str, Any]:
 
 
 def _arguments(text: str | None) -> dict[str, Any] | None:
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError as err:
-        raise typer.BadParameter(f"--arguments is not JSON: {err}") from None
-    if not isinstance(value, dict):
-        raise typer.BadParameter("--arguments must be a JSON object")
-    return value
+    return None if text is None else _object(text, "--arguments")
