@@ -271,16 +271,28 @@ async def test_approvals_listed_streamed_and_decided(
             f"/api/turns/{turn_id}/approvals/nope", json={"approve": True}, headers=bearer(ADMIN)
         )
         assert unknown.status_code == 409 and "not waiting" in unknown.json()["error"]
+        # What another kind of wait takes does not fit an approval: refused, still waiting.
+        for unfit, why in (
+            ({"limit": 5}, "a limit goes only with a budget's wait"),
+            ({"content": {}}, "content and cancel answer an elicitation"),
+            ({"result": {"content": []}}, "not a client-side tool's"),
+        ):
+            refused = await http.post(path, json={"approve": True, **unfit}, headers=bearer(ADMIN))
+            assert refused.status_code == 409 and why in refused.json()["error"], refused.text
         decided = await http.post(
-            path, json={"approve": True, "reason": "fine"}, headers=bearer(ADMIN)
+            path,
+            json={"approve": True, "reason": "fine", "remember": "turn"},
+            headers=bearer(ADMIN),
         )
         assert decided.status_code == 200, decided.text
         record = decided.json()
-        assert (record["decision"], record["by"], record["reason"]) == (
+        assert (record["decision"], record["by"], record["reason"], record["remember"]) == (
             "approve",
             "gateway key admin",
             "fine",
+            "turn",
         )
+        assert record["rule"]  # the "always allow" rule it set
         twice = await http.post(path, json={"approve": True}, headers=bearer(ADMIN))
         assert twice.status_code == 409, twice.text
         got = await watcher

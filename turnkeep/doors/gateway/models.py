@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from turnkeep.workflows.approval import PendingCall
+from turnkeep.workflows.approval import Decision, PendingCall, RememberScope, SubmittedResult
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.turn_io import TurnResult
 
@@ -73,9 +73,28 @@ class ApprovalList(BaseModel):
 
 
 class DecideCall(_Request):
+    """A decision on what waits, in the ``decide`` update's terms: ``approve`` or deny, and
+    what goes with it for each kind of wait (``PendingCall.kind``): ``arguments`` (an edit)
+    and ``remember`` for a tool call's approval; ``content`` (or ``cancel``, with a denial) for
+    an elicitation; ``result`` for a client-side tool's call; ``limit`` for a budget."""
+
     approve: bool
     reason: str | None = Field(default=None, max_length=2000)
     arguments: dict[str, Any] | None = None
+    remember: RememberScope | None = None
+    remember_arguments: bool = False
+    content: dict[str, Any] | None = None
+    cancel: bool = False
+    result: SubmittedResult | None = None
+    limit: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    def decision(self, call_id: str, by: str) -> Decision:
+        return Decision(
+            call_id=call_id,
+            decision="approve" if self.approve else "deny",
+            by=by,
+            **self.model_dump(exclude={"approve"}, exclude_unset=True),
+        )
 
 
 class OpenSession(_Request):

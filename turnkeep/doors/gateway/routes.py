@@ -204,13 +204,8 @@ async def decide(request: Request) -> Response:
         raise ApiError(409, f"call {call_id!r} is not waiting: turn {turn_id!r} has ended")
     try:
         async with asyncio.timeout(WORKER_SECONDS):
-            record = await get_turn(gw.client, turn_id).decide(
-                call_id,
-                body.approve,
-                reason=body.reason,
-                by=f"gateway key {key.name}",
-                arguments=body.arguments,
-            )
+            decision = body.decision(call_id, by=f"gateway key {key.name}")
+            record = await get_turn(gw.client, turn_id).send_decision(decision)
     except WorkflowUpdateFailedError as err:
         cause = err.cause
         why = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
