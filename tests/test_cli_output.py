@@ -129,7 +129,8 @@ async def test_no_wrapping_outside_a_terminal_and_plurals(
     assert f"Web UI {link}\n" in ran.stdout
     assert len(f"Web UI {link}") > 80
     # One model call: "1 call", not "1 calls".
-    assert re.search(r"usage: passthrough: \d+ in / \d+ out \(1 call\)\n", ran.stdout), ran.stdout
+    one_call = r"usage: passthrough: \d+ in / \d+ out \(1 call, \$0\.0000\)\n"
+    assert re.search(one_call, ran.stdout), ran.stdout
 
 
 async def test_run_says_no_worker_polls_its_queue_and_keeps_waiting(

@@ -118,7 +118,7 @@ def reported_usage(result: TurnResult) -> Usage:
     """The usage each model answer of the turn reported, added up."""
     total = Usage()
     for message in assistants(result.messages):
-        total += Usage.model_validate(message.channel_json("usage")) + Usage(calls=1)
+        total += Usage.model_validate({**message.channel_json("usage"), "calls": 1})
     return total
 
 

@@ -464,7 +464,8 @@ class TurnWorkflow:
         rules = state.plan.approval
         assert rules is not None, "only calls the approval rules name are gated"
         state.await_approval(call, workflow.now())
-        record = await self._wait(call, rules.timeout)
+        summary = visibility.approval_timeout_summary(call)
+        record = await self._wait(call.call_id, rules.timeout, summary)
         if not record.approved:
             return record.denial()
         if record.arguments is not None:
@@ -477,12 +478,14 @@ class TurnWorkflow:
         state = self._require_state()
         assert state.plan.client_tools is not None, "only client-side calls wait for a client"
         state.await_client_result(call, workflow.now())
-        record = await self._wait(call, state.plan.client_tools.timeout)
+        summary = visibility.approval_timeout_summary(call)
+        record = await self._wait(call.call_id, state.plan.client_tools.timeout, summary)
         submitted = state.submitted.pop(call.call_id, None)
         return submitted if record.approved and submitted is not None else record.denial()
 
-    async def _wait(self, call: ToolCallRequest, seconds: float) -> DecisionRecord:
-        """Wait until ``call``, now in ``pending_approvals``, is decided (or times out)."""
+    async def _wait(self, wait_id: str, seconds: float, summary: str) -> DecisionRecord:
+        """Wait until what waits under ``wait_id`` in ``pending_approvals`` (a call, or what a
+        call's server asked) is decided, or ``seconds`` pass (the timer's ``summary``)."""
         state = self._require_state()
         # A person may take hours: meanwhile the turn keeps its conversation but not the
         # conversation's JSON too (the next model call dumps it again).
@@ -493,18 +496,18 @@ class TurnWorkflow:
         self._tools_moved(publish=True)
         try:
             await workflow.wait_condition(
-                lambda: call.call_id not in state.pending_approvals,
+                lambda: wait_id not in state.pending_approvals,
                 timeout=seconds,
-                timeout_summary=visibility.approval_timeout_summary(call),
+                timeout_summary=summary,
             )
         except TimeoutError:
-            if call.call_id in state.pending_approvals:  # not decided in this same task
-                state.time_out(call.call_id, workflow.now())
+            if wait_id in state.pending_approvals:  # not decided in this same task
+                state.time_out(wait_id, workflow.now())
         except asyncio.CancelledError:
             turn_metrics.approval_resolved(state.plan.agent, "cancelled")
             raise
         self._tools_moved(publish=True)
-        record = state.decision(call.call_id)
+        record = state.decision(wait_id)
         assert record is not None
         turn_metrics.approval_resolved(state.plan.agent, record.decision)
         return record
@@ -556,27 +559,11 @@ class TurnWorkflow:
         state = self._require_state()
         state.await_input(call, id, request, workflow.now())
         self._asking[id] = call.call_id
-        self._message_json = MessageJson()
-        turn_metrics.approval_requested(state.plan.agent)
-        self._tools_moved(publish=True)
         try:
-            await workflow.wait_condition(
-                lambda: id not in state.pending_approvals,
-                timeout=state.input_timeout(call.name),
-                timeout_summary=visibility.clip(f"{request.kind} {call.name} · {id}"),
-            )
-        except TimeoutError:
-            if id in state.pending_approvals:
-                state.time_out(id, workflow.now())
-        except asyncio.CancelledError:
-            turn_metrics.approval_resolved(state.plan.agent, "cancelled")
-            raise
+            summary = visibility.clip(f"{request.kind} {call.name} · {id}")
+            await self._wait(id, state.input_timeout(call.name), summary)
         finally:
             del self._asking[id]
-        self._tools_moved(publish=True)
-        record = state.decision(id)
-        assert record is not None
-        turn_metrics.approval_resolved(state.plan.agent, record.decision)
 
     async def _sample(
         self,
