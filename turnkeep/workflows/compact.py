@@ -22,11 +22,25 @@ class Compact(BaseModel):
         data = handler(self)
         if not isinstance(data, dict) or not isinstance(info.context, dict):
             return data
-        for name, field in type(self).model_fields.items():
-            if (
-                name in data
-                and not field.is_required()
-                and getattr(self, name) == field.get_default(call_default_factory=True)
-            ):
+        for name, default in _defaults(type(self)).items():
+            if name in data and getattr(self, name) == default:
                 del data[name]
         return data
+
+
+# Each class's optional fields and their defaults, worked out once: asking pydantic for a
+# default that comes from a factory inspects the factory's signature every time, on every
+# payload of the turn's path.
+_DEFAULTS: dict[type[BaseModel], dict[str, Any]] = {}
+
+
+def _defaults(cls: type[BaseModel]) -> dict[str, Any]:
+    found = _DEFAULTS.get(cls)
+    if found is None:
+        found = {
+            name: field.get_default(call_default_factory=True)
+            for name, field in cls.model_fields.items()
+            if not field.is_required()
+        }
+        _DEFAULTS[cls] = found
+    return found
