@@ -43,8 +43,8 @@ Key = tuple[str, Kind, str | None, int, str | None]
 @dataclass(frozen=True)
 class Conversation:
     messages: tuple[Message, ...]
-    # Each message's (message, sha256, JSON) by id, for ``MessageJson.seeded``: the messages
-    # whose JSON the turn had worked out (those of its last model call).
+    # (message, sha256, JSON) by message id, for ``MessageJson``: the messages whose JSON the
+    # turn had worked out (those of its last model call).
     json: dict[int, JsonEntry]
     chars: int
 
@@ -71,13 +71,19 @@ class ConversationCache:
         messages: Sequence[Message],
         json: dict[int, JsonEntry] | None = None,
         kind: Kind = "history",
-    ) -> None:
+        *,
+        extends: Conversation | None = None,
+    ) -> Conversation:
         """Keep ``messages``, the history ``ref`` names (or its transcript), and the JSON
-        worked out for them."""
+        worked out for them (``json``, by message id: entries of other messages do no harm).
+        ``extends``: an entry whose messages begin ``messages``, so only the others are
+        measured."""
         known = json or {}
-        kept = {id(m): known[id(m)] for m in messages if id(m) in known}
-        chars = sum(len(kept[id(m)][2]) if id(m) in kept else _chars(m) for m in messages)
-        entry = Conversation(tuple(messages), kept, chars)
+        start = len(extends.messages) if extends is not None else 0
+        chars = (extends.chars if extends is not None else 0) + sum(
+            len(known[id(m)][2]) if id(m) in known else _chars(m) for m in messages[start:]
+        )
+        entry = Conversation(tuple(messages), known, chars)
         key = _key(ref, kind)
         with self._lock:
             old = self._entries.pop(key, None)
@@ -91,6 +97,7 @@ class ConversationCache:
             while self._chars > self._max_chars and len(self._entries) > 1:
                 _, dropped = self._entries.popitem(last=False)
                 self._chars -= dropped.chars
+        return entry
 
     def clear(self) -> None:
         with self._lock:

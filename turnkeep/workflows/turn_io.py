@@ -130,7 +130,7 @@ _TURN_INPUT_DEFAULTS: dict[str, Any] = {
 _TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
 
 
-class Usage(BaseModel):
+class Usage(Compact):
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0

@@ -232,8 +232,18 @@ class TurnWorkflow:
         if state.history_ref is None or result.conversation is None:
             return
         json = self._message_json.entries
-        conversations.put(state.history_ref, state.history, json)
-        conversations.put(result.conversation, result.history, json)
+        # What the turn was handed is kept already when this worker ran the turn before.
+        given = conversations.get(state.history_ref)
+        if given is None or len(given.messages) != len(state.history):
+            given = conversations.put(state.history_ref, state.history, json)
+        kept = given.messages
+        extends = (
+            given
+            if len(result.history) >= len(kept)
+            and all(a is b for a, b in zip(kept, result.history, strict=False))
+            else None
+        )
+        conversations.put(result.conversation, result.history, json, extends=extends)
 
     async def _release_watchers(self) -> None:
         # Long-polling watchers see the end (state.done) before the run closes.
