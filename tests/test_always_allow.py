@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.service import RPCError
 
 from tests.conftest import eventually, turnkeep
 from turnkeep.cli.approval_prompt import ApprovalPrompter, LineReader
@@ -35,7 +36,7 @@ from turnkeep.workflows.approval import (
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import Message, StopReason, ToolCall
 from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts
-from turnkeep.workflows.turn_io import TurnInput
+from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 
@@ -218,7 +219,8 @@ async def test_a_session_carries_its_rules_across_turns_and_continue_as_new_unti
         assert [r.id for r in await session.allow_rules()] == [record.rule]
         await get_turn(h.client, sent.turn_id).result()
         second = await session.send("second")
-        done = await get_turn(h.client, second.turn_id).result()
+        # Sent while the session continues as new, the turn starts in the next run.
+        done = await eventually(lambda: _ended(h.client, second.turn_id), "turn 2 ended")
         assert [(d.call_id, d.by) for d in done.decisions] == [("w2", "rule:alice")]
         assert [r.id for r in await session.allow_rules()] == [record.rule]
         out = await asyncio.to_thread(
@@ -278,3 +280,11 @@ async def test_the_terminal_prompt_offers_always(client: Client, fake_model: Fak
         ("w2", "rule:dana"),
         ("w3", "dana"),
     ]
+
+
+async def _ended(client: Client, turn_id: str) -> TurnResult | None:
+    """The turn's result, or None while it has not started."""
+    try:
+        return await get_turn(client, turn_id).result()
+    except RPCError:
+        return None

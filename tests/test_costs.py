@@ -12,12 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError as ConfigError
 from temporalio.service import RPCError
 
 from tests.conftest import HarnessFactory, eventually, make_settings, turn_setup
+from tests.test_approval_durability import still_waiting
+from tests.test_durability import Fleet, worker_config
+from tests.worker_process import WorkerProcesses
 from turnkeep.client.turns import TurnHandle, get_turn
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.providers.prices import ModelPrice, builtin_price
 from turnkeep.providers.registry import ModelCatalog
 from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
@@ -368,3 +372,39 @@ async def _started(turn: TurnHandle) -> bool:
 async def _status(turn: TurnHandle, status: visibility.TurnStatus) -> bool:
     described = await turn.handle.describe()
     return described.typed_search_attributes.get(visibility.STATUS) == status.value
+
+
+@pytest.mark.slow
+async def test_worker_killed_while_a_turn_waits_at_its_budget(
+    client: Client, temporal: ServerInfo, fake: FakeModelApi, tmp_path: Path
+) -> None:
+    """A budget's wait is an approval's: a real worker process killed while the turn waits, a
+    new one replays it to the same wait, and the raise lets the next model call through."""
+    task_queue = f"budget-{uuid.uuid4().hex[:10]}"
+    fake.script(
+        Reply.tool_calls(("e1", "effects__effect", {"tag": "b1"}), usage=Tokens(100, 10)),
+        Reply.text("done", usage=Tokens(120, 5)),
+        api="anthropic",
+    )
+    agent = {
+        "model": "anthropic.test-model",
+        "servers": ["effects"],
+        "budget": {"tokens": 150, "max_raise": 1000, "timeout": "1h"},
+    }
+    anthropic = {"api_key": "sk-test", "base_url": fake.base_url_anthropic}
+    record = tmp_path / "record.jsonl"
+    config = worker_config(tmp_path, task_queue, record, {"app": agent}, anthropic=anthropic)
+    with WorkerProcesses(config, temporal.address, tmp_path / "logs") as workers:
+        fleet = Fleet(client, workers, task_queue, record)
+        first = await fleet.single()
+        turn = await fleet.start("app")
+        [pending] = await eventually(lambda: still_waiting(turn), "the turn waits at its budget")
+        workers.kill(first)
+        await workers.start_polling(client, task_queue)
+        [again] = await eventually(lambda: still_waiting(turn), "it still waits")
+        record_ = await turn.raise_budget(500, by="ops")
+        result = await fleet.finish(turn)
+    assert pending.kind == again.kind == "budget" and again.since == pending.since
+    assert record_.kind == "budget" and record_.arguments == {"limit": 500}
+    assert result.final is not None and result.final.text == "done"
+    assert len(fake.requests_for("anthropic")) == 2  # no call repeated, none cut
