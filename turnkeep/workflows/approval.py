@@ -233,6 +233,13 @@ def rule_decider(rule: AllowRule) -> str:
     return f"rule:{rule.by}"
 
 
+def allowed_by(rule: AllowRule, call_id: str, tool: str, now: datetime) -> DecisionRecord:
+    """The record of a call ``rule`` let run without waiting."""
+    return DecisionRecord(
+        call_id=call_id, tool=tool, decision="approve", by=rule_decider(rule), at=now, rule=rule.id
+    )
+
+
 class RevokeAllow(BaseModel):
     """The argument of the ``revoke_allow`` update: the rule to revoke, and who revokes it."""
 

@@ -30,11 +30,11 @@ from turnkeep.workflows.approval import (
     Decision,
     DecisionRecord,
     PendingCall,
+    allowed_by,
     format_seconds,
     result_problem,
     revoke_problem,
     revoked,
-    rule_decider,
 )
 from turnkeep.workflows.conversation import ConversationRef, after_turn
 from turnkeep.workflows.messages import (
@@ -525,16 +525,7 @@ class TurnState(BaseModel):
             if call.kind != "approval" or rule is None:
                 continue
             del self.pending_approvals[call.call_id]
-            self.decisions.append(
-                DecisionRecord(
-                    call_id=call.call_id,
-                    tool=call.name,
-                    decision="approve",
-                    by=rule_decider(rule),
-                    at=now,
-                    rule=rule.id,
-                )
-            )
+            self.decisions.append(allowed_by(rule, call.call_id, call.name, now))
 
     def time_out(self, call_id: str, now: datetime) -> DecisionRecord:
         """Deny a call nobody decided on in time (``on_timeout: deny``; a budget's wait: the

@@ -20,8 +20,8 @@ from turnkeep.workflows.approval import (
     PolicyDecision,
     PolicyRequest,
     PolicyVerdicts,
+    allowed_by,
     policy_decider,
-    rule_decider,
 )
 from turnkeep.workflows.messages import CallToolResult
 
@@ -102,16 +102,7 @@ def apply_rules(
             held.append(call)
             continue
         allowed.append(call)
-        records.append(
-            DecisionRecord(
-                call_id=call.call_id,
-                tool=call.name,
-                decision="approve",
-                by=rule_decider(rule),
-                at=now,
-                rule=rule.id,
-            )
-        )
+        records.append(allowed_by(rule, call.call_id, call.name, now))
     to_run = _in_order([*batch.to_run, *allowed], order)
     return batch.model_copy(update={"to_run": to_run, "gated": held}), records
 
