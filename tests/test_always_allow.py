@@ -18,6 +18,7 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailed
 from temporalio.service import RPCError
 
 from tests.conftest import eventually, turnkeep
+from tests.test_loop import plan
 from turnkeep.cli.approval_prompt import ApprovalPrompter, LineReader
 from turnkeep.client.turns import get_turn
 from turnkeep.config.agents import Agent
@@ -25,7 +26,7 @@ from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing.fake_api import Reply
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.testing.harness import harness
-from turnkeep.workflows.activity_io import Timeouts, ToolCallRequest, ToolSpec, TurnPlan
+from turnkeep.workflows.activity_io import ToolCallRequest, ToolSpec
 from turnkeep.workflows.approval import (
     AllowRule,
     ApprovalPlan,
@@ -59,19 +60,9 @@ def fresh() -> None:
 
 
 def _state(*calls: tuple[str, dict[str, Any]], in_session: bool = False) -> TurnState:
-    t = Timeouts(start_to_close=1)
-    plan = TurnPlan(
-        agent="a",
-        model="m",
-        max_iterations=5,
-        use_history=True,
-        parallel_tool_calls=True,
-        has_tools=True,
-        llm=t,
-        tools=t,
-        approval=ApprovalPlan(tools=["fs__*"], timeout=60),
-    )
-    state = TurnState.start(TurnInput(agent="a", messages=["hi"]), plan, in_session=in_session)
+    rules = ApprovalPlan(tools=["fs__*"], timeout=60)
+    turn = TurnInput(agent="test", messages=["hi"])
+    state = TurnState.start(turn, plan(max_iterations=5, approval=rules), in_session=in_session)
     state.tools = [ToolSpec(name="fs__write")]
     state.on_assistant(
         Message(

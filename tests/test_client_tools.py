@@ -22,6 +22,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from tests.conftest import eventually, turnkeep
 from tests.test_approval_durability import still_waiting
 from tests.test_durability import Fleet, worker_config
+from tests.test_loop import plan
 from tests.worker_process import WorkerProcesses
 from turnkeep import Settings
 from turnkeep.cli.approval_prompt import ApprovalPrompter, LineReader
@@ -36,9 +37,7 @@ from turnkeep.workflows.activity_io import (
 )
 from turnkeep.workflows.activity_io import (
     ClientToolsPlan,
-    Timeouts,
     ToolSpec,
-    TurnPlan,
 )
 from turnkeep.workflows.approval import ApprovalPlan, Decision, SubmittedResult
 from turnkeep.workflows.loop import TurnState
@@ -67,8 +66,7 @@ def pick_color(hint: str) -> Pick:
 # -- loop control (no server) --------------------------------------------------------------------
 
 
-def _state(**plan: Any) -> TurnState:
-    t = Timeouts(start_to_close=1)
+def _state(**overrides: Any) -> TurnState:
     tools = ClientToolsPlan(
         tools=[
             ClientToolPlan(spec=ToolSpec(name="client__pick"), output_schema=PICK_SCHEMA),
@@ -76,19 +74,8 @@ def _state(**plan: Any) -> TurnState:
         ],
         timeout=60,
     )
-    turn_plan = TurnPlan(
-        agent="a",
-        model="m",
-        max_iterations=5,
-        use_history=True,
-        parallel_tool_calls=True,
-        has_tools=False,
-        llm=t,
-        tools=t,
-        client_tools=tools,
-        **plan,
-    )
-    state = TurnState.start(TurnInput(agent="a", messages=["hi"]), turn_plan)
+    turn_plan = plan(max_iterations=5, has_tools=False, client_tools=tools, **overrides)
+    state = TurnState.start(TurnInput(agent="test", messages=["hi"]), turn_plan)
     state.tools = [tool.spec for tool in tools.tools] + [ToolSpec(name="fs__write")]
     state.on_assistant(
         Message(

@@ -6,6 +6,8 @@ the primary's final error and after its 429s past the chain's attempts."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,9 +18,10 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailed
 from temporalio.exceptions import ApplicationError as ConfigError
 from temporalio.service import RPCError
 
-from tests.conftest import HarnessFactory, eventually, make_settings, turn_setup
+from tests.conftest import HarnessFactory, eventually, make_settings, turn_setup, turnkeep
 from tests.test_approval_durability import still_waiting
 from tests.test_durability import Fleet, worker_config
+from tests.test_loop import plan
 from tests.worker_process import WorkerProcesses
 from turnkeep.client.turns import TurnHandle, get_turn
 from turnkeep.devserver.embedded import ServerInfo
@@ -26,7 +29,7 @@ from turnkeep.providers.prices import ModelPrice, builtin_price
 from turnkeep.providers.registry import ModelCatalog
 from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 from turnkeep.workflows import visibility
-from turnkeep.workflows.activity_io import BudgetPlan, PrepareTurnRequest, Timeouts, TurnPlan
+from turnkeep.workflows.activity_io import BudgetPlan, PrepareTurnRequest, TurnPlan
 from turnkeep.workflows.approval import Decision
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import Message, StopReason, json_channel
@@ -89,18 +92,8 @@ async def test_the_config_prices_a_model_over_the_table_and_unknown_models_cost_
 
 
 def state(budget: BudgetPlan, spent: Spent | None = None) -> TurnState:
-    plan = TurnPlan(
-        agent="a",
-        model="m",
-        max_iterations=10,
-        use_history=True,
-        parallel_tool_calls=True,
-        has_tools=False,
-        llm=Timeouts(start_to_close=1),
-        tools=Timeouts(start_to_close=1),
-        budget=budget,
-    )
-    return TurnState.start(TurnInput(agent="a", messages=["hi"], session_spent=spent), plan)
+    turn = TurnInput(agent="test", messages=["hi"], session_spent=spent)
+    return TurnState.start(turn, plan(max_iterations=10, has_tools=False, budget=budget))
 
 
 def answer(input_tokens: int, output_tokens: int, cost: float | None = None) -> Message:
@@ -149,7 +142,7 @@ async def test_budget_decisions_are_checked_and_a_raise_lets_the_call_through() 
         refused(decision="approve") == "raising the budget needs a limit: the new budget, in tokens"
     )
     assert "not above what is spent" in (refused(decision="approve", limit=120) or "")
-    assert "above the most agent 'a' allows (500 tokens)" in (
+    assert "above the most agent 'test' allows (500 tokens)" in (
         refused(decision="approve", limit=501) or ""
     )
     assert refused(decision="approve", limit=200, arguments={}) is not None
@@ -284,14 +277,27 @@ async def test_a_budget_that_asks_refuses_a_raise_past_its_ceiling_then_is_raise
 
 
 async def test_a_budget_stopped_by_a_person_and_one_that_stops_by_itself(
-    harness: HarnessFactory, fake: FakeModelApi
+    harness: HarnessFactory, fake: FakeModelApi, temporal: ServerInfo, tmp_path: Path
 ) -> None:
     tool_then_text(fake)
+
+    def budget_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return turnkeep("budget", turn.workflow_id, *args, temporal=temporal, cwd=tmp_path)
+
     async with harness(TOOLS, **config(fake, budget={"tokens": 100})) as h:
         turn = await h.start("go")
         await budget_wait(turn)
-        await turn.stop_at_budget(by="bob", reason="enough")
+        zero = await asyncio.to_thread(budget_cli, "--raise", "0")
+        assert zero.returncode == 2 and "above 0" in zero.stderr, zero.stderr
+        stop = await asyncio.to_thread(budget_cli, "--stop", "--by", "bob", "--reason", "enough")
+        assert stop.returncode == 0 and "stopped" in stop.stdout, stop.stderr
         result = await turn.result()
+        # Once nothing waits at the budget: one line, a user's mistake (exit 2).
+        late = await asyncio.to_thread(budget_cli, "--raise", "500")
+        assert late.returncode == 2, late.stderr
+        assert late.stderr.strip().splitlines() == [
+            f"error: turn {turn.workflow_id!r} is not waiting at its budget"
+        ]
         assert result.stop_reason == StopReason.PAUSE and result.final is not None
         assert result.final.text == (
             "Stopped at the budget: spent 110 tokens of 100 tokens (bob chose to stop: enough)."

@@ -174,6 +174,20 @@ async def test_bad_updates_are_rejected_and_the_turn_goes_on(
         messages = [await rejected_update(handle, args) for args in BAD_UPDATES]
         with pytest.raises(WorkflowUpdateFailedError) as unknown:
             await handle.execute_update("no_such_update", args=[0])
+        # The updates a person or client answers with, malformed or fitting nothing waiting.
+        refused = []
+        for name, args in [
+            ("decide", []),
+            ("decide", [{"call_id": "x", "decision": "approve"}]),
+            ("decide", [{"call_id": "x", "decision": "approve", "by": "m", "limit": 1e9}]),
+            ("revoke_allow", [{"rule_id": 5}]),
+            ("revoke_allow", [{"rule_id": "rule-nope", "by": "m"}]),
+        ]:
+            with pytest.raises(WorkflowUpdateFailedError) as caught:
+                await handle.execute_update(name, args=args)
+            refused.append(str(caught.value.cause))
+        # A forged revocation can only make calls wait again: ignored here, nothing to revoke.
+        await handle.signal("session_rule_revoked", {"rule_id": "rule-nope", "by": "m"})
         # The turn still answers, and finishes normally.
         assert len(await handle.query("transcript", 0)) == 2
         gates["updates"].set()
@@ -181,6 +195,11 @@ async def test_bad_updates_are_rejected_and_the_turn_goes_on(
     assert result.final is not None and result.final.text == "updates released"
     assert all("wait_for_messages takes one argument" in m for m in messages), messages
     assert "no_such_update" in str(unknown.value.cause)
+    assert "decide takes one argument, a Decision; got 0" in refused[0]
+    assert "not a Decision" in refused[1] and "by" in refused[1]
+    assert "no call 'x' is waiting" in refused[2]
+    assert "not a RevokeAllow" in refused[3]
+    assert "rule-nope" in refused[4], refused[4]
 
 
 async def test_bad_queries_and_signals_are_rejected_and_the_turn_can_be_cancelled(

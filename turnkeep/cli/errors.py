@@ -26,6 +26,7 @@ from temporalio.service import RPCError
 from turnkeep.client.connection import TemporalUnreachableError
 from turnkeep.client.history import TurnHistoryError, describe_failure
 from turnkeep.client.sessions import SessionClosedError
+from turnkeep.client.turns import NoBudgetWait
 from turnkeep.config.files import ConfigError
 from turnkeep.devserver.embedded import EmbeddedServerError
 from turnkeep.observability.search_attributes import SetupError
@@ -53,6 +54,8 @@ _USER_ERRORS: tuple[type[Exception], ...] = (
     TurnHistoryError,
     SetupError,
     SessionClosedError,
+    # `turnkeep budget` on a turn that is not waiting at its budget.
+    NoBudgetWait,
     # The server refused a request: an unknown workflow id, a namespace that does not exist.
     RPCError,
     # A workflow id in use (`run --id`).

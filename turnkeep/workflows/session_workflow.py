@@ -56,7 +56,7 @@ from turnkeep.workflows.session_io import (
     SessionState,
 )
 from turnkeep.workflows.session_turns import ConversationJson, TurnOutcome, decode, take_in
-from turnkeep.workflows.starting import start_arguments
+from turnkeep.workflows.starting import handler_argument, start_arguments
 from turnkeep.workflows.turn_io import Spent, TurnCancelledError
 
 # The line a session logs for a turn that failed (`turnkeep chat` says it in its own words).
@@ -297,12 +297,7 @@ class SessionWorkflow:
 
     @revoke_allow.validator
     def _check_revoke_allow(self, *args: Any) -> None:
-        if len(args) != 1:
-            raise _invalid(f"revoke_allow takes one argument, a RevokeAllow; got {len(args)}")
-        try:
-            revoke = RevokeAllow.model_validate(args[0])
-        except ValidationError as err:
-            raise _invalid(f"not a RevokeAllow: {err}") from None
+        revoke = handler_argument(args, RevokeAllow, "revoke_allow", "InvalidUpdate")
         problem = revoke_problem(self._state.allow_rules, revoke.rule_id, "this session")
         if problem is not None:
             raise ApplicationError(problem, type="InvalidDecision", non_retryable=True)

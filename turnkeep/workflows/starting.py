@@ -44,6 +44,21 @@ def start_arguments(
     return value, _validated(carried_type, args[1], error_type)
 
 
+def handler_argument(
+    args: Sequence[Any], model: type[Input], handler: str, error_type: str
+) -> Input:
+    """The one argument an update or signal ``handler`` takes, as ``model``, or a
+    non-retryable ``ApplicationError`` of ``error_type`` saying what is wrong (a validator
+    raises it to refuse the call)."""
+    name = model.__name__
+    if len(args) != 1:
+        raise _bad_start(f"{handler} takes one argument, a {name}; got {len(args)}", error_type)
+    try:
+        return model.model_validate(args[0])
+    except ValidationError as err:
+        raise _bad_start(f"not a {name}: {err}", error_type) from None
+
+
 def continued_as_new() -> bool:
     """Whether this run was started by its predecessor continuing as new, which only the
     workflow itself can do. Retries and cron runs also name the run before them, but start

@@ -74,10 +74,12 @@ from turnkeep.workflows.server_requests import (
     wait_id,
 )
 from turnkeep.workflows.shared import shared
-from turnkeep.workflows.starting import start_arguments
+from turnkeep.workflows.starting import handler_argument, start_arguments
 from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts, policy_request
 from turnkeep.workflows.turn_io import WORKFLOW_NAME, TurnInput, TurnProgress, TurnResult
 
+# The error type a refused decision (or revocation) carries.
+DECISION_ERROR = "InvalidDecision"
 # As in fast-agent: a failing after_tool_call (or after_turn_complete, once the answer stands)
 # is logged and ignored; any other hook failing ends the turn with an `error` message.
 _HOOKS_THAT_MAY_FAIL = (HookPoint.AFTER_TOOL_CALL, HookPoint.AFTER_TURN_COMPLETE)
@@ -735,12 +737,7 @@ class TurnWorkflow:
 
     @decide.validator
     def _check_decide(self, *args: Any) -> None:
-        if len(args) != 1:
-            raise _bad_decision(f"decide takes one argument, a Decision; got {len(args)}")
-        try:
-            decision = Decision.model_validate(args[0])
-        except ValidationError as err:
-            raise _bad_decision(f"not a Decision: {err}") from None
+        decision = handler_argument(args, Decision, "decide", DECISION_ERROR)
         state = self._state
         if state is not None:
             _route_to_child(state.call_owners(decision.call_id), decision.call_id)
@@ -764,12 +761,7 @@ class TurnWorkflow:
 
     @revoke_allow.validator
     def _check_revoke_allow(self, *args: Any) -> None:
-        if len(args) != 1:
-            raise _bad_decision(f"revoke_allow takes one argument, a RevokeAllow; got {len(args)}")
-        try:
-            revoke = RevokeAllow.model_validate(args[0])
-        except ValidationError as err:
-            raise _bad_decision(f"not a RevokeAllow: {err}") from None
+        revoke = handler_argument(args, RevokeAllow, "revoke_allow", DECISION_ERROR)
         state = self._state
         problem = (
             "the turn has no rules yet" if state is None else state.revoke_problem(revoke.rule_id)
@@ -1002,7 +994,7 @@ def _route_to_child(owners: list[str], call_id: str) -> None:
 
 
 def _bad_decision(message: str) -> ApplicationError:
-    return ApplicationError(message, type="InvalidDecision", non_retryable=True)
+    return ApplicationError(message, type=DECISION_ERROR, non_retryable=True)
 
 
 def _history_full(limits: ContinueAsNewPlan) -> bool:

@@ -271,6 +271,8 @@ def budget(
     """Decide on a turn waiting at its budget: raise it (--raise N) or stop the turn (--stop)."""
     if (raise_to is None) == (not stop):
         raise typer.BadParameter("give one of --raise N or --stop")
+    if raise_to is not None and raise_to <= 0:
+        raise typer.BadParameter(f"--raise takes the new budget, above 0; got {raise_to:g}")
     settings = load_settings(config)
 
     async def go() -> None:
