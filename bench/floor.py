@@ -9,6 +9,10 @@ a workflow, and this one must import nothing but temporalio.
   (as a turn records a model call's outcome).
 - ``TimerFloor``: sleeps ``timers`` short timers one after another (dev-server flags).
 - ``Floor`` with the ``wait`` activity: a workflow waiting on a slow activity (worker memory).
+- ``SessionFloor``: a session's turns minus turnkeep: each message an update that starts a
+  child workflow (``SessionFloorTurn``, which returns at once) and returns once it has
+  started, the next message taken once the child has ended: the same workflow tasks per turn
+  as a ``SessionWorkflow`` (replaying a session run).
 """
 
 from __future__ import annotations
@@ -105,3 +109,37 @@ class TimerFloor:
     async def run(self, timers: int, seconds: float) -> None:
         for _ in range(timers):
             await workflow.sleep(seconds)
+
+
+@workflow.defn(name="SessionFloorTurn")
+class SessionFloorTurn:
+    @workflow.run
+    async def run(self, text: str) -> str:
+        return text
+
+
+@workflow.defn(name="SessionFloor")
+class SessionFloor:
+    def __init__(self) -> None:
+        self._queue: list[tuple[int, str]] = []
+        self._sent = 0
+        self._started = 0
+
+    @workflow.update(name="send")
+    async def send(self, text: str) -> int:
+        self._sent += 1
+        turn = self._sent
+        self._queue.append((turn, text))
+        await workflow.wait_condition(lambda: self._started >= turn)
+        return turn
+
+    @workflow.run
+    async def run(self, turns: int) -> None:
+        for _ in range(turns):
+            await workflow.wait_condition(lambda: bool(self._queue))
+            turn, text = self._queue.pop(0)
+            child = await workflow.start_child_workflow(
+                SessionFloorTurn.run, text, id=f"{workflow.info().workflow_id}/turn-{turn}"
+            )
+            self._started = turn
+            await child

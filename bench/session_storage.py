@@ -15,7 +15,8 @@ of history + stored between the first and the last checkpoint ≤ 1.1 (a session
 turns costs at most 2.14× the bytes). Also the replay of the session's last complete run, out
 of the workflow cache, per turn in it (the median of five replays): by a worker that has run
 the session (its conversation cache holds the run's carried transcript), and by one that has
-not (*cold*: that cache emptied before each replay).
+not (*cold*: that cache emptied before each replay), next to its floor: a bare workflow with
+the same workflow tasks per turn (``bench.floor.SessionFloor``), replayed the same way.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from typing import Any
 from temporalio.client import Client, WorkflowHistory
 from temporalio.worker import Replayer
 
-from bench.environment import Environment
+from bench.environment import FLOOR_RUNNER, Environment, floor_worker
+from bench.floor import SessionFloor, SessionFloorTurn
 from bench.report import Table, Target, progress
 from bench.turns import runs_of
 from turnkeep.client.sessions import open_session
@@ -202,7 +204,7 @@ async def growth(env: Environment, kind: str, turns: int) -> Growth:
     return Growth(kind, checkpoints, replay_ms, replayed, cold_ms)
 
 
-def table(results: list[Growth]) -> tuple[Table, list[Target]]:
+def table(results: list[Growth], floor_ms: float | None = None) -> tuple[Table, list[Target]]:
     out = Table(
         "Sessions: storage against the conversation",
         [
@@ -239,6 +241,8 @@ def table(results: list[Growth]) -> tuple[Table, list[Target]]:
                 f"({g.replayed_turns} turns)"
             )
             replay_ok &= g.replay_ms_per_turn <= REPLAY_MS_MAX
+    if floor_ms is not None:
+        replays.append(f"floor {floor_ms:.1f} ms (the same workflow tasks, no turnkeep code)")
     out.notes.append(
         "*history*: every event of every run of the session and of each of its child turns; "
         "*stored*: what payload storage gained; *conversation*: the JSON of every message "
@@ -261,9 +265,35 @@ def table(results: list[Growth]) -> tuple[Table, list[Target]]:
     return out, targets
 
 
+async def replay_floor(env: Environment, turns: int) -> float:
+    """Milliseconds per turn to replay a ``SessionFloor`` of ``turns`` turns (the median of
+    several replays): the same workflow tasks as a session's turns, none of turnkeep's code."""
+    queue = f"bench-session-floor-{uuid.uuid4().hex[:6]}"
+    workflows = [SessionFloor, SessionFloorTurn]
+    async with floor_worker(env.plain, queue, workflows=workflows, activities=[]):
+        handle = await env.plain.start_workflow(
+            SessionFloor.run, turns, id=f"session-floor-{uuid.uuid4().hex[:8]}", task_queue=queue
+        )
+        for n in range(1, turns + 1):
+            turn = await handle.execute_update("send", f"message {n}", result_type=int)
+            await env.plain.get_workflow_handle(f"{handle.id}/turn-{turn}").result()
+        await handle.result()
+        history = await handle.fetch_history()
+    replayer = Replayer(workflows=workflows, workflow_runner=FLOOR_RUNNER)
+    await replayer.replay_workflow(history)
+    times = []
+    for _ in range(REPLAYS):
+        started = time.perf_counter()
+        await replayer.replay_workflow(history)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000 / turns
+
+
 async def storage(env: Environment, turns: int) -> tuple[Table, list[Target]]:
     results = []
     for kind in KINDS:
         progress(f"storage: a session of {turns} {kind} turns")
         results.append(await growth(env, kind, turns))
-    return table(results)
+    replayed = max((g.replayed_turns for g in results), default=0)
+    floor = await replay_floor(env, replayed) if replayed else None
+    return table(results, floor)

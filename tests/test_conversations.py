@@ -24,10 +24,11 @@ from turnkeep.payloads.conversations import DIRECTORY, owner_key
 from turnkeep.payloads.gc import collect
 from turnkeep.payloads.storage import payload_directory
 from turnkeep.testing import check_replay
-from turnkeep.workflows.conversation import ConversationRef
+from turnkeep.workflows.conversation import EXPANDED_METADATA, ConversationRef
 from turnkeep.workflows.conversation_cache import ConversationCache
 from turnkeep.workflows.conversation_cache import conversations as conversations_cache
 from turnkeep.workflows.messages import Message
+from turnkeep.workflows.turn_io import TurnInput
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 pytestmark = pytest.mark.asyncio
@@ -122,6 +123,13 @@ async def test_a_worker_hands_the_next_turn_the_conversation_it_has_validated(
         assert kept.json
         for message, _, text in kept.json.values():
             assert text == message.model_dump_json()
+        # And the JSON of the last model call's request, which the next turn's first call
+        # extends: it begins with the conversation's messages, the very objects.
+        assert kept.run is not None
+        assert all(a is b for a, b in zip(kept.run.messages, kept.messages, strict=False))
+        assert [text for _, text in kept.run.parts] == [
+            m.model_dump_json() for m in kept.run.messages
+        ]
         conversations_cache.clear()
         assert await talk(session, "four") == ["four", "four"]
         fourth = await get_turn(h.client, f"{session.session_id}/turn-4").result()
@@ -141,6 +149,43 @@ async def test_a_worker_hands_the_next_turn_the_conversation_it_has_validated(
         await check_replay(histories, settings=h.settings)  # warm
         conversations_cache.clear()
         await check_replay(histories, settings=h.settings)  # cold
+
+
+async def test_a_turns_start_keeps_its_expanded_history_as_json_until_validated(
+    harness: HarnessFactory,
+) -> None:
+    """The codec says where in a turn's start payload it expanded the history, and the
+    converter leaves that part unparsed for a workflow's untyped arguments (a worker holding
+    the conversation never needs it); validation parses it. Only the codec says so: the same
+    metadata from a client is dropped, and spans that point elsewhere are ignored."""
+    async with harness(agents=AGENT) as h:
+        session = await open_session(h.client, agent="test", task_queue=h.task_queue)
+        await talk(session, "one", "two")
+        history = await get_turn(h.client, f"{session.session_id}/turn-2").handle.fetch_history()
+        started = history.events[0].workflow_execution_started_event_attributes
+        codec, converter = h.client.data_converter.payload_codec, h.client.data_converter
+        assert codec is not None
+        [payload] = await codec.decode(list(started.input.payloads))
+        span = json.loads(payload.metadata[EXPANDED_METADATA])["history"]
+        assert [m["content"][0]["text"] for m in json.loads(payload.data[span[0] : span[1]])] == [
+            "one",
+            "one",
+        ]
+        [untyped] = converter.payload_converter.from_payloads([payload])
+        assert untyped["history"] == payload.data[span[0] : span[1]]
+        turn = TurnInput.model_validate(untyped)
+        assert [m.text for m in turn.history] == ["one", "one"]
+        assert turn == converter.payload_converter.from_payloads([payload], [TurnInput])[0]
+        # Spans that are not where the codec put them: parsed whole, as any payload.
+        moved = Payload(metadata=payload.metadata, data=payload.data)
+        moved.metadata[EXPANDED_METADATA] = json.dumps({"history": [0, 5]}).encode()
+        [whole] = converter.payload_converter.from_payloads([moved])
+        assert isinstance(whole["history"], list) and len(whole["history"]) == 2
+        # A client's metadata saying so never reaches the converter.
+        forged = Payload(metadata=dict(started.input.payloads[0].metadata), data=b'{"a": 1}')
+        forged.metadata[EXPANDED_METADATA] = json.dumps({"a": [5, 6]}).encode()
+        [decoded] = await codec.decode([forged])
+        assert EXPANDED_METADATA not in decoded.metadata
 
 
 async def test_a_reference_copied_into_another_turn_is_refused(harness: HarnessFactory) -> None:

@@ -163,6 +163,53 @@ def test_a_handed_over_request_parses_only_messages_new_since_the_last_call() ->
         assert parsed.estimate_tokens(some) == estimate_tokens(some)
 
 
+def test_a_request_that_begins_as_the_last_one_goes_through_the_new_messages_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A turn's next call, and a session's next turn (a new ``MessageJson`` given the last
+    one's run), dump, hash and parse only the messages after the last request's; the digest
+    and the JSON are what a fresh reading gives."""
+    turn = MessageJson()
+    messages = [Message.user("hello"), Message.assistant("hi")]
+    first = turn.request_json(request().model_copy(update={"messages": messages}))
+    grown = [*messages, Message.user("more")]
+    dumped: list[Message] = []
+    dump = Message.model_dump_json
+
+    def counting(self: Message, **kwargs: Any) -> str:
+        dumped.append(self)
+        return dump(self, **kwargs)
+
+    monkeypatch.setattr(Message, "model_dump_json", counting)
+    next_turn = MessageJson(turn.entries, turn.run)  # as conversation_cache hands it over
+    second = next_turn.request_json(request(call_index=2).model_copy(update={"messages": grown}))
+    monkeypatch.undo()
+    assert dumped == [grown[2]]
+    assert second.messages[:2] == first.messages and second.messages[0] is first.messages[0]
+    fresh = RequestJson.of(request(call_index=2).model_copy(update={"messages": grown}))
+    assert second == fresh and second.digest() == fresh.digest()
+    assert (
+        second.chars()
+        == fresh.chars()
+        == len(fresh.header) + sum(len(m.model_dump_json()) for m in grown)
+    )
+    # A request that does not begin with those very objects is worked out anew.
+    copies = [m.model_copy() for m in grown]
+    again = next_turn.request_json(request(call_index=3).model_copy(update={"messages": copies}))
+    assert again.messages[0] is not second.messages[0] and again.messages == second.messages
+
+    # The activity's side: the second request's messages are the first's list, extended.
+    parsed = ParsedMessages()
+    one = parsed.messages(first.messages)
+    two = parsed.messages(second.messages)
+    assert two[:2] == one and all(a is b for a, b in zip(one, two, strict=False))
+    assert [m.model_dump_json() for m in two] == [text for _, text in second.messages]
+    other = parsed.messages((("elsewhere", Message.user("x").model_dump_json()),))
+    assert other[0].text == "x"
+    assert parsed.estimate_tokens(two) == estimate_tokens(grown)
+    assert parsed.estimate_tokens(one) == estimate_tokens(messages)  # shorter: measured anew
+
+
 def test_parsed_messages_are_dropped_least_recently_sent_first() -> None:
     texts = {name: Message.user(name * 100).model_dump_json() for name in "abc"}
     parsed = ParsedMessages(max_chars=2 * len(texts["a"]) + 10)

@@ -110,7 +110,7 @@ class ModelInputHandoff:
         # equal digests mean the JSON is exactly what the query would have returned.
         if entry is None or entry[0] != step.digest:
             return None
-        return entry[1].parse(self._parsed.parse)
+        return entry[1].parse(self._parsed.messages)
 
 
 def _key(step: LlmStepRequest) -> tuple[str, str, int]:

@@ -14,8 +14,10 @@ from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from temporalio.api.enums.v1 import PendingWorkflowTaskState
 from temporalio.client import (
     Client,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
@@ -59,12 +61,14 @@ from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
 _QUERY_ATTEMPTS = 3
 # A query the server gave up on (a busy worker, or a run that has just continued as new and
-# answers once a worker has run its first task) is worth asking again; the SDK reports its own
-# RPC timeout as CANCELLED ("Timeout expired").
+# answers once a worker has run its first task), or would not hold (it holds one query at a
+# time while a worker runs the workflow's task: RESOURCE_EXHAUSTED), is worth asking again;
+# the SDK reports its own RPC timeout as CANCELLED ("Timeout expired").
 _RETRYABLE_QUERY = (
     RPCStatusCode.DEADLINE_EXCEEDED,
     RPCStatusCode.UNAVAILABLE,
     RPCStatusCode.CANCELLED,
+    RPCStatusCode.RESOURCE_EXHAUSTED,
 )
 # A query that reached a worker too starved of CPU to answer in time: its workflow code did
 # not yield within the SDK's deadlock timeout (the SDK's error code). The next ask is answered.
@@ -80,13 +84,21 @@ POLL_FIRST = 0.01
 POLL_BUSY = 0.04
 POLL_LAST = 0.5
 BUSY_SECONDS = 1.0
+# How long a follower holds its query back while a worker runs one of the workflow's tasks
+# (``poll_query``'s ``hold``), and how often it looks meanwhile.
+TASK_WAIT = 1.0
+TASK_POLL = 0.005
 
 T = TypeVar("T")
 _CONTINUED = WorkflowExecutionStatus.CONTINUED_AS_NEW
 
 
 async def poll_query(
-    handle: WorkflowHandle[Any, Any], query: Any, until: Callable[[T], bool]
+    handle: WorkflowHandle[Any, Any],
+    query: Any,
+    until: Callable[[T], bool],
+    *,
+    hold: bool = False,
 ) -> T | None:
     """Ask ``query`` of the workflow until ``until`` holds for its answer; None once the
     workflow has closed.
@@ -98,7 +110,14 @@ async def poll_query(
     than by a long-poll update: a query writes nothing to history, and an update that reaches
     a workflow in the task after one that timed out can be recorded in an order its replay
     does not reproduce (a defect of Temporal's Core SDK; the design notes' *A known SDK
-    defect*)."""
+    defect*).
+
+    With ``hold`` (a workflow that may close at any step: a turn), it does not ask while a
+    worker runs one of the workflow's tasks either (for up to ``TASK_WAIT`` after the history
+    last grew): the server would hold the query until the task ends, and when that task closes
+    the workflow (a turn's last step: what its follower waits for), the worker has let the run
+    go and replays its whole history to answer. The task's end shows in the next look, as the
+    history grows or the workflow closes."""
     delay = POLL_FIRST
     asked_at: int | None = None  # the history length when last asked
     seen: int | None = None  # the history length at the last look
@@ -113,6 +132,9 @@ async def poll_query(
         # latest run, but one may close between the two), unless the handle is pinned to it.
         if not running and (described.status != _CONTINUED or handle.run_id):
             return None
+        if running and hold and _task_running(described) and clock() - grew_at < TASK_WAIT:
+            await asyncio.sleep(TASK_POLL)
+            continue
         if running and described.history_length != asked_at:
             try:
                 answer: T = await handle.query(
@@ -125,7 +147,7 @@ async def poll_query(
             except RPCError as err:
                 # The server gave up waiting for a worker (a busy or restarting one), or holds
                 # as many queries as it buffers while the workflow's task runs: ask again.
-                if err.status not in (*_RETRYABLE_QUERY, RPCStatusCode.RESOURCE_EXHAUSTED):
+                if err.status not in _RETRYABLE_QUERY:
                     raise
             except WorkflowQueryFailedError as err:
                 if not _starved(err):
@@ -157,7 +179,13 @@ async def query_retrying(
             again = err.status in _RETRYABLE_QUERY if isinstance(err, RPCError) else _starved(err)
             if not again or attempt >= _QUERY_ATTEMPTS or (task is not None and task.cancelling()):
                 raise
+            await asyncio.sleep(POLL_FIRST * attempt)  # the task it waited behind may end
             attempt += 1
+
+
+def _task_running(described: WorkflowExecutionDescription) -> bool:
+    task = described.raw_description.pending_workflow_task
+    return task.state == PendingWorkflowTaskState.PENDING_WORKFLOW_TASK_STATE_STARTED
 
 
 def _starved(err: WorkflowQueryFailedError) -> bool:
@@ -252,7 +280,9 @@ class TurnHandle:
         (``poll_query``): a message comes at most half a second after the turn has it."""
         index = start
         while True:
-            progress = await poll_query(self.handle, TurnWorkflow.progress, _news_after(index))
+            progress = await poll_query(
+                self.handle, TurnWorkflow.progress, _news_after(index), hold=True
+            )
             if not to_the_end and (progress is None or progress.done):
                 return
             if progress is None:  # the run has closed: read what it ended with

@@ -51,11 +51,17 @@ from turnkeep.payloads.storage import (
     remove_if_old,
     write_durably,
 )
-from turnkeep.workflows.conversation import MARKER, ConversationRef, segment_digest
+from turnkeep.workflows.conversation import (
+    EXPANDED_METADATA,
+    MARKER,
+    ConversationRef,
+    segment_digest,
+)
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.turn_io import TurnResult
 
 JSON = b"json/plain"
+_EXPANDED = EXPANDED_METADATA
 _MARKER_BYTES = f'"{MARKER}"'.encode()
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 DIRECTORY = "conversations"
@@ -252,15 +258,23 @@ class ConversationCodec(PayloadCodec):
     async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
         out = await self.inner.decode(payloads) if self.inner is not None else list(payloads)
         for i, payload in enumerate(out):
+            if _EXPANDED in payload.metadata:  # only this codec says what it expanded
+                out[i] = payload = Payload(metadata=payload.metadata, data=payload.data)
+                del payload.metadata[_EXPANDED]
             if _marked(payload):
                 out[i] = await self._expand(payload)
         return out
 
     async def _expand(self, payload: Payload) -> Payload:
+        """``payload`` with its references replaced by their messages' JSON as stored; where
+        a history or transcript reference sat under a top-level key, the metadata says where
+        its JSON is (a worker that holds the conversation then skips parsing it:
+        ``conversation.Messages``)."""
         document = json.loads(payload.data)
         fragments: list[str] = []
+        top_level: dict[int, str] = {}  # fragment number -> the top-level key it is under
 
-        async def expanded(marker: dict[str, Any]) -> str:
+        async def expanded(marker: dict[str, Any], key: str | None) -> str:
             kind, owner = marker[MARKER], str(marker.get("owner", ""))
             if kind == "segment":
                 texts = (await self._segment(owner, str(marker["digest"]))).messages
@@ -272,16 +286,30 @@ class ConversationCodec(PayloadCodec):
                 texts = await self._chain(owner, marker.get("head"), "prev")
             else:
                 raise PayloadStorageError(f"unknown conversation reference {kind!r}")
+            if key is not None and kind != "segment":  # a conversation, not a turn's part
+                top_level[len(fragments)] = key
             fragments.append(f"[{','.join(texts)}]")
             return f"\x00{token}{len(fragments) - 1}\x00"
 
-        # Placeholders no message can hold by chance, swapped for the messages' JSON as is.
+        # Placeholders no message can hold by chance, swapped for the messages' JSON as is
+        # (they appear in the text in the order they were made).
         token = os.urandom(8).hex()
-        document = await _replace_markers(document, expanded)
-        text = _dumps(document)
+        text = _dumps(await _replace_markers(document, expanded))
+        data, at, spans = bytearray(), 0, {}
         for n, fragment in enumerate(fragments):
-            text = text.replace(json.dumps(f"\x00{token}{n}\x00"), fragment, 1)
-        return Payload(metadata=payload.metadata, data=text.encode())
+            placeholder = json.dumps(f"\x00{token}{n}\x00")
+            found = text.index(placeholder, at)
+            data += text[at:found].encode()
+            start = len(data)
+            data += fragment.encode()
+            if n in top_level:
+                spans[top_level[n]] = [start, len(data)]
+            at = found + len(placeholder)
+        data += text[at:].encode()
+        out = Payload(metadata=payload.metadata, data=bytes(data))
+        if spans:
+            out.metadata[_EXPANDED] = _dumps(spans).encode()
+        return out
 
     async def history(self, ref: ConversationRef) -> list[Message]:
         """The history ``ref`` names, as messages (a client reading a session's turn, whose
@@ -374,16 +402,22 @@ def _markers(node: Any) -> list[dict[str, Any]]:
     return found
 
 
-async def _replace_markers(node: Any, replace: Any) -> Any:
+async def _replace_markers(node: Any, replace: Any, *, root: bool = True) -> Any:
+    """``node`` with each marker replaced by ``replace(marker, key)``: ``key`` is the top-level
+    key the marker is the value of, None for a marker deeper down."""
+    if isinstance(node, dict) and not isinstance(node.get(MARKER), str):
+        replaced = {}
+        for name, value in node.items():
+            value = _with_ref(value, node)
+            if root and isinstance(value, dict) and isinstance(value.get(MARKER), str):
+                replaced[name] = await replace(value, name)
+            else:
+                replaced[name] = await _replace_markers(value, replace, root=False)
+        return replaced
     if isinstance(node, dict):
-        if isinstance(node.get(MARKER), str):
-            return await replace(node)
-        return {
-            key: await _replace_markers(_with_ref(value, node), replace)
-            for key, value in node.items()
-        }
+        return await replace(node, None)
     if isinstance(node, list):
-        return [await _replace_markers(item, replace) for item in node]
+        return [await _replace_markers(item, replace, root=False) for item in node]
     return node
 
 

@@ -17,6 +17,7 @@ decoded, from failing the workflow's task for ever (see its docstring).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Sequence
 from contextvars import ContextVar
 from typing import Any, ClassVar
@@ -37,7 +38,7 @@ from turnkeep.payloads.codec import ENCODING as ENCRYPTED
 from turnkeep.payloads.codec import EncryptedPayloadRefusal, refuse_encrypted
 from turnkeep.payloads.conversations import ConversationCodec
 from turnkeep.support.sdk_private import DecodeStage, DecodingStages, decoding_outside_commands
-from turnkeep.workflows.conversation import STORE_CONTEXT
+from turnkeep.workflows.conversation import EXPANDED_METADATA, STORE_CONTEXT
 from turnkeep.workflows.messages import Message, message_json
 
 UNDECODABLE = b"binary/turnkeep-undecodable"
@@ -94,10 +95,47 @@ class _JSONConverter(PydanticJSONPlainPayloadConverter):
     def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
         if type_hint is None:
             try:
-                return pydantic_core.from_json(payload.data)
+                return _untyped(payload)
             except ValueError:
                 pass  # not JSON: the adapter's ValidationError says why, as without this
         return super().from_payload(payload, type_hint)
+
+
+def _untyped(payload: Payload) -> Any:
+    """A payload's JSON, parsed but for the conversations the codec expanded under its
+    top-level keys, which stay the bytes of their JSON (``conversation.Messages``): a session's
+    turn on a worker that holds its history already never needs them parsed, and one that does
+    not parses them as it validates its input."""
+    spans = _spans(payload.metadata.get(EXPANDED_METADATA))
+    if not spans:
+        return pydantic_core.from_json(payload.data)
+    data, parts, expanded, at = payload.data, [], {}, 0
+    for key, (start, end) in sorted(spans.items(), key=lambda item: item[1][0]):
+        if not at <= start <= end <= len(data):
+            return pydantic_core.from_json(data)
+        parts += [data[at:start], b"null"]
+        expanded[key] = data[start:end]
+        at = end
+    value = pydantic_core.from_json(b"".join([*parts, data[at:]]))
+    if not isinstance(value, dict) or any(value.get(key, 0) is not None for key in expanded):
+        return pydantic_core.from_json(data)  # the spans were not where the codec put them
+    return {**value, **expanded}
+
+
+def _spans(metadata: bytes | None) -> dict[str, tuple[int, int]]:
+    if not metadata:
+        return {}
+    try:
+        spans = json.loads(metadata)
+    except ValueError:
+        return {}
+    if not isinstance(spans, dict):
+        return {}
+    return {
+        key: (span[0], span[1])
+        for key, span in spans.items()
+        if isinstance(span, list) and len(span) == 2 and all(type(n) is int for n in span)
+    }
 
 
 _REFUSE_ENCRYPTED = EncryptedPayloadRefusal()

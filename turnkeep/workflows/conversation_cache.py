@@ -28,7 +28,7 @@ from typing import Literal
 
 from turnkeep.workflows.conversation import ConversationRef
 from turnkeep.workflows.messages import Message
-from turnkeep.workflows.model_io import JsonEntry
+from turnkeep.workflows.model_io import JsonEntry, JsonRun
 
 # What the table holds at most, by the characters of its entries' JSON (entries of one
 # session share their messages, so this over-counts), and how many entries of each kind per
@@ -47,6 +47,9 @@ class Conversation:
     # turn had worked out (those of its last model call).
     json: dict[int, JsonEntry]
     chars: int
+    # The JSON of the last model call's request, whose messages begin these (or these begin
+    # its): the next turn's first call goes through only the messages after them.
+    run: JsonRun | None = None
 
 
 class ConversationCache:
@@ -73,17 +76,18 @@ class ConversationCache:
         kind: Kind = "history",
         *,
         extends: Conversation | None = None,
+        run: JsonRun | None = None,
     ) -> Conversation:
         """Keep ``messages``, the history ``ref`` names (or its transcript), and the JSON
-        worked out for them (``json``, by message id: entries of other messages do no harm).
-        ``extends``: an entry whose messages begin ``messages``, so only the others are
-        measured."""
+        worked out for them (``json``, by message id: entries of other messages do no harm;
+        ``run``: a request's, whose messages begin these or are begun by them). ``extends``: an
+        entry whose messages begin ``messages``, so only the others are measured."""
         known = json or {}
         start = len(extends.messages) if extends is not None else 0
         chars = (extends.chars if extends is not None else 0) + sum(
             len(known[id(m)][2]) if id(m) in known else _chars(m) for m in messages[start:]
         )
-        entry = Conversation(tuple(messages), known, chars)
+        entry = Conversation(tuple(messages), known, chars, run)
         key = _key(ref, kind)
         with self._lock:
             old = self._entries.pop(key, None)

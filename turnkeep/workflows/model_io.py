@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import is_
 from typing import Any
 
 from pydantic import BaseModel, PrivateAttr
@@ -40,35 +41,55 @@ class LlmRequest(BaseModel):
 @dataclass(frozen=True)
 class RequestJson:
     """An ``LlmRequest`` as JSON: everything but the messages, and each message on its own
-    with its sha256. Its digest is taken over those parts, so a conversation that grows by a
-    message costs one message's dump and hash, not the whole conversation's again."""
+    with its sha256. Its digest is taken over those parts (the messages' through one running
+    hash, ``JsonRun``), so a conversation that grows by a message costs one message's dump and
+    hash, not the whole conversation's again."""
 
     header: str  # the request's JSON without "messages"
     messages: tuple[tuple[str, str], ...]  # (sha256, JSON) per message, in order
+    messages_sha256: str  # over each message's sha256 and a newline, in order
+    message_chars: int  # the messages' JSON, in characters
 
     @classmethod
     def of(cls, request: LlmRequest) -> RequestJson:
         return MessageJson().request_json(request)
 
     def digest(self) -> str:
-        parts = [self.header, *(sha for sha, _ in self.messages)]
-        return _sha256("\n".join(parts))
+        return _sha256(f"{self.header}\n{self.messages_sha256}")
 
     def chars(self) -> int:
-        return len(self.header) + sum(len(text) for _, text in self.messages)
+        return len(self.header) + self.message_chars
 
-    def parse(self, message: Callable[[str, str], Message] | None = None) -> LlmRequest:
-        """The request, each message parsed by ``message(sha256, JSON)`` (which may answer
-        from a cache) or else on its own."""
-        parse_message = message or _parse_message
+    def parse(
+        self, messages: Callable[[tuple[tuple[str, str], ...]], list[Message]] | None = None
+    ) -> LlmRequest:
+        """The request, its messages parsed by ``messages(parts)`` (which may answer from a
+        cache) or else each on its own."""
         request = LlmRequest.model_validate_json(f'{self.header[:-1]},"messages":[]}}')
-        request.messages = [parse_message(sha, text) for sha, text in self.messages]
+        request.messages = (messages or _parse_messages)(self.messages)
         return request
 
 
-def _parse_message(sha256: str, text: str) -> Message:
-    del sha256
-    return Message.model_validate_json(text)
+def _parse_messages(parts: tuple[tuple[str, str], ...]) -> list[Message]:
+    return [Message.model_validate_json(text) for _, text in parts]
+
+
+@dataclass(frozen=True)
+class JsonRun:
+    """The messages of a request, each one's (sha256, JSON), the running hash over their
+    sha256s and their size: a later request that begins with the very same message objects
+    (a turn's next call; a session's next turn, through ``conversation_cache``) takes all of
+    it and works out only the messages after them."""
+
+    messages: tuple[Message, ...]
+    parts: tuple[tuple[str, str], ...]
+    hasher: Any  # hashlib's sha256 over ``parts``' sha256s; copied, never updated in place
+    chars: int
+
+    def begins(self, messages: list[Message]) -> bool:
+        """Whether ``messages`` begins with this run's message objects (identity: an equal
+        copy is measured anew, as ``MessageJson`` does)."""
+        return len(messages) >= len(self.messages) and all(map(is_, self.messages, messages))
 
 
 class MessageJson:
@@ -76,7 +97,8 @@ class MessageJson:
     message object over a turn's model calls. This relies on a message never being changed in
     place once it is in the conversation (``TurnState`` replaces one instead); each call keeps
     only the entries of its own messages, each with the message itself, so an id is never
-    mistaken for another's.
+    mistaken for another's. A request that begins with the last one's messages (as each call
+    of a turn does) takes that request's ``JsonRun`` and goes through the new messages only.
 
     It trades memory for CPU: a turn cached on a worker holds its conversation's JSON next to
     the messages, where dumping the whole conversation for every model call would make a
@@ -84,16 +106,24 @@ class MessageJson:
     decision drops it (``TurnWorkflow._approve``): it may wait for hours, and it pays one
     dump of its conversation afterwards."""
 
-    def __init__(self, entries: dict[int, JsonEntry] | None = None) -> None:
-        """``entries``: JSON already worked out for messages this turn holds (those of the
-        conversation it was handed: ``conversation_cache``)."""
+    def __init__(
+        self, entries: dict[int, JsonEntry] | None = None, run: JsonRun | None = None
+    ) -> None:
+        """``entries`` and ``run``: JSON already worked out for messages this turn holds (those
+        of the conversation it was handed: ``conversation_cache``)."""
         self._by_id: dict[int, JsonEntry] = dict(entries or {})
+        self._run = run
         self._estimates: dict[int, tuple[Message, int]] = {}
 
     @property
     def entries(self) -> dict[int, JsonEntry]:
         """The messages of the last request, with their JSON and sha256, by id."""
         return self._by_id
+
+    @property
+    def run(self) -> JsonRun | None:
+        """The last request's messages as a ``JsonRun``."""
+        return self._run
 
     def estimate_tokens(self, messages: list[Message]) -> int:
         """``messages.estimate_tokens``: the same number, measuring only new messages."""
@@ -109,18 +139,29 @@ class MessageJson:
         return chars // 4
 
     def request_json(self, request: LlmRequest) -> RequestJson:
-        kept: dict[int, JsonEntry] = {}
-        parts: list[tuple[str, str]] = []
-        for message in request.messages:
+        messages = request.messages
+        run = self._run
+        if run is not None and run.begins(messages):
+            kept, parts = self._by_id, list(run.parts)
+            hasher, chars, start = run.hasher.copy(), run.chars, len(run.messages)
+        else:
+            kept, parts, hasher, chars, start = {}, [], hashlib.sha256(), 0, 0
+        for message in messages[start:]:
             entry = self._by_id.get(id(message))
             if entry is None or entry[0] is not message:
                 text = message.model_dump_json()
                 entry = (message, _sha256(text), text)
             kept[id(message)] = entry
             parts.append(entry[1:])
+            hasher.update(f"{entry[1]}\n".encode())
+            chars += len(entry[2])
         self._by_id = kept
+        self._run = JsonRun(tuple(messages), tuple(parts), hasher, chars)
         return RequestJson(
-            header=request.model_dump_json(exclude={"messages"}), messages=tuple(parts)
+            header=request.model_dump_json(exclude={"messages"}),
+            messages=self._run.parts,
+            messages_sha256=hasher.hexdigest(),
+            message_chars=chars,
         )
 
 

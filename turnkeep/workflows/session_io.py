@@ -15,7 +15,7 @@ from pydantic import (
 )
 
 from turnkeep.workflows.approval import AllowRule
-from turnkeep.workflows.conversation import ConversationRef, stores
+from turnkeep.workflows.conversation import ConversationRef, Messages, stores
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.turn_io import NAME_MAX_CHARS, Spent
 
@@ -56,10 +56,10 @@ class _ByReference(BaseModel):
 
     # The conversation: the next turn's `history` (compacted when a turn compacted it).
     # Kept up to date only while the conversation is not stored (`conversation` is None).
-    history: list[Message] = Field(default_factory=list)
+    history: Messages = Field(default_factory=list)
     # Every message of every turn, in order (each turn's `TurnResult.messages`): what
     # followers index into, so indices stay valid across turns and runs.
-    transcript: list[Message] = Field(default_factory=list)
+    transcript: Messages = Field(default_factory=list)
     # Where the conversation is stored, once a turn has stored its messages.
     conversation: ConversationRef | None = None
 

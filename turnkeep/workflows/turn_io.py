@@ -21,7 +21,7 @@ from temporalio.exceptions import CancelledError
 
 from turnkeep.workflows.approval import AllowRule, DecisionRecord
 from turnkeep.workflows.compact import Compact
-from turnkeep.workflows.conversation import ConversationRef, Segment, stores
+from turnkeep.workflows.conversation import ConversationRef, Messages, Segment, stores
 from turnkeep.workflows.messages import Message, StopReason, compact_message
 
 DEFAULT_MAX_ITERATIONS = 199
@@ -77,7 +77,7 @@ class TurnInput(TurnOverrides):
 
     agent: str = Field(min_length=1, max_length=NAME_MAX_CHARS)
     messages: list[InputMessage] = Field(min_length=1)
-    history: list[Message] = Field(default_factory=list)
+    history: Messages = Field(default_factory=list)
     # Set by a session: `history` came from this stored conversation (the data converter
     # expanded it), and the turn hands its own messages back the same way. Honoured only for
     # a child turn of the session that owns it.

@@ -52,12 +52,11 @@ from turnkeep.workflows.approval import (
     PendingCall,
     RevokeAllow,
 )
-from turnkeep.workflows.conversation_cache import conversations
+from turnkeep.workflows.conversation_cache import Conversation, conversations
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import CallToolResult, Message, StopReason
 from turnkeep.workflows.model_io import (
     MODEL_INPUT_QUERY,
-    JsonEntry,
     LlmRequest,
     MessageJson,
     ModelInputPage,
@@ -165,15 +164,15 @@ class TurnWorkflow:
             try:
                 # Shared with the worker's other turns of the agent (``turnkeep.workflows.shared``).
                 plan = shared(await actions.prepare_turn(turn))
-                turn, json = _with_history(self._start)
+                turn, known = _with_history(self._start)
             except (ActivityError, ApplicationError):  # an unknown agent, a bad history...
                 self._failed_before_start()
                 turn_metrics.turn_ended(turn.agent, "failed", 0)
                 raise
             self._start = _Start(turn, None)
             self._state = TurnState.start(turn, plan, in_session=_in_session())
-            if json is not None:
-                self._message_json = MessageJson(json)
+            if known is not None:
+                self._message_json = MessageJson(known.json, known.run)
             # Not replayed (the SDK's workflow logger skips replay): one line per turn.
             workflow.logger.info("turn started: agent %s, model %s", turn.agent, plan.model)
         state = self._state
@@ -233,11 +232,11 @@ class TurnWorkflow:
         state = self._require_state()
         if state.history_ref is None or result.conversation is None:
             return
-        json = self._message_json.entries
+        json, run = self._message_json.entries, self._message_json.run
         # What the turn was handed is kept already when this worker ran the turn before.
         given = conversations.get(state.history_ref)
         if given is None or len(given.messages) != len(state.history):
-            given = conversations.put(state.history_ref, state.history, json)
+            given = conversations.put(state.history_ref, state.history, json, run=run)
         kept = given.messages
         extends = (
             given
@@ -245,7 +244,7 @@ class TurnWorkflow:
             and all(a is b for a, b in zip(kept, result.history, strict=False))
             else None
         )
-        conversations.put(result.conversation, result.history, json, extends=extends)
+        conversations.put(result.conversation, result.history, json, extends=extends, run=run)
 
     async def _release_watchers(self) -> None:
         # Long-polling watchers see the end (state.done) before the run closes.
@@ -955,16 +954,17 @@ def _check_owner(turn: TurnInput) -> None:
         )
 
 
-def _with_history(start: _Start) -> tuple[TurnInput, dict[int, JsonEntry] | None]:
+def _with_history(start: _Start) -> tuple[TurnInput, Conversation | None]:
     """The turn's input with its history checked (as ``_start_arguments`` checks the rest),
-    and the JSON already worked out for its messages. A history this worker has validated
-    before (a session's previous turn ended with it) is taken as that turn left it."""
+    and the conversation this worker holds for it, with the JSON already worked out for its
+    messages. A history this worker has validated before (a session's previous turn ended
+    with it) is taken as that turn left it."""
     if start.unchecked is None:
         return start.turn, None
     ref = start.turn.history_ref
     known = conversations.get(ref) if ref is not None else None
     if known is not None:
-        return start.turn.model_copy(update={"history": list(known.messages)}), known.json
+        return start.turn.model_copy(update={"history": list(known.messages)}), known
     turn, _ = _checked_start([start.unchecked])
     return turn, None
 
