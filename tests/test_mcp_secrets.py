@@ -202,6 +202,16 @@ async def test_servers_that_drop_mid_turn_leak_no_secret(
     # The log still tells what happened, stderr included.
     assert "MCP server 'vault' (stdio: " in caplog.text
     assert "vault: rejected" in caplog.text and "could not be started" in caplog.text
+    # Its first line (all that `run` and `chat` show) ends with the server's last words.
+    started = [line for line in caplog.text.splitlines() if "'vault' (stdio: " in line]
+    assert any("could not be started" in line for line in started)
+    assert all(
+        line.endswith(
+            "; its stderr ends: vault: rejected ['--token', '***', '--api-key=***', '***'] ***"
+        )
+        for line in started
+        if "could not be started" in line
+    )
     assert f"HTTP Request: POST http://***@127.0.0.1:{port}/mcp?api_key=***" in caplog.text
 
 

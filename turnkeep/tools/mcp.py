@@ -231,15 +231,19 @@ class McpSource(ToolSource):
             await asyncio.shield(self._close_soon(client))
             reason, transient = start_failure(err, self.kind, self._init_timeout)
             # The whole story, for the worker's log only: the failure itself reaches history.
+            # Its first line (all that `run` and `chat` show) ends with the server's last
+            # words, which usually say why (a missing module, a bad argument).
             tail = self._stderr_tail()
+            last = tail.splitlines()[-1].strip() if tail else ""
             stderr = f"\n--- server stderr (last lines) ---\n{tail}" if tail else ""
             log.warning(
-                "MCP server %r (%s) could not be started: %s (%s: %s)%s",
+                "MCP server %r (%s) could not be started: %s (%s: %s)%s%s",
                 self.name,
                 self.describe(),
                 reason,
                 type(root_cause(err)).__name__,
                 self.redact(failure_reason(err)),
+                self.redact(f"; its stderr ends: {last}") if last else "",
                 self.redact(stderr),
             )
             raise ServerUnavailable(self.name, self.kind, reason, transient=transient) from err
