@@ -11,6 +11,7 @@ neither.
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import shutil
@@ -23,10 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
+from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHistory
 
 from turnkeep import Settings, connect
 from turnkeep.activities.turn_setup import TurnSetupActivities, continue_as_new_plan
+from turnkeep.cli.approval_prompt import ApprovalPrompter, LineReader
+from turnkeep.client.turns import TurnHandle
 from turnkeep.config.catalog import AgentCatalog
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.providers.registry import ModelCatalog
@@ -34,6 +39,7 @@ from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.testing.harness import Harness, eventually
+from turnkeep.workflows.conversation import EXPANDED_METADATA
 
 pytest_plugins = ["turnkeep.testing.pytest_plugin"]
 
@@ -130,6 +136,35 @@ def harness(client: Client, tmp_path: Path) -> HarnessFactory:
             yield h
 
     return make
+
+
+async def answered_at_the_terminal(turn: TurnHandle, typed: str, by: str = "dana") -> str:
+    """What ``run``, ``watch`` and ``chat`` do: follow ``turn``'s messages and ask at the
+    terminal about each call that waits, answered by the lines ``typed``; what the screen
+    showed."""
+    screen = io.StringIO()
+    prompter = ApprovalPrompter.for_turn(
+        turn,
+        interactive=True,
+        reader=LineReader(io.StringIO(typed)),
+        out=Console(file=screen, width=200),
+        by=by,
+    )
+    async with prompter:
+        async for message in turn.messages(include_tool_results=True):
+            prompter.saw(message)
+    return screen.getvalue()
+
+
+def forged_expansion(document: dict[str, Any], key: str) -> Payload:
+    """``document`` as a JSON payload whose metadata claims, as only turnkeep's codec may,
+    that the value under ``key`` is a conversation it expanded (as any client may send it)."""
+    data = json.dumps(document, separators=(",", ":")).encode()
+    value = json.dumps(document[key], separators=(",", ":")).encode()
+    start = data.index(b'"' + key.encode() + b'":') + len(key) + 3
+    assert data[start : start + len(value)] == value
+    span = json.dumps({key: [start, start + len(value)]}).encode()
+    return Payload(metadata={"encoding": b"json/plain", EXPANDED_METADATA: span}, data=data)
 
 
 def history_text(history: WorkflowHistory) -> str:

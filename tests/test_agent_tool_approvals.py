@@ -6,7 +6,6 @@ parent (the client's ``decide``, ``turnkeep approve PARENT CALL``) is taken by t
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -14,13 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
-from tests.conftest import Harness, eventually, make_settings, turnkeep
+from tests.conftest import Harness, answered_at_the_terminal, eventually, make_settings, turnkeep
 from tests.test_visibility import current_details
-from turnkeep.cli.approval_prompt import ApprovalPrompter, LineReader
 from turnkeep.client.turns import TurnHandle, get_turn
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing import check_replay
@@ -117,16 +114,8 @@ async def test_the_prompt_following_the_parent_asks_about_the_childs_call(h: Har
     """What ``run``, ``watch`` and ``chat`` do: follow the parent's messages, and ask at the
     terminal (here, a typed ``y``) about each call waiting in it or below it."""
     turn = await h.start(ask("ops", DEPLOY))
-    screen = io.StringIO()
-    typed = LineReader(io.StringIO("y\n"))
-    prompter = ApprovalPrompter.for_turn(
-        turn, interactive=True, reader=typed, out=Console(file=screen, width=200), by="dana"
-    )
-    async with prompter:
-        async for message in turn.messages(include_tool_results=True):
-            prompter.saw(message)
+    shown = await answered_at_the_terminal(turn, "y\n")
     child = child_id(turn.workflow_id, 1, "call_1_1")
-    shown = screen.getvalue()
     assert f"approval needed · local__deploy · call call_1_1 · agent ops (turn {child})" in shown
     assert "approved call call_1_1" in shown
     assert deployed == ["api"]

@@ -7,19 +7,16 @@ rules only from its session. Loop control without a server, then the real dev se
 from __future__ import annotations
 
 import asyncio
-import io
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from tests.conftest import eventually, turnkeep
+from tests.conftest import answered_at_the_terminal, eventually, turnkeep
 from tests.test_loop import plan
-from turnkeep.cli.approval_prompt import ApprovalPrompter, LineReader
 from turnkeep.client.turns import get_turn
 from turnkeep.config.agents import Agent
 from turnkeep.devserver.embedded import ServerInfo
@@ -252,17 +249,9 @@ async def test_the_terminal_prompt_offers_always(client: Client, fake_model: Fak
     )
     async with harness(client, agents=[_agent(fake_model)], fake=fake_model) as h:
         turn = await h.start("go", agent="app")
-        screen = io.StringIO()
         # Always (for the turn, run's only choice), only with these arguments; then no.
-        typed = LineReader(io.StringIO("a\ny\nn\n\n"))
-        prompter = ApprovalPrompter.for_turn(
-            turn, interactive=True, reader=typed, out=Console(file=screen, width=200), by="dana"
-        )
-        async with prompter:
-            async for message in turn.messages(include_tool_results=True):
-                prompter.saw(message)
+        shown = await answered_at_the_terminal(turn, "a\ny\nn\n\n")
         result = await turn.result()
-    shown = screen.getvalue()
     assert "app__write is allowed for the rest of the turn" in shown
     assert shown.count("approval needed") == 2  # w1 and w3; w2 ran by the rule
     assert written == ["a", "a"]

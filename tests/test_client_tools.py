@@ -7,7 +7,6 @@ then the real dev server, worker and fake model API (and a killed worker process
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import uuid
 from datetime import UTC, datetime
@@ -16,16 +15,14 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from rich.console import Console
 from temporalio.client import Client, WorkflowUpdateFailedError
 
-from tests.conftest import eventually, turnkeep
+from tests.conftest import answered_at_the_terminal, eventually, turnkeep
 from tests.test_approval_durability import still_waiting
 from tests.test_durability import Fleet, worker_config
 from tests.test_loop import plan
 from tests.worker_process import WorkerProcesses
 from turnkeep import Settings
-from turnkeep.cli.approval_prompt import ApprovalPrompter, LineReader
 from turnkeep.compat.fastagent import FastAgent
 from turnkeep.config.agents import Agent, ClientTool, declare
 from turnkeep.devserver.embedded import ServerInfo
@@ -367,16 +364,8 @@ async def test_the_terminal_prompt_asks_for_the_result_until_it_fits(
     )
     async with harness(client, agents=[_agent(fake_model)], fake=fake_model) as h:
         turn = await h.start("go", agent="app")
-        screen = io.StringIO()
-        typed = LineReader(io.StringIO('[1]\n{"color": 3}\n{"color": "red"}\n'))
-        prompter = ApprovalPrompter.for_turn(
-            turn, interactive=True, reader=typed, out=Console(file=screen, width=200), by="dana"
-        )
-        async with prompter:
-            async for message in turn.messages(include_tool_results=True):
-                prompter.saw(message)
+        shown = await answered_at_the_terminal(turn, '[1]\n{"color": 3}\n{"color": "red"}\n')
         result = await turn.result()
-    shown = screen.getvalue()
     assert "result needed · client__pick_color · call p1" in shown
     assert "the result must be a JSON object" in shown
     assert "not submitted: the result does not match the tool's output schema at color" in shown

@@ -11,6 +11,7 @@ import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import StorageDriverStoreContext, WorkflowSerializationContext
 
+from tests.conftest import forged_expansion
 from turnkeep.config.settings import PayloadStorageSettings
 from turnkeep.payloads.codec import EncryptionCodec, EncryptionNotConfiguredError
 from turnkeep.payloads.composition import data_converter
@@ -19,7 +20,7 @@ from turnkeep.payloads.storage import external_storage
 from turnkeep.workflows.activity_io import PrepareTurnRequest
 from turnkeep.workflows.messages import Message
 from turnkeep.workflows.model_io import LlmStepRequest
-from turnkeep.workflows.turn_io import TurnOverrides
+from turnkeep.workflows.turn_io import TurnInput, TurnOverrides
 
 STEP = LlmStepRequest(
     agent="a", model="m", call_index=1, workflow_id="w", run_id="r", digest="d" * 64
@@ -80,4 +81,17 @@ async def test_without_encryption_there_is_no_codec_and_an_encrypted_payload_say
     # Nothing is ever written as encrypted by the converter itself.
     assert (
         plain.payload_converter.to_payloads([b"raw"])[0].metadata["encoding"] != b"binary/encrypted"
+    )
+
+
+def test_the_converter_leaves_only_a_conversation_as_json() -> None:
+    """Whoever set the metadata, only a conversation field stays JSON (to be validated as
+    messages); any other field a client claims was expanded is parsed as it is."""
+    converter = data_converter(None).payload_converter
+    document = {"agent": "test", "messages": ["hi"], "history": []}
+    [claimed] = converter.from_payloads([forged_expansion(document, "messages")])
+    assert claimed == document
+    [history] = converter.from_payloads([forged_expansion(document, "history")])
+    assert history["history"] == b"[]" and TurnInput.model_validate(history) == TurnInput(
+        agent="test", messages=["hi"]
     )

@@ -17,9 +17,10 @@ from temporalio.client import (
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
+from temporalio.common import RawValue
 from temporalio.service import RPCError
 
-from tests.conftest import HarnessFactory, eventually, turnkeep
+from tests.conftest import HarnessFactory, eventually, forged_expansion, turnkeep
 from turnkeep.testing.fake_api import Api, FakeModelApi, Reply
 from turnkeep.workflows.activity_io import Timeouts, TurnPlan
 from turnkeep.workflows.loop import TurnState
@@ -113,6 +114,20 @@ async def test_a_start_carrying_a_state_is_refused(harness: HarnessFactory, clie
         )
         message = await failure_of(handle)
     assert "only a run continued from an earlier one" in message
+
+
+async def test_a_start_claiming_an_expanded_conversation_runs_as_any_other(
+    harness: HarnessFactory, client: Client
+) -> None:
+    document = {"agent": "test", "messages": ["hi"], "history": [{"role": "user", "content": []}]}
+    async with harness(TOOLS, **PASSTHROUGH) as h:
+        for key in ("messages", "history"):
+            handle = await start_raw(
+                client, h.task_queue, RawValue(forged_expansion(document, key))
+            )
+            result = await asyncio.wait_for(handle.result(), timeout=120)
+            assert result["stop_reason"] == "endTurn"
+            assert [m["role"] for m in result["history"]] == ["user", "user", "assistant"]
 
 
 async def test_a_megabyte_agent_name_fails_quickly_with_a_short_error(

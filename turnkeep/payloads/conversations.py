@@ -52,6 +52,7 @@ from turnkeep.payloads.storage import (
     write_durably,
 )
 from turnkeep.workflows.conversation import (
+    EXPANDABLE,
     EXPANDED_METADATA,
     MARKER,
     ConversationRef,
@@ -286,7 +287,7 @@ class ConversationCodec(PayloadCodec):
                 texts = await self._chain(owner, marker.get("head"), "prev")
             else:
                 raise PayloadStorageError(f"unknown conversation reference {kind!r}")
-            if key is not None and kind != "segment":  # a conversation, not a turn's part
+            if key in EXPANDABLE and kind != "segment":  # a conversation, not a turn's part
                 top_level[len(fragments)] = key
             fragments.append(f"[{','.join(texts)}]")
             return f"\x00{token}{len(fragments) - 1}\x00"

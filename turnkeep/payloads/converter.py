@@ -38,7 +38,7 @@ from turnkeep.payloads.codec import ENCODING as ENCRYPTED
 from turnkeep.payloads.codec import EncryptedPayloadRefusal, refuse_encrypted
 from turnkeep.payloads.conversations import ConversationCodec
 from turnkeep.support.sdk_private import DecodeStage, DecodingStages, decoding_outside_commands
-from turnkeep.workflows.conversation import EXPANDED_METADATA, STORE_CONTEXT
+from turnkeep.workflows.conversation import EXPANDABLE, EXPANDED_METADATA, STORE_CONTEXT
 from turnkeep.workflows.messages import Message, message_json
 
 UNDECODABLE = b"binary/turnkeep-undecodable"
@@ -134,7 +134,10 @@ def _spans(metadata: bytes | None) -> dict[str, tuple[int, int]]:
     return {
         key: (span[0], span[1])
         for key, span in spans.items()
-        if isinstance(span, list) and len(span) == 2 and all(type(n) is int for n in span)
+        if key in EXPANDABLE
+        and isinstance(span, list)
+        and len(span) == 2
+        and all(type(n) is int for n in span)
     }
 
 

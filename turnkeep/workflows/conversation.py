@@ -54,6 +54,10 @@ Kind = Literal["segment", "history", "transcript"]
 # The payload metadata in which the codec says where in a payload's JSON it expanded a
 # reference under a top-level key: ``{"history": [start, end]}`` (byte offsets).
 EXPANDED_METADATA = "turnkeep-expanded"
+# The only keys it may name: the fields of type ``Messages`` (``TurnInput.history``,
+# ``SessionState.history`` and ``.transcript``). Anything else in a payload is parsed, whoever
+# set the metadata.
+EXPANDABLE = frozenset({"history", "transcript"})
 
 
 def _parsed(value: Any) -> Any:

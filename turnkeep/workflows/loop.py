@@ -459,21 +459,37 @@ class TurnState(BaseModel):
                 call_id=pending.call_id,
             )
             self.allow_rules.append(rule)
-        record = DecisionRecord(
-            call_id=pending.call_id,
-            tool=pending.name,
-            decision=decision.decision,
-            by=decision.by,
-            reason=decision.reason,
-            at=now,
+        record = self._record(
+            pending,
+            decision,
+            now,
             original_arguments=pending.arguments if edited else None,
             arguments=decision.arguments if edited else None,
             rule=rule.id if rule else None,
             remember=decision.remember,
         )
-        self.decisions.append(record)
         if rule is not None:
             self._allow_waiting(now)
+        return record
+
+    def _record(
+        self, pending: PendingCall, decision: Decision, now: datetime, **fields: Any
+    ) -> DecisionRecord:
+        """Record ``decision`` on the waiting call ``pending`` (``fields``: what its kind adds
+        or says otherwise)."""
+        record = DecisionRecord.model_validate(
+            {
+                "call_id": pending.call_id,
+                "tool": pending.name,
+                "decision": decision.decision,
+                "by": decision.by,
+                "reason": decision.reason,
+                "at": now,
+                "kind": pending.kind,
+                **fields,
+            }
+        )
+        self.decisions.append(record)
         return record
 
     def _answer_client_call(
@@ -481,17 +497,7 @@ class TurnState(BaseModel):
     ) -> DecisionRecord:
         if decision.result is not None and decision.decision == "approve":
             self.submitted[pending.call_id] = decision.result.as_result()
-        record = DecisionRecord(
-            call_id=pending.call_id,
-            tool=pending.name,
-            decision=decision.decision,
-            by=decision.by,
-            reason=decision.reason,
-            at=now,
-            kind="client_result",
-        )
-        self.decisions.append(record)
-        return record
+        return self._record(pending, decision, now)
 
     def _answered(self, pending: PendingCall, decision: Decision, now: datetime) -> DecisionRecord:
         """A person's answer to what a server asked: the record, and for an elicitation the
@@ -506,17 +512,7 @@ class TurnState(BaseModel):
                 answer = elicit_answer(request, "cancel" if decision.cancel else "decline")
                 reason = reason or ("cancelled" if decision.cancel else "declined")
             self.server_answers[pending.call_id] = answer
-        record = DecisionRecord(
-            call_id=pending.call_id,
-            tool=pending.name,
-            decision=decision.decision,
-            by=decision.by,
-            reason=reason,
-            at=now,
-            kind=pending.kind,
-        )
-        self.decisions.append(record)
-        return record
+        return self._record(pending, decision, now, reason=reason)
 
     def _allow_waiting(self, now: datetime) -> None:
         """Approve the waiting calls a rule now covers, as ``apply_rules`` would have."""
@@ -723,23 +719,17 @@ class TurnState(BaseModel):
         pending = self.pending_approvals.pop(decision.call_id)
         before = self.budget_limit or 0.0
         raised = decision.decision == "approve" and decision.limit is not None
-        record = DecisionRecord(
-            call_id=pending.call_id,
-            tool=pending.name,
-            decision=decision.decision,
-            by=decision.by,
-            reason=decision.reason,
-            at=now,
-            original_arguments={"limit": before} if raised else None,
-            arguments={"limit": decision.limit} if raised else None,
-            kind="budget",
-        )
         if raised and decision.limit is not None:
             self.budget_raised += decision.limit - before
             self.budget_limit = decision.limit
             self.budget_passed = self.model_calls + 1
-        self.decisions.append(record)
-        return record
+        return self._record(
+            pending,
+            decision,
+            now,
+            original_arguments={"limit": before} if raised else None,
+            arguments={"limit": decision.limit} if raised else None,
+        )
 
     def stop_at_budget(self, problem: str, record: DecisionRecord | None = None) -> None:
         """End the turn before its next model call, with a final assistant message saying

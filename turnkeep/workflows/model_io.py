@@ -142,10 +142,11 @@ class MessageJson:
         messages = request.messages
         run = self._run
         if run is not None and run.begins(messages):
-            kept, parts = self._by_id, list(run.parts)
+            kept, known = self._by_id, run.parts
             hasher, chars, start = run.hasher.copy(), run.chars, len(run.messages)
         else:
-            kept, parts, hasher, chars, start = {}, [], hashlib.sha256(), 0, 0
+            kept, known, hasher, chars, start = {}, (), hashlib.sha256(), 0, 0
+        parts: list[tuple[str, str]] = []
         for message in messages[start:]:
             entry = self._by_id.get(id(message))
             if entry is None or entry[0] is not message:
@@ -156,7 +157,7 @@ class MessageJson:
             hasher.update(f"{entry[1]}\n".encode())
             chars += len(entry[2])
         self._by_id = kept
-        self._run = JsonRun(tuple(messages), tuple(parts), hasher, chars)
+        self._run = JsonRun(tuple(messages), known + tuple(parts), hasher, chars)
         return RequestJson(
             header=request.model_dump_json(exclude={"messages"}),
             messages=self._run.parts,
