@@ -21,6 +21,7 @@ from turnkeep.workflows.activity_io import (
     PAYLOAD_ENVELOPE_BYTES,
     PAYLOAD_LIMIT_BYTES,
     PREPARE_TURN,
+    AgentTool,
     BudgetPlan,
     ClientTool,
     ClientToolsPlan,
@@ -64,14 +65,20 @@ class TurnSetupActivities:
         self.visibility = VisibilityPlan(
             search_attribute_interval=visibility.search_attribute_interval
         )
+        # The task queues the workers serving these agents poll: the plugin adds each
+        # worker's as it is built, before any of them polls (``child_queue``).
+        self.worker_queues: set[str] = set()
 
     @activity.defn(name=PREPARE_TURN)
     async def prepare_turn(self, request: PrepareTurnRequest) -> TurnPlan:
         require_workflow()
-        return self.plan(request)
+        # The turn's own task queue: its activities run there unless a tool server says
+        # otherwise, and this one was not told to.
+        return self.plan(request, task_queue=activity.info().task_queue)
 
-    def plan(self, request: PrepareTurnRequest) -> TurnPlan:
-        """The plan of a turn of ``request.agent``, once its overrides are checked."""
+    def plan(self, request: PrepareTurnRequest, *, task_queue: str | None = None) -> TurnPlan:
+        """The plan of a turn of ``request.agent`` on ``task_queue`` (None: on its agent's own
+        queue, as ``turnkeep worker`` serves it), once its overrides are checked."""
         agent = self._agents.agent(request.agent)
         if request.depth > self._max_agent_depth:
             raise config_error(
@@ -81,10 +88,10 @@ class TurnSetupActivities:
             )
         overrides = request.overrides
         if agent.type in ("chain", "parallel", "evaluator_optimizer", "maker"):
-            return self._team_plan(request.agent, agent, overrides)
+            return self._team_plan(request.agent, agent, overrides, task_queue)
         model = check_overrides(self._agents, self._models, request.agent, overrides)
         if agent.type in ("router", "orchestrator", "iterative_planner"):
-            return self._team_plan(request.agent, agent, overrides, model=model)
+            return self._team_plan(request.agent, agent, overrides, task_queue, model=model)
 
         def pick(name: str) -> object:
             value = getattr(overrides, name)
@@ -112,7 +119,7 @@ class TurnSetupActivities:
                 "tool_task_queues": _tool_task_queues(self._agents, agent),
                 "approval": _approval(agent),
                 "server_requests": _server_requests(self._agents, agent),
-                "agent_tools": [self._agents.agent_tool(name) for name in agent.agents],
+                "agent_tools": [self._agent_tool(name, task_queue) for name in agent.agents],
                 "max_parallel": agent.max_parallel,
                 "budget": budget,
                 "fallback_models": fallbacks,
@@ -136,11 +143,27 @@ class TurnSetupActivities:
             prices.append(price.input_per_token)
         return max(prices)
 
+    def _agent_tool(self, name: str, task_queue: str | None) -> AgentTool:
+        """Agent ``name`` as a tool or a step of a turn on ``task_queue``, its turns started
+        where a worker that has it polls (``child_queue``)."""
+        return self._agents.agent_tool(name, self.child_queue(name, task_queue))
+
+    def child_queue(self, agent: str, task_queue: str | None) -> str:
+        """Where a turn on ``task_queue`` starts a turn of ``agent``: the agent's own queue
+        when these workers poll it (``turnkeep worker``, ``build_workers``), which only
+        workers that have the agent poll, however many configs share the worker's queue.
+        Otherwise (the plugin on an application's own ``Worker``, on its one queue) the
+        parent's queue: the worker running this polls it, and has the agent, or it would not
+        have started (``AgentCatalog.team_problems``)."""
+        own = self._agents.task_queue_of(agent)
+        return own if task_queue is None or own in self.worker_queues else task_queue
+
     def _team_plan(
         self,
         name: str,
         agent: AgentSettings,
         overrides: TurnOverrides,
+        task_queue: str | None,
         *,
         model: str | None = None,
     ) -> TurnPlan:
@@ -161,8 +184,8 @@ class TurnSetupActivities:
         }.get(agent.type, agent.agents)
         team = TeamPlan(
             kind=agent.type,
-            steps=[self._agents.agent_tool(step) for step in steps],
-            fan_in=self._agents.agent_tool(agent.fan_in) if agent.fan_in else None,
+            steps=[self._agent_tool(step, task_queue) for step in steps],
+            fan_in=self._agent_tool(agent.fan_in, task_queue) if agent.fan_in else None,
             cumulative=agent.cumulative,
             include_request=agent.include_request,
             min_rating=agent.min_rating,

@@ -62,11 +62,15 @@ class AgentCatalog(Mapping[str, AgentSettings]):
             raise config_error(
                 "UnknownAgent",
                 f"Unknown agent {name!r}. This worker's agents: {known(self._agents)}. Turns of "
-                f"agent {name!r} run on task queue "
-                f"{agent_task_queue(self._task_queue, name)!r}, which only workers with that "
-                "agent poll: start them there (turnkeep's clients and command line do).",
+                f"agent {name!r} run on task queue {self.task_queue_of(name)!r}, which only "
+                "workers with that agent poll: start them there (turnkeep's clients and command "
+                "line do).",
             )
         return agent
+
+    def task_queue_of(self, agent: str) -> str:
+        """Agent ``agent``'s own task queue, under the worker's (``agent_task_queue``)."""
+        return agent_task_queue(self._task_queue, agent)
 
     def server(self, name: str) -> McpServerSettings | None:
         """The ``mcp.servers`` entry ``name`` (None: a server of another tool-source kind)."""
@@ -85,23 +89,26 @@ class AgentCatalog(Mapping[str, AgentSettings]):
             if (missing := [s for s in agent.servers if s not in servers])
         }
 
-    def agent_tool(self, name: str) -> AgentTool:
+    def agent_tool(self, name: str, task_queue: str | None = None) -> AgentTool:
         """Agent ``name`` as another agent's tool, as fast-agent offers it: ``agent__<name>``,
-        described by its description (or instruction), taking a message."""
+        described by its description (or instruction), taking a message; its turns start on
+        ``task_queue`` (default: the agent's own queue)."""
         agent = self.agent(name)
         spec = ToolSpec(
             name=AGENT_TOOL_PREFIX + name,
             description=agent.description or agent.instruction,
             input_schema=AGENT_TOOL_SCHEMA,
         )
-        return AgentTool(spec=spec, agent=name, task_queue=agent_task_queue(self._task_queue, name))
+        return AgentTool(spec=spec, agent=name, task_queue=task_queue or self.task_queue_of(name))
 
     def team_problems(self) -> list[str]:
         """What is wrong with the agents that agents call (as tools, or as steps of a workflow
         agent): one this worker lacks, or a circle (an agent that reaches itself)."""
         problems = [
             f"agent {name!r} calls agent(s) {missing}, which are not in this "
-            f"worker's agents (known: {known(self._agents)})"
+            f"worker's agents (known: {known(self._agents)}). A worker runs the turns of the "
+            "agents its agents call, on its own task queue or on theirs: declare them in this "
+            "worker's config too"
             for name, agent in self._agents.items()
             if (missing := [a for a in called(agent) if a not in self._agents])
         ]

@@ -222,6 +222,12 @@ class TurnkeepPlugin(SimplePlugin):
         if client is not None:
             config["client"] = with_converter(client, self._converter(client.data_converter))
         shorter_sticky_timeout(config)
+        # Where this worker's turns start the turns of the agents they call: on the agents'
+        # own queues if this plugin's workers poll them, else beside the calling turn.
+        # Recorded as the worker is built, so every queue of ``build_workers`` is known
+        # before the first of them polls.
+        if (queue := config.get("task_queue")) is not None:
+            self._setup.worker_queues.add(queue)
         return super().configure_worker(config)
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:

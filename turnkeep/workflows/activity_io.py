@@ -150,7 +150,8 @@ class ClientToolsPlan(Compact):
 
 class AgentTool(Compact):
     """An agent that another agent's model may call as a tool: a call runs its turn as a child
-    workflow, on the agent's own task queue."""
+    workflow, on ``task_queue``, where a worker that has the agent polls (the agent's own queue
+    under ``build_workers``, else the calling turn's)."""
 
     spec: ToolSpec  # named `agent__<agent>`
     agent: str
