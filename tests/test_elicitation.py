@@ -8,7 +8,9 @@ counted; and the pure rules (content checked against the requested schema)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import sys
 import uuid
 from datetime import UTC, datetime
@@ -17,11 +19,14 @@ from typing import Any
 
 import mcp_types
 import pytest
+import yaml
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from tests import test_loop
 from tests.conftest import HarnessFactory, eventually, turnkeep
+from tests.mcp_servers.launch import http_server
+from tests.test_docs import ROOT, titled_blocks
 from tests.test_visibility import current_details
 from tests.worker_process import FLEET_ENV, WorkerProcesses, write_config
 from turnkeep.client.turns import TurnHandle, start_turn
@@ -41,6 +46,7 @@ from turnkeep.workflows.turn_io import TurnInput, TurnResult
 pytestmark = pytest.mark.asyncio
 
 SERVER = Path(__file__).parent / "mcp_servers" / "asking_server.py"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "elicitation"
 BOOK = '***CALL_TOOL shows__book {"show": "Hamlet"}'
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -344,6 +350,143 @@ async def test_an_older_connection_runs_one_call_at_a_time_and_attributes_each_r
 async def _both(turn: TurnHandle) -> list[PendingCall] | None:
     waiting = await turn.pending_approvals()
     return waiting if len(waiting) == 2 else None
+
+
+# -- servers that ask with ctx.elicit, under the default protocol_mode -----------------------
+
+
+def example_settings(monkeypatch: pytest.MonkeyPatch, **server: Any) -> Settings:
+    """The documented example (``examples/elicitation``): its turnkeep.yaml's server as written
+    (``server``: keys changed), and a passthrough agent to call its tools."""
+    # The example's `python` is this interpreter, as in the virtualenv a reader works in.
+    bin_dir = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", os.pathsep.join([bin_dir, os.environ.get("PATH", "")]))
+    written = yaml.safe_load((EXAMPLE / "turnkeep.yaml").read_text(encoding="utf-8"))
+    desk = {**written["mcp"]["servers"]["desk"], **server}
+    return Settings.model_validate(
+        {
+            "base_dir": EXAMPLE,
+            "mcp": {"servers": {"desk": desk}},
+            "agents": {"test": {"model": "passthrough", "servers": ["desk"]}},
+        }
+    )
+
+
+async def test_the_documented_example_is_the_file_that_runs() -> None:
+    blocks = titled_blocks(ROOT / "docs" / "elicitation.md")
+    for name in ("names_server.py", "turnkeep.yaml"):
+        assert blocks[name] == (EXAMPLE / name).read_text(encoding="utf-8"), name
+
+
+async def test_a_server_asking_with_ctx_elicit_is_answered_under_the_default_protocol_mode(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FastMCP's docs' `ctx.elicit(..., response_type=str)` and a dataclass form, with only
+    `elicitation` in the server's config: each is asked and answered like any elicitation."""
+    settings = example_settings(monkeypatch)
+    assert settings.mcp.servers["desk"].protocol_mode == "auto"
+    async with worker_harness(client, settings, default_agent="test") as h:
+        turn = await h.start("***CALL_TOOL desk__greet {}")
+        pending = await asked(turn)
+        assert (pending.kind, pending.prompt) == ("elicitation", "What is your name?")
+        assert pending.requested_schema is not None
+        assert list(pending.requested_schema["properties"]) == ["value"]
+        await turn.answer_elicitation(pending.call_id, {"value": "Ann"}, by="ann")
+        greeted = await turn.result()
+        assert tool_result(greeted).text == "Hello, Ann!"
+        assert not tool_result(greeted).is_error
+
+        turn = await h.start('***CALL_TOOL desk__book {"show": "Hamlet"}')
+        pending = await asked(turn)
+        assert pending.prompt == "Who is booking for Hamlet?"
+        assert pending.requested_schema is not None
+        assert set(pending.requested_schema["properties"]) == {"name", "seats"}
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await turn.answer_elicitation(pending.call_id, {"name": "Ann", "seats": "two"})
+        assert "field 'seats' must be an integer" in str(refused.value.cause)
+        await turn.answer_elicitation(pending.call_id, {"name": "Ann", "seats": 2}, by="ann")
+        booked = await turn.result()
+    assert tool_result(booked).text == "Booked 2 seats for Ann at Hamlet."
+    assert [d.by for d in booked.decisions] == ["ann"]
+
+
+@pytest.mark.parametrize("how", ["decline", "cancel"])
+async def test_a_ctx_elicit_decline_or_cancel_reaches_the_server(
+    client: Client, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    async with worker_harness(client, example_settings(monkeypatch), default_agent="test") as h:
+        turn = await h.start("***CALL_TOOL desk__greet {}")
+        pending = await asked(turn)
+        flags = {"decline": how == "decline", "cancel": how == "cancel"}
+        await turn.answer_elicitation(pending.call_id, by="bob", **flags)
+        result = await turn.result()
+    assert tool_result(result).text == f"No name given ({how})."
+    assert not result.decisions[0].approved
+
+
+@pytest.mark.parametrize(
+    ("server", "fix"),
+    [
+        (
+            {"protocol_mode": "modern"},
+            "set `protocol_mode: auto` (or `legacy`) on `mcp.servers.desk`",
+        ),
+        ({"elicitation": None}, "add `elicitation: {mode: forms}` to `mcp.servers.desk`"),
+        ({"elicitation": {"mode": "none"}}, "add `elicitation: {mode: forms}`"),
+    ],
+    ids=["pinned-modern", "no-elicitation", "mode-none"],
+)
+async def test_a_request_the_connection_cannot_carry_names_the_fix(
+    client: Client, monkeypatch: pytest.MonkeyPatch, server: dict[str, Any], fix: str
+) -> None:
+    settings = example_settings(monkeypatch, **server)
+    async with worker_harness(client, settings, default_agent="test") as h:
+        result = await h.run("***CALL_TOOL desk__greet {}")
+    failed = tool_result(result)
+    assert failed.is_error
+    assert "server-initiated requests is unavailable on 2026-07-28" in failed.text
+    assert fix in failed.text
+    assert result.decisions == []
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_one_server_asks_both_ways_under_the_default_protocol_mode(
+    harness: HarnessFactory, tmp_path: Path, transport: str
+) -> None:
+    """A tool that asks with ctx.elicit runs on a handshake connection, where its request
+    travels; one that returns an InputRequiredResult stays on the 2026-07-28 one."""
+    record = tmp_path / "record.txt"
+    push = '***CALL_TOOL shows__book_push {"show": "Lear"}'
+    async with contextlib.AsyncExitStack() as stack:
+        if transport == "http":
+            env = {"TURNKEEP_TEST_RECORD": str(record)}
+            url = await stack.enter_async_context(http_server(env=env, script=SERVER))
+            shows: dict[str, Any] = {"url": url, "elicitation": {}}
+        else:
+            shows = server(record, elicitation={})
+        settings = {
+            "mcp": {"servers": {"shows": shows}},
+            "agents": {"test": {"model": "passthrough", "servers": ["shows"]}},
+        }
+        h = await stack.enter_async_context(harness(**settings))
+        for prompt, answer in (
+            (push, {"name": "Lu", "seats": 4}),
+            (BOOK, {"name": "Ed", "seats": 6}),
+        ):
+            turn = await h.start(prompt)
+            pending = await asked(turn)
+            await turn.answer_elicitation(pending.call_id, answer)
+            texts = [tool_result(await turn.result()).text]
+            # Again: the tool known to ask its own way goes to the handshake connection at once.
+            turn = await h.start(prompt)
+            await turn.answer_elicitation((await asked(turn)).call_id, answer)
+            texts.append(tool_result(await turn.result()).text)
+            assert len(set(texts)) == 1, texts
+    assert runs(record) == [
+        # The first run on a 2026-07-28 connection failed at ctx.elicit, before its record.
+        *["book_push Lear cancel", "book_push Lear accept"] * 2,
+        *["book Hamlet asking", "book Hamlet asking", "book Hamlet answered"] * 2,
+    ]
 
 
 # -- sampling --------------------------------------------------------------------------------
