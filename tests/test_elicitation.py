@@ -3,7 +3,9 @@ server (stdio, ``tests/mcp_servers/asking_server.py``): the call suspends with w
 asked, the turn waits like an approval (no activity running) or samples the model, and the
 call runs again with the answers. Answered, declined, cancelled, timed out, refused by the
 server's config, bad content refused, sampling through the fake model API with its usage
-counted; and the pure rules (content checked against the requested schema)."""
+counted; servers that ask with ``ctx.elicit`` (FastMCP's, MCP's SDK's, the documented example)
+under the default protocol_mode, and the fix named when their request cannot get through; and
+the pure rules (content checked against the requested schema)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 import mcp_types
 import pytest
 import yaml
+from mcp.shared.exceptions import MCPError, NoBackChannelError
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
@@ -35,6 +38,7 @@ from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 from turnkeep.testing.fake_model import FakeModel
+from turnkeep.tools.protocol_era import fix_for, refused_request, with_fix
 from turnkeep.tools.server_requests import RequestBook, Suspended
 from turnkeep.workflows.activity_io import ToolCallRequest
 from turnkeep.workflows.approval import Decision, PendingCall
@@ -46,6 +50,7 @@ from turnkeep.workflows.turn_io import TurnInput, TurnResult
 pytestmark = pytest.mark.asyncio
 
 SERVER = Path(__file__).parent / "mcp_servers" / "asking_server.py"
+SDK_SERVER = Path(__file__).parent / "mcp_servers" / "sdk_asking_server.py"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "elicitation"
 BOOK = '***CALL_TOOL shows__book {"show": "Hamlet"}'
 SCHEMA: dict[str, Any] = {
@@ -186,6 +191,31 @@ async def test_a_run_answers_what_the_server_asks_again_in_order_and_suspends_on
     sampling = mcp_types.CreateMessageRequestParams(messages=[], max_tokens=5)
     with pytest.raises(RuntimeError, match="sampling is not enabled"):
         cancelling.sample(sampling)
+
+
+async def test_a_request_refused_for_want_of_a_channel_is_recognised_and_its_fix_named() -> None:
+    fastmcp_says = mcp_types.CallToolResult(
+        content=[
+            mcp_types.TextContent(
+                type="text",
+                text="elicitation via server-initiated requests is unavailable on 2026-07-28 "
+                "connections.",
+            )
+        ],
+        is_error=True,
+    )
+    assert refused_request(fastmcp_says) == "elicitation"
+    assert refused_request(fastmcp_says.model_copy(update={"is_error": False})) is None
+    sdk_says = NoBackChannelError("sampling/createMessage")
+    assert refused_request(sdk_says) == "sampling"
+    assert refused_request(MCPError(-32602, "Unknown tool: 'x'")) is None
+    fix = fix_for("desk", "sampling", enabled=False, protocol_mode="auto")
+    assert "add `sampling: {}` to `mcp.servers.desk`" in fix
+    fix = fix_for("desk", "elicitation", enabled=True, protocol_mode="legacy")
+    assert "must ask by returning an InputRequiredResult" in fix
+    fixed = with_fix(sdk_says, "do this")
+    assert isinstance(fixed, MCPError) and fixed.message.endswith("(do this)")
+    assert fixed.code == sdk_says.code
 
 
 # -- elicitation -----------------------------------------------------------------------------
@@ -487,6 +517,25 @@ async def test_one_server_asks_both_ways_under_the_default_protocol_mode(
         *["book_push Lear cancel", "book_push Lear accept"] * 2,
         *["book Hamlet asking", "book Hamlet asking", "book Hamlet answered"] * 2,
     ]
+
+
+async def test_a_server_on_mcps_own_sdk_asking_with_ctx_elicit_is_answered(
+    harness: HarnessFactory,
+) -> None:
+    """MCP's SDK refuses the request on a 2026-07-28 connection with a JSON-RPC error rather
+    than an error result: the same handshake connection carries it."""
+    sdk = {"command": sys.executable, "args": [str(SDK_SERVER)], "elicitation": {}}
+    settings = {
+        "mcp": {"servers": {"shows": sdk}},
+        "agents": {"test": {"model": "passthrough", "servers": ["shows"]}},
+    }
+    async with harness(**settings) as h:
+        turn = await h.start(BOOK)
+        pending = await asked(turn)
+        assert pending.prompt == "Who is booking for Hamlet?"
+        await turn.answer_elicitation(pending.call_id, {"name": "Bo", "seats": 3})
+        result = await turn.result()
+    assert tool_result(result).text == "booked 3 seats for Bo at Hamlet"
 
 
 # -- sampling --------------------------------------------------------------------------------

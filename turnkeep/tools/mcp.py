@@ -49,7 +49,9 @@ _STDERR_TAIL_CHARS = 2000
 class McpSource(ToolSource):
     """A server reached over an MCP session: one long-lived ``fastmcp.Client``, opened on first
     use and shared by every concurrent call (MCP multiplexes requests over one session). A
-    connection that fails is thrown away so the next call opens a fresh one."""
+    connection that fails is thrown away so the next call opens a fresh one. A server that may
+    ask (elicitation, sampling) may get a second one, opened with the initialize handshake,
+    for its tools that ask with requests of their own (``call_tool``)."""
 
     def __init__(
         self,
@@ -165,6 +167,8 @@ class McpSource(ToolSource):
             and self._protocol_mode == "auto"
             and not self._no_handshake
             and CURRENT_BOOK.get() is not None
+            and self._client is not None
+            and not _handshake_era(self._client)
         )
 
     def _fix(self, kind: AskedKind) -> str:

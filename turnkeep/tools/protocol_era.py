@@ -54,8 +54,9 @@ def fix_for(server: str, kind: AskedKind, *, enabled: bool, protocol_mode: str) 
         )
     return (
         f"turnkeep: MCP server {server!r} asked for {_what(kind)} with a request of its own, "
-        "which only a connection opened with the initialize handshake carries, and none could "
-        "be opened to it: its tool must ask by returning an InputRequiredResult."
+        "and no connection to it could carry one (only one opened with the initialize "
+        "handshake can, over a transport with a channel back): its tool must ask by returning "
+        "an InputRequiredResult."
     )
 
 
