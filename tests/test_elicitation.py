@@ -598,6 +598,29 @@ async def test_sampling_waits_for_approval_when_configured_and_a_denial_refuses_
     assert (decision.kind, decision.decision, decision.by) == ("sampling", "deny", "eve")
 
 
+async def test_sampling_asked_with_a_request_of_its_own_runs_under_the_default_protocol_mode(
+    client: Client, fake_model: FakeModel, tmp_path: Path
+) -> None:
+    model = fake_model.script(
+        "sdk-sampler",
+        Reply.tool_calls(("c1", "shows__summarise", {"text": "a long play"})),
+        Reply.text("Prince avenges father, dies."),
+        Reply.text("Done."),
+    )
+    sdk = {"command": sys.executable, "args": [str(SDK_SERVER)], "sampling": {}}
+    settings = {
+        "base_dir": tmp_path,
+        "mcp": {"servers": {"shows": sdk}},
+        "agents": {"test": {"model": model, "servers": ["shows"]}},
+    }
+    async with worker_harness(client, Settings.model_validate(settings), fake=fake_model) as h:
+        result = await h.run("summarise it", agent="test")
+    assert tool_result(result).text == "summary: Prince avenges father, dies."
+    sampled = fake_model.requests("sdk-sampler")[1].body
+    assert sampled["system"] == "Answer in five words."
+    assert json.dumps(sampled["messages"]).count("Summarise: a long play") == 1
+
+
 # -- durability ------------------------------------------------------------------------------
 
 
