@@ -3,12 +3,16 @@ server (stdio, ``tests/mcp_servers/asking_server.py``): the call suspends with w
 asked, the turn waits like an approval (no activity running) or samples the model, and the
 call runs again with the answers. Answered, declined, cancelled, timed out, refused by the
 server's config, bad content refused, sampling through the fake model API with its usage
-counted; and the pure rules (content checked against the requested schema)."""
+counted; servers that ask with ``ctx.elicit`` (FastMCP's, MCP's SDK's, the documented example)
+under the default protocol_mode, and the fix named when their request cannot get through; and
+the pure rules (content checked against the requested schema)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import sys
 import uuid
 from datetime import UTC, datetime
@@ -17,11 +21,15 @@ from typing import Any
 
 import mcp_types
 import pytest
+import yaml
+from mcp.shared.exceptions import MCPError, NoBackChannelError
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from tests import test_loop
 from tests.conftest import HarnessFactory, eventually, turnkeep
+from tests.mcp_servers.launch import http_server
+from tests.test_docs import ROOT, titled_blocks
 from tests.test_visibility import current_details
 from tests.worker_process import FLEET_ENV, WorkerProcesses, write_config
 from turnkeep.client.turns import TurnHandle, start_turn
@@ -30,6 +38,7 @@ from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 from turnkeep.testing.fake_model import FakeModel
+from turnkeep.tools.protocol_era import fix_for, refused_request, with_fix
 from turnkeep.tools.server_requests import RequestBook, Suspended
 from turnkeep.workflows.activity_io import ToolCallRequest
 from turnkeep.workflows.approval import Decision, PendingCall
@@ -41,6 +50,8 @@ from turnkeep.workflows.turn_io import TurnInput, TurnResult
 pytestmark = pytest.mark.asyncio
 
 SERVER = Path(__file__).parent / "mcp_servers" / "asking_server.py"
+SDK_SERVER = Path(__file__).parent / "mcp_servers" / "sdk_asking_server.py"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "elicitation"
 BOOK = '***CALL_TOOL shows__book {"show": "Hamlet"}'
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -180,6 +191,31 @@ async def test_a_run_answers_what_the_server_asks_again_in_order_and_suspends_on
     sampling = mcp_types.CreateMessageRequestParams(messages=[], max_tokens=5)
     with pytest.raises(RuntimeError, match="sampling is not enabled"):
         cancelling.sample(sampling)
+
+
+async def test_a_request_refused_for_want_of_a_channel_is_recognised_and_its_fix_named() -> None:
+    fastmcp_says = mcp_types.CallToolResult(
+        content=[
+            mcp_types.TextContent(
+                type="text",
+                text="elicitation via server-initiated requests is unavailable on 2026-07-28 "
+                "connections.",
+            )
+        ],
+        is_error=True,
+    )
+    assert refused_request(fastmcp_says) == "elicitation"
+    assert refused_request(fastmcp_says.model_copy(update={"is_error": False})) is None
+    sdk_says = NoBackChannelError("sampling/createMessage")
+    assert refused_request(sdk_says) == "sampling"
+    assert refused_request(MCPError(-32602, "Unknown tool: 'x'")) is None
+    fix = fix_for("desk", "sampling", enabled=False, protocol_mode="auto")
+    assert "add `sampling: {}` to `mcp.servers.desk`" in fix
+    fix = fix_for("desk", "elicitation", enabled=True, protocol_mode="legacy")
+    assert "must ask by returning an InputRequiredResult" in fix
+    fixed = with_fix(sdk_says, "do this")
+    assert isinstance(fixed, MCPError) and fixed.message.endswith("(do this)")
+    assert fixed.code == sdk_says.code
 
 
 # -- elicitation -----------------------------------------------------------------------------
@@ -346,6 +382,162 @@ async def _both(turn: TurnHandle) -> list[PendingCall] | None:
     return waiting if len(waiting) == 2 else None
 
 
+# -- servers that ask with ctx.elicit, under the default protocol_mode -----------------------
+
+
+def example_settings(monkeypatch: pytest.MonkeyPatch, **server: Any) -> Settings:
+    """The documented example (``examples/elicitation``): its turnkeep.yaml's server as written
+    (``server``: keys changed), and a passthrough agent to call its tools."""
+    # The example's `python` is this interpreter, as in the virtualenv a reader works in.
+    bin_dir = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", os.pathsep.join([bin_dir, os.environ.get("PATH", "")]))
+    written = yaml.safe_load((EXAMPLE / "turnkeep.yaml").read_text(encoding="utf-8"))
+    desk = {**written["mcp"]["servers"]["desk"], **server}
+    return Settings.model_validate(
+        {
+            "base_dir": EXAMPLE,
+            "mcp": {"servers": {"desk": desk}},
+            "agents": {"test": {"model": "passthrough", "servers": ["desk"]}},
+        }
+    )
+
+
+async def test_the_documented_example_is_the_file_that_runs() -> None:
+    blocks = titled_blocks(ROOT / "docs" / "elicitation.md")
+    for name in ("names_server.py", "turnkeep.yaml"):
+        assert blocks[name] == (EXAMPLE / name).read_text(encoding="utf-8"), name
+
+
+async def test_a_server_asking_with_ctx_elicit_is_answered_under_the_default_protocol_mode(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FastMCP's docs' `ctx.elicit(..., response_type=str)` and a dataclass form, with only
+    `elicitation` in the server's config: each is asked and answered like any elicitation."""
+    settings = example_settings(monkeypatch)
+    assert settings.mcp.servers["desk"].protocol_mode == "auto"
+    async with worker_harness(client, settings, default_agent="test") as h:
+        turn = await h.start("***CALL_TOOL desk__greet {}")
+        pending = await asked(turn)
+        assert (pending.kind, pending.prompt) == ("elicitation", "What is your name?")
+        assert pending.requested_schema is not None
+        assert list(pending.requested_schema["properties"]) == ["value"]
+        await turn.answer_elicitation(pending.call_id, {"value": "Ann"}, by="ann")
+        greeted = await turn.result()
+        assert tool_result(greeted).text == "Hello, Ann!"
+        assert not tool_result(greeted).is_error
+
+        turn = await h.start('***CALL_TOOL desk__book {"show": "Hamlet"}')
+        pending = await asked(turn)
+        assert pending.prompt == "Who is booking for Hamlet?"
+        assert pending.requested_schema is not None
+        assert set(pending.requested_schema["properties"]) == {"name", "seats"}
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await turn.answer_elicitation(pending.call_id, {"name": "Ann", "seats": "two"})
+        assert "field 'seats' must be an integer" in str(refused.value.cause)
+        await turn.answer_elicitation(pending.call_id, {"name": "Ann", "seats": 2}, by="ann")
+        booked = await turn.result()
+    assert tool_result(booked).text == "Booked 2 seats for Ann at Hamlet."
+    assert [d.by for d in booked.decisions] == ["ann"]
+
+
+@pytest.mark.parametrize("how", ["decline", "cancel"])
+async def test_a_ctx_elicit_decline_or_cancel_reaches_the_server(
+    client: Client, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    async with worker_harness(client, example_settings(monkeypatch), default_agent="test") as h:
+        turn = await h.start("***CALL_TOOL desk__greet {}")
+        pending = await asked(turn)
+        flags = {"decline": how == "decline", "cancel": how == "cancel"}
+        await turn.answer_elicitation(pending.call_id, by="bob", **flags)
+        result = await turn.result()
+    assert tool_result(result).text == f"No name given ({how})."
+    assert not result.decisions[0].approved
+
+
+@pytest.mark.parametrize(
+    ("server", "fix"),
+    [
+        (
+            {"protocol_mode": "modern"},
+            "set `protocol_mode: auto` (or `legacy`) on `mcp.servers.desk`",
+        ),
+        ({"elicitation": None}, "add `elicitation: {mode: forms}` to `mcp.servers.desk`"),
+        ({"elicitation": {"mode": "none"}}, "add `elicitation: {mode: forms}`"),
+    ],
+    ids=["pinned-modern", "no-elicitation", "mode-none"],
+)
+async def test_a_request_the_connection_cannot_carry_names_the_fix(
+    client: Client, monkeypatch: pytest.MonkeyPatch, server: dict[str, Any], fix: str
+) -> None:
+    settings = example_settings(monkeypatch, **server)
+    async with worker_harness(client, settings, default_agent="test") as h:
+        result = await h.run("***CALL_TOOL desk__greet {}")
+    failed = tool_result(result)
+    assert failed.is_error
+    assert "server-initiated requests is unavailable on 2026-07-28" in failed.text
+    assert fix in failed.text
+    assert result.decisions == []
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_one_server_asks_both_ways_under_the_default_protocol_mode(
+    harness: HarnessFactory, tmp_path: Path, transport: str
+) -> None:
+    """A tool that asks with ctx.elicit runs on a handshake connection, where its request
+    travels; one that returns an InputRequiredResult stays on the 2026-07-28 one."""
+    record = tmp_path / "record.txt"
+    push = '***CALL_TOOL shows__book_push {"show": "Lear"}'
+    async with contextlib.AsyncExitStack() as stack:
+        if transport == "http":
+            env = {"TURNKEEP_TEST_RECORD": str(record)}
+            url = await stack.enter_async_context(http_server(env=env, script=SERVER))
+            shows: dict[str, Any] = {"url": url, "elicitation": {}}
+        else:
+            shows = server(record, elicitation={})
+        settings = {
+            "mcp": {"servers": {"shows": shows}},
+            "agents": {"test": {"model": "passthrough", "servers": ["shows"]}},
+        }
+        h = await stack.enter_async_context(harness(**settings))
+        for prompt, answer in (
+            (push, {"name": "Lu", "seats": 4}),
+            (BOOK, {"name": "Ed", "seats": 6}),
+        ):
+            turn = await h.start(prompt)
+            pending = await asked(turn)
+            await turn.answer_elicitation(pending.call_id, answer)
+            texts = [tool_result(await turn.result()).text]
+            # Again: the tool known to ask its own way goes to the handshake connection at once.
+            turn = await h.start(prompt)
+            await turn.answer_elicitation((await asked(turn)).call_id, answer)
+            texts.append(tool_result(await turn.result()).text)
+            assert len(set(texts)) == 1, texts
+    assert runs(record) == [
+        # The first run on a 2026-07-28 connection failed at ctx.elicit, before its record.
+        *["book_push Lear cancel", "book_push Lear accept"] * 2,
+        *["book Hamlet asking", "book Hamlet asking", "book Hamlet answered"] * 2,
+    ]
+
+
+async def test_a_server_on_mcps_own_sdk_asking_with_ctx_elicit_is_answered(
+    harness: HarnessFactory,
+) -> None:
+    """MCP's SDK refuses the request on a 2026-07-28 connection with a JSON-RPC error rather
+    than an error result: the same handshake connection carries it."""
+    sdk = {"command": sys.executable, "args": [str(SDK_SERVER)], "elicitation": {}}
+    settings = {
+        "mcp": {"servers": {"shows": sdk}},
+        "agents": {"test": {"model": "passthrough", "servers": ["shows"]}},
+    }
+    async with harness(**settings) as h:
+        turn = await h.start(BOOK)
+        pending = await asked(turn)
+        assert pending.prompt == "Who is booking for Hamlet?"
+        await turn.answer_elicitation(pending.call_id, {"name": "Bo", "seats": 3})
+        result = await turn.result()
+    assert tool_result(result).text == "booked 3 seats for Bo at Hamlet"
+
+
 # -- sampling --------------------------------------------------------------------------------
 
 
@@ -404,6 +596,29 @@ async def test_sampling_waits_for_approval_when_configured_and_a_denial_refuses_
     assert "sampling was not approved" in tool_result(result).text
     [decision] = result.decisions
     assert (decision.kind, decision.decision, decision.by) == ("sampling", "deny", "eve")
+
+
+async def test_sampling_asked_with_a_request_of_its_own_runs_under_the_default_protocol_mode(
+    client: Client, fake_model: FakeModel, tmp_path: Path
+) -> None:
+    model = fake_model.script(
+        "sdk-sampler",
+        Reply.tool_calls(("c1", "shows__summarise", {"text": "a long play"})),
+        Reply.text("Prince avenges father, dies."),
+        Reply.text("Done."),
+    )
+    sdk = {"command": sys.executable, "args": [str(SDK_SERVER)], "sampling": {}}
+    settings = {
+        "base_dir": tmp_path,
+        "mcp": {"servers": {"shows": sdk}},
+        "agents": {"test": {"model": model, "servers": ["shows"]}},
+    }
+    async with worker_harness(client, Settings.model_validate(settings), fake=fake_model) as h:
+        result = await h.run("summarise it", agent="test")
+    assert tool_result(result).text == "summary: Prince avenges father, dies."
+    sampled = fake_model.requests("sdk-sampler")[1].body
+    assert sampled["system"] == "Answer in five words."
+    assert json.dumps(sampled["messages"]).count("Summarise: a long play") == 1
 
 
 # -- durability ------------------------------------------------------------------------------

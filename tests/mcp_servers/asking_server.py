@@ -1,13 +1,15 @@
-"""A FastMCP server (stdio) whose tools ask the client something during the call, the way a
+"""A FastMCP server whose tools ask the client something during the call, the way a
 2026-07-28 server does (an ``InputRequiredResult``, SEP-2322), and on an older connection by a
 request of their own (``ctx.elicit``): ``book`` asks a person to confirm a booking with a form
-(name, seats); ``summarise`` asks the client's model for a summary (sampling).
+(name, seats); ``summarise`` asks the client's model for a summary (sampling). Over stdio, or
+streamable HTTP with ``--http PORT``.
 
 Every run of a tool is appended to ``$TURNKEEP_TEST_RECORD`` (one line: the tool and what it
 got), so a test sees how often the server ran it."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -66,8 +68,9 @@ class Booking:
 
 @mcp.tool
 async def book_push(ctx: Context, show: str) -> str:
-    """``book`` the way a server asks on a connection older than 2026-07-28: a request of its
-    own (``elicitation/create``) while the call waits."""
+    """``book`` the way FastMCP's docs show: a request of its own (``elicitation/create``)
+    while the call waits, which only a connection opened with the initialize handshake
+    carries."""
     answer = await ctx.elicit(f"Who is booking for {show}?", Booking)
     _record(f"book_push {show} {answer.action}")
     if answer.action != "accept":
@@ -99,4 +102,10 @@ async def summarise(ctx: Context, text: str) -> Any:
 
 
 if __name__ == "__main__":
-    mcp.run(show_banner=False)
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP")
+    port = parser.parse_args().http
+    if port is None:
+        mcp.run(show_banner=False)
+    else:
+        mcp.run(transport="http", host="127.0.0.1", port=port, show_banner=False)

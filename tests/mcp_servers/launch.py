@@ -34,9 +34,14 @@ async def _accepts_mcp(url: str) -> bool:
 
 @contextlib.asynccontextmanager
 async def http_server(
-    port: int | None = None, *, env: dict[str, str] | None = None, startup_timeout: float = 30.0
+    port: int | None = None,
+    *,
+    env: dict[str, str] | None = None,
+    startup_timeout: float = 30.0,
+    script: Path = STDIO_SCRIPT,
 ) -> AsyncIterator[str]:
-    """Serve the test tools over streamable HTTP on 127.0.0.1; yields the MCP URL.
+    """Serve the test tools (or another test server's, ``script``, which takes ``--http
+    PORT``) over streamable HTTP on 127.0.0.1; yields the MCP URL.
 
     Pass ``port`` to restart a server on the address a previous one had."""
     port = port or free_port()
@@ -44,7 +49,7 @@ async def http_server(
     with tempfile.TemporaryFile() as stderr:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
-            str(STDIO_SCRIPT),
+            str(script),
             "--http",
             str(port),
             env={**os.environ, **(env or {})},

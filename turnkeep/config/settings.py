@@ -97,7 +97,9 @@ class McpServerSettings(_Settings):
     elicitation: McpElicitationSettings | None = None
     sampling: McpSamplingSettings | None = None
     # fast-agent's key: the MCP protocol era the client speaks. auto: the newest both sides
-    # speak; modern: 2026-07-28 only; legacy: the initialize handshake (2025-11-25 and older).
+    # speak, and for a server that may ask (elicitation, sampling) the initialize handshake
+    # for its tools that ask with requests of their own (`ctx.elicit`); modern: 2026-07-28
+    # only; legacy: the initialize handshake (2025-11-25 and older) only.
     protocol_mode: Literal["auto", "modern", "legacy"] = "auto"
 
     @model_validator(mode="after")

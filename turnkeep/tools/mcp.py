@@ -24,10 +24,12 @@ from fastmcp.client.transports import (
     StdioTransport,
     StreamableHttpTransport,
 )
+from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_MODERN_VERSION
 
 from turnkeep.config.settings import McpServerSettings, Settings
 from turnkeep.tools.failures import failure_reason, is_connection_failure, root_cause, start_failure
+from turnkeep.tools.protocol_era import AskedKind, Outcome, fix_for, refused_request, with_fix
 from turnkeep.tools.redaction import Redactor
 from turnkeep.tools.server_requests import CURRENT_BOOK, RequestBook, Suspended
 from turnkeep.tools.source import (
@@ -47,7 +49,9 @@ _STDERR_TAIL_CHARS = 2000
 class McpSource(ToolSource):
     """A server reached over an MCP session: one long-lived ``fastmcp.Client``, opened on first
     use and shared by every concurrent call (MCP multiplexes requests over one session). A
-    connection that fails is thrown away so the next call opens a fresh one."""
+    connection that fails is thrown away so the next call opens a fresh one. A server that may
+    ask (elicitation, sampling) may get a second one, opened with the initialize handshake,
+    for its tools that ask with requests of their own (``call_tool``)."""
 
     def __init__(
         self,
@@ -59,6 +63,7 @@ class McpSource(ToolSource):
         protocol_mode: str = "auto",
     ) -> None:
         self.name = name
+        self._protocol_mode = protocol_mode
         # fast-agent's protocol_mode, as fastmcp's Client takes it.
         self._mode = {"modern": LATEST_MODERN_VERSION}.get(protocol_mode, protocol_mode)
         self.redact = redact
@@ -68,6 +73,13 @@ class McpSource(ToolSource):
         self._request_timeout = request_timeout
         self._client: Client[Any] | None = None
         self._lock = asyncio.Lock()
+        # Under `auto`, a tool that asks with a request of its own (`ctx.elicit`, the way
+        # FastMCP's and MCP's docs show), which a 2026-07-28 connection cannot carry, runs on a
+        # second connection opened with the initialize handshake, which can (`call_tool`).
+        self._handshake: Client[Any] | None = None
+        self._handshake_lock = asyncio.Lock()
+        self._handshake_tools: set[str] = set()
+        self._no_handshake = False
         self._closing: set[asyncio.Task[None]] = set()
         # Whether the server may ask the client something during a tool call (elicitation,
         # sampling): only then are the handlers installed and the capabilities advertised.
@@ -112,28 +124,87 @@ class McpSource(ToolSource):
         def send(c: Client[Any]) -> Awaitable[mcp.types.CallToolResult]:
             return c.call_tool_mcp(tool, arguments, meta=meta, timeout=self._request_timeout)
 
+        handshake = tool in self._handshake_tools
+        outcome = await _outcome(self._call(what, send, handshake=handshake))
+        kind = refused_request(outcome)
+        if kind is not None and not handshake and self._may_retry_on_handshake(kind):
+            # The tool ran up to its question and no further; it runs again, from its start,
+            # on a connection that carries the question (as every answered question re-runs
+            # it), and this tool goes there directly from now on.
+            try:
+                outcome = await _outcome(self._call(what, send, handshake=True))
+            except ServerUnavailable as err:
+                self._no_handshake = not err.transient
+                log.warning(
+                    "MCP server %r: %s asks with requests of its own, and no connection with "
+                    "the initialize handshake could be opened: %s",
+                    self.name,
+                    tool,
+                    err.reason,
+                )
+            else:
+                self._handshake_tools.add(tool)
+                log.info(
+                    "MCP server %r: %s asks with requests of its own; it runs on a connection "
+                    "opened with the initialize handshake",
+                    self.name,
+                    tool,
+                )
+                kind = refused_request(outcome)
+        if kind is not None:
+            outcome = with_fix(outcome, self._fix(kind))
+        if isinstance(outcome, MCPError):
+            raise outcome
+        return outcome
+
+    def _may_retry_on_handshake(self, kind: AskedKind) -> bool:
+        """Whether a call refused a request of its server's own on a 2026-07-28 connection may
+        run again on a handshake one: under `auto`, in a tool call that can be asked (a book),
+        for what the server may ask."""
+        asks = self._asks_elicitation if kind == "elicitation" else self._asks_sampling
+        return (
+            asks
+            and self._protocol_mode == "auto"
+            and not self._no_handshake
+            and CURRENT_BOOK.get() is not None
+            and self._client is not None
+            and not _handshake_era(self._client)
+        )
+
+    def _fix(self, kind: AskedKind) -> str:
+        enabled = self._asks_elicitation if kind == "elicitation" else self._asks_sampling
+        fix = fix_for(self.name, kind, enabled=enabled, protocol_mode=self._protocol_mode)
+        log.warning("MCP server %r: a tool's request of its own was refused; %s", self.name, fix)
+        return fix
+
+    async def _call(
+        self, what: str, send: Callable[[Client[Any]], Awaitable[T]], *, handshake: bool
+    ) -> T:
         book = CURRENT_BOOK.get()
         if book is None or not (self._asks_elicitation or self._asks_sampling):
-            return await self._request(what, send)
-        if not _handshake_era(await self._connected()):
-            return await self._request(what, send)
+            return await self._request(what, send, handshake=handshake)
+        if not _handshake_era(await self._connected(handshake=handshake)):
+            return await self._request(what, send, handshake=handshake)
         async with self._serial:
             self._serial_book = book
             try:
-                return await self._request(what, send)
+                return await self._request(what, send, handshake=handshake)
             finally:
                 self._serial_book = None
 
     async def aclose(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            self._close_soon(client)
+        for client in (self._client, self._handshake):
+            if client is not None:
+                self._close_soon(client)
+        self._client = self._handshake = None
         await asyncio.gather(*self._closing)
 
     # --- the connection ---------------------------------------------------------------------
 
-    async def _request(self, what: str, send: Callable[[Client[Any]], Awaitable[T]]) -> T:
-        client = await self._connected()
+    async def _request(
+        self, what: str, send: Callable[[Client[Any]], Awaitable[T]], *, handshake: bool = False
+    ) -> T:
+        client = await self._connected(handshake=handshake)
         try:
             return await send(client)
         except asyncio.CancelledError:
@@ -152,18 +223,23 @@ class McpSource(ToolSource):
             await self._discard(client)
             raise ServerConnectionError(self.name, self.kind, reason) from err
 
-    async def _connected(self) -> Client[Any]:
-        client = self._client
+    async def _connected(self, *, handshake: bool = False) -> Client[Any]:
+        """The open connection (``handshake``: the one opened with the initialize handshake,
+        for tools that ask with requests of their own), opened if need be."""
+        client = self._handshake if handshake else self._client
         if client is not None and client.is_connected():
             return client
-        async with self._lock:
-            client = self._client
+        async with self._handshake_lock if handshake else self._lock:
+            client = self._handshake if handshake else self._client
             if client is not None and client.is_connected():
                 return client
             if client is not None:
                 await self._discard(client)
-            client = await self._open()
-            self._client = client
+            client = await self._open("legacy" if handshake else self._mode)
+            if handshake:
+                self._handshake = client
+            else:
+                self._client = client
             return client
 
     async def _discard(self, client: Client[Any]) -> None:
@@ -171,7 +247,11 @@ class McpSource(ToolSource):
         # connection that another call already replaced is left alone.
         if self._client is client:
             self._client = None
-            await asyncio.shield(self._close_soon(client))
+        elif self._handshake is client:
+            self._handshake = None
+        else:
+            return
+        await asyncio.shield(self._close_soon(client))
 
     def _close_soon(self, client: Client[Any]) -> asyncio.Task[None]:
         # A task of its own, so a caller cancelled while waiting for the close (a stdio
@@ -182,45 +262,57 @@ class McpSource(ToolSource):
         return task
 
     def _book(self, client: Client[Any] | None) -> RequestBook | None:
-        """The book of the call a server's request belongs to (``server_requests``)."""
+        """The book of the call a server's request on ``client`` belongs to
+        (``server_requests``)."""
         if client is not None and _handshake_era(client):
             return self._serial_book
         return CURRENT_BOOK.get()
 
-    async def _on_elicit(self, message: str, kind: Any, params: Any, context: Any) -> Any:
-        del message, kind, context
-        book = self._book(self._client)
+    async def _on_elicit(self, client: Client[Any] | None, params: Any) -> Any:
+        book = self._book(client)
         if book is None:  # no call of ours is running: nobody to ask
             return mcp.types.ElicitResult(action="cancel")
         try:
             return book.elicit(params)
         except Suspended:
-            if self._client is not None and _handshake_era(self._client):
+            if client is not None and _handshake_era(client):
                 # The server's tool goes on with a cancel and its result is set aside; the
                 # call runs again once the answer is in.
                 return mcp.types.ElicitResult(action="cancel")
             raise  # ends the call: the SDK sends the server nothing more for it
 
-    async def _on_sample(self, messages: Any, params: Any, context: Any) -> Any:
-        del messages, context
-        book = self._book(self._client)
+    async def _on_sample(self, client: Client[Any] | None, params: Any) -> Any:
+        book = self._book(client)
         if book is None:
             raise RuntimeError("no tool call of this client is running")
         return book.sample(params)
 
-    async def _open(self) -> Client[Any]:
+    async def _open(self, mode: str) -> Client[Any]:
+        # Each connection's handlers know which connection asked: a request's era, and so the
+        # call it belongs to, is that connection's.
+        opened: Client[Any] | None = None
+
+        async def on_elicit(message: str, kind: Any, params: Any, context: Any) -> Any:
+            del message, kind, context
+            return await self._on_elicit(opened, params)
+
+        async def on_sample(messages: Any, params: Any, context: Any) -> Any:
+            del messages, context
+            return await self._on_sample(opened, params)
+
         handlers: dict[str, Any] = {}
         if self._asks_elicitation:
-            handlers["elicitation_handler"] = self._on_elicit
+            handlers["elicitation_handler"] = on_elicit
         if self._asks_sampling:
-            handlers["sampling_handler"] = self._on_sample
+            handlers["sampling_handler"] = on_sample
         client: Client[Any] = Client(
             self._transport(),
             name=f"turnkeep:{self.name}",
             init_timeout=self._init_timeout,
-            mode=self._mode,
+            mode=mode,
             **handlers,
         )
+        opened = client
         try:
             async with asyncio.timeout(self._init_timeout):
                 await client.__aenter__()
@@ -361,6 +453,14 @@ def _handshake_era(client: Client[Any]) -> bool:
     own during a call, rather than returning them as the call's result)."""
     version = getattr(client.session, "protocol_version", None)
     return version is None or str(version) in HANDSHAKE_PROTOCOL_VERSIONS
+
+
+async def _outcome(call: Awaitable[mcp.types.CallToolResult]) -> Outcome:
+    """The call's result, or the JSON-RPC error the server answered with."""
+    try:
+        return await call
+    except MCPError as err:
+        return err
 
 
 async def _close_client(client: Client[Any]) -> None:
