@@ -57,7 +57,13 @@ async def _as_events(messages: AsyncIterator[TurnMessage]) -> AsyncIterator[Stre
 
 
 async def follow_turn(
-    client: Client, session: SessionHandle, task_id: str, follow: Follow, *, live: bool
+    client: Client,
+    session: SessionHandle,
+    task_id: str,
+    context_id: str,
+    follow: Follow,
+    *,
+    live: bool,
 ) -> AsyncIterator[TaskStatusUpdateEvent | TaskArtifactUpdateEvent]:
     """The turn's events until it ends (a final status) or a call waits (input-required)."""
     turn = get_turn(client, follow.turn_id)
@@ -86,8 +92,9 @@ async def follow_turn(
                     if waiting:
                         yield _status(
                             task_id,
+                            context_id,
                             TaskState.TASK_STATE_INPUT_REQUIRED,
-                            approval_message(task_id, waiting),
+                            approval_message(task_id, context_id, waiting),
                         )
                         return
                     continue
@@ -101,7 +108,7 @@ async def follow_turn(
                     artifact = f"text-{follow.turn}-{event.call_index}"
                     yield TaskArtifactUpdateEvent(
                         task_id=task_id,
-                        context_id=task_id,
+                        context_id=context_id,
                         artifact=Artifact(
                             artifact_id=artifact,
                             name="live text",
@@ -118,7 +125,7 @@ async def follow_turn(
                     ask = True
                 elif isinstance(event, MessageEvent):
                     message = event.message
-                    converted = to_a2a(message, task_id, f"{task_id}/{index}")
+                    converted = to_a2a(message, task_id, context_id, f"{task_id}/{index}")
                     index += 1
                     if message.role == "assistant":
                         ask = bool(message.tool_calls)
@@ -129,7 +136,7 @@ async def follow_turn(
                     else:
                         continue  # the user's own message
                     if converted is not None:
-                        yield _status(task_id, TaskState.TASK_STATE_WORKING, converted)
+                        yield _status(task_id, context_id, TaskState.TASK_STATE_WORKING, converted)
         finally:
             if next_event is not None and not next_event.done():
                 next_event.cancel()
@@ -139,13 +146,13 @@ async def follow_turn(
     if state == TaskState.TASK_STATE_COMPLETED and answer is not None:
         yield TaskArtifactUpdateEvent(
             task_id=task_id,
-            context_id=task_id,
+            context_id=context_id,
             artifact=answer_artifact(str(follow.turn), answer),
             last_chunk=True,
         )
         text = answer
-    final = agent_message(task_id, f"{follow.turn_id}/end", [Part(text=text)])
-    yield _status(task_id, state, final)
+    final = agent_message(task_id, context_id, f"{task_id}/end", [Part(text=text)])
+    yield _status(task_id, context_id, state, final)
 
 
 async def _waiting_in(client: Client, session: SessionHandle) -> list[PendingCall]:
@@ -177,7 +184,8 @@ async def turn_end(turn: TurnHandle) -> tuple[TaskState, str]:
     if state == TaskState.TASK_STATE_CANCELED:
         return (
             state,
-            "the turn was cancelled: its conversation is repaired, and the task takes new messages",
+            "the turn was cancelled: its conversation is repaired, and the context takes new "
+            "messages",
         )
     if state == TaskState.TASK_STATE_FAILED:
         return state, f"the turn ended {name}: `turnkeep show {turn.workflow_id}` says why"
@@ -185,10 +193,10 @@ async def turn_end(turn: TurnHandle) -> tuple[TaskState, str]:
 
 
 def _status(
-    task_id: str, state: TaskState, message: Message | None = None
+    task_id: str, context_id: str, state: TaskState, message: Message | None = None
 ) -> TaskStatusUpdateEvent:
     status = TaskStatus(state=state)
     if message is not None:
         status.message.CopyFrom(message)
     status.timestamp.GetCurrentTime()
-    return TaskStatusUpdateEvent(task_id=task_id, context_id=task_id, status=status)
+    return TaskStatusUpdateEvent(task_id=task_id, context_id=context_id, status=status)
