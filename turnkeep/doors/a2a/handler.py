@@ -326,8 +326,15 @@ class SessionRequestHandler(RequestHandler):
                     start=progress.count, turn=ref.turn, turn_id=turn_id, ask_first=True
                 )
             yield task
+            # A subscriber's stream ends only when the task does (A2A's SubscribeToTask).
             async for event in follow_turn(
-                self.client, session, ref.task_id, ref.context_id, follow, live=True
+                self.client,
+                session,
+                ref.task_id,
+                ref.context_id,
+                follow,
+                live=True,
+                through_input=True,
             ):
                 yield event
         except A2AError:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from datetime import datetime
 
 from a2a.types.a2a_pb2 import Artifact, Message, Part, Task, TaskState, TaskStatus
 from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
@@ -17,7 +18,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.sessions import SessionHandle, get_session
 from turnkeep.client.turns import TurnHandle, get_turn
-from turnkeep.doors.a2a.follow import turn_end, waiting_calls
+from turnkeep.doors.a2a.follow import task_status, turn_end, waited_since, waiting_calls
 from turnkeep.doors.a2a.messages import (
     agent_message,
     answer_artifact,
@@ -107,13 +108,13 @@ async def snapshot(client: Client, agent: str, ref: TaskRef) -> Task:
     completed) its answer as the status message and the ``answer`` artifact."""
     turn = get_turn(client, ref.turn_id(agent))
     try:
-        status = (await turn.handle.describe()).status
+        described = await turn.handle.describe()
     except RPCError as err:
         if err.status != RPCStatusCode.NOT_FOUND:
             raise
         return await _queued(client, agent, ref)
-    if status == WorkflowExecutionStatus.RUNNING:
-        return await _running(ref, turn)
+    if described.status == WorkflowExecutionStatus.RUNNING:
+        return await _running(ref, turn, described.start_time)
     return await _ended(ref, turn)
 
 
@@ -126,19 +127,22 @@ async def _queued(client: Client, agent: str, ref: TaskRef) -> Task:
     started = progress.turns_ended + (1 if progress.turn is not None else 0)
     if progress.closed or ref.turn <= started:
         raise TaskNotFoundError(message=f"no task {_shown(ref.task_id)}")
-    return _task(ref, TaskState.TASK_STATE_SUBMITTED)
+    return _task(ref, task_status(TaskState.TASK_STATE_SUBMITTED))
 
 
-async def _running(ref: TaskRef, turn: TurnHandle) -> Task:
+async def _running(ref: TaskRef, turn: TurnHandle, started: datetime) -> Task:
     current = await turn.current()
     waiting = await waiting_calls(turn)
-    message = approval_message(ref.task_id, ref.context_id, waiting) if waiting else None
-    state = TaskState.TASK_STATE_INPUT_REQUIRED if waiting else TaskState.TASK_STATE_WORKING
-    return _task(ref, state, message, history=current.messages if current else [])
+    if waiting:
+        message = approval_message(ref.task_id, ref.context_id, waiting)
+        status = task_status(TaskState.TASK_STATE_INPUT_REQUIRED, message, at=waited_since(waiting))
+    else:
+        status = task_status(TaskState.TASK_STATE_WORKING, at=started)
+    return _task(ref, status, history=current.messages if current else [])
 
 
 async def _ended(ref: TaskRef, turn: TurnHandle) -> Task:
-    state, text = await turn_end(turn)
+    state, text, at = await turn_end(turn)
     current = await turn.current()
     messages = current.messages if current else []
     final = current.final if current else None
@@ -151,21 +155,16 @@ async def _ended(ref: TaskRef, turn: TurnHandle) -> Task:
         message = agent_message(
             ref.task_id, ref.context_id, f"{ref.task_id}/end", [Part(text=text)]
         )
-    return _task(ref, state, message, history=messages, artifacts=artifacts)
+    return _task(ref, task_status(state, message, at=at), history=messages, artifacts=artifacts)
 
 
 def _task(
     ref: TaskRef,
-    state: TaskState,
-    message: Message | None = None,
+    status: TaskStatus,
     *,
     history: Sequence[TurnMessage] = (),
     artifacts: list[Artifact] | None = None,
 ) -> Task:
-    status = TaskStatus(state=state)
-    if message is not None:
-        status.message.CopyFrom(message)
-    status.timestamp.GetCurrentTime()
     return Task(
         id=ref.task_id,
         context_id=ref.context_id,
