@@ -96,8 +96,10 @@ def a2a_routes(
             return _rpc_error(
                 InvalidRequestError(message=f"no agent {_shown(name)} is served here")
             )
+        # A body declared as something else than JSON is A2A's unsupported content type
+        # (one that declares nothing is read as JSON, as the SDK does).
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if media_type != "application/json":
+        if media_type and media_type != "application/json" and not media_type.endswith("+json"):
             return _rpc_error(
                 ContentTypeNotSupportedError(
                     message="a JSON-RPC request is sent as Content-Type: application/json"
