@@ -690,3 +690,44 @@ async def test_the_tck_fixture_agent_answers_as_the_tcks_scenarios_say(
             assert get_message_text(end.status.message) == "Hello from TCK"
     finally:
         api.stop()
+
+
+async def test_a_message_sent_while_a_turn_runs_is_a_task_of_its_own_submitted_until_it_runs(
+    fake: FakeModelApi, harness: HarnessFactory
+) -> None:
+    fake.script(
+        Answer(calls=(("s1", "fs__wait_here", {"name": "slow"}),)),
+        Reply.text("Slow done."),
+        Reply.text("Quick answer."),
+        api="openai",
+    )
+    async with (
+        harness({"fs": [write, wait_here]}, **config(fake)) as h,
+        served(h) as base,
+        a2a_client(base, streaming=True) as streaming,
+        a2a_client(base, streaming=False) as client,
+    ):
+        stream = streaming.send_message(user("do the slow thing"))
+        first = (await anext(stream)).task
+        await eventually(lambda: started, "the slow tool runs")
+        request = user("and a quick one", context_id=first.context_id)
+        request.configuration.return_immediately = True
+        queued = final_task(await send(client, request))
+        assert queued.id == task_id_for(first.context_id, 2)
+        assert queued.status.state == TaskState.TASK_STATE_SUBMITTED
+        follower = streaming.subscribe(SubscribeToTaskRequest(id=queued.id))
+        assert (await anext(follower)).task.status.state == TaskState.TASK_STATE_SUBMITTED
+        gate.set()
+        ends = [event async for event in stream]
+        assert get_message_text(ends[-1].status_update.status.message) == "Slow done."
+        # The queued task's events are its own turn's only.
+        events = [event async for event in follower]
+        said = [
+            get_message_text(e.status_update.status.message)
+            for e in events
+            if e.HasField("status_update") and e.status_update.status.HasField("message")
+        ]
+        assert said == ["Quick answer.", "Quick answer."]  # its message, then its end
+        assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+        got = await client.get_task(GetTaskRequest(id=queued.id))
+        assert [get_message_text(m) for m in got.history] == ["and a quick one", "Quick answer."]

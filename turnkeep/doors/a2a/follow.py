@@ -44,13 +44,15 @@ _FINAL_STATES = {
 
 
 class Follow(BaseModel):
-    """Where to follow a turn from: the transcript index, the turn's number and id, and
-    whether a call may already wait for a decision (a turn already running)."""
+    """Where to follow a turn from: the transcript index, the turn's number and id, whether a
+    call may already wait for a decision (a turn already running), and whether the turn is
+    queued behind the session's running one (``start`` is then where that one starts)."""
 
     start: int
     turn: int
     turn_id: str
     ask_first: bool
+    queued: bool = False
 
 
 async def _as_events(messages: AsyncIterator[TurnMessage]) -> AsyncIterator[StreamEvent]:
@@ -71,13 +73,18 @@ async def follow_turn(
     """The turn's events until it ends (a final status) or a call waits (input-required);
     ``through_input``: on past a wait, to the end (a subscriber's stream ends only there)."""
     turn = get_turn(client, follow.turn_id)
+    start = follow.start
+    if follow.queued:
+        # A task is its own turn: the turns before it are passed over, not shown as its own.
+        async for _message in session.messages(start, until_turn=follow.turn - 1):
+            start += 1
     stream: AsyncIterator[StreamEvent] = (
-        session.stream(follow.start, until_turn=follow.turn)
+        session.stream(start, until_turn=follow.turn)
         if live
-        else _as_events(session.messages(follow.start, until_turn=follow.turn))
+        else _as_events(session.messages(start, until_turn=follow.turn))
     )
     answer: str | None = None
-    index = follow.start
+    index = start
     artifacts: set[str] = set()
     ask = follow.ask_first  # whether a call may be waiting for a decision now
     reported: set[str] = set()  # the calls whose wait was said (following through input)
@@ -135,7 +142,8 @@ async def follow_turn(
                     ask = True
                 elif isinstance(event, MessageEvent):
                     message = event.message
-                    converted = to_a2a(message, task_id, context_id, f"{task_id}/{index}")
+                    # Numbered within the turn, as its task's history numbers them.
+                    converted = to_a2a(message, task_id, context_id, f"{task_id}/{index - start}")
                     index += 1
                     if message.role == "assistant":
                         ask = bool(message.tool_calls)

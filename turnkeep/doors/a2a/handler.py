@@ -173,7 +173,14 @@ class SessionRequestHandler(RequestHandler):
         return (
             ref,
             session,
-            Follow(start=progress.count, turn=turn, turn_id=sent.turn_id, ask_first=False),
+            Follow(
+                start=progress.count,
+                turn=turn,
+                turn_id=sent.turn_id,
+                ask_first=False,
+                # Behind a turn that ran when asked, even if it has ended since.
+                queued=sent.queued or progress.turn is not None,
+            ),
         )
 
     async def _session(self, context_id: str) -> SessionHandle:
@@ -323,7 +330,11 @@ class SessionRequestHandler(RequestHandler):
                 )
             else:  # queued behind the running turn
                 follow = Follow(
-                    start=progress.count, turn=ref.turn, turn_id=turn_id, ask_first=True
+                    start=progress.count,
+                    turn=ref.turn,
+                    turn_id=turn_id,
+                    ask_first=True,
+                    queued=True,
                 )
             yield task
             # A subscriber's stream ends only when the task does (A2A's SubscribeToTask).
