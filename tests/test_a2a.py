@@ -11,7 +11,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from a2a.utils.errors import (
     TaskNotFoundError,
     UnsupportedOperationError,
 )
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from tests.conftest import Harness, HarnessFactory, eventually
 from turnkeep.client.sessions import get_session
@@ -583,6 +584,12 @@ async def test_list_tasks_reads_visibility_by_context_and_state_a_page_at_a_time
         assert [t.id for t in asking.tasks] == [waiting.id]
         none = await listed(context_id=here, status=TaskState.TASK_STATE_INPUT_REQUIRED)
         assert (none.total_size, list(none.tasks)) == (0, [])
+        # By when their status changed: none after tomorrow, all three since yesterday.
+        for days, total in ((1, 0), (-1, 3)):
+            when = Timestamp()
+            when.FromDatetime(datetime.now(UTC).replace(tzinfo=None) + timedelta(days=days))
+            recent = await listed(context_id=here, status_timestamp_after=when)
+            assert (recent.total_size, len(recent.tasks)) == (total, total)
         with pytest.raises(InvalidParamsError, match="pageSize"):
             await listed(page_size=101)
         with pytest.raises(InvalidParamsError, match="pageToken"):
