@@ -25,6 +25,7 @@ A2A_CHANNEL = "a2a"
 
 MAX_TEXT = 100_000  # characters of one message's text
 MAX_PARTS = 32
+MAX_MESSAGE_ID = 200  # characters of a client's message id kept with its message
 # A plain-text answer to a call waiting: "approve", or "deny" with an optional reason.
 _TEXT_DECISION = re.compile(r"\s*(approve|deny)\b[\s:,.-]*(.*)", re.IGNORECASE | re.DOTALL)
 
@@ -117,7 +118,8 @@ def user_message(text: str, message_id: str) -> TurnMessage:
     """The turn's user message for an A2A message: its text, and its id in the ``a2a``
     channel (a model never sees channels)."""
     message = TurnMessage.user(text)
-    message.channels = {A2A_CHANNEL: json_channel({"message_id": message_id})}
+    if 0 < len(message_id) <= MAX_MESSAGE_ID:  # a longer one is the client's to keep
+        message.channels = {A2A_CHANNEL: json_channel({"message_id": message_id})}
     return message
 
 
