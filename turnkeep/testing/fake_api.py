@@ -49,7 +49,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Literal
@@ -200,10 +200,18 @@ class Recorded:
 class FakeModelApi:
     """The fake Anthropic and OpenAI APIs on one loopback port, answering from scripts."""
 
-    def __init__(self, *, default: Step | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        default: Step | None = None,
+        respond: Callable[[Recorded], Step | None] | None = None,
+    ) -> None:
         """``default`` answers once a script runs out (benchmarks); without it such a request
-        gets a 400 saying the script is exhausted, which no provider adapter retries."""
+        gets a 400 saying the script is exhausted, which no provider adapter retries.
+        ``respond``, if given, answers such a request first, from the request itself (a
+        scripted system under test); its None falls through to ``default``."""
         self.default = default
+        self.respond = respond
         self._scripts: dict[Api, deque[Step]] = {api: deque() for api in APIS}
         self._model_scripts: dict[str, deque[Step]] = {}
         self._requests: list[Recorded] = []
@@ -397,7 +405,10 @@ class FakeModelApi:
                 status = self._refused_fields[unknown[0]]
                 step = Failure(status, f"Unrecognized request argument supplied: {unknown[0]}")
             else:
-                step = script.popleft() if script else self.default
+                step = script.popleft() if script else None
+        if step is None and not refused and not unknown and self.respond is not None:
+            step = self.respond(recorded)
+        step = step if step is not None else self.default
         if step is None:
             whose = f"model {recorded.model!r}" if own is not None else api
             step = Failure(400, f"fake model API: the {whose} script is exhausted")

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from typing import NamedTuple
 
 from a2a.types.a2a_pb2 import (
     Artifact,
@@ -42,13 +44,15 @@ _FINAL_STATES = {
 
 
 class Follow(BaseModel):
-    """Where to follow a turn from: the transcript index, the turn's number and id, and
-    whether a call may already wait for a decision (a turn already running)."""
+    """Where to follow a turn from: the transcript index, the turn's number and id, whether a
+    call may already wait for a decision (a turn already running), and whether the turn is
+    queued behind the session's running one (``start`` is then where that one starts)."""
 
     start: int
     turn: int
     turn_id: str
     ask_first: bool
+    queued: bool = False
 
 
 async def _as_events(messages: AsyncIterator[TurnMessage]) -> AsyncIterator[StreamEvent]:
@@ -57,19 +61,33 @@ async def _as_events(messages: AsyncIterator[TurnMessage]) -> AsyncIterator[Stre
 
 
 async def follow_turn(
-    client: Client, session: SessionHandle, task_id: str, follow: Follow, *, live: bool
+    client: Client,
+    session: SessionHandle,
+    task_id: str,
+    context_id: str,
+    follow: Follow,
+    *,
+    live: bool,
+    through_input: bool = False,
 ) -> AsyncIterator[TaskStatusUpdateEvent | TaskArtifactUpdateEvent]:
-    """The turn's events until it ends (a final status) or a call waits (input-required)."""
+    """The turn's events until it ends (a final status) or a call waits (input-required);
+    ``through_input``: on past a wait, to the end (a subscriber's stream ends only there)."""
     turn = get_turn(client, follow.turn_id)
+    start = follow.start
+    if follow.queued:
+        # A task is its own turn: the turns before it are passed over, not shown as its own.
+        async for _message in session.messages(start, until_turn=follow.turn - 1):
+            start += 1
     stream: AsyncIterator[StreamEvent] = (
-        session.stream(follow.start, until_turn=follow.turn)
+        session.stream(start, until_turn=follow.turn)
         if live
-        else _as_events(session.messages(follow.start, until_turn=follow.turn))
+        else _as_events(session.messages(start, until_turn=follow.turn))
     )
     answer: str | None = None
-    index = follow.start
+    index = start
     artifacts: set[str] = set()
     ask = follow.ask_first  # whether a call may be waiting for a decision now
+    reported: set[str] = set()  # the calls whose wait was said (following through input)
     pause = 0.0 if follow.ask_first else APPROVAL_POLL_SECONDS  # before asking again
     async with contextlib.aclosing(stream):  # type: ignore[type-var]
         next_event: asyncio.Task[StreamEvent] | None = None
@@ -83,13 +101,19 @@ async def follow_turn(
                     # The session's running turn: a message queued behind a turn whose
                     # call waits is answered only once that call is decided.
                     waiting = await _waiting_in(client, session)
-                    if waiting:
+                    if waiting and {c.call_id for c in waiting} != reported:
                         yield _status(
                             task_id,
+                            context_id,
                             TaskState.TASK_STATE_INPUT_REQUIRED,
-                            approval_message(task_id, waiting),
+                            approval_message(task_id, context_id, waiting),
+                            at=waited_since(waiting),
                         )
-                        return
+                        if not through_input:
+                            return
+                        reported = {c.call_id for c in waiting}
+                    if waiting:
+                        ask = False  # until the turn goes on: its next message says so
                     continue
                 try:
                     event = next_event.result()
@@ -101,7 +125,7 @@ async def follow_turn(
                     artifact = f"text-{follow.turn}-{event.call_index}"
                     yield TaskArtifactUpdateEvent(
                         task_id=task_id,
-                        context_id=task_id,
+                        context_id=context_id,
                         artifact=Artifact(
                             artifact_id=artifact,
                             name="live text",
@@ -118,7 +142,8 @@ async def follow_turn(
                     ask = True
                 elif isinstance(event, MessageEvent):
                     message = event.message
-                    converted = to_a2a(message, task_id, f"{task_id}/{index}")
+                    # Numbered within the turn, as its task's history numbers them.
+                    converted = to_a2a(message, task_id, context_id, f"{task_id}/{index - start}")
                     index += 1
                     if message.role == "assistant":
                         ask = bool(message.tool_calls)
@@ -129,23 +154,24 @@ async def follow_turn(
                     else:
                         continue  # the user's own message
                     if converted is not None:
-                        yield _status(task_id, TaskState.TASK_STATE_WORKING, converted)
+                        yield _status(task_id, context_id, TaskState.TASK_STATE_WORKING, converted)
         finally:
             if next_event is not None and not next_event.done():
                 next_event.cancel()
                 with contextlib.suppress(BaseException):
                     await next_event
-    state, text = await turn_end(turn)
+    state, text, at = await turn_end(turn)
     if state == TaskState.TASK_STATE_COMPLETED and answer is not None:
         yield TaskArtifactUpdateEvent(
             task_id=task_id,
-            context_id=task_id,
+            context_id=context_id,
             artifact=answer_artifact(str(follow.turn), answer),
             last_chunk=True,
         )
         text = answer
-    final = agent_message(task_id, f"{follow.turn_id}/end", [Part(text=text)])
-    yield _status(task_id, state, final)
+    ending = "answer" if state == TaskState.TASK_STATE_COMPLETED and answer else "end"
+    final = agent_message(task_id, context_id, f"{task_id}/{ending}", [Part(text=text)])
+    yield _status(task_id, context_id, state, final, at=at)
 
 
 async def _waiting_in(client: Client, session: SessionHandle) -> list[PendingCall]:
@@ -162,12 +188,27 @@ async def waiting_calls(turn: TurnHandle) -> list[PendingCall]:
         return []
 
 
-async def turn_end(turn: TurnHandle) -> tuple[TaskState, str]:
-    """How an ended turn ended, as a task state and one line."""
+class TurnEnd(NamedTuple):
+    """How an ended turn ended: a task state, one line, and when (its workflow's close)."""
+
+    state: TaskState
+    text: str
+    at: datetime | None
+
+
+def waited_since(calls: Sequence[PendingCall]) -> datetime:
+    """When the task began to wait for input: its latest waiting call's start (the same for
+    every reader, so two subscribers see the same status)."""
+    return max(call.since for call in calls)
+
+
+async def turn_end(turn: TurnHandle) -> TurnEnd:
+    """How an ended turn ended."""
     try:
-        status = (await turn.handle.describe()).status
+        described = await turn.handle.describe()
     except RPCError:
-        return TaskState.TASK_STATE_COMPLETED, "the turn has ended"
+        return TurnEnd(TaskState.TASK_STATE_COMPLETED, "the turn has ended", None)
+    status, at = described.status, described.close_time
     state = (
         _FINAL_STATES.get(status, TaskState.TASK_STATE_FAILED)
         if status
@@ -175,20 +216,40 @@ async def turn_end(turn: TurnHandle) -> tuple[TaskState, str]:
     )
     name = status.name.lower() if status else "unknown"
     if state == TaskState.TASK_STATE_CANCELED:
-        return (
-            state,
-            "the turn was cancelled: its conversation is repaired, and the task takes new messages",
+        text = (
+            "the turn was cancelled: its conversation is repaired, and the context takes new "
+            "messages"
         )
+        return TurnEnd(state, text, at)
     if state == TaskState.TASK_STATE_FAILED:
-        return state, f"the turn ended {name}: `turnkeep show {turn.workflow_id}` says why"
-    return state, "the turn has ended"
+        text = f"the turn ended {name}: `turnkeep show {turn.workflow_id}` says why"
+        return TurnEnd(state, text, at)
+    return TurnEnd(state, "the turn has ended", at)
 
 
-def _status(
-    task_id: str, state: TaskState, message: Message | None = None
-) -> TaskStatusUpdateEvent:
+def task_status(
+    state: TaskState, message: Message | None = None, *, at: datetime | None = None
+) -> TaskStatus:
+    """A task's status: stamped with when it began (``at``) when that is known, so every
+    reader sees the same; else now."""
     status = TaskStatus(state=state)
     if message is not None:
         status.message.CopyFrom(message)
-    status.timestamp.GetCurrentTime()
-    return TaskStatusUpdateEvent(task_id=task_id, context_id=task_id, status=status)
+    if at is None:
+        status.timestamp.GetCurrentTime()
+    else:
+        status.timestamp.FromDatetime(at.astimezone(UTC).replace(tzinfo=None))
+    return status
+
+
+def _status(
+    task_id: str,
+    context_id: str,
+    state: TaskState,
+    message: Message | None = None,
+    *,
+    at: datetime | None = None,
+) -> TaskStatusUpdateEvent:
+    return TaskStatusUpdateEvent(
+        task_id=task_id, context_id=context_id, status=task_status(state, message, at=at)
+    )

@@ -1,11 +1,13 @@
-"""A2A's requests for one agent, answered from and by its sessions: a message goes to the task it
-names (or a new one), and is sent as a turn or decides the calls waiting in the running one; the
-answer follows that turn. Errors other than A2A's reach the client as one line, logged here.
+"""A2A's requests for one agent, answered from and by its sessions: a message without a task is
+the next turn of its context's session (a new task); a message naming a task answers the calls
+that task waits on, and a task that has ended takes none. The answer follows that turn. Errors
+other than A2A's reach the client as one line, logged here.
 
 There is no task store: the SDK's ``DefaultRequestHandler`` keeps each task's state in a
 ``TaskStore`` and its running executions in memory, a second copy of what the session holds.
 ``SessionRequestHandler`` answers every request from the session itself, so a gateway that
-restarts loses nothing: a task id names its session.
+restarts loses nothing: a task id names its session and turn, and ``ListTasks`` asks Temporal's
+visibility.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers.request_handler import RequestHandler
 from a2a.types.a2a_pb2 import (
     AgentCard,
-    Artifact,
     CancelTaskRequest,
     DeleteTaskPushNotificationConfigRequest,
     GetExtendedAgentCardRequest,
@@ -31,7 +32,6 @@ from a2a.types.a2a_pb2 import (
     ListTaskPushNotificationConfigsResponse,
     ListTasksRequest,
     ListTasksResponse,
-    Message,
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
@@ -48,25 +48,33 @@ from a2a.utils.errors import (
     InvalidRequestError,
     PushNotificationNotSupportedError,
     TaskNotCancelableError,
-    TaskNotFoundError,
     UnsupportedOperationError,
 )
 from a2a.utils.task import apply_history_length
 from temporalio.client import Client, WorkflowUpdateFailedError
 
-from turnkeep.client.sessions import SessionClosedError, SessionHandle, open_session
+from turnkeep.client.sessions import SessionClosedError, SessionHandle, get_session, open_session
 from turnkeep.client.turns import TurnHandle, get_turn
 from turnkeep.doors.a2a.callers import caller_of
 from turnkeep.doors.a2a.follow import Follow, follow_turn, waiting_calls
-from turnkeep.doors.a2a.messages import Incoming, read_message, text_decisions, to_history
+from turnkeep.doors.a2a.listing import list_tasks
+from turnkeep.doors.a2a.messages import (
+    Incoming,
+    read_message,
+    text_answer_field,
+    text_decisions,
+    user_message,
+)
 from turnkeep.doors.a2a.tasks import (
-    checked_task_id,
+    TERMINAL,
+    TaskRef,
+    checked_context_id,
     existing_session,
     session_id_for,
-    session_transcript,
     snapshot,
+    task_id_for,
+    task_ref,
 )
-from turnkeep.workflows.approval import PendingCall
 from turnkeep.workflows.session_io import NewMessageMode
 from turnkeep.workflows.turn_workflow import TurnWorkflow
 
@@ -119,151 +127,178 @@ class SessionRequestHandler(RequestHandler):
         self.on_new_message: NewMessageMode = on_new_message
         self.card = card
 
-    # -- sessions
+    # -- one message: a new task (a turn), or the answer a waiting task asks for
 
-    async def _for_message(self, message: Message, incoming: Incoming) -> tuple[str, SessionHandle]:
-        """The task a message goes to: the one it names (which must exist), else the one its
-        context id names, else a new one, started only for a message it can take."""
-        task_id, context_id = message.task_id, message.context_id
-        if task_id and context_id and task_id != context_id:
-            raise InvalidParamsError(
-                message="contextId must be the taskId: a task is one conversation"
-            )
-        key = task_id or (checked_task_id(context_id, "context id") if context_id else "")
-        if key:
-            try:
-                session, running = await existing_session(self.client, self.agent, key)
-            except TaskNotFoundError:
-                if task_id:  # task ids are the server's to give
-                    raise
-            else:
-                if not running:
-                    raise InvalidParamsError(
-                        message=f"task {key!r} has ended: it takes no more messages"
-                    )
-                return key, session
-        key = key or _new_id()
+    async def _begin(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> tuple[TaskRef, SessionHandle, Follow]:
+        """Validate the message, then decide the calls of the task it names, or send it as
+        the next turn of its context; what to follow next."""
+        message = params.message
+        incoming = read_message(message)
+        if message.task_id:
+            ref = task_ref(message.task_id)
+            if message.context_id and message.context_id != ref.context_id:
+                raise InvalidParamsError(
+                    message=f"task {message.task_id!r} is in context {ref.context_id!r}, "
+                    f"not {message.context_id!r}"
+                )
+            return await self._answer(ref, incoming, context)
+        context_id = checked_context_id(message.context_id) if message.context_id else _new_id()
         if incoming.decisions:
-            raise InvalidParamsError(message=f"no call of task {key!r} waits for a decision")
+            raise InvalidParamsError(
+                message="decisions answer a task waiting for input: name it (taskId)"
+            )
         if not incoming.text.strip():
             raise InvalidParamsError(message="the message has no text")
+        session = await self._session(context_id)
+        progress = await session.progress()
+        if progress.turn is not None:
+            waiting = await waiting_calls(get_turn(self.client, progress.turn.workflow_id))
+            if waiting:
+                # Queued behind a turn that waits, the message would wait as long.
+                waiting_task = task_id_for(context_id, _turn_number(progress.turn.workflow_id))
+                raise InvalidParamsError(
+                    message=f"task {waiting_task!r} of this context waits for input: "
+                    "answer it first (its taskId)"
+                )
         try:
-            session = await open_session(
+            sent = await session.send(user_message(incoming.text, message.message_id))
+        except WorkflowUpdateFailedError as err:
+            raise InvalidParamsError(message=f"not sent: {_cause(err)}") from None
+        except SessionClosedError:
+            raise _closed_context(context_id) from None
+        turn = _turn_number(sent.turn_id)
+        ref = TaskRef(task_id=task_id_for(context_id, turn), context_id=context_id, turn=turn)
+        return (
+            ref,
+            session,
+            Follow(
+                start=progress.count,
+                turn=turn,
+                turn_id=sent.turn_id,
+                ask_first=False,
+                # Behind a turn that ran when asked, even if it has ended since.
+                queued=sent.queued or progress.turn is not None,
+            ),
+        )
+
+    async def _session(self, context_id: str) -> SessionHandle:
+        """The session of the context: running, or started for this message."""
+        found = await existing_session(self.client, self.agent, context_id)
+        if found is not None:
+            if not found[1]:
+                raise _closed_context(context_id)
+            return found[0]
+        try:
+            return await open_session(
                 self.client,
                 agent=self.agent,
-                session_id=session_id_for(self.agent, key),
+                session_id=session_id_for(self.agent, context_id),
                 task_queue=self.task_queue,
                 on_new_message=self.on_new_message,
             )
         except SessionClosedError:
-            raise InvalidParamsError(
-                message=f"task {key!r} has ended: it takes no more messages"
-            ) from None
-        return key, session
+            raise _closed_context(context_id) from None
 
-    # -- one message: a turn, or decisions
-
-    async def _begin(
-        self, params: SendMessageRequest, context: ServerCallContext
-    ) -> tuple[str, SessionHandle, Follow]:
-        """Validate the message, then send it as a turn or decide the calls it answers; what
-        to follow next."""
-        incoming = read_message(params.message)
-        task_id, session = await self._for_message(params.message, incoming)
+    async def _answer(
+        self, ref: TaskRef, incoming: Incoming, context: ServerCallContext
+    ) -> tuple[TaskRef, SessionHandle, Follow]:
+        """A message to an existing task: it answers the calls that task waits on. A task
+        that has ended takes no more messages (A2A's terminal states); one that works needs
+        none."""
+        task = await snapshot(self.client, self.agent, ref)
+        state = task.status.state
+        if state in TERMINAL:
+            raise UnsupportedOperationError(
+                message=f"task {ref.task_id!r} has ended ({_state_name(state)}): it takes no "
+                "more messages; send the next one in its context (contextId, no taskId)"
+            )
+        if state != TaskState.TASK_STATE_INPUT_REQUIRED:
+            raise UnsupportedOperationError(
+                message=f"task {ref.task_id!r} is {_state_name(state)}: it takes a message only "
+                "when it waits for input"
+            )
+        if not caller_of(context).decide:
+            raise InvalidRequestError(message="this caller may not decide calls")
+        turn = get_turn(self.client, ref.turn_id(self.agent))
+        waiting = await waiting_calls(turn)
+        # A question a tool asked (an elicitation of one string) takes the text as its answer;
+        # a call waiting for approval takes a decision.
+        questions = {
+            c.call_id: field
+            for c in waiting
+            if not incoming.decisions and (field := text_answer_field(c))
+        }
+        if questions and not incoming.text.strip():
+            raise InvalidParamsError(message="the message has no text to answer with")
+        decisions = (
+            [] if questions else incoming.decisions or text_decisions(incoming.text, waiting)
+        )
+        session = get_session(self.client, ref.session_id(self.agent))
         progress = await session.progress()
         running = progress.turn
-        waiting: list[PendingCall] = []
-        if running is not None:
-            waiting = await waiting_calls(get_turn(self.client, running.workflow_id))
-        if waiting and running is not None:
-            if not caller_of(context).decide:
-                raise InvalidRequestError(message="this caller may not decide calls")
-            decisions = incoming.decisions or text_decisions(incoming.text, waiting)
-            turn = get_turn(self.client, running.workflow_id)
-            # Counted before deciding: what the decision sets off is followed, however fast.
-            done = (await turn.handle.query(TurnWorkflow.progress)).count
-            for decision in decisions:
-                try:
-                    await turn.decide(
-                        decision.call_id,
-                        decision.approve,
-                        decision.reason,
-                        by=f"{caller_of(context).name} via a2a",
-                        arguments=decision.arguments,
-                    )
-                except WorkflowUpdateFailedError as err:
-                    raise InvalidParamsError(message=f"not decided: {_cause(err)}") from None
-            return (
-                task_id,
-                session,
-                Follow(
-                    start=running.start + done,
-                    turn=_turn_number(running.workflow_id),
-                    turn_id=running.workflow_id,
-                    ask_first=True,
-                ),
-            )
-        if incoming.decisions:
-            raise InvalidParamsError(message=f"no call of task {task_id!r} waits for a decision")
-        if not incoming.text.strip():
-            raise InvalidParamsError(message="the message has no text")
+        if running is None or running.workflow_id != turn.workflow_id:
+            raise UnsupportedOperationError(message=f"task {ref.task_id!r} is not running")
+        # Counted before deciding: what the decision sets off is followed, however fast.
+        done = (await turn.handle.query(TurnWorkflow.progress)).count
+        by = f"{caller_of(context).name} via a2a"
         try:
-            sent = await session.send(incoming.text)
+            for call_id, field in questions.items():
+                await turn.answer_elicitation(call_id, {field: incoming.text}, by=by)
+            for decision in decisions:
+                await turn.decide(
+                    decision.call_id,
+                    decision.approve,
+                    decision.reason,
+                    by=by,
+                    arguments=decision.arguments,
+                )
         except WorkflowUpdateFailedError as err:
-            raise InvalidParamsError(message=f"not sent: {_cause(err)}") from None
-        except SessionClosedError:
-            raise InvalidParamsError(
-                message=f"task {task_id!r} has ended: it takes no more messages"
-            ) from None
+            raise InvalidParamsError(message=f"not decided: {_cause(err)}") from None
         return (
-            task_id,
+            ref,
             session,
-            Follow(start=progress.count, turn=sent.turn, turn_id=sent.turn_id, ask_first=False),
+            Follow(
+                start=running.start + done,
+                turn=ref.turn,
+                turn_id=turn.workflow_id,
+                ask_first=True,
+            ),
         )
 
     # -- RequestHandler
 
     @_guarded
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Task:
-        task_id, session, follow = await self._begin(params, context)
-        final: TaskStatusUpdateEvent | None = None
-        artifacts: list[Artifact] = []
+        ref, session, follow = await self._begin(params, context)
         if not params.configuration.return_immediately:
-            async for event in follow_turn(self.client, session, task_id, follow, live=False):
-                if isinstance(event, TaskStatusUpdateEvent):
-                    final = event
-                elif event.artifact.name == "answer":
-                    artifacts.append(event.artifact)
-        if final is None:  # return_immediately: the task as it stands
-            task = await snapshot(self.client, task_id, session, running=True)
-        else:
-            config = params.configuration
-            unwanted = config.HasField("history_length") and config.history_length == 0
-            history = [] if unwanted else to_history(task_id, await session_transcript(session))
-            task = Task(
-                id=task_id,
-                context_id=task_id,
-                status=final.status,
-                history=history,
-                artifacts=artifacts,
-            )
+            # Until the turn ends or waits for input (A2A's blocking send).
+            async for _event in follow_turn(
+                self.client, session, ref.task_id, ref.context_id, follow, live=False
+            ):
+                pass
+        task = await snapshot(self.client, self.agent, ref)
         return apply_history_length(task, params.configuration)
 
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Task | TaskStatusUpdateEvent | TaskArtifactUpdateEvent, None]:
         try:
-            task_id, session, follow = await self._begin(params, context)
+            ref, session, follow = await self._begin(params, context)
             first = Task(
-                id=task_id,
-                context_id=task_id,
+                id=ref.task_id,
+                context_id=ref.context_id,
                 status=TaskStatus(state=TaskState.TASK_STATE_WORKING),
             )
+            first.status.timestamp.GetCurrentTime()
             first.history.append(params.message)
-            first.history[0].task_id = task_id
-            first.history[0].context_id = task_id
+            first.history[0].task_id = ref.task_id
+            first.history[0].context_id = ref.context_id
             yield first
-            async for event in follow_turn(self.client, session, task_id, follow, live=True):
+            async for event in follow_turn(
+                self.client, session, ref.task_id, ref.context_id, follow, live=True
+            ):
                 yield event
         except A2AError:
             raise
@@ -274,22 +309,44 @@ class SessionRequestHandler(RequestHandler):
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Task | TaskStatusUpdateEvent | TaskArtifactUpdateEvent, None]:
         try:
-            session, running = await existing_session(self.client, self.agent, params.id)
-            progress = await session.progress() if running else None
-            if progress is None or progress.turn is None:
-                raise UnsupportedOperationError(message=f"task {params.id!r} has no turn running")
-            yield await snapshot(self.client, params.id, session, running=True)
-            turn = progress.turn
-            done = (
-                await get_turn(self.client, turn.workflow_id).handle.query(TurnWorkflow.progress)
-            ).count
-            follow = Follow(
-                start=turn.start + done,
-                turn=_turn_number(turn.workflow_id),
-                turn_id=turn.workflow_id,
-                ask_first=True,
-            )
-            async for event in follow_turn(self.client, session, params.id, follow, live=True):
+            ref = task_ref(params.id)
+            task = await snapshot(self.client, self.agent, ref)
+            if task.status.state in TERMINAL:
+                raise UnsupportedOperationError(
+                    message=f"task {params.id!r} has ended ({_state_name(task.status.state)})"
+                )
+            session = get_session(self.client, ref.session_id(self.agent))
+            progress = await session.progress()
+            turn_id = ref.turn_id(self.agent)
+            if progress.turn is not None and progress.turn.workflow_id == turn_id:
+                done = (
+                    await get_turn(self.client, turn_id).handle.query(TurnWorkflow.progress)
+                ).count
+                follow = Follow(
+                    start=progress.turn.start + done,
+                    turn=ref.turn,
+                    turn_id=turn_id,
+                    ask_first=True,
+                )
+            else:  # queued behind the running turn
+                follow = Follow(
+                    start=progress.count,
+                    turn=ref.turn,
+                    turn_id=turn_id,
+                    ask_first=True,
+                    queued=True,
+                )
+            yield task
+            # A subscriber's stream ends only when the task does (A2A's SubscribeToTask).
+            async for event in follow_turn(
+                self.client,
+                session,
+                ref.task_id,
+                ref.context_id,
+                follow,
+                live=True,
+                through_input=True,
+            ):
                 yield event
         except A2AError:
             raise
@@ -298,34 +355,34 @@ class SessionRequestHandler(RequestHandler):
 
     @_guarded
     async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task:
-        session, running = await existing_session(self.client, self.agent, params.id)
-        return apply_history_length(
-            await snapshot(self.client, params.id, session, running), params
-        )
+        task = await snapshot(self.client, self.agent, task_ref(params.id))
+        return apply_history_length(task, params)
 
     @_guarded
     async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task:
-        session, running = await existing_session(self.client, self.agent, params.id)
-        progress = await session.progress() if running else None
-        if progress is None or progress.turn is None:
-            raise TaskNotCancelableError(message=f"task {params.id!r} has no turn running")
-        turn = get_turn(self.client, progress.turn.workflow_id)
+        ref = task_ref(params.id)
+        task = await snapshot(self.client, self.agent, ref)
+        if task.status.state in TERMINAL or task.status.state == TaskState.TASK_STATE_SUBMITTED:
+            raise TaskNotCancelableError(
+                message=f"task {params.id!r} is {_state_name(task.status.state)}: no turn runs"
+            )
+        turn = get_turn(self.client, ref.turn_id(self.agent))
         await turn.cancel()
         # Its repair is quick; the answer then says how the turn ended.
         with contextlib.suppress(Exception):
             await asyncio.wait_for(_ended(turn), CANCEL_WAIT_SECONDS)
-        task = await snapshot(self.client, params.id, session, running=True)
-        if task.status.state == TaskState.TASK_STATE_WORKING:
+        task = await snapshot(self.client, self.agent, ref)
+        if task.status.state not in TERMINAL:
             # The cancellation is asked for; the turn has not ended yet.
             task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_CANCELED))
+            task.status.timestamp.GetCurrentTime()
         return task
 
+    @_guarded
     async def on_list_tasks(
         self, params: ListTasksRequest, context: ServerCallContext
     ) -> ListTasksResponse:
-        raise UnsupportedOperationError(
-            message="tasks are not listed here: `turnkeep sessions` lists them"
-        )
+        return await list_tasks(self.client, self.agent, params)
 
     async def on_create_task_push_notification_config(
         self, params: TaskPushNotificationConfig, context: ServerCallContext
@@ -370,3 +427,13 @@ def _cause(err: WorkflowUpdateFailedError) -> str:
 
 def _new_id() -> str:
     return uuid.uuid4().hex
+
+
+def _state_name(state: TaskState) -> str:
+    return TaskState.Name(state).removeprefix("TASK_STATE_").lower().replace("_", "-")
+
+
+def _closed_context(context_id: str) -> UnsupportedOperationError:
+    return UnsupportedOperationError(
+        message=f"context {context_id!r} is closed: it takes no more messages; start a new one"
+    )

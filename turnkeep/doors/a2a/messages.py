@@ -11,15 +11,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from a2a.types.a2a_pb2 import Artifact, Message, Part, Role
-from a2a.utils.errors import InvalidParamsError
+from a2a.utils.errors import ContentTypeNotSupportedError, InvalidParamsError
 from google.protobuf import json_format, struct_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from turnkeep.workflows.approval import PendingCall
 from turnkeep.workflows.messages import Message as TurnMessage
+from turnkeep.workflows.messages import json_channel
+
+# The channel a user message sent over A2A carries its A2A message id in: its history shows it
+# under that id, and a worker's hooks can see which A2A message a turn answers.
+A2A_CHANNEL = "a2a"
 
 MAX_TEXT = 100_000  # characters of one message's text
 MAX_PARTS = 32
+MAX_MESSAGE_ID = 200  # characters of a client's message id kept with its message
 # A plain-text answer to a call waiting: "approve", or "deny" with an optional reason.
 _TEXT_DECISION = re.compile(r"\s*(approve|deny)\b[\s:,.-]*(.*)", re.IGNORECASE | re.DOTALL)
 
@@ -62,6 +68,11 @@ def read_message(message: Message) -> Incoming:
             texts.append(part.text)
         elif kind == "data":
             decisions.append(_whole_numbers(json_format.MessageToDict(part.data)))
+        elif kind in ("raw", "url"):
+            # A2A's error for content the agent does not take (its card's input modes).
+            raise ContentTypeNotSupportedError(
+                message=f"part {index} is a file ({kind}): only text and data parts are taken"
+            )
         else:
             raise InvalidParamsError(
                 message=f"part {index} is {kind or 'empty'}: only text and data parts are taken"
@@ -103,6 +114,35 @@ def text_decisions(text: str, waiting: Sequence[PendingCall]) -> list[DecisionPa
     ]
 
 
+def user_message(text: str, message_id: str) -> TurnMessage:
+    """The turn's user message for an A2A message: its text, and its id in the ``a2a``
+    channel (a model never sees channels)."""
+    message = TurnMessage.user(text)
+    if 0 < len(message_id) <= MAX_MESSAGE_ID:  # a longer one is the client's to keep
+        message.channels = {A2A_CHANNEL: json_channel({"message_id": message_id})}
+    return message
+
+
+def text_answer_field(call: PendingCall) -> str | None:
+    """The one string field a plain-text answer fills for an elicitation that asks for one
+    (``ctx.elicit(..., response_type=str)`` asks for ``value``); None if it asks for more."""
+    schema = call.requested_schema or {}
+    properties = schema.get("properties") or {}
+    if call.kind != "elicitation" or len(properties) != 1:
+        return None
+    ((name, field),) = properties.items()
+    return name if isinstance(field, dict) and field.get("type") == "string" else None
+
+
+def _a2a_id(message: TurnMessage) -> str | None:
+    try:
+        value = message.channel_json(A2A_CHANNEL)
+    except ValueError:
+        return None
+    given = value.get("message_id") if isinstance(value, dict) else None
+    return given if isinstance(given, str) and given else None
+
+
 # --- what the server answers -------------------------------------------------------------------
 
 
@@ -110,18 +150,18 @@ def _data(value: Any) -> Part:
     return Part(data=json_format.ParseDict(value, struct_pb2.Value()))
 
 
-def agent_message(task_id: str, message_id: str, parts: Sequence[Part]) -> Message:
+def agent_message(task_id: str, context_id: str, message_id: str, parts: Sequence[Part]) -> Message:
     """A message of the agent's in task ``task_id``."""
     return Message(
         message_id=message_id,
         task_id=task_id,
-        context_id=task_id,
+        context_id=context_id,
         role=Role.ROLE_AGENT,
         parts=list(parts),
     )
 
 
-def to_a2a(message: TurnMessage, task_id: str, message_id: str) -> Message | None:
+def to_a2a(message: TurnMessage, task_id: str, context_id: str, message_id: str) -> Message | None:
     """A turn's message as A2A's: its text, and its tool calls or results as data parts;
     None when it has neither."""
     parts: list[Part] = []
@@ -145,32 +185,40 @@ def to_a2a(message: TurnMessage, task_id: str, message_id: str) -> Message | Non
         Role.ROLE_USER if message.role == "user" and not message.tool_results else Role.ROLE_AGENT
     )
     return Message(
-        message_id=message_id, task_id=task_id, context_id=task_id, role=role, parts=parts
+        message_id=message_id, task_id=task_id, context_id=context_id, role=role, parts=parts
     )
 
 
-def to_history(task_id: str, transcript: Sequence[TurnMessage]) -> list[Message]:
-    """A session's transcript as a task's history (ids by index: the same on every read)."""
+def to_history(task_id: str, context_id: str, messages: Sequence[TurnMessage]) -> list[Message]:
+    """A turn's messages as its task's history: a client's message under its own id, the
+    others by index (the same on every read)."""
     return [
         converted
-        for i, m in enumerate(transcript)
-        if (converted := to_a2a(m, task_id, f"{task_id}/{i}")) is not None
+        for i, m in enumerate(messages)
+        if (converted := to_a2a(m, task_id, context_id, _a2a_id(m) or f"{task_id}/{i}")) is not None
     ]
 
 
-def approval_message(task_id: str, calls: Sequence[PendingCall]) -> Message:
+def approval_message(task_id: str, context_id: str, calls: Sequence[PendingCall]) -> Message:
     """The ``input-required`` status message: each waiting call with its arguments, and how to
     answer."""
-    listed = "\n".join(f"- {c.name} (call {c.call_id}): {_json(c.arguments)}" for c in calls)
-    text = (
-        f"Waiting for approval:\n{listed}\n"
-        'Answer "approve" or "deny: <reason>" (every call listed), or one data part per call: '
-        '{"call_id": ..., "approve": true|false, "reason": ..., "arguments": {...}}.'
-    )
+    if calls and all(text_answer_field(c) for c in calls):
+        asked = "\n".join(f"- {c.prompt or c.name} (call {c.call_id})" for c in calls)
+        text = f"Waiting for your answer:\n{asked}\nAnswer with text."
+    else:
+        listed = "\n".join(f"- {c.name} (call {c.call_id}): {_json(c.arguments)}" for c in calls)
+        text = (
+            f"Waiting for approval:\n{listed}\n"
+            'Answer "approve" or "deny: <reason>" (every call listed), or one data part per '
+            'call: {"call_id": ..., "approve": true|false, "reason": ..., "arguments": {...}}.'
+        )
     waiting = [c.model_dump(mode="json", exclude_none=True) for c in calls]
     ids = "-".join(c.call_id for c in calls)
     return agent_message(
-        task_id, f"{task_id}/approval/{ids}", [Part(text=text), _data({"approvals": waiting})]
+        task_id,
+        context_id,
+        f"{task_id}/approval/{ids}",
+        [Part(text=text), _data({"approvals": waiting})],
     )
 
 

@@ -5,6 +5,7 @@ served gets an error, nothing started."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -15,7 +16,7 @@ from a2a.server.request_handlers.response_helpers import (
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 from a2a.types.a2a_pb2 import AgentCard
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
-from a2a.utils.errors import A2AError, InvalidRequestError
+from a2a.utils.errors import A2AError, ContentTypeNotSupportedError, InvalidRequestError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -25,7 +26,7 @@ from temporalio.client import Client
 
 from turnkeep.config.settings import Settings
 from turnkeep.doors.a2a.callers import OPEN, Authorize, ContextBuilder, Refused, set_caller
-from turnkeep.doors.a2a.card import agent_card
+from turnkeep.doors.a2a.card import agent_card, cached_card
 from turnkeep.doors.a2a.handler import SessionRequestHandler
 from turnkeep.workflows.turn_io import agent_task_queue
 
@@ -57,6 +58,7 @@ def a2a_routes(
     too. Without it every request is served as ``OPEN``: serve such routes on loopback only,
     or behind something that checks callers. ``max_body``: the largest request, in bytes."""
     names = list(settings.agents) if agents is None else list(agents)
+    built = time.time()  # the cards' Last-Modified: they change only with the settings
     unknown = sorted(set(names) - set(settings.agents))
     if unknown:
         raise ValueError(f"no such agents in the settings: {', '.join(unknown)}")
@@ -94,6 +96,15 @@ def a2a_routes(
             return _rpc_error(
                 InvalidRequestError(message=f"no agent {_shown(name)} is served here")
             )
+        # A body declared as something else than JSON is A2A's unsupported content type
+        # (one that declares nothing is read as JSON, as the SDK does).
+        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media_type and media_type != "application/json" and not media_type.endswith("+json"):
+            return _rpc_error(
+                ContentTypeNotSupportedError(
+                    message="a JSON-RPC request is sent as Content-Type: application/json"
+                )
+            )
         body = await _bounded_body(request, max_body)
         if body is None:
             return _rpc_error(InvalidRequestError(message=f"the request is over {max_body} bytes"))
@@ -116,7 +127,7 @@ def a2a_routes(
         served.CopyFrom(cards[name])
         base = public_url.rstrip("/") + f"{prefix}/{name}/" if public_url else _rpc_url(request)
         served.supported_interfaces[0].url = base
-        return JSONResponse(agent_card_to_dict(served))
+        return cached_card(request, agent_card_to_dict(served), built)
 
     return [
         Route(f"{prefix}/{{agent}}/", rpc, methods=["POST"]),

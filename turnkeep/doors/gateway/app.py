@@ -134,7 +134,9 @@ def gateway_app(
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
     if a2a is not False:
-        app_routes.extend(_a2a_routes(client, settings, queue_of, required=a2a is True))
+        app_routes.extend(
+            _a2a_routes(client, settings, queue_of, required=a2a is True, bearer=auth)
+        )
     doors = None
     if mcp:
         from turnkeep.doors.gateway.mcp import McpDoors
@@ -225,10 +227,16 @@ _HANDLERS: dict[Any, Any] = {
 
 
 def _a2a_routes(
-    client: Client, settings: Settings, queue_of: Callable[[str], str], *, required: bool
+    client: Client,
+    settings: Settings,
+    queue_of: Callable[[str], str],
+    *,
+    required: bool,
+    bearer: bool,
 ) -> list[BaseRoute]:
     """The A2A routes, each request's caller its key (the guard has identified it): scoped to
-    agents, allowed to decide or not. None without ``a2a-sdk``, unless ``required``."""
+    agents, allowed to decide or not. None without ``a2a-sdk``, unless ``required``. The
+    cards ask for a bearer key only when the gateway does (``bearer``)."""
     try:
         from turnkeep.doors.a2a import Caller, Refused, a2a_routes
     except ImportError:
@@ -247,6 +255,7 @@ def _a2a_routes(
         settings,
         prefix=A2A,
         task_queue=queue_of,
+        bearer=bearer,
         authorize=authorize,
         max_body=settings.gateway.max_body_bytes,
     )
