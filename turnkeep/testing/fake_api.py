@@ -88,7 +88,7 @@ class Answer:
     usage: Tokens = Tokens()
     # A streamed answer (the request asked for `stream`): seconds between its chunks, and an
     # event its last text chunk waits for (a test sets it once it has seen the first deltas);
-    # a whole answer waits for that event before it is sent at all.
+    # answered whole (`streamed_as="json"`), it waits for that event before it is sent.
     chunk_delay: float = 0.0
     hold: threading.Event | None = None
     # time.monotonic() as each text chunk is sent, appended here (benchmarks).
@@ -425,24 +425,21 @@ class FakeModelApi:
         match step:
             case Drop():
                 return False
-            case Answer() if (
-                isinstance(body, dict) and body.get("stream") and step.streamed_as != "json"
-            ):
-                events = (
-                    anthropic_events(step, model)
-                    if api == "anthropic"
-                    else openai_chunks(step, model, usage=bool(body.get("stream_options")))
-                )
-                return await stream(writer, reader, step, cut(events, step.streamed_as), id_header)
-            case Answer():
+            case Answer() if isinstance(body, dict) and body.get("stream"):
+                if step.streamed_as != "json":
+                    events = (
+                        anthropic_events(step, model)
+                        if api == "anthropic"
+                        else openai_chunks(step, model, usage=bool(body.get("stream_options")))
+                    )
+                    events = cut(events, step.streamed_as)
+                    return await stream(writer, reader, step, events, id_header)
+                # The whole answer to a streamed request: held as its last chunk would be.
                 if step.hold is not None and not await hold_unless_hung_up(step.hold, reader):
                     return False
-                payload = (
-                    anthropic_answer(step, model)
-                    if api == "anthropic"
-                    else openai_answer(step, model)
-                )
-                await send(writer, 200, payload, id_header)
+                await send(writer, 200, whole_answer(api, step, model), id_header)
+            case Answer():
+                await send(writer, 200, whole_answer(api, step, model), id_header)
             case Failure():
                 payload = anthropic_error(step) if api == "anthropic" else openai_error(step)
                 await send(writer, step.status, payload, {**id_header, **step.headers})
@@ -706,6 +703,10 @@ ANTHROPIC_ERROR_TYPES = {
     429: "rate_limit_error",
     529: "overloaded_error",
 }
+
+
+def whole_answer(api: Api, answer: Answer, model: str) -> dict[str, Any]:
+    return anthropic_answer(answer, model) if api == "anthropic" else openai_answer(answer, model)
 
 
 def anthropic_answer(answer: Answer, model: str) -> dict[str, Any]:
