@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from google.protobuf import json_format
 from temporalio.client import Client
 
-from tests.conftest import HarnessFactory, eventually, make_settings
+from tests.conftest import HarnessFactory, eventually, make_settings, turnkeep
 from tests.worker_process import WorkerProcesses, write_config
 from turnkeep.client import live
 from turnkeep.client.connection import connect
@@ -50,8 +50,8 @@ from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows.live_io import LiveAddress
-from turnkeep.workflows.messages import Message, TextContent
-from turnkeep.workflows.turn_io import TurnInput
+from turnkeep.workflows.messages import Message, StopReason, TextContent
+from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 
@@ -231,6 +231,121 @@ async def test_a_server_that_refuses_stream_options_streams_without_them_and_is_
     ]
     # The server sent no usage unasked, so the calls count none.
     assert first_result.usage["generic.local-model"].output_tokens == 0
+
+
+def generic_config(fake: FakeModelApi, **generic: Any) -> dict[str, Any]:
+    """A worker serving live text whose agent's model is on an OpenAI-compatible server."""
+    return {
+        "generic": {"base_url": fake.base_url_openai, **generic},
+        "agents": {"test": {"model": "generic.local-model", "servers": ["math"]}},
+        **STREAMING,
+    }
+
+
+async def test_a_server_that_answers_streamed_calls_whole_completes_the_turn(
+    fake: FakeModelApi, harness: HarnessFactory
+) -> None:
+    """Issue #43: a compatible server that answers ``stream: true`` with a plain JSON
+    completion. Each whole answer is the call's answer, and reaches the live stream at once."""
+    held = threading.Event()
+    try:
+        fake.script(
+            # Held until the test has found the call's live stream.
+            Answer(
+                text="Adding.",
+                calls=(("call_1", "math__add", {"a": 2, "b": 3}),),
+                hold=held,
+                streamed_as="json",
+            ),
+            Reply.text("The sum is 5.", streamed_as="json"),
+            api="openai",
+        )
+        async with harness({"math": [add]}, **generic_config(fake)) as h:
+            handle = await h.start("2+3?")
+
+            async def address() -> LiveAddress | None:
+                return await live_address(h.client, handle.handle)
+
+            found: LiveAddress = await eventually(address, "the model call is streaming")
+            held.set()
+            # The attempt's stream from its start, to its end.
+            deltas = [d async for d in live.read_live(h.client, found)]
+            result = await handle.result()
+    finally:
+        held.set()
+
+    assert [(d.kind, d.text, d.name, d.call_id) for d in deltas] == [
+        ("text", "Adding.", None, None),
+        ("tool_call", "", "math__add", "call_1"),
+    ]
+    assert result.stop_reason == StopReason.END_TURN
+    assert result.final is not None and result.final.text == "The sum is 5."
+    tool_results = [m.tool_results for m in result.messages if m.tool_results]
+    assert tool_results[0] is not None and tool_results[0]["call_1"].text == "5"
+    assert [r.body.get("stream") for r in fake.requests_for("openai")] == [True, True]
+
+
+async def test_a_stream_cut_before_its_stop_ends_the_turn_with_the_fix_and_no_retry(
+    fake: FakeModelApi, harness: HarnessFactory
+) -> None:
+    fake.script(Reply.text("The sum is", streamed_as="no_stop"), api="openai")
+    async with harness({"math": [add]}, **generic_config(fake)) as h:
+        result = await (await h.start("2+3?")).result()
+
+    assert result.stop_reason == StopReason.ERROR
+    assert result.final is not None
+    said = str(result.final.channels)
+    assert "ended without a finish_reason" in said
+    assert "`generic: {streaming: false}`" in said
+    assert len(fake.requests_for("openai")) == 1  # not retried: asking again gets the same
+
+
+async def test_streaming_false_on_a_provider_makes_its_calls_whole(
+    fake: FakeModelApi, harness: HarnessFactory
+) -> None:
+    fake.script(Reply.text("Whole, as configured."), api="openai")
+    async with harness({"math": [add]}, **generic_config(fake, streaming=False)) as h:
+        handle = await h.start("hello")
+        events = await collect(handle)
+        result = await handle.result()
+    assert result.final is not None and result.final.text == "Whole, as configured."
+    assert "stream" not in fake.requests_for("openai")[0].body
+    assert all(isinstance(e, MessageEvent) for e in events)
+
+
+async def test_turnkeep_run_with_its_worker_against_a_server_that_does_not_stream(
+    temporal: ServerInfo, fake: FakeModelApi, tmp_path: Path
+) -> None:
+    """The command of the issue, as a user runs it: ``turnkeep run --worker`` streams each
+    model call, and the server answers with a plain JSON completion."""
+    write_config(
+        tmp_path / "turnkeep.yaml",
+        {
+            "task_queue": f"nostream-{uuid.uuid4().hex[:8]}",
+            "generic": {"base_url": fake.base_url_openai},
+            "agents": {"test": {"model": "generic.local-model"}},
+        },
+    )
+    fake.script(Reply.text("Hello from a server that does not stream.", streamed_as="json"))
+    done = await asyncio.to_thread(
+        turnkeep,
+        "run",
+        "hello",
+        "--agent",
+        "test",
+        "--worker",
+        "--json",
+        temporal=temporal,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    result = TurnResult.model_validate_json(done.stdout)
+    assert result.final is not None
+    assert result.final.text == "Hello from a server that does not stream."
+    (sent,) = fake.requests_for("openai")
+    assert sent.body.get("stream") is True  # the worker did stream the call
+    # The answer is printed once, live or whole.
+    assert done.stderr.count("Hello from a server that does not stream.") == 1, done.stderr
 
 
 async def test_the_live_stream_refuses_a_wrong_or_missing_token(

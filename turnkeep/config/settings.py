@@ -132,6 +132,9 @@ class ProviderSettings(_Settings):
     # A model turnkeep has no window for (any generic.*, openrouter.* or azure.* one) is not
     # compacted automatically until this, or the agent's compaction.context_window, is set.
     context_window: int | None = Field(default=None, gt=0)
+    # Stream this provider's calls when the worker serves live text (`streaming:`); false:
+    # every call is made whole, for a server or proxy that does not stream as asked.
+    streaming: bool = True
 
 
 class AnthropicSettings(ProviderSettings):

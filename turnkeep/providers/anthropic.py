@@ -21,6 +21,13 @@ from turnkeep.providers.model_strings import (
     anthropic_thinking_budget,
 )
 from turnkeep.providers.model_strings import aliases as model_aliases
+from turnkeep.providers.stream_end import (
+    is_json,
+    json_body,
+    no_events,
+    send_whole,
+    stream_incomplete,
+)
 from turnkeep.providers.streaming import DeltaSink, delta_sink
 from turnkeep.workflows.activity_io import ToolSpec
 from turnkeep.workflows.messages import (
@@ -86,6 +93,7 @@ class AnthropicProvider(ModelProvider):
         if not key:
             raise missing_api_key("Anthropic", "anthropic.api_key", "ANTHROPIC_API_KEY")
         self._key = key
+        self.streams = settings.streaming
         self._timeout = timeout
         # fast-agent's anthropic.thinking_enabled / thinking_budget_tokens (a plain
         # ProviderSettings has neither: thinking off).
@@ -124,25 +132,43 @@ class AnthropicProvider(ModelProvider):
                 tools=bool(request.tools),
             )
         )
-        sink = delta_sink()
-        call = (
-            self._client.messages.create(**params, timeout=timeout)
-            if sink is None
-            else self._streamed(params, timeout, sink)
-        )
+        sink = delta_sink() if self.streams else None
+        if sink is not None:
+            streamed = self._streamed(params, timeout, sink)
+            return await guarded(streamed, provider=PROVIDER, secret=self._key, timeout_s=timeout)
+        call = self._client.messages.create(**params, timeout=timeout)
         response = await guarded(call, provider=PROVIDER, secret=self._key, timeout_s=timeout)
         return from_response(response)
 
-    async def _streamed(self, params: dict[str, Any], limit_s: float, sink: DeltaSink) -> object:
+    async def _streamed(self, params: dict[str, Any], limit_s: float, sink: DeltaSink) -> Message:
         """The same call, streamed: each text delta and tool call goes to ``sink`` as it comes;
-        the answer is the SDK's assembled message, the one ``create`` would have returned."""
+        the answer is the SDK's assembled message, the one ``create`` would have returned. A
+        server that answers with the whole message instead, or ends the stream before its
+        ``stop_reason``, is dealt with as ``turnkeep.providers.stream_end`` says."""
+        from anthropic.types import Message as AnthropicMessage
+
         async with self._client.messages.stream(**params, timeout=limit_s) as stream:
+            if is_json(stream.response):
+                body = await json_body(stream.response, PROVIDER)
+                # As the SDK reads a non-streamed answer: built, not validated.
+                answer = from_response(AnthropicMessage.construct(**body))
+                send_whole(sink, answer)
+                return answer
             async for event in stream:
                 if event.type == "text":
                     sink.text(event.text)
                 elif event.type == "content_block_start" and event.content_block.type == "tool_use":
                     sink.tool_call(event.content_block.name, event.content_block.id)
-            return await stream.get_final_message()
+            try:
+                snapshot = stream.current_message_snapshot
+            except AssertionError:  # the SDK's way of saying no message_start came
+                snapshot = None
+            base_url = self._client.base_url
+            if snapshot is None:
+                raise stream_incomplete(PROVIDER, base_url, no_events(stream.response))
+            if snapshot.stop_reason is None:
+                raise stream_incomplete(PROVIDER, base_url, "ended without a stop_reason")
+            return from_response(snapshot)
 
     async def aclose(self) -> None:
         await self._client.close()

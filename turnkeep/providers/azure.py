@@ -48,6 +48,7 @@ class AzureProvider(OpenAICompatibleProvider):
         self._generic = self.legacy_max_tokens
         self._timeout = timeout
         self._key = key
+        self.streams = settings.streaming
         self._deployment = getattr(settings, "azure_deployment", None)
         self._client = AsyncAzureOpenAI(
             api_key=key,

@@ -42,7 +42,8 @@ class ModelProvider(ABC):
     max_tokens: ClassVar[int | None] = None
     # ``complete_model`` streams to ``delta_sink()`` when there is one
     # (``turnkeep.providers.streaming``); a provider that doesn't gets no live stream opened.
-    streams: ClassVar[bool] = False
+    # Per instance: a provider whose config block says `streaming: false` sets it off.
+    streams: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ModelProvider:

@@ -81,11 +81,12 @@ def classify(
         within = f" within {timeout_s:g} s" if timeout_s else ""
         return error("ProviderTimeout", f"{who}: no answer{within}", retryable=True)
     if "APIConnectionError" in names:
-        cause = f": {err.__cause__}" if err.__cause__ else ""
+        why = err.__cause__
+        cause = f": {str(why) or describe(why)}" if why else ""
         return error("ProviderConnectionError", f"{who}: connection failed{cause}", retryable=True)
     status = getattr(err, "status_code", None)
     if "APIStatusError" not in names or not isinstance(status, int):
-        return error("ProviderError", f"{who}: {type(err).__name__}: {err}", retryable=True)
+        return error("ProviderError", f"{who}: {describe(err)}", retryable=True)
 
     said = _truncate(provider_message(err))
     request_id = getattr(err, "request_id", None)
@@ -105,6 +106,12 @@ def classify(
     return error("ProviderClientError", text, retryable=False)
 
 
+def describe(err: BaseException) -> str:
+    """An exception in words, never empty: its type, then its text, or its repr when it has no
+    text (a bare ``assert`` in an SDK says nothing else)."""
+    return _truncate(f"{type(err).__name__}: {str(err) or repr(err)}")
+
+
 def provider_message(err: Exception) -> str:
     """What the provider said went wrong, from the error body both APIs send."""
     body = getattr(err, "body", None)
@@ -115,7 +122,7 @@ def provider_message(err: Exception) -> str:
         return str(body["error"])  # Ollama and friends: {"error": "model not found"}
     if isinstance(body, str) and body.strip():
         return body.strip()
-    return str(getattr(err, "message", None) or err)
+    return str(getattr(err, "message", None) or err) or describe(err)
 
 
 def _error_field(body: object, name: str) -> str | None:
@@ -198,8 +205,11 @@ def request_timeout() -> float:
 
 
 async def guarded(call: Awaitable[T], *, provider: str, secret: str | None, timeout_s: float) -> T:
-    """Await an SDK call, turning whatever it raises into the classified ``ApplicationError``."""
+    """Await an SDK call, turning whatever it raises into the classified ``ApplicationError``
+    (one the call raised itself, already classified, passes as it is)."""
     try:
         return await call
+    except ApplicationError:
+        raise
     except Exception as err:
         raise classify(err, provider=provider, secret=secret, timeout_s=timeout_s) from None

@@ -20,6 +20,13 @@ from turnkeep.providers.convert import bounded_call_id, plain_blocks, result_blo
 from turnkeep.providers.errors import guarded, missing_api_key, request_timeout, response_invalid
 from turnkeep.providers.model_strings import KNOWN_MODELS, ModelRef, Reasoning
 from turnkeep.providers.model_strings import aliases as model_aliases
+from turnkeep.providers.stream_end import (
+    is_json,
+    json_body,
+    no_events,
+    send_whole,
+    stream_incomplete,
+)
 from turnkeep.providers.streaming import DeltaSink, delta_sink
 from turnkeep.workflows.messages import (
     ContentBlock,
@@ -91,6 +98,7 @@ class OpenAIProvider(ModelProvider):
                 raise missing_api_key("OpenAI", "openai.api_key", "OPENAI_API_KEY")
             base_url = settings.base_url or os.environ.get("OPENAI_BASE_URL") or None
         self._key = key
+        self.streams = settings.streaming
         self._client = AsyncOpenAI(
             api_key=key or PLACEHOLDER_GENERIC_KEY,
             base_url=base_url,
@@ -115,22 +123,23 @@ class OpenAIProvider(ModelProvider):
         params = request_params(request, model.name, generic=self._generic)
         if model.reasoning is not None and (effort := self.effort(model.reasoning)):
             params["reasoning_effort"] = effort
-        sink = delta_sink()
-        call = (
-            self._client.chat.completions.create(**params, timeout=timeout)
-            if sink is None
-            else self._streamed(params, timeout, sink)
-        )
+        sink = delta_sink() if self.streams else None
+        if sink is not None:
+            streamed = self._streamed(params, timeout, sink)
+            return await guarded(streamed, provider=self._name, secret=self._key, timeout_s=timeout)
+        call = self._client.chat.completions.create(**params, timeout=timeout)
         completion = await guarded(call, provider=self._name, secret=self._key, timeout_s=timeout)
         return from_completion(completion, self._name)
 
-    async def _streamed(self, params: dict[str, Any], limit_s: float, sink: DeltaSink) -> object:
+    async def _streamed(self, params: dict[str, Any], limit_s: float, sink: DeltaSink) -> Message:
         """The same call, streamed: each text delta and tool call goes to ``sink`` as it comes;
         the answer is the chunks assembled by the SDK's own accumulator into the completion
         ``create`` would have returned (usage included: ``include_usage``, where the server
-        takes it)."""
+        takes it). A server that answers with the whole completion instead, or ends the stream
+        before its ``finish_reason``, is dealt with as ``turnkeep.providers.stream_end`` says."""
         from openai import APIStatusError
         from openai.lib.streaming.chat import ChatCompletionStreamState
+        from openai.types.chat import ChatCompletion
 
         create = self._client.chat.completions.create
         if not self.stream_usage:
@@ -156,6 +165,12 @@ class OpenAIProvider(ModelProvider):
                 )
         state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
         async with stream:
+            if is_json(stream.response):
+                body = await json_body(stream.response, self._name)
+                # As the SDK reads a non-streamed answer: built, not validated.
+                answer = from_completion(ChatCompletion.construct(**body), self._name)
+                send_whole(sink, answer)
+                return answer
             async for chunk in stream:
                 state.handle_chunk(chunk)
                 for choice in chunk.choices:
@@ -166,7 +181,18 @@ class OpenAIProvider(ModelProvider):
                     for call in choice.delta.tool_calls or []:
                         if call.id and call.function and call.function.name:
                             sink.tool_call(call.function.name, call.id)
-        return state.get_final_completion()
+        try:
+            snapshot = state.current_completion_snapshot
+        except AssertionError:  # the SDK's way of saying no chunk came
+            snapshot = None
+        if snapshot is None or not snapshot.choices:
+            what = no_events(stream.response)
+            raise stream_incomplete(self._name, self._client.base_url, what)
+        if snapshot.choices[0].finish_reason is None:
+            raise stream_incomplete(
+                self._name, self._client.base_url, "ended without a finish_reason"
+            )
+        return from_completion(state.get_final_completion(), self._name)
 
     @staticmethod
     def effort(reasoning: Reasoning) -> str | None:

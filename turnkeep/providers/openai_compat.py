@@ -57,6 +57,7 @@ class OpenAICompatibleProvider(OpenAIProvider):
         self._generic = self.legacy_max_tokens
         self._timeout = timeout
         self._key = key
+        self.streams = settings.streaming
         self._client = AsyncOpenAI(
             api_key=key or PLACEHOLDER_GENERIC_KEY,
             base_url=self.base_url(settings),

@@ -23,6 +23,13 @@ own script in one worker (``FakeModel`` builds on it)::
 
     fake.script(Reply.text("from A"), model="agent-a")
 
+A streamed answer can misbehave as some OpenAI-compatible servers and proxies do
+(``streamed_as``): answer with the whole non-streamed body (``"json"``), or end the stream
+cleanly without its closing event (``"no_done"``: no ``[DONE]`` / ``message_stop``) or without
+its stop reason either (``"no_stop"``: no ``finish_reason`` chunk / ``message_delta``)::
+
+    fake.script(Reply.text("whole", streamed_as="json"))
+
 ``refuse_field`` plays a server that does not know a request field (an OpenAI-compatible one
 refusing ``stream_options``, say): every request carrying it gets a 400 naming the field::
 
@@ -55,6 +62,8 @@ from http import HTTPStatus
 from typing import Any, Literal
 
 Api = Literal["anthropic", "openai"]
+# How a streamed request is answered: as the API streams ("sse"), or misbehaving (see above).
+StreamedAs = Literal["sse", "json", "no_done", "no_stop"]
 APIS: tuple[Api, ...] = ("anthropic", "openai")
 ROUTES: dict[str, Api] = {"/v1/messages": "anthropic", "/v1/chat/completions": "openai"}
 # What a mounted path ends with, per API.
@@ -78,11 +87,13 @@ class Answer:
     stop: str | None = None  # the API's own stop_reason / finish_reason, if not the natural one
     usage: Tokens = Tokens()
     # A streamed answer (the request asked for `stream`): seconds between its chunks, and an
-    # event its last text chunk waits for (a test sets it once it has seen the first deltas).
+    # event its last text chunk waits for (a test sets it once it has seen the first deltas);
+    # answered whole (`streamed_as="json"`), it waits for that event before it is sent.
     chunk_delay: float = 0.0
     hold: threading.Event | None = None
     # time.monotonic() as each text chunk is sent, appended here (benchmarks).
     sent: list[float] | None = None
+    streamed_as: StreamedAs = "sse"
 
 
 @dataclass(frozen=True)
@@ -134,6 +145,7 @@ class Reply:
         usage: Tokens = Tokens(),
         chunk_delay: float = 0.0,
         hold: threading.Event | None = None,
+        streamed_as: StreamedAs = "sse",
     ) -> Answer:
         return Answer(
             text=text,
@@ -142,6 +154,7 @@ class Reply:
             usage=usage,
             chunk_delay=chunk_delay,
             hold=hold,
+            streamed_as=streamed_as,
         )
 
     @staticmethod
@@ -150,8 +163,9 @@ class Reply:
         text: str | None = None,
         stop: str | None = None,
         usage: Tokens = Tokens(),
+        streamed_as: StreamedAs = "sse",
     ) -> Answer:
-        return Answer(text=text, calls=calls, stop=stop, usage=usage)
+        return Answer(text=text, calls=calls, stop=stop, usage=usage, streamed_as=streamed_as)
 
     @staticmethod
     def error(
@@ -423,19 +437,20 @@ class FakeModelApi:
             case Drop():
                 return False
             case Answer() if isinstance(body, dict) and body.get("stream"):
-                events = (
-                    anthropic_events(step, model)
-                    if api == "anthropic"
-                    else openai_chunks(step, model, usage=bool(body.get("stream_options")))
-                )
-                return await stream(writer, reader, step, events, id_header)
+                if step.streamed_as != "json":
+                    events = (
+                        anthropic_events(step, model)
+                        if api == "anthropic"
+                        else openai_chunks(step, model, usage=bool(body.get("stream_options")))
+                    )
+                    events = cut(events, step.streamed_as)
+                    return await stream(writer, reader, step, events, id_header)
+                # The whole answer to a streamed request: held as its last chunk would be.
+                if step.hold is not None and not await hold_unless_hung_up(step.hold, reader):
+                    return False
+                await send(writer, 200, whole_answer(api, step, model), id_header)
             case Answer():
-                payload = (
-                    anthropic_answer(step, model)
-                    if api == "anthropic"
-                    else openai_answer(step, model)
-                )
-                await send(writer, 200, payload, id_header)
+                await send(writer, 200, whole_answer(api, step, model), id_header)
             case Failure():
                 payload = anthropic_error(step) if api == "anthropic" else openai_error(step)
                 await send(writer, step.status, payload, {**id_header, **step.headers})
@@ -483,6 +498,17 @@ async def sleep_unless_hung_up(seconds: float, reader: asyncio.StreamReader) -> 
         hangup.cancel()
         # Awaited out, so the connection's next read does not find this one still waiting.
         await asyncio.gather(hangup, return_exceptions=True)
+
+
+async def hold_unless_hung_up(hold: threading.Event, reader: asyncio.StreamReader) -> bool:
+    """Wait (a bounded two minutes, for a test that failed) until ``hold`` is set; False as soon
+    as the client closes the connection instead."""
+    for _ in range(6000):
+        if hold.is_set():
+            break
+        if not await sleep_unless_hung_up(0.02, reader):
+            return False
+    return True
 
 
 async def send(
@@ -560,6 +586,28 @@ async def stream(
         hangup.cancel()
         with contextlib.suppress(BaseException):
             await hangup
+
+
+def cut(events: list[Event], streamed_as: StreamedAs) -> list[Event]:
+    """A stream without its closing event ("no_done"), or without its stop reason as well
+    ("no_stop"): the Messages API's ``message_delta``, Chat Completions' ``finish_reason``
+    chunk (and the usage chunk and ``[DONE]`` after it)."""
+    if streamed_as == "no_done":
+        return events[:-1]
+    if streamed_as != "no_stop":
+        return events
+    stop = next(i for i, event in enumerate(events) if is_stop(event))
+    return events[:stop]
+
+
+def is_stop(event: Event) -> bool:
+    name, body, _ = event
+    if name == "message_delta":
+        return True
+    choices = body.get("choices") if isinstance(body, dict) else None
+    return (
+        isinstance(choices, list) and bool(choices) and choices[0].get("finish_reason") is not None
+    )
 
 
 def text_pieces(text: str) -> list[str]:
@@ -666,6 +714,10 @@ ANTHROPIC_ERROR_TYPES = {
     429: "rate_limit_error",
     529: "overloaded_error",
 }
+
+
+def whole_answer(api: Api, answer: Answer, model: str) -> dict[str, Any]:
+    return anthropic_answer(answer, model) if api == "anthropic" else openai_answer(answer, model)
 
 
 def anthropic_answer(answer: Answer, model: str) -> dict[str, Any]:
