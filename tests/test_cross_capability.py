@@ -15,8 +15,9 @@ The kills are where turnkeep promises that nothing runs again: a turn waiting on
 no activity in flight, so the worker that dies holds nothing of it. What the test asserts:
 every answer is the scripted one, every model call was made once, the approval-gated tool ran
 once (by the worker that got the approval), the asking tool made its side effect once, the
-session's event stream (followed across both kills) has every message once and in order, and
-every decision is recorded with the gateway key that made it.
+session's event stream (followed across both kills, which the gateway's feed rides out) has
+every message once and in order, and every decision is recorded with the gateway key that
+made it.
 """
 
 from __future__ import annotations
@@ -265,6 +266,8 @@ async def test_a_gateway_session_crosses_every_capability_through_two_worker_kil
             sent = await desk.call("POST", f"{base}/messages", text="Anything else?")
             turn2 = sent["turn_id"]
             budget = await desk.waiting(turn2, "budget")
+            # The lead's three calls (15 + 15 + 2,000 tokens) and the clerk's two (15 + 15):
+            # what an agent called as a tool spends counts in the session's budget.
             assert budget["prompt"] == "spent 2,060 tokens of 1,000 tokens"
             raised = await desk.decide(turn2, budget["call_id"], limit=RAISED_TO)
             two = await desk.turn(turn2)
