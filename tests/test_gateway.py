@@ -19,6 +19,7 @@ from typing import Any
 import httpx2
 import pytest
 from starlette.applications import Starlette
+from temporalio.service import RPCError, RPCStatusCode
 
 from tests.conftest import Harness, HarnessFactory, eventually, turnkeep, write_script
 from turnkeep.devserver.embedded import ServerInfo
@@ -229,6 +230,57 @@ async def test_a_session_opened_sent_to_streamed_resumed_and_closed(
         assert state["open"] is False and len(state["messages"]) == 4
         late = await http.post(f"{base}/messages", json={"text": "x"}, headers=bearer(READER))
         assert late.status_code == 409 and "has ended" in late.json()["error"]
+
+
+async def test_a_sessions_stream_stays_open_when_its_follower_fails_while_it_runs(
+    harness: HarnessFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker restarting leaves the session's queries unanswered for a while: the feed's
+    follower fails (here made to, after the first exchange, as an unanswered query does), and
+    the feed follows the session again from its last message. The watcher's stream goes on,
+    with no `end` until the session's close and every message once."""
+    async with harness({"local": [blocked]}, **PASSTHROUGH) as h:
+        app = gateway_app(
+            h.client,
+            h.settings.model_copy(
+                update={"gateway": type(h.settings.gateway).model_validate({"keys": KEYS})}
+            ),
+            task_queue=h.task_queue,
+        )
+        hub = app.state.gateway.hub
+        real = hub._follow_session
+        starts: list[int] = []
+
+        async def failing_once(feed: Any) -> None:
+            starts.append(len(feed.messages))
+            if len(starts) > 1:
+                return await real(feed)
+            following = asyncio.ensure_future(real(feed))
+            await eventually(lambda: len(feed.messages) >= 2, "the first exchange followed")
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
+            raise RPCError("no worker answered", RPCStatusCode.DEADLINE_EXCEEDED, b"")
+
+        monkeypatch.setattr(hub, "_follow_session", failing_once)
+        async with served(app) as http:
+            opened = await http.post("/api/sessions", json={"agent": "test"}, headers=bearer(ADMIN))
+            base = f"/api/sessions/{opened.json()['session_id']}"
+            seen: Events = []
+            watcher = asyncio.ensure_future(events(http, f"{base}/events", sink=seen))
+            await http.post(f"{base}/messages", json={"text": "first"}, headers=bearer(ADMIN))
+            await eventually(lambda: len(starts) == 2, "the feed follows the session again")
+            await http.post(f"{base}/messages", json={"text": "second"}, headers=bearer(ADMIN))
+            await eventually(lambda: len(messages(seen)) >= 4, "the second exchange")
+            assert (await http.post(f"{base}/close", headers=bearer(ADMIN))).status_code == 202
+            got = await watcher
+    assert starts == [0, 2]
+    assert [m["index"] for m in messages(got)] == [0, 1, 2, 3]
+    texts = [m["message"]["content"][0]["text"] for m in messages(got)]
+    assert texts == ["first", "first", "second", "second"]
+    assert [data for name, data, _ in got if name == "end"] == [
+        {"status": "completed", "error": None}
+    ]
 
 
 def gated(tmp_path: Path) -> dict[str, Any]:

@@ -59,6 +59,10 @@ PING_SECONDS = 15.0
 _PING = b": ping\r\n\r\n"
 # Events sent in one write at most.
 _BATCH = 64
+# How soon a feed whose follower failed while its workflow still runs follows it again (a
+# worker restarting: nobody answers its queries for a while), doubling up to the most.
+REFOLLOW_SECONDS = 0.5
+REFOLLOW_MAX = 5.0
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,7 @@ class Feed:
     ended_upto: int = 0
     next_turn: int = 1
     waiting_turn: str | None = None  # the turn the last approval event was about
+    live_call: int | None = None  # the model call the live text since the last message is of
 
     def publish(self, event: Event) -> None:
         if event.index is not None:
@@ -235,7 +240,7 @@ class Hub:
         follow: Callable[[Feed], Coroutine[Any, Any, None]] = (
             self._follow_turn if kind == "turn" else self._follow_session
         )
-        feed.tasks.append(asyncio.create_task(self._run(feed, follow(feed))))
+        feed.tasks.append(asyncio.create_task(self._run(feed, follow)))
         feed.tasks.append(asyncio.create_task(self._approvals(feed)))
         return feed
 
@@ -264,9 +269,9 @@ class Hub:
         if tasks:
             await asyncio.wait(tasks, timeout=5)
 
-    async def _run(self, feed: Feed, following: Coroutine[Any, Any, None]) -> None:
+    async def _run(self, feed: Feed, follow: Callable[[Feed], Coroutine[Any, Any, None]]) -> None:
         try:
-            await following
+            await self._follow_while_running(feed, follow)
         except asyncio.CancelledError:
             raise
         except Exception as err:
@@ -295,6 +300,41 @@ class Hub:
             if not feed.watchers:
                 self._idle(feed)
 
+    async def _follow_while_running(
+        self, feed: Feed, follow: Callable[[Feed], Coroutine[Any, Any, None]]
+    ) -> None:
+        """``follow`` the feed's workflow, and follow it again from the feed's last message
+        when the follower fails while the workflow still runs: its queries go unanswered while
+        a worker restarts, and that is no end of the turn or session for its watchers."""
+        pause = REFOLLOW_SECONDS
+        while True:
+            try:
+                await follow(feed)
+                return
+            except (RPCError, WorkflowQueryFailedError) as err:
+                if not await self._running(feed):
+                    raise
+                log.info(
+                    "following %s %s again after %s",
+                    feed.kind,
+                    feed.workflow_id,
+                    type(err).__name__,
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, REFOLLOW_MAX)
+            if feed.live and feed.live_call is not None:
+                # The running call's live text comes again from its start: watchers drop theirs.
+                again = RestartedData(call_index=feed.live_call)
+                count = len(feed.messages)
+                feed.publish(Event(kind="restarted", frame=encode("restarted", again), count=count))
+
+    async def _running(self, feed: Feed) -> bool:
+        try:
+            described = await self.client.get_workflow_handle(feed.workflow_id).describe()
+        except RPCError:
+            return False
+        return described.status == WorkflowExecutionStatus.RUNNING
+
     def _publish_stream_event(
         self, feed: Feed, event: StreamEvent, turn_id: str | None = None
     ) -> None:
@@ -308,6 +348,7 @@ class Hub:
                 )
             )
         elif isinstance(event, TextDelta):
+            feed.live_call = event.call_index
             text = TextData(text=event.text, call_index=event.call_index)
             feed.publish(Event(kind="text", frame=encode("text", text), count=count))
         elif isinstance(event, ToolCallStart):
@@ -319,14 +360,14 @@ class Hub:
 
     async def _follow_turn(self, feed: Feed) -> None:
         turn = get_turn(self.client, feed.workflow_id)
-        async for event in turn.stream(0, every=True):
+        async for event in turn.stream(len(feed.messages), every=True):
             self._publish_stream_event(feed, event)
         status, error = await turn_outcome(self.client, feed.workflow_id)
         self._end(feed, status, error)
 
     async def _follow_session(self, feed: Feed) -> None:
         session = get_session(self.client, feed.workflow_id)
-        async for event in session.stream(0):
+        async for event in session.stream(len(feed.messages)):
             turn_id = None
             if isinstance(event, MessageEvent):
                 turn_id = await self._session_turn(feed, len(feed.messages))
