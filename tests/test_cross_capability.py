@@ -103,8 +103,6 @@ def scenario_config(directory: Path, task_queue: str, fake: FakeModelApi) -> Pat
             FLEET_ENV: f"${{{FLEET_ENV}:}}",
         },
         "elicitation": {"timeout": 3600},
-        # lead: remove once ctx.elicit works by default
-        "protocol_mode": "legacy",
     }
     config = {
         "task_queue": task_queue,
