@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx2
 import pytest
+import typer
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
@@ -23,7 +24,8 @@ from starlette.types import Receive, Scope, Send
 from temporalio.client import Client as TemporalClient
 
 from tests.conftest import HarnessFactory, eventually, make_settings
-from turnkeep.config.settings import Settings
+from turnkeep.cli.options import extended
+from turnkeep.config.settings import GatewaySettings, ServeSettings, Settings
 from turnkeep.doors.gateway import gateway_app
 from turnkeep.doors.hosts import HostOriginGuard
 from turnkeep.doors.mcp_server import McpDoor
@@ -121,6 +123,18 @@ async def test_the_settings_check_what_they_are_given(tmp_path: Path) -> None:
         Settings.model_validate({"serve": {"allowed_hosts": ["http://x.example.com"]}})
     with pytest.raises(ValidationError, match="is not a web origin"):
         Settings.model_validate({"gateway": {"allowed_origins": ["x.example.com"]}})
+
+
+async def test_the_command_line_adds_to_the_config() -> None:
+    block = ServeSettings(allowed_hosts=["a.example.com"])
+    both = extended(block, "B.example.com:8080, *.lan", "https://app.example.com")
+    assert both.allowed_hosts == ["a.example.com", "b.example.com:8080", "*.lan"]
+    assert both.allowed_origins == ["https://app.example.com"]
+    assert extended(block, None, None) is block
+    with pytest.raises(typer.BadParameter, match="is not a host"):
+        extended(block, "https://a.example.com", None)
+    with pytest.raises(typer.BadParameter, match="is not a web origin"):
+        extended(GatewaySettings(), None, "app.example.com")
 
 
 def text(result: CallToolResult) -> str:
