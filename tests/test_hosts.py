@@ -108,6 +108,14 @@ async def test_the_rules_on_another_address() -> None:
     ) as outside:
         assert (await outside.get("/")).status_code == 200
         assert (await outside.get("/", headers={"host": "any.example.com"})).status_code == 421
+        # The address the request came in on, as a probe names it.
+        assert (await outside.get("/", headers={"host": "gw.example.com:8080"})).status_code == 200
+    probed = HostOriginGuard(_hello, allowed_hosts=["gw.example.com"])
+    async with httpx2.AsyncClient(
+        transport=httpx2.ASGITransport(app=probed), base_url="http://10.1.2.3:8080"
+    ) as pod:
+        assert (await pod.get("/healthz")).status_code == 200
+        assert (await pod.get("/", headers={"host": "evil.example.com"})).status_code == 421
 
 
 async def test_the_settings_check_what_they_are_given(tmp_path: Path) -> None:

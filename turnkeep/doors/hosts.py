@@ -14,7 +14,8 @@ to its address (the page's own origin sent as ``Origin``), or to its own host na
   bound to every address and reached over loopback), must be a loopback name (``localhost``,
   ``127.0.0.1``, ``[::1]``, any port) or one of ``allowed_hosts``. Else 421 Misdirected Request,
   as the MCP SDK answers. On any other address the names a server is reached by are the
-  deployment's to say: ``Host`` is checked only when ``allowed_hosts`` names some.
+  deployment's to say: ``Host`` is checked only when ``allowed_hosts`` names some (the address
+  the request came in on is always accepted as its own name).
 
 ``allowed_hosts`` entries are ``name`` (any port) or ``name:port``; ``allowed_origins`` entries
 are ``scheme://host[:port]``. Both may use ``*`` wildcards (``*`` alone: any).
@@ -108,8 +109,9 @@ class HostOriginGuard:
         headers = Headers(scope=scope)
         host = headers.get("host", "")
         server = scope.get("server")
-        local = server is not None and is_loopback(str(server[0]))
-        refused = self._refusal(host, headers.get("origin"), local=local)
+        address = str(server[0]).lower() if server is not None else None
+        local = address is not None and is_loopback(address)
+        refused = self._refusal(host, headers.get("origin"), local=local, address=address)
         if refused is not None:
             status, message = refused
             log.debug("refused %s %s: %s", scope.get("method", ""), scope["path"], message)
@@ -117,9 +119,11 @@ class HostOriginGuard:
             return
         await self.app(scope, receive, send)
 
-    def _refusal(self, host: str, origin: str | None, *, local: bool) -> tuple[int, str] | None:
+    def _refusal(
+        self, host: str, origin: str | None, *, local: bool, address: str | None
+    ) -> tuple[int, str] | None:
         named = split_host(host)
-        if (local or self.allowed_hosts) and not self._host_allowed(named):
+        if (local or self.allowed_hosts) and not self._host_allowed(named, address):
             return 421, (
                 "this server does not answer for that Host (a loopback name or one of its "
                 "allowed_hosts)"
@@ -128,11 +132,13 @@ class HostOriginGuard:
             return None
         return 403, "requests from that Origin are refused (set allowed_origins to permit it)"
 
-    def _host_allowed(self, named: tuple[str, int | None] | None) -> bool:
+    def _host_allowed(self, named: tuple[str, int | None] | None, address: str | None) -> bool:
         if named is None:
             return False
         name, port = named
-        if is_loopback(name.strip("[]")):
+        # The address the request was sent to, named as such (a health probe's, say): a
+        # rebound request names the attacker's host instead.
+        if is_loopback(name) or name == address:
             return True
         for allowed in self.allowed_hosts:
             if allowed == "*":
