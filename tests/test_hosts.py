@@ -271,3 +271,22 @@ async def test_every_gateway_door_refuses_a_rebound_request_before_anything_runs
             return set(await turns_on(h.client, h.task_queue)) == ids
 
         await eventually(listed, "exactly the three accepted turns are listed")
+
+
+async def test_an_a2a_app_of_its_own_is_guarded(harness: HarnessFactory) -> None:
+    from turnkeep.doors.a2a import a2a_app
+
+    async with harness(**PASSTHROUGH) as h:
+        app = a2a_app(h.client, h.settings, task_queue=h.task_queue, allowed_hosts=["a2a.test"])
+        server = AsgiServer(app, name="a2a")
+        base = http_url("127.0.0.1", await server.start(bind("127.0.0.1", 0)))
+        try:
+            async with httpx2.AsyncClient(base_url=base, trust_env=False) as http:
+                card = "/a2a/test/.well-known/agent-card.json"
+                assert (await http.get(card, headers=EVIL_HOST)).status_code == 421
+                assert (await http.get(card, headers=EVIL_ORIGIN)).status_code == 403
+                assert (await http.get(card)).json()["name"] == "test"
+                named = await http.get(card, headers={"host": "a2a.test"})
+                assert named.status_code == 200
+        finally:
+            await server.stop()
