@@ -6,7 +6,9 @@ request's own origin and the configured ``allowed_hosts`` / ``allowed_origins`` 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from temporalio.client import Client as TemporalClient
 from tests.conftest import HarnessFactory, eventually, make_settings
 from turnkeep.cli.options import extended
 from turnkeep.config.settings import GatewaySettings, ServeSettings, Settings
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.doors.gateway import gateway_app
 from turnkeep.doors.hosts import HostOriginGuard
 from turnkeep.doors.mcp_server import McpDoor
@@ -290,3 +293,46 @@ async def test_an_a2a_app_of_its_own_is_guarded(harness: HarnessFactory) -> None
                 assert named.status_code == 200
         finally:
             await server.stop()
+
+
+async def test_serve_takes_more_hosts_on_its_command_line(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    config = tmp_path / "turnkeep.yaml"
+    config.write_text(
+        "agents: {test: {model: passthrough}}\nserve: {allowed_hosts: [from-config.test]}\n",
+        encoding="utf-8",
+    )
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    sock.close()
+    argv = [
+        *(sys.executable, "-m", "turnkeep.cli", "serve", "--port", str(port), "--config"),
+        *(str(config), "--address", temporal.address, "--worker"),
+        *("--allowed-hosts", "from-flag.test", "--allowed-origins", "https://app.test"),
+    ]
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            *argv, cwd=tmp_path, stdout=out, stderr=asyncio.subprocess.STDOUT
+        )
+    try:
+        async with httpx2.AsyncClient(
+            base_url=http_url("127.0.0.1", port), trust_env=False
+        ) as http:
+
+            async def status(**headers: str) -> int | None:
+                with contextlib.suppress(httpx2.TransportError):
+                    return (await http.get("/mcp", headers=headers)).status_code
+                return None
+
+            await eventually(status, "the server serves", within=120)
+            assert await status(**EVIL_HOST) == 421
+            # Any answer but a refusal: the request went on to the MCP endpoint.
+            assert await status(host="from-config.test") not in (421, 403)
+            assert await status(host="from-flag.test") not in (421, 403)
+            assert await status(origin="https://app.test") not in (421, 403)
+            assert await status(**EVIL_ORIGIN) == 403
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), 30)

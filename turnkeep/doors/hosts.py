@@ -115,6 +115,9 @@ class HostOriginGuard:
         if refused is not None:
             status, message = refused
             log.debug("refused %s %s: %s", scope.get("method", ""), scope["path"], message)
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})  # policy violation
+                return
             await JSONResponse({"error": message}, status_code=status)(scope, receive, send)
             return
         await self.app(scope, receive, send)

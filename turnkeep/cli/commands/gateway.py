@@ -84,8 +84,8 @@ def gateway(
     over A2A at /a2a/<agent>/ and MCP at /mcp too. Every request needs a bearer key from
     gateway.keys unless --no-auth on loopback."""
     settings = load_settings(config)
-    doors = extended(settings.gateway, allowed_hosts, allowed_origins)
-    settings = settings.model_copy(update={"gateway": doors})
+    block = extended(settings.gateway, allowed_hosts, allowed_origins)
+    settings = settings.model_copy(update={"gateway": block})
     host, port = _host_port(listen or settings.gateway.listen)
     if no_auth and not is_loopback(host):
         raise typer.BadParameter(

@@ -93,7 +93,7 @@ def serve(
     if transport is Transport.stdio:
         console.to_stderr()  # stdout is the MCP client's: JSON-RPC only
     settings = load_settings(config)
-    doors = extended(settings.serve, allowed_hosts, allowed_origins)
+    serving = extended(settings.serve, allowed_hosts, allowed_origins)
     wanted = agents.split(",") if agents is not None else None
     in_process = runs_worker(address, worker)
     if port < 0 or port > 65535:
@@ -122,7 +122,7 @@ def serve(
                 # Until the client closes stdin (or stops the process with a signal).
                 await signals.until(door.server.run_stdio_async(show_banner=False))
             else:
-                await _serve_http(door, host, port, signals, doors)
+                await _serve_http(door, host, port, signals, serving)
             if in_process:
                 await signals.until(_drain(door, drain))
 
@@ -156,7 +156,7 @@ class _Signals:
 
 
 async def _serve_http(
-    door: McpDoor, host: str, port: int, signals: _Signals, doors: ServeSettings
+    door: McpDoor, host: str, port: int, signals: _Signals, serving: ServeSettings
 ) -> None:
     async with contextlib.AsyncExitStack() as stack:
         try:
@@ -164,8 +164,8 @@ async def _serve_http(
                 door.serve_http(
                     host,
                     port,
-                    allowed_hosts=doors.allowed_hosts,
-                    allowed_origins=doors.allowed_origins,
+                    allowed_hosts=serving.allowed_hosts,
+                    allowed_origins=serving.allowed_origins,
                 )
             )
         except OSError as err:
@@ -176,7 +176,7 @@ async def _serve_http(
                 f"[yellow]warning: listening on {host} lets any host that reaches it start "
                 "turns; put an authenticating proxy in front (docs: Serving agents over MCP)[/]"
             )
-            if not doors.allowed_hosts:
+            if not serving.allowed_hosts:
                 console.print(
                     "[yellow]warning: no serve.allowed_hosts (--allowed-hosts): requests are "
                     "answered whatever host name they give, which DNS rebinding can abuse[/]"
