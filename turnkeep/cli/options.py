@@ -4,9 +4,12 @@ whether to run a worker in the command's process."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
+from pydantic import TypeAdapter, ValidationError
+
+from turnkeep.config.settings import AllowedHost, AllowedOrigin, GatewaySettings, ServeSettings
 
 Address = Annotated[
     str | None, typer.Option(help="Temporal frontend host:port (default: TEMPORAL_ADDRESS).")
@@ -24,3 +27,29 @@ InProcessWorker = Annotated[
     bool | None,
     typer.Option(help="Run a worker in this process (default: only on the embedded server)."),
 ]
+
+
+Block = TypeVar("Block", ServeSettings, GatewaySettings)
+_HOSTS: TypeAdapter[list[str]] = TypeAdapter(list[AllowedHost])
+_ORIGINS: TypeAdapter[list[str]] = TypeAdapter(list[AllowedOrigin])
+
+
+def extended(block: Block, allowed_hosts: str | None, allowed_origins: str | None) -> Block:
+    """``block`` (``serve:`` or ``gateway:``) with ``--allowed-hosts`` and ``--allowed-origins``
+    (comma-separated) added to its own, each checked as the config's are."""
+    added: dict[str, list[str]] = {}
+    asked: list[tuple[str, str | None, TypeAdapter[list[str]]]] = [
+        ("allowed_hosts", allowed_hosts, _HOSTS),
+        ("allowed_origins", allowed_origins, _ORIGINS),
+    ]
+    for name, given, adapter in asked:
+        if not given:
+            continue
+        try:
+            values: list[str] = adapter.validate_python([v for v in given.split(",") if v.strip()])
+        except ValidationError as err:
+            message = err.errors()[0]["msg"].removeprefix("Value error, ")
+            raise typer.BadParameter(message, param_hint="--" + name.replace("_", "-")) from None
+        current: list[str] = getattr(block, name)
+        added[name] = [*current, *values]
+    return block.model_copy(update=added) if added else block

@@ -395,6 +395,27 @@ def _origin(value: str) -> str:
 
 Origin = Annotated[str, AfterValidator(_origin)]
 
+_HOST = re.compile(r"^(\*|\[[0-9a-f:.]+\]|[a-z0-9*._-]+)(:(\d{1,5}|\*))?$")
+
+
+def _allowed_host(value: str) -> str:
+    """A name a ``Host`` header may give: ``name`` (any port) or ``name:port``, ``*`` wildcards."""
+    value = value.strip().lower()
+    if not _HOST.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a host; write a name or name:port, e.g. gw.example.com:8080"
+        )
+    return value
+
+
+def _allowed_origin(value: str) -> str:
+    return "*" if value.strip() == "*" else _origin(value)
+
+
+# What an HTTP door answers for besides loopback (``turnkeep.doors.hosts``).
+AllowedHost = Annotated[str, AfterValidator(_allowed_host)]
+AllowedOrigin = Annotated[str, AfterValidator(_allowed_origin)]
+
 
 class _SecretSettings(_Settings):
     # A validation error normally quotes the offending input: here that could be a key or token.
@@ -676,6 +697,18 @@ class StreamingSettings(_Settings):
     advertise: str | None = None
 
 
+class ServeSettings(_Settings):
+    """``turnkeep serve --transport http``: the names and web pages it answers
+    (docs/security.md)."""
+
+    # Host names it answers for besides loopback ones (`name` or `name:port`, `*` wildcards):
+    # those it is reached by when it listens on another address. `--allowed-hosts` adds more.
+    allowed_hosts: list[AllowedHost] = Field(default_factory=list)
+    # Web origins (scheme://host:port) whose pages may call it, besides its own and, on
+    # loopback, loopback ones. `--allowed-origins` adds more.
+    allowed_origins: list[AllowedOrigin] = Field(default_factory=list)
+
+
 class ObservabilitySettings(_Settings):
     """Metrics and traces (docs/operations/observability.md)."""
 
@@ -736,6 +769,12 @@ class GatewaySettings(_SecretSettings):
     keys_file: Path | None = None
     # Web origins (scheme://host:port) whose pages may call the API from a browser.
     cors_origins: list[Origin] = Field(default_factory=list)
+    # Host names it answers for besides loopback ones (`name` or `name:port`, `*` wildcards):
+    # those it is reached by when it listens on another address. `--allowed-hosts` adds more.
+    allowed_hosts: list[AllowedHost] = Field(default_factory=list)
+    # Web origins whose pages may send it requests, besides its own, `cors_origins` and, on
+    # loopback, loopback ones. `--allowed-origins` adds more.
+    allowed_origins: list[AllowedOrigin] = Field(default_factory=list)
     # The largest request body accepted, in bytes.
     max_body_bytes: int = Field(default=256 * 1024, gt=0)
     # Requests per key, and per client address for requests without a valid key.
@@ -802,6 +841,8 @@ class Settings(_SecretSettings):
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     # The HTTP gateway (`turnkeep gateway`): its keys, CORS and limits.
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    # `turnkeep serve --transport http`: the host names and web origins it answers.
+    serve: ServeSettings = Field(default_factory=ServeSettings)
     # Payload encryption (AES-256-GCM) with rotating keys; off when absent.
     encryption: EncryptionSettings | None = None
     anthropic: AnthropicSettings | None = None

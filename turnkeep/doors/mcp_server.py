@@ -57,6 +57,7 @@ from turnkeep.client.live import TextDelta
 from turnkeep.client.sessions import SessionClosedError, SessionHandle, open_session
 from turnkeep.client.turns import TurnHandle, get_turn, poll_query, start_turn
 from turnkeep.config.settings import Settings
+from turnkeep.doors.hosts import HostOriginGuard
 from turnkeep.errors import known
 from turnkeep.support.asgi import AsgiServer, bind, http_url
 from turnkeep.support.sdk_private import mcp_cancel_requested, mcp_connection
@@ -575,12 +576,23 @@ class McpDoor:
         return list(self._started)
 
     @asynccontextmanager
-    async def serve_http(self, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    async def serve_http(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        allowed_hosts: Iterable[str] = (),
+        allowed_origins: Iterable[str] = (),
+    ) -> AsyncIterator[str]:
         """Serve streamable HTTP on ``host:port`` (0: a free port) while in the block; yields
-        the endpoint's URL. Raises ``OSError`` when the address cannot be bound."""
+        the endpoint's URL. Requests are held to ``turnkeep.doors.hosts``' Host and Origin
+        rules, which ``allowed_hosts`` and ``allowed_origins`` extend. Raises ``OSError`` when
+        the address cannot be bound."""
         sock = bind(host, port)
-        web = self.server.http_app(path=MCP_PATH)
-        server = AsgiServer(web, name="MCP server")
+        # FastMCP's own Host/Origin check off: the guard, shared by every door, is the one.
+        web = self.server.http_app(path=MCP_PATH, host_origin_protection=False)
+        guarded = HostOriginGuard(web, allowed_hosts=allowed_hosts, allowed_origins=allowed_origins)
+        server = AsgiServer(guarded, name="MCP server")
         # The app's lifespan runs the MCP session manager (and closes the shared sessions).
         async with web.router.lifespan_context(web):
             bound = await server.start(sock)

@@ -5,18 +5,18 @@ or on the embedded server."""
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 
 from turnkeep.cli.console import console
-from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
+from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace, extended
 from turnkeep.cli.process import client_and_worker, until_signalled
 from turnkeep.config.files import ConfigError, load_settings
 from turnkeep.doors.gateway import gateway_app
 from turnkeep.doors.gateway.auth import KeyRing, KeysFileError
+from turnkeep.doors.hosts import is_loopback
 from turnkeep.support.asgi import AsgiServer, bind, http_url
 
 app = typer.Typer()
@@ -27,15 +27,6 @@ def _host_port(listen: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise typer.BadParameter("must be HOST:PORT, e.g. 127.0.0.1:8080", param_hint="--listen")
     return host.strip("[]") or "0.0.0.0", int(port)
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @app.command()
@@ -71,14 +62,32 @@ def gateway(
             "agents (gateway.mcp_scope: what a call is).",
         ),
     ] = True,
+    allowed_hosts: Annotated[
+        str | None,
+        typer.Option(
+            help="Host names it answers for besides loopback ones (comma-separated, name or "
+            "name:port), added to gateway.allowed_hosts.",
+            show_default=False,
+        ),
+    ] = None,
+    allowed_origins: Annotated[
+        str | None,
+        typer.Option(
+            help="Web origins whose pages may send it requests (comma-separated, "
+            "scheme://host:port), added to gateway.allowed_origins.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve the config's agents over HTTP: turns, sessions, approvals and their live events
     (server-sent events), with an OpenAPI document at /openapi.json (docs/serving/http.md);
     over A2A at /a2a/<agent>/ and MCP at /mcp too. Every request needs a bearer key from
     gateway.keys unless --no-auth on loopback."""
     settings = load_settings(config)
+    block = extended(settings.gateway, allowed_hosts, allowed_origins)
+    settings = settings.model_copy(update={"gateway": block})
     host, port = _host_port(listen or settings.gateway.listen)
-    if no_auth and not _loopback(host):
+    if no_auth and not is_loopback(host):
         raise typer.BadParameter(
             f"--no-auth serves loopback only, not {host}: give keys in gateway.keys",
             param_hint="--no-auth",

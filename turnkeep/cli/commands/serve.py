@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import signal
 from collections.abc import Coroutine
 from enum import StrEnum
@@ -14,9 +13,11 @@ from typing import Annotated, Any
 import typer
 
 from turnkeep.cli.console import console
-from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
+from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace, extended
 from turnkeep.cli.process import client_and_worker, runs_worker
 from turnkeep.config.files import ConfigError, load_settings
+from turnkeep.config.settings import ServeSettings
+from turnkeep.doors.hosts import is_loopback
 from turnkeep.doors.mcp_server import McpDoor
 from turnkeep.errors import known
 
@@ -57,6 +58,22 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on (http).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (http; 0: a free one).")] = 8000,
     name: Annotated[str, typer.Option(help="The MCP server's name.")] = "turnkeep",
+    allowed_hosts: Annotated[
+        str | None,
+        typer.Option(
+            help="Host names it answers for besides loopback ones (http; comma-separated, "
+            "name or name:port), added to serve.allowed_hosts.",
+            show_default=False,
+        ),
+    ] = None,
+    allowed_origins: Annotated[
+        str | None,
+        typer.Option(
+            help="Web origins whose pages may call it (http; comma-separated, "
+            "scheme://host:port), added to serve.allowed_origins.",
+            show_default=False,
+        ),
+    ] = None,
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
@@ -76,6 +93,7 @@ def serve(
     if transport is Transport.stdio:
         console.to_stderr()  # stdout is the MCP client's: JSON-RPC only
     settings = load_settings(config)
+    serving = extended(settings.serve, allowed_hosts, allowed_origins)
     wanted = agents.split(",") if agents is not None else None
     in_process = runs_worker(address, worker)
     if port < 0 or port > 65535:
@@ -104,7 +122,7 @@ def serve(
                 # Until the client closes stdin (or stops the process with a signal).
                 await signals.until(door.server.run_stdio_async(show_banner=False))
             else:
-                await _serve_http(door, host, port, signals)
+                await _serve_http(door, host, port, signals, serving)
             if in_process:
                 await signals.until(_drain(door, drain))
 
@@ -137,18 +155,32 @@ class _Signals:
             task.result()
 
 
-async def _serve_http(door: McpDoor, host: str, port: int, signals: _Signals) -> None:
+async def _serve_http(
+    door: McpDoor, host: str, port: int, signals: _Signals, serving: ServeSettings
+) -> None:
     async with contextlib.AsyncExitStack() as stack:
         try:
-            url = await stack.enter_async_context(door.serve_http(host, port))
+            url = await stack.enter_async_context(
+                door.serve_http(
+                    host,
+                    port,
+                    allowed_hosts=serving.allowed_hosts,
+                    allowed_origins=serving.allowed_origins,
+                )
+            )
         except OSError as err:
             raise ConfigError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
         console.print(f"serving {', '.join(door.agents)} over MCP at {url}")
-        if not _loopback(host):
+        if not is_loopback(host):
             console.print(
                 f"[yellow]warning: listening on {host} lets any host that reaches it start "
                 "turns; put an authenticating proxy in front (docs: Serving agents over MCP)[/]"
             )
+            if not serving.allowed_hosts:
+                console.print(
+                    "[yellow]warning: no serve.allowed_hosts (--allowed-hosts): requests are "
+                    "answered whatever host name they give, which DNS rebinding can abuse[/]"
+                )
         await signals.until(asyncio.Event().wait())
 
 
@@ -164,12 +196,3 @@ async def _drain(door: McpDoor, seconds: float) -> None:
             f"[yellow]{left} turn(s) still running: they go on once a worker with their agent "
             "polls again[/]"
         )
-
-
-def _loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -18,6 +18,7 @@ from a2a.types.a2a_pb2 import AgentCard
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from a2a.utils.errors import A2AError, ContentTypeNotSupportedError, InvalidRequestError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -28,6 +29,7 @@ from turnkeep.config.settings import Settings
 from turnkeep.doors.a2a.callers import OPEN, Authorize, ContextBuilder, Refused, set_caller
 from turnkeep.doors.a2a.card import agent_card, cached_card
 from turnkeep.doors.a2a.handler import SessionRequestHandler
+from turnkeep.doors.hosts import HostOriginGuard
 from turnkeep.workflows.turn_io import agent_task_queue
 
 MAX_BODY = 1_048_576  # bytes of one JSON-RPC request
@@ -136,10 +138,21 @@ def a2a_routes(
 
 
 def a2a_app(
-    client: Client, settings: Settings, agents: Sequence[str] | None = None, **options: Any
+    client: Client,
+    settings: Settings,
+    agents: Sequence[str] | None = None,
+    *,
+    allowed_hosts: Sequence[str] = (),
+    allowed_origins: Sequence[str] = (),
+    **options: Any,
 ) -> Starlette:
-    """``a2a_routes`` as an app of their own (no authentication: loopback or behind a proxy)."""
-    return Starlette(routes=a2a_routes(client, settings, agents, **options))
+    """``a2a_routes`` as an app of their own (no authentication: loopback or behind a proxy),
+    held to ``turnkeep.doors.hosts``' Host and Origin rules, which ``allowed_hosts`` and
+    ``allowed_origins`` extend."""
+    guard = Middleware(
+        HostOriginGuard, allowed_hosts=allowed_hosts, allowed_origins=allowed_origins
+    )
+    return Starlette(routes=a2a_routes(client, settings, agents, **options), middleware=[guard])
 
 
 def _rpc_url(request: Request) -> str:

@@ -38,6 +38,7 @@ from turnkeep.doors.gateway.fanout import Hub
 from turnkeep.doors.gateway.limits import RateLimiter
 from turnkeep.doors.gateway.openapi import openapi_document
 from turnkeep.doors.gateway.routes import Gateway
+from turnkeep.doors.hosts import HostOriginGuard
 from turnkeep.workflows.turn_io import agent_task_queue
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,8 @@ def gateway_app(
     mcp: bool = True,
 ) -> Starlette:
     """The gateway over ``client`` for the agents of ``settings`` (its ``gateway:`` block gives
-    the keys, CORS origins and limits).
+    the keys, CORS origins, allowed hosts and origins, and limits). Every request is first held
+    to ``turnkeep.doors.hosts``' Host and Origin rules.
 
     ``keys``: the keys accepted (default: those of the settings). ``auth=False`` accepts every
     request as a key for every agent that may decide: for a server on loopback only (the
@@ -165,7 +167,7 @@ def gateway_app(
         )
     ]
     if config.cors_origins:
-        # Outermost: a browser's preflight is answered before any key is asked for.
+        # Before the keys: a browser's preflight is answered before any key is asked for.
         middleware.insert(
             0,
             Middleware(
@@ -176,6 +178,16 @@ def gateway_app(
                 max_age=600,
             ),
         )
+    # Outermost, for every path (the page, the API, A2A, /mcp): a request for another Host,
+    # or from a page the gateway does not know, goes no further (turnkeep.doors.hosts).
+    middleware.insert(
+        0,
+        Middleware(
+            HostOriginGuard,
+            allowed_hosts=config.allowed_hosts,
+            allowed_origins=[*config.allowed_origins, *config.cors_origins],
+        ),
+    )
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
