@@ -199,7 +199,12 @@ async def cancel_turn(request: Request) -> Response:
     found = await gw.access.workflow(gw.key(request), "turn", turn_id)
     if not found.running:
         raise ApiError(409, f"turn {turn_id!r} has ended; there is nothing to cancel")
-    await get_turn(gw.client, turn_id).cancel()
+    try:
+        await get_turn(gw.client, turn_id).cancel()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:  # it ended since the check above
+            raise ApiError(409, f"turn {turn_id!r} has ended; there is nothing to cancel") from None
+        raise
     log.info("key %s cancelled turn %s", gw.key(request).name, turn_id)
     return _json(TurnRef(turn_id=turn_id), 202)
 
@@ -386,6 +391,10 @@ async def close_session(request: Request) -> Response:
         raise ApiError(409, f"session {session_id!r} cannot close: {why}") from None
     except TimeoutError:
         raise ApiError(504, f"no worker took the close of session {session_id!r}") from None
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:  # it ended since the check above
+            raise ApiError(409, f"session {session_id!r} has already ended") from None
+        raise
     return _json(SessionRef(session_id=session_id), 202)
 
 
