@@ -513,6 +513,9 @@ async def test_what_the_document_says_of_methods_resuming_and_events_holds(
         )
         answer = await http.get(f"/api/turns/{turn_id}?after=0", headers=bearer(ADMIN))
         assert answer.status_code == 400
+        assert all(
+            "400" in op["responses"] for ops in document["paths"].values() for op in ops.values()
+        )
         # A content block without its `type`: the document requires it, the gateway refuses it.
         block = document["components"]["schemas"]["TextContent"]
         assert "type" in block["required"]

@@ -63,7 +63,7 @@ def _json(model: type[BaseModel], description: str) -> dict[str, Any]:
 
 def _errors(*statuses: int) -> dict[str, Any]:
     meaning = {
-        400: "malformed JSON or parameter",
+        400: "malformed JSON or parameter, or a query parameter the route does not read",
         401: "no key, or a wrong one",
         403: "the key is not scoped to the agent, or may not decide",
         404: "no such agent, turn or session",
@@ -74,7 +74,9 @@ def _errors(*statuses: int) -> dict[str, Any]:
         503: "the gateway serves as many streams as it may",
         504: "no worker answered",
     }
-    return {str(s): _json(m.ErrorBody, meaning[s]) for s in (401, 429, *statuses)}
+    # Every route may be given a query parameter it does not read (400), a bad key (401) and
+    # more requests than the key's rate allows (429).
+    return {str(s): _json(m.ErrorBody, meaning[s]) for s in sorted({400, 401, 429, *statuses})}
 
 
 def _op(
