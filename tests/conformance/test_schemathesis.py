@@ -123,25 +123,20 @@ async def made(http: httpx2.AsyncClient) -> tuple[dict[str, list[str]], dict[str
     # Closed, so that its stream ends as a completed turn's does.
     await post(f"/api/sessions/{session}/close")
 
-    async def state(path: str) -> dict[str, Any]:
-        got: dict[str, Any] = (await http.get(path)).json()
-        return got
+    async def has(path: str, key: str, value: Any) -> bool:
+        return bool((await http.get(path)).json().get(key) == value)
 
     async def calls() -> list[dict[str, Any]]:
-        got: list[dict[str, Any]] = (await state(f"/api/turns/{waiting}/approvals"))["approvals"]
+        got: list[dict[str, Any]] = (await http.get(f"/api/turns/{waiting}/approvals")).json()[
+            "approvals"
+        ]
         return got
 
-    await eventually(
-        lambda: _is(state(f"/api/turns/{done}"), "status", "completed"), "the turn completed"
-    )
-    await eventually(lambda: _is(state(f"/api/sessions/{session}"), "open", False), "it closed")
+    await eventually(lambda: has(f"/api/turns/{done}", "status", "completed"), "it completed")
+    await eventually(lambda: has(f"/api/sessions/{session}", "open", False), "it closed")
     call = (await eventually(calls, "the call waits"))[0]["call_id"]
     real = {"body.agent": [AGENT], "path.turn_id": [done, waiting], "path.session_id": [session]}
     return real, {"path.turn_id": waiting, "path.call_id": call}
-
-
-async def _is(state: Any, key: str, value: Any) -> bool:
-    return bool((await state).get(key) == value)
 
 
 async def test_schemathesis_finds_nothing_against_the_gateway(
