@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import jsonschema
 import pytest
 from starlette.applications import Starlette
 from temporalio.service import RPCError, RPCStatusCode
@@ -426,7 +427,10 @@ async def test_bad_requests_get_one_line_errors_and_start_nothing(
         status, message = await error(
             "GET", f"/api/turns/{other_turn}/events", ADMIN, headers={"last-event-id": "x"}
         )
-        assert (status, message) == (400, "Last-Event-ID must be a message index (an integer)")
+        assert (status, message) == (
+            400,
+            "Last-Event-ID must be one message index (an integer, -1 or more)",
+        )
         assert (await error("GET", "/api/nothing", ADMIN))[0] == 404
         assert (await error("DELETE", "/api/turns", ADMIN))[0] == 405
         # Only the agents the key may use.
@@ -493,6 +497,114 @@ async def test_the_openapi_document_served_is_the_one_in_the_docs(
         "docs/serving/openapi.json is stale: "
         "python -m turnkeep.doors.gateway.openapi > docs/serving/openapi.json"
     )
+
+
+def conforms(document: dict[str, Any], path: str, got: Events) -> None:
+    """Each event of a stream as the document's `itemSchema` for ``path`` describes it, its
+    `data` too (a JSON text of its `contentSchema`, which a schema validator only notes)."""
+    item = document["paths"][path]["get"]["responses"]["200"]["content"]["text/event-stream"]
+    kinds = {s["properties"]["event"]["const"]: s for s in item["itemSchema"]["oneOf"]}
+    last_id = None
+    for name, data, event_id in got:
+        last_id = event_id or last_id  # a client's parser carries the last id on
+        parsed = {"event": name, "data": json.dumps(data)}
+        if last_id is not None:
+            parsed["id"] = last_id
+        root = {"components": document["components"]}
+        jsonschema.validate(parsed, {**item["itemSchema"], **root})
+        content = kinds[name]["properties"]["data"]["contentSchema"]
+        jsonschema.validate(data, {**content, **root})
+
+
+async def test_what_the_document_says_of_methods_resuming_and_events_holds(
+    harness: HarnessFactory,
+) -> None:
+    document = openapi_document()
+    async with harness({"local": [blocked]}, **PASSTHROUGH) as h, gateway(h) as http:
+        turn_id = await started_turn(http, "hello", agent="other")
+        got = await events(http, f"/api/turns/{turn_id}/events")
+        assert [name for name, _, _ in got][-1] == "end"
+        conforms(document, "/api/turns/{turn_id}/events", got)
+        # A route's path with a method it does not take: 405 and what it takes, not a turn
+        # named `<id>/cancel`.
+        for route in ("/api/turns/{turn_id}/cancel", "/api/turns/{turn_id}/approvals/{call_id}"):
+            assert list(document["paths"][route]) == ["post"]
+            path = route.format(turn_id=turn_id, call_id="c1")
+            answer = await http.get(path, headers=bearer(ADMIN))
+            assert (answer.status_code, answer.headers["allow"]) == (405, "POST"), answer.text
+            assert answer.json() == {"error": f"method not allowed on this path: GET {path}"}
+        answer = await http.put(f"/api/turns/{turn_id}", headers=bearer(ADMIN))
+        assert answer.status_code == 405
+        assert set(answer.headers["allow"].split(", ")) == {"GET", "HEAD"}
+        # A resume point is what the document says: an integer from -1 on, nothing else.
+        header = next(
+            p
+            for p in document["paths"]["/api/turns/{turn_id}/events"]["get"]["parameters"]
+            if p["name"] == "Last-Event-ID"
+        )
+        assert header["schema"]["type"] == "integer" and header["schema"]["minimum"] == -1
+        path = f"/api/turns/{turn_id}/events"
+        for bad in ("x", "1.5", "+5", "5_0", "1e3", "", "-2", "0x1", str(2**63)):
+            answer = await http.get(path, headers={**bearer(ADMIN), "last-event-id": bad})
+            assert answer.status_code == 400, bad
+            answer = await http.get(path, params={"after": bad}, headers=bearer(ADMIN))
+            assert answer.status_code == 400, bad
+        resumed = await events(http, path, **{"last-event-id": "0"})
+        assert [m["index"] for m in messages(resumed)] == [1]
+        assert len(messages(await events(http, path, **{"last-event-id": "-1"}))) == 2
+        # A bad header is refused even where `?after=` decides.
+        answer = await http.get(
+            path, params={"after": "0"}, headers={**bearer(ADMIN), "last-event-id": "x"}
+        )
+        assert answer.status_code == 400
+        # A query parameter no route reads is named, not ignored.
+        answer = await http.get(path, params={"aftr": "0"}, headers=bearer(ADMIN))
+        assert (answer.status_code, answer.json()) == (
+            400,
+            {"error": "unknown query parameter 'aftr'"},
+        )
+        answer = await http.get(f"/api/turns/{turn_id}?after=0", headers=bearer(ADMIN))
+        assert answer.status_code == 400
+        assert all(
+            "400" in op["responses"] for ops in document["paths"].values() for op in ops.values()
+        )
+        # A content block without its `type`: the document requires it, the gateway refuses it.
+        block = document["components"]["schemas"]["TextContent"]
+        assert "type" in block["required"]
+        answer = await http.post(
+            f"/api/turns/{turn_id}/approvals/c1",
+            json={"approve": True, "result": {"content": [{"text": "no type"}]}},
+            headers=bearer(ADMIN),
+        )
+        assert answer.status_code == 422 and "discriminator 'type'" in answer.json()["error"]
+        # A value of another type than the document's is refused, not coerced (`0` for false).
+        for body in ({"approve": 0}, {"approve": True, "limit": "3"}):
+            answer = await http.post(
+                f"/api/turns/{turn_id}/approvals/c1", json=body, headers=bearer(ADMIN)
+            )
+            assert answer.status_code == 422, body
+
+
+async def test_closes_and_cancels_racing_each_other_answer_202_or_409(
+    harness: HarnessFactory,
+) -> None:
+    """A close (a cancel) that finds the session (the turn) running, and then ended by another
+    before its own update reaches it, is told it has ended (409), not Temporal's not-found."""
+    async with harness({"local": [blocked]}, **PASSTHROUGH) as h, gateway(h) as http:
+        answers: list[httpx2.Response] = []
+        for _ in range(5):
+            opened = await http.post("/api/sessions", json={"agent": "test"}, headers=bearer(ADMIN))
+            path = f"/api/sessions/{opened.json()['session_id']}/close"
+            answers += await asyncio.gather(
+                *(http.post(path, headers=bearer(ADMIN)) for _ in range(4))
+            )
+            turn_id = await started_turn(http, SLOW_CALL)
+            path = f"/api/turns/{turn_id}/cancel"
+            answers += await asyncio.gather(
+                *(http.post(path, headers=bearer(ADMIN)) for _ in range(4))
+            )
+        assert {a.status_code for a in answers} <= {202, 409}, [a.text for a in answers]
+        assert 202 in {a.status_code for a in answers}
 
 
 async def test_a_watcher_too_far_behind_is_let_go_not_buffered() -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -52,6 +53,17 @@ GUARDED = (API + "/", A2A + "/", MCP + "/")
 # The web page's files, when the package has them.
 WEB_STATIC = Path(__file__).resolve().parent.parent / "web" / "static"
 
+
+class _TurnIdConvertor(PathConvertor):
+    """A turn id as the last part of a path: any path (a session's turn id holds a '/') but one
+    that ends as another turn route does. ``GET /api/turns/<id>/cancel`` is then that route
+    with the wrong method (405, with ``Allow``), not the state of a turn named ``<id>/cancel``."""
+
+    regex = r"(?!.*/(?:cancel|events|approvals(?:/[^/]*)?)$).*"
+
+
+register_url_convertor("turnkeep_turn", _TurnIdConvertor())
+
 ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
     ("/agents", routes.list_agents, ["GET"]),
     ("/turns", routes.post_turn, ["POST"]),
@@ -60,7 +72,7 @@ ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
     ("/turns/{turn_id:path}/cancel", routes.cancel_turn, ["POST"]),
     ("/turns/{turn_id:path}/approvals/{call_id}", routes.decide, ["POST"]),
     ("/turns/{turn_id:path}/approvals", routes.turn_approvals, ["GET"]),
-    ("/turns/{turn_id:path}", routes.get_turn_state, ["GET"]),
+    ("/turns/{turn_id:turnkeep_turn}", routes.get_turn_state, ["GET"]),
     ("/approvals", routes.all_approvals, ["GET"]),
     ("/sessions", routes.post_session, ["POST"]),
     ("/sessions/{session_id}/messages", routes.send_message, ["POST"]),
@@ -68,6 +80,12 @@ ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
     ("/sessions/{session_id}/close", routes.close_session, ["POST"]),
     ("/sessions/{session_id}", routes.get_session_state, ["GET"]),
 ]
+
+# The query parameters a route reads; the others take none.
+_QUERY: dict[Callable[[Request], Any], tuple[str, ...]] = {
+    routes.stream_turn: ("after",),
+    routes.stream_session: ("after",),
+}
 
 
 def gateway_app(
@@ -125,7 +143,10 @@ def gateway_app(
         keys=ring,
         web_ui=web_ui or config.web_ui,
     )
-    api = [Route(path, endpoint, methods=methods) for path, endpoint, methods in ROUTES]
+    api = [
+        Route(path, routes.query_checked(endpoint, *_QUERY.get(endpoint, ())), methods=methods)
+        for path, endpoint, methods in ROUTES
+    ]
     document = openapi_document()
 
     async def openapi(_request: Request) -> Response:

@@ -70,7 +70,9 @@ async def read_json(request: Request, model: type[M], limit: int) -> M:
     if not body.strip():
         raise ApiError(400, "the request has no body; send a JSON object")
     try:
-        return model.model_validate_json(body)
+        # Strict: a JSON value of the type the document gives, not one pydantic would coerce
+        # (`0` for false, `"3"` for 3), which the document does not allow.
+        return model.model_validate_json(body, strict=True)
     except ValidationError as err:
         raise ApiError(_status(err), describe(err)) from None
 

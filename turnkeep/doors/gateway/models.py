@@ -13,6 +13,9 @@ from turnkeep.workflows.turn_io import TurnResult
 
 # An agent's name as a request may give it; longer is no agent's.
 _NAME_CHARS = 200
+# The largest message index a stream may start after (`?after=`, `Last-Event-ID`): a 64-bit
+# integer, as JSON clients hold one.
+MAX_INDEX = 2**63 - 1
 
 
 class _Request(BaseModel):

@@ -63,7 +63,7 @@ def _json(model: type[BaseModel], description: str) -> dict[str, Any]:
 
 def _errors(*statuses: int) -> dict[str, Any]:
     meaning = {
-        400: "malformed JSON or parameter",
+        400: "malformed JSON or parameter, or a query parameter the route does not read",
         401: "no key, or a wrong one",
         403: "the key is not scoped to the agent, or may not decide",
         404: "no such agent, turn or session",
@@ -74,7 +74,9 @@ def _errors(*statuses: int) -> dict[str, Any]:
         503: "the gateway serves as many streams as it may",
         504: "no worker answered",
     }
-    return {str(s): _json(m.ErrorBody, meaning[s]) for s in (401, 429, *statuses)}
+    # Every route may be given a query parameter it does not read (400), a bad key (401) and
+    # more requests than the key's rate allows (429).
+    return {str(s): _json(m.ErrorBody, meaning[s]) for s in sorted({400, 401, 429, *statuses})}
 
 
 def _op(
@@ -100,23 +102,84 @@ def _path(name: str) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
 
 
+# A message index as `?after=` and `Last-Event-ID` take it.
+_INDEX = {"type": "integer", "minimum": -1, "maximum": m.MAX_INDEX}
 _RESUME = [
     {
         "name": "after",
         "in": "query",
         "required": False,
-        "schema": {"type": "integer", "minimum": -1},
+        "schema": _INDEX,
         "description": "Start after this message index.",
     },
     {
         "name": "Last-Event-ID",
         "in": "header",
         "required": False,
-        "schema": {"type": "string"},
+        "schema": _INDEX,
         "description": "The id of the last message event received: start after it.",
     },
 ]
-_SSE = {"description": _EVENTS, "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+
+
+def _event(name: str, data: type[BaseModel]) -> dict[str, Any]:
+    """One kind of event as a client's parser reads it (OpenAPI 3.2's ``itemSchema`` of an
+    event stream): its name, its ``data`` (a JSON text of ``data``'s schema), and ``id``, which
+    only a `message` event sets (the ones after it carry it on, as event streams do)."""
+    event: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "event": {"const": name},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": _ref(data),
+            },
+            "id": {"type": "string", "pattern": "^[0-9]+$"},
+        },
+        "required": ["event", "data", "id"] if name == "message" else ["event", "data"],
+        "additionalProperties": False,
+    }
+    return event
+
+
+_SSE = {
+    "description": _EVENTS,
+    "content": {
+        "text/event-stream": {
+            "itemSchema": {
+                "oneOf": [
+                    _event("message", m.MessageData),
+                    _event("text", m.TextData),
+                    _event("tool_call", m.ToolCallData),
+                    _event("restarted", m.RestartedData),
+                    _event("approval", m.ApprovalData),
+                    _event("end", m.EndData),
+                ]
+            }
+        }
+    },
+}
+
+
+def _discriminators_required(node: Any, schemas: dict[str, Any]) -> None:
+    """Marks each discriminator's property required in the schemas it maps to. pydantic gives
+    such a property (a content block's ``type``) a default, so it lists it as optional; but a
+    union picks its member by it, and refuses a value without it."""
+    if isinstance(node, dict):
+        discriminator = node.get("discriminator")
+        if isinstance(discriminator, dict):
+            name = discriminator["propertyName"]
+            for ref in discriminator.get("mapping", {}).values():
+                target = schemas[ref.rsplit("/", 1)[-1]]
+                required = target.setdefault("required", [])
+                if name not in required:
+                    required.insert(0, name)
+        for value in node.values():
+            _discriminators_required(value, schemas)
+    elif isinstance(node, list):
+        for value in node:
+            _discriminators_required(value, schemas)
 
 
 @functools.cache
@@ -124,6 +187,8 @@ def _document() -> dict[str, Any]:
     _, schemas = models_json_schema(
         [(model, "serialization") for model in _MODELS], ref_template=_REF
     )
+    defs = schemas.get("$defs", {})
+    _discriminators_required(defs, defs)
     turn, session, call = _path("turn_id"), _path("session_id"), _path("call_id")
     paths: dict[str, Any] = {
         "/api/agents": {
@@ -251,11 +316,12 @@ def _document() -> dict[str, Any]:
         },
     }
     return {
-        "openapi": "3.1.0",
+        # 3.2: the first version that describes an event stream's events (`itemSchema`).
+        "openapi": "3.2.0",
         "info": {"title": TITLE, "version": VERSION},
         "paths": paths,
         "components": {
-            "schemas": schemas.get("$defs", {}),
+            "schemas": defs,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"bearer": []}],

@@ -4,7 +4,9 @@ the client API (``turnkeep.client``)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from turnkeep.doors.gateway.errors import ApiError
 from turnkeep.doors.gateway.fanout import Hub, TooManyWatchers, turn_outcome
 from turnkeep.doors.gateway.limits import describe, read_json
 from turnkeep.doors.gateway.models import (
+    MAX_INDEX,
     AgentInfo,
     AgentList,
     Approval,
@@ -98,22 +101,39 @@ def _gateway(request: Request) -> Gateway:
     return gateway
 
 
+# What `?after=` and `Last-Event-ID` may be: -1 or a message index, in ASCII digits (`int()`
+# would also take spaces, `+`, `_` and other scripts' digits, which the document does not allow).
+_INDEX = re.compile(r"-1|[0-9]{1,19}")
+
+
 def _start(request: Request) -> int:
-    """Where a stream starts: after the message ``?after=N`` or ``Last-Event-ID`` names."""
-    raw = request.query_params.get("after")
-    source = "after"
-    if raw is None:
-        raw = request.headers.get("last-event-id")
-        source = "Last-Event-ID"
-    if raw is None or raw == "":
-        return 0
-    try:
-        after = int(raw)
-    except ValueError:
-        raise ApiError(400, f"{source} must be a message index (an integer)") from None
-    if after < -1:
-        raise ApiError(400, f"{source} must be -1 or more")
-    return after + 1
+    """Where a stream starts: after the message ``?after=N`` or ``Last-Event-ID`` names (both
+    checked; ``after`` wins)."""
+    start = 0
+    for source, values in (
+        ("Last-Event-ID", request.headers.getlist("last-event-id")),
+        ("after", request.query_params.getlist("after")),
+    ):
+        if not values:
+            continue
+        if len(values) > 1 or not _INDEX.fullmatch(values[0]) or int(values[0]) > MAX_INDEX:
+            raise ApiError(400, f"{source} must be one message index (an integer, -1 or more)")
+        start = int(values[0]) + 1
+    return start
+
+
+def query_checked(endpoint: Callable[[Request], Any], *allowed: str) -> Callable[[Request], Any]:
+    """``endpoint`` refusing a query parameter it does not read, as a body's unknown key is
+    refused: a misspelt ``?after=`` is a mistake worth naming, not a stream from the start."""
+
+    @functools.wraps(endpoint)
+    async def checked(request: Request) -> Any:
+        unknown = sorted(set(request.query_params.keys()) - set(allowed))
+        if unknown:
+            raise ApiError(400, f"unknown query parameter {unknown[0]!r}")
+        return await endpoint(request)
+
+    return checked
 
 
 # -- agents -----------------------------------------------------------------------------------
@@ -179,7 +199,12 @@ async def cancel_turn(request: Request) -> Response:
     found = await gw.access.workflow(gw.key(request), "turn", turn_id)
     if not found.running:
         raise ApiError(409, f"turn {turn_id!r} has ended; there is nothing to cancel")
-    await get_turn(gw.client, turn_id).cancel()
+    try:
+        await get_turn(gw.client, turn_id).cancel()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:  # it ended since the check above
+            raise ApiError(409, f"turn {turn_id!r} has ended; there is nothing to cancel") from None
+        raise
     log.info("key %s cancelled turn %s", gw.key(request).name, turn_id)
     return _json(TurnRef(turn_id=turn_id), 202)
 
@@ -366,6 +391,10 @@ async def close_session(request: Request) -> Response:
         raise ApiError(409, f"session {session_id!r} cannot close: {why}") from None
     except TimeoutError:
         raise ApiError(504, f"no worker took the close of session {session_id!r}") from None
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:  # it ended since the check above
+            raise ApiError(409, f"session {session_id!r} has already ended") from None
+        raise
     return _json(SessionRef(session_id=session_id), 202)
 
 
