@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.common.v1 import Payload
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import RawValue
 
@@ -79,6 +80,58 @@ async def test_each_message_is_stored_once_and_turns_get_the_conversation_by_ref
         closed = await session.result()
     assert [m.text for m in closed.transcript] == seen
     assert [m.text for m in closed.history] == seen
+
+
+async def test_a_session_of_large_messages_stores_each_once_and_stays_linear(
+    harness: HarnessFactory,
+) -> None:
+    """Issue #43: messages so large that the conversation passes payload storage's threshold
+    within a few turns. Each message is stored once (the turn's input in the segment its own
+    goes on from), no stored file and no recorded payload holds the conversation, not even
+    for a reader who asks for the whole transcript after every turn (the gateway's session
+    page), and history plus storage stay within 2x the conversation plus 10 KB per turn."""
+    turns = 8
+    async with harness(agents=AGENT) as h:
+        session = await open_session(
+            h.client, agent="test", task_queue=h.task_queue, turns_per_run=4
+        )
+        lines = [f"line {n} {uuid.uuid4().hex} " + "m" * 40_000 for n in range(1, turns + 1)]
+        index = 0
+        for line in lines:
+            sent = await session.send(line)
+            async for _ in session.messages(index, until_turn=sent.turn):
+                index += 1
+            whole = [m async for m in session.transcript()]
+            assert [m.text for m in whole] == [
+                t for line in lines[: sent.turn] for t in (line, line)
+            ]
+        conversation = sum(len(m.model_dump_json()) for m in whole)
+        assert conversation > 2 * 256 * 1024  # well past the threshold
+        stored = [
+            f
+            for f in payload_directory(h.settings.payload_storage, h.settings.base_dir).rglob("*")
+            if f.is_file()
+        ]
+        heads = [line[:50].encode() for line in lines]
+        for path in stored:
+            data = path.read_bytes()
+            assert sum(head in data for head in heads) <= 1, f"{path} holds several turns"
+        # Each line is stored twice, as the user's message and as the model's echo of it.
+        everything = b"".join(p.read_bytes() for p in stored)
+        assert all(everything.count(head) == 2 for head in heads)
+        events = await _runs(h.client, session.session_id)
+        for n in range(1, turns + 1):
+            events += await _runs(h.client, f"{session.session_id}/turn-{n}")
+        recorded = sum(e.ByteSize() for e in events)
+        # No event carries more than one turn's messages either.
+        for event in events:
+            data = event.SerializeToString()
+            assert sum(head in data for head in heads) <= 1, event.event_type
+        total = recorded + sum(p.stat().st_size for p in stored)
+        assert total <= 2 * conversation + 10 * 1024 * turns, (recorded, total, conversation)
+        await session.close()
+        closed = await session.result()
+    assert [m.text for m in closed.transcript] == [m.text for m in whole]
 
 
 async def test_a_session_continued_as_new_carries_references(harness: HarnessFactory) -> None:
@@ -265,6 +318,19 @@ async def test_gc_keeps_an_open_sessions_segments_however_old(
             return not any(p.exists() for p in segments)
 
         await eventually(swept, "the closed session's segments were swept")
+
+
+async def _runs(client: Client, workflow_id: str) -> list[HistoryEvent]:
+    """The events of every run of a workflow, first to last (following continue-as-new)."""
+    described = await client.get_workflow_handle(workflow_id).describe()
+    run_id: str | None = described.raw_description.workflow_execution_info.first_run_id
+    events: list[HistoryEvent] = []
+    while run_id:
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        events += history.events
+        last = history.events[-1].workflow_execution_continued_as_new_event_attributes
+        run_id = last.new_execution_run_id or None
+    return events
 
 
 def _age(paths: list[Path], *, days: float) -> None:

@@ -278,7 +278,15 @@ class ConversationCodec(PayloadCodec):
         async def expanded(marker: dict[str, Any], key: str | None) -> str:
             kind, owner = marker[MARKER], str(marker.get("owner", ""))
             if kind == "segment":
-                texts = (await self._segment(owner, str(marker["digest"]))).messages
+                segment = await self._segment(owner, str(marker["digest"]))
+                texts = segment.messages
+                first = marker.get("first")
+                if first is not None:  # a turn's input, stored by its session: its messages
+                    if segment.prev != first:
+                        raise PayloadStorageError(
+                            f"segment {segment.digest} does not follow {first}"
+                        )
+                    texts = (await self._segment(owner, str(first))).messages + texts
             elif kind == "history":
                 chain = await self._chain(owner, marker.get("head"), "parent")
                 summary = await self._summary(owner, marker.get("summary"))

@@ -146,6 +146,11 @@ class Segment(BaseModel):
     prev: str | None
     messages: list[str]
     summary: str | None = None
+    # A turn's messages begin with those of the segment its session stored them in when it
+    # started the turn (``input_segment``), which is then this one's ``parent`` and ``prev``:
+    # the turn's messages are this one's after that one's, and no message is stored twice.
+    # Not part of the content (the pointers are).
+    first: str | None = None
 
     @property
     def digest(self) -> str:
@@ -153,8 +158,8 @@ class Segment(BaseModel):
 
     def marker(self) -> dict[str, Any]:
         """What a payload holds in place of the segment's messages: stored and stripped on the
-        way out, filled in again on the way in."""
-        return {
+        way out, filled in again on the way in (after ``first``'s messages, if it names one)."""
+        marker = {
             MARKER: "segment",
             "owner": self.owner,
             "digest": self.digest,
@@ -163,6 +168,47 @@ class Segment(BaseModel):
             "messages": self.messages,
             "summary": self.summary,
         }
+        if self.first is not None:
+            marker["first"] = self.first
+        return marker
+
+
+def input_segment(ref: ConversationRef, messages: Sequence[Message]) -> Segment:
+    """The segment in which a session stores the messages it hands a turn (the turn's input),
+    after the conversation ``ref`` names: the turn's input then records a reference, not the
+    messages, and the turn's own segment goes on from it (``after_turn``)."""
+    return Segment(
+        owner=ref.owner,
+        parent=ref.head,
+        prev=ref.transcript,
+        messages=[m.model_dump_json() for m in messages],
+    )
+
+
+def unexpanded(data: dict[str, Any]) -> dict[str, Any]:
+    """A session's turn input (``session_turns``) as a worker whose data converter stores no
+    segments (payload storage off) receives it, made what it stands for: no codec expanded
+    the first turn's empty history reference, nor stored the segment of its messages, which
+    the marker still holds. Anything else is left for validation to refuse."""
+    update: dict[str, Any] = {}
+    messages, history, ref = data.get("messages"), data.get("history"), data.get("history_ref")
+    if _is_marker(messages, "segment") and isinstance(messages.get("messages"), list):
+        update["messages"] = [
+            pydantic_core.from_json(text) if isinstance(text, str) else text
+            for text in messages["messages"]
+        ]
+    if (
+        _is_marker(history, "history")
+        and isinstance(ref, dict)
+        and ref.get("head") is None
+        and not ref.get("summary")
+    ):
+        update["history"] = []
+    return {**data, **update} if update else data
+
+
+def _is_marker(value: Any, kind: Kind) -> bool:
+    return isinstance(value, dict) and value.get(MARKER) == kind
 
 
 def segment_digest(
@@ -180,19 +226,31 @@ def after_turn(
     appended: bool,
     summary: Message | None,
     compacted_upto: int,
+    given: tuple[str, int] | None = None,
 ) -> tuple[ConversationRef, Segment]:
     """The session's conversation after a turn that started from ``ref`` and appended
     ``messages`` (``TurnResult.messages``), and the segment that holds them.
 
     ``appended``: the turn's messages extend the history (it uses history); ``summary`` and
     ``compacted_upto``: a compaction replaced the turn's conversation (``ref``'s history then
-    the turn's messages) before that index with this summary."""
+    the turn's messages) before that index with this summary. ``given``: the digest of the
+    segment in which the session stored the turn's input, and how many of ``messages`` begin
+    with that input: the segment then holds only the messages after them, chained to that one
+    (the conversation and the transcript are the same either way)."""
+    texts = [m.model_dump_json() for m in messages]
+    parent, prev, first = ref.head, ref.transcript, None
+    if given is not None:
+        digest, count = given
+        if segment_digest(parent, prev, texts[:count]) == digest:
+            parent = prev = first = digest
+            texts = texts[count:]
     segment = Segment(
         owner=ref.owner,
-        parent=ref.head,
-        prev=ref.transcript,
-        messages=[m.model_dump_json() for m in messages],
+        parent=parent,
+        prev=prev,
+        messages=texts,
         summary=summary.model_dump_json() if summary is not None else None,
+        first=first,
     )
     digest = segment.digest
     if summary is not None:

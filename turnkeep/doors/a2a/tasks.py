@@ -13,7 +13,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.sessions import SessionHandle, get_session
-from turnkeep.client.turns import get_turn, query_retrying
+from turnkeep.client.turns import get_turn
 from turnkeep.doors.a2a.follow import turn_end, waiting_calls
 from turnkeep.doors.a2a.messages import (
     agent_message,
@@ -24,7 +24,6 @@ from turnkeep.doors.a2a.messages import (
 )
 from turnkeep.workflows.messages import Message as TurnMessage
 from turnkeep.workflows.session_io import SESSION_WORKFLOW_NAME
-from turnkeep.workflows.session_workflow import SessionWorkflow
 
 # A task id (and context id) as a client may name it: it becomes part of a workflow id.
 TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -62,10 +61,7 @@ async def existing_session(client: Client, agent: str, task_id: str) -> tuple[Se
 
 async def session_transcript(session: SessionHandle) -> list[TurnMessage]:
     """The messages of the session's ended turns."""
-    messages: list[TurnMessage] = await query_retrying(
-        session.handle, SessionWorkflow.transcript, 0
-    )
-    return messages
+    return [m async for m in session.transcript()]
 
 
 async def snapshot(client: Client, task_id: str, session: SessionHandle, running: bool) -> Task:
