@@ -60,9 +60,10 @@ async def test_each_message_is_stored_once_and_turns_get_the_conversation_by_ref
         lines = [f"line {n} {uuid.uuid4().hex}" for n in range(1, 7)]
         seen = await talk(session, *lines)
         assert seen == [text for line in lines for text in (line, line)]
-        # One segment per turn, in the session's own directory.
+        # Two segments per turn, in the session's own directory: the messages the session
+        # handed the turn, and those the turn added.
         segments = list((conversations(h) / owner_key(session.session_id)).iterdir())
-        assert len(segments) == len(lines)
+        assert len(segments) == 2 * len(lines)
         # The last turn saw the whole conversation, but its history records none of the earlier
         # turns' messages: only a reference and its own.
         last = await get_turn(h.client, f"{session.session_id}/turn-6").handle.fetch_history()
@@ -296,11 +297,11 @@ async def test_gc_keeps_an_open_sessions_segments_however_old(
         await talk(session, "one", "two")
         directory = conversations(h)
         segments = list((directory / owner_key(session.session_id)).iterdir())
-        assert len(segments) == 2
+        assert len(segments) == 4  # each turn's input and its own
         _age(segments, days=30)
         retention = timedelta(days=7)
         report = await collect(directory.parent, retention, client)
-        assert report.in_use == 2 and not any(p in report.removed for p in segments)
+        assert report.in_use == 4 and not any(p in report.removed for p in segments)
         assert all(p.exists() for p in segments)
         # The session reads them for its next turn, which sees the whole conversation.
         assert await talk(session, "three") == ["three", "three"]

@@ -225,8 +225,10 @@ class ConversationCodec(PayloadCodec):
         for marker in _markers(document):
             if marker[MARKER] == "segment" and "messages" in marker:
                 await self._store(marker)
-                del marker["messages"]
-                marker.pop("summary", None)
+                # Reading it back takes only its owner and digest (and ``first``): what the
+                # digest covers is in the store.
+                for name in ("messages", "summary", "parent", "prev"):
+                    marker.pop(name, None)
                 stored = True
         if not stored:
             return payload
