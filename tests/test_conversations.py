@@ -29,6 +29,8 @@ from turnkeep.workflows.conversation import EXPANDED_METADATA, ConversationRef
 from turnkeep.workflows.conversation_cache import ConversationCache
 from turnkeep.workflows.conversation_cache import conversations as conversations_cache
 from turnkeep.workflows.messages import Message
+from turnkeep.workflows.model_io import MODEL_INPUT_PAGE_BYTES
+from turnkeep.workflows.session_workflow import SessionWorkflow
 from turnkeep.workflows.turn_io import TurnInput
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
@@ -133,6 +135,20 @@ async def test_a_session_of_large_messages_stores_each_once_and_stays_linear(
         await session.close()
         closed = await session.result()
     assert [m.text for m in closed.transcript] == [m.text for m in whole]
+
+
+async def test_the_transcript_query_answers_a_page_at_a_time(harness: HarnessFactory) -> None:
+    """A reader of a long transcript gets it in pages that each stay below the payload
+    storage threshold, and ``transcript()`` joins them."""
+    async with harness(agents=AGENT) as h:
+        session = await open_session(h.client, agent="test", task_queue=h.task_queue)
+        lines = [f"page line {n} " + "p" * 60_000 for n in range(1, 4)]
+        await talk(session, *lines)
+        first = await session.handle.query(SessionWorkflow.transcript, 0)
+        assert 1 <= len(first) < 6
+        assert sum(len(m.model_dump_json()) for m in first) <= MODEL_INPUT_PAGE_BYTES
+        assert [m.text async for m in session.transcript()] == [t for t in lines for t in (t, t)]
+        assert [m.text async for m in session.transcript(3, 5)] == [lines[1], lines[2]]
 
 
 async def test_a_session_continued_as_new_carries_references(harness: HarnessFactory) -> None:
