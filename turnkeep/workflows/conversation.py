@@ -191,14 +191,14 @@ def unexpanded(data: dict[str, Any]) -> dict[str, Any]:
     the first turn's empty history reference, nor stored the segment of its messages, which
     the marker still holds. Anything else is left for validation to refuse."""
     update: dict[str, Any] = {}
-    messages, history, ref = data.get("messages"), data.get("history"), data.get("history_ref")
-    if _is_marker(messages, "segment") and isinstance(messages.get("messages"), list):
+    segment, ref = _marker(data.get("messages"), "segment"), data.get("history_ref")
+    if segment is not None and isinstance(segment.get("messages"), list):
         update["messages"] = [
             pydantic_core.from_json(text) if isinstance(text, str) else text
-            for text in messages["messages"]
+            for text in segment["messages"]
         ]
     if (
-        _is_marker(history, "history")
+        _marker(data.get("history"), "history") is not None
         and isinstance(ref, dict)
         and ref.get("head") is None
         and not ref.get("summary")
@@ -207,8 +207,8 @@ def unexpanded(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, **update} if update else data
 
 
-def _is_marker(value: Any, kind: Kind) -> bool:
-    return isinstance(value, dict) and value.get(MARKER) == kind
+def _marker(value: Any, kind: Kind) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) and value.get(MARKER) == kind else None
 
 
 def segment_digest(
