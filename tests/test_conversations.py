@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from google.protobuf.message import Message as Message_
 from temporalio.api.common.v1 import Payload
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowFailureError
@@ -92,7 +93,8 @@ async def test_a_session_of_large_messages_stores_each_once_and_stays_linear(
     within a few turns. Each message is stored once (the turn's input in the segment its own
     goes on from), no stored file and no recorded payload holds the conversation, not even
     for a reader who asks for the whole transcript after every turn (the gateway's session
-    page), and history plus storage stay within 2x the conversation plus 10 KB per turn."""
+    page), and the histories' payloads plus storage stay within 2x the conversation plus 10 KB
+    per turn (the bench measures whole histories)."""
     turns = 8
     async with harness(agents=AGENT) as h:
         session = await open_session(
@@ -125,7 +127,9 @@ async def test_a_session_of_large_messages_stores_each_once_and_stays_linear(
         events = await _runs(h.client, session.session_id)
         for n in range(1, turns + 1):
             events += await _runs(h.client, f"{session.session_id}/turn-{n}")
-        recorded = sum(e.ByteSize() for e in events)
+        # What the histories' payloads hold: their events' own fields vary with how many
+        # workflow tasks a loaded machine takes, the payloads do not.
+        recorded = sum(_payload_bytes(e) for e in events)
         # No event carries more than one turn's messages either.
         for event in events:
             data = event.SerializeToString()
@@ -335,6 +339,21 @@ async def test_gc_keeps_an_open_sessions_segments_however_old(
             return not any(p.exists() for p in segments)
 
         await eventually(swept, "the closed session's segments were swept")
+
+
+def _payload_bytes(message: Message_) -> int:
+    """The bytes of every payload in a protobuf message (an event), however deep."""
+    if isinstance(message, Payload):
+        return message.ByteSize()
+    total = 0
+    for field, value in message.ListFields():
+        if field.type != field.TYPE_MESSAGE:
+            continue
+        items = value.values() if field.message_type.GetOptions().map_entry else value
+        for item in items if field.is_repeated else [value]:
+            if isinstance(item, Message_):
+                total += _payload_bytes(item)
+    return total
 
 
 async def _runs(client: Client, workflow_id: str) -> list[HistoryEvent]:
