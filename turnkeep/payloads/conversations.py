@@ -226,8 +226,8 @@ class ConversationCodec(PayloadCodec):
         for marker in _markers(document):
             if marker[MARKER] == "segment" and "messages" in marker:
                 await self._store(marker)
-                # Reading it back takes only its owner and digest (and ``first``): what the
-                # digest covers is in the store.
+                # Reading it back takes only its owner and digest (and ``follows``): what
+                # the digest covers is in the store.
                 for name in ("messages", "summary", "parent", "prev"):
                     marker.pop(name, None)
                 stored = True
@@ -277,13 +277,10 @@ class ConversationCodec(PayloadCodec):
             if kind == "segment":
                 segment = await self._segment(owner, str(marker["digest"]))
                 texts = segment.messages
-                first = marker.get("first")
-                if first is not None:  # a turn's input, stored by its session: its messages
-                    if segment.prev != first:
-                        raise PayloadStorageError(
-                            f"segment {segment.digest} does not follow {first}"
-                        )
-                    texts = (await self._segment(owner, str(first))).messages + texts
+                if marker.get("follows") is True:  # a turn's input, stored by its session
+                    if segment.prev is None:
+                        raise PayloadStorageError(f"segment {segment.digest} follows none")
+                    texts = (await self._segment(owner, segment.prev)).messages + texts
             elif kind == "history":
                 chain = await self._chain(owner, marker.get("head"), "parent")
                 summary = await self._summary(owner, marker.get("summary"))

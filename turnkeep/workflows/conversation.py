@@ -42,7 +42,7 @@ from pydantic import (
     model_validator,
 )
 
-from turnkeep.workflows.messages import Message
+from turnkeep.workflows.messages import Message, message_json
 
 # The key that marks a reference or a segment inside a payload's JSON.
 MARKER = "$turnkeep"
@@ -138,8 +138,8 @@ class ConversationRef(BaseModel):
 
 class Segment(BaseModel):
     """One turn's messages in a session's chain, as their JSON (each message's
-    ``model_dump_json``: what its digest is taken over), and the summary it compacted the
-    conversation to, if it did."""
+    ``message_json``, its unset fields left out: what its digest is taken over), and the
+    summary it compacted the conversation to, if it did."""
 
     owner: str
     parent: str | None
@@ -148,9 +148,9 @@ class Segment(BaseModel):
     summary: str | None = None
     # A turn's messages begin with those of the segment its session stored them in when it
     # started the turn (``input_segment``), which is then this one's ``parent`` and ``prev``:
-    # the turn's messages are this one's after that one's, and no message is stored twice.
+    # the turn's messages are that one's, then this one's, and no message is stored twice.
     # Not part of the content (the pointers are).
-    first: str | None = None
+    follows: bool = False
 
     @property
     def digest(self) -> str:
@@ -158,7 +158,7 @@ class Segment(BaseModel):
 
     def marker(self) -> dict[str, Any]:
         """What a payload holds in place of the segment's messages: stored and stripped on the
-        way out, filled in again on the way in (after ``first``'s messages, if it names one)."""
+        way out, filled in again on the way in (after those of ``prev``, if it ``follows``)."""
         marker = {
             MARKER: "segment",
             "owner": self.owner,
@@ -168,8 +168,8 @@ class Segment(BaseModel):
             "messages": self.messages,
             "summary": self.summary,
         }
-        if self.first is not None:
-            marker["first"] = self.first
+        if self.follows:
+            marker["follows"] = True
         return marker
 
 
@@ -181,7 +181,7 @@ def input_segment(ref: ConversationRef, messages: Sequence[Message]) -> Segment:
         owner=ref.owner,
         parent=ref.head,
         prev=ref.transcript,
-        messages=[m.model_dump_json() for m in messages],
+        messages=[message_json(m) for m in messages],
     )
 
 
@@ -237,20 +237,20 @@ def after_turn(
     segment in which the session stored the turn's input, and how many of ``messages`` begin
     with that input: the segment then holds only the messages after them, chained to that one
     (the conversation and the transcript are the same either way)."""
-    texts = [m.model_dump_json() for m in messages]
-    parent, prev, first = ref.head, ref.transcript, None
+    texts = [message_json(m) for m in messages]
+    parent, prev, follows = ref.head, ref.transcript, False
     if given is not None:
         digest, count = given
         if segment_digest(parent, prev, texts[:count]) == digest:
-            parent = prev = first = digest
-            texts = texts[count:]
+            parent = prev = digest
+            texts, follows = texts[count:], True
     segment = Segment(
         owner=ref.owner,
         parent=parent,
         prev=prev,
         messages=texts,
-        summary=summary.model_dump_json() if summary is not None else None,
-        first=first,
+        summary=message_json(summary) if summary is not None else None,
+        follows=follows,
     )
     digest = segment.digest
     if summary is not None:
