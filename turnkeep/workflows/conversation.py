@@ -159,7 +159,7 @@ class Segment(BaseModel):
     def marker(self) -> dict[str, Any]:
         """What a payload holds in place of the segment's messages: stored and stripped on the
         way out, filled in again on the way in (after those of ``prev``, if it ``follows``)."""
-        marker = {
+        marker: dict[str, Any] = {
             MARKER: "segment",
             "owner": self.owner,
             "digest": self.digest,
