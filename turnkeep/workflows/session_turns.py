@@ -71,7 +71,6 @@ class ConversationJson:
         would write for it. With a reference, ``messages`` go in a segment to store too (the
         turn's own goes on from it): inline, they would be recorded twice, in the session's
         start of the child and in the turn's own start."""
-        new = f"[{','.join(message_json(m) for m in messages)}]"
         # A budget per session: what the earlier turns spent (only once a turn said so).
         extra = "" if spent is None else f',"session_spent":{spent.model_dump_json()}'
         # Only when the session has some: the turns of a session without rules are as before.
@@ -91,6 +90,7 @@ class ConversationJson:
             )
         else:
             self._cover(history)
+            new = f"[{','.join(message_json(m) for m in messages)}]"
             text = (
                 f'{{"agent":{json.dumps(agent)},"messages":{new}{allow},'
                 f'"history":[{",".join(self._json)}]{extra}}}'
