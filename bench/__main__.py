@@ -52,6 +52,7 @@ SECTIONS = (
     "approvals",
     "elicitations",
     "sessions",
+    "storage",
     "teams",
     "live",
     "gateway",
@@ -213,6 +214,11 @@ async def run(args: argparse.Namespace) -> Results:
         out.tables.append(table)
         out.session_targets += targets
 
+    async def storage_section(env: Environment) -> None:
+        table, targets = await session_storage.large(env)
+        out.tables.append(table)
+        out.session_targets += targets
+
     async def teams_section(env: Environment) -> None:
         tables, targets = await teams.teams(env, quick)
         out.tables += tables
@@ -247,6 +253,7 @@ async def run(args: argparse.Namespace) -> Results:
         "approvals": approvals_section,
         "elicitations": elicitations_section,
         "sessions": sessions_section,
+        "storage": storage_section,
         "teams": teams_section,
         "live": live_section,
         "gateway": gateway_section,

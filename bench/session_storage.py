@@ -1,10 +1,14 @@
-"""A session's storage against its conversation (issue #37): one session per kind of turn, its
-history and stored bytes measured as it grows.
+"""A session's storage against its conversation (issues #37 and #43): one session per kind of
+turn, its history and stored bytes measured as it grows.
 
 Each session answers ``turns`` messages one after another, as ``turnkeep chat`` does. *short*:
 the ``playback`` model answers at once; *tools*: it first calls a function tool that returns
 5 KB, then answers. At each checkpoint (after 50, 200 and 1,000 turns, those the session
-reaches) it reports:
+reaches) it reports what follows. The ``storage`` section (``large``) does the same for
+sessions whose messages are large, at 20 and 80 turns: user messages of 2 KB and of 20 KB
+answered by the ``passthrough`` model (which echoes them), and 2 KB messages answered after a
+tool that returns 200 KB; there, after every turn a reader also asks the session for its
+whole transcript, as the gateway's ``GET /api/sessions/{id}`` does. Each checkpoint:
 
 - the conversation: the JSON of every message the session holds (its transcript);
 - history: every event of every run of the session so far, and of every child turn;
@@ -46,6 +50,10 @@ from turnkeep.workflows.conversation_cache import conversations
 CHECKPOINTS = (50, 200, 1000)
 KINDS = ("short", "tools")
 RESULT_BYTES = 5 * 1024
+# Issue #43's: the kinds of session with large messages, and where they are measured.
+LARGE_CHECKPOINTS = (20, 80)
+LARGE_KINDS = ("2 KB messages", "20 KB messages", "200 KB tool results")
+BIG_RESULT_BYTES = 200 * 1024
 AGENT = "talk"
 FACTOR = 2.0
 PER_TURN_BYTES = 10 * 1024
@@ -63,23 +71,40 @@ def five_kb() -> str:
     return "x" * RESULT_BYTES
 
 
+def two_hundred_kb() -> str:
+    """Returns 200 KB of text."""
+    return "r" * BIG_RESULT_BYTES
+
+
+TOOLS = {"local": [five_kb, two_hundred_kb]}
+
+
+def _message_bytes(kind: str) -> int:
+    """How long each user message of a ``kind`` session is (0: a few words)."""
+    return {"2 KB messages": 2048, "20 KB messages": 20480, "200 KB tool results": 2048}.get(
+        kind, 0
+    )
+
+
 def _config(directory: Path, payloads: Path, kind: str) -> dict[str, Any]:
-    script = directory / f"{kind}.json"
-    if kind == "tools":
-        call = {"tool_calls": {"c1": {"name": "local__five_kb", "arguments": {}}}}
+    script = directory / f"{kind.replace(' ', '-')}.json"
+    tool = {"tools": "local__five_kb", "200 KB tool results": "local__two_hundred_kb"}.get(kind)
+    if tool is not None:
+        call = {"tool_calls": {"c1": {"name": tool, "arguments": {}}}}
         entries: list[Any] = [call, "done"]
         servers = ["local"]
     else:
         entries, servers = ["done"], []
     script.write_text(json.dumps(entries), encoding="utf-8")
     # No compaction: the playback model's "summary" is the whole transcript, which says
-    # nothing of what a summary costs.
-    agent = {
-        "model": "playback",
-        "playback": str(script),
-        "servers": servers,
-        "compaction": {"enabled": False},
-    }
+    # nothing of what a summary costs. Large messages are echoed (a plain model answering at
+    # their length), tool results answered after with a word.
+    model: dict[str, Any] = (
+        {"model": "passthrough"}
+        if kind in LARGE_KINDS and tool is None
+        else {"model": "playback", "playback": str(script)}
+    )
+    agent = {**model, "servers": servers, "compaction": {"enabled": False}}
     return {
         "base_dir": str(directory),
         "payload_storage": {"path": str(payloads)},
@@ -170,43 +195,57 @@ async def _replay(
     return warm, await median_ms(cold=True), turns
 
 
-async def growth(env: Environment, kind: str, turns: int) -> Growth:
-    directory = env.tmp / f"storage-{kind}"
+async def growth(
+    env: Environment,
+    kind: str,
+    turns: int,
+    checkpoints_at: tuple[int, ...] = CHECKPOINTS,
+    *,
+    replay: bool = True,
+) -> Growth:
+    directory = env.tmp / f"storage-{kind.replace(' ', '-')}"
     directory.mkdir(exist_ok=True)
     settings = Settings.model_validate(_config(directory, env.payloads, kind))
     queue = f"bench-storage-{uuid.uuid4().hex[:6]}"
     stored_before = _stored(env.payloads)
-    points = [c for c in CHECKPOINTS if c <= turns] or [turns]
+    points = [c for c in checkpoints_at if c <= turns] or [turns]
     checkpoints: list[Checkpoint] = []
     known: dict[int, int] = {}
-    async with build_worker(
-        env.client, settings, function_tools={"local": [five_kb]}, task_queue=queue
-    ):
+    padding = "m" * _message_bytes(kind)
+    async with build_worker(env.client, settings, function_tools=TOOLS, task_queue=queue):
         session = await open_session(env.client, agent=AGENT, task_queue=queue)
         first_run = (await session.handle.describe()).run_id or ""
         conversation = 0
         index = 0
         for n in range(1, turns + 1):
-            sent = await session.send(f"message {n}")
+            sent = await session.send(f"message {n} {padding}".rstrip())
             async for message in session.messages(index, until_turn=sent.turn):
                 index += 1
                 conversation += len(message.model_dump_json())
+            if padding:
+                # A reader of the whole session, as the gateway's session page is.
+                read = [m async for m in session.transcript()]
+                assert len(read) == index, (len(read), index)
             if n in points:
                 history = await _history_bytes(env.client, session.session_id, first_run, n, known)
                 checkpoints.append(
                     Checkpoint(n, conversation, history, _stored(env.payloads) - stored_before)
                 )
                 progress(f"storage ({kind}): {n} of {turns} turns")
-        replay_ms, cold_ms, replayed = await _replay(
-            env.client, settings, session.session_id, first_run
+        replay_ms, cold_ms, replayed = (
+            await _replay(env.client, settings, session.session_id, first_run)
+            if replay
+            else (None, None, 0)
         )
         await session.handle.terminate()
     return Growth(kind, checkpoints, replay_ms, replayed, cold_ms)
 
 
-def table(results: list[Growth], floor_ms: float | None = None) -> tuple[Table, list[Target]]:
+def table(
+    results: list[Growth], floor_ms: float | None = None, *, title: str = ""
+) -> tuple[Table, list[Target]]:
     out = Table(
-        "Sessions: storage against the conversation",
+        title or "Sessions: storage against the conversation",
         [
             "turns",
             "kind",
@@ -232,7 +271,7 @@ def table(results: list[Growth], floor_ms: float | None = None) -> tuple[Table, 
             )
             size_ok &= c.total <= c.allowed
         if g.exponent is not None:
-            exponents.append(f"{g.kind} {g.exponent:.2f}")
+            exponents.append(f"{g.kind}: {g.exponent:.2f}")
             growth_ok &= g.exponent <= EXPONENT_MAX
         if g.replay_ms_per_turn is not None:
             cold = g.cold_replay_ms_per_turn or 0.0
@@ -247,8 +286,17 @@ def table(results: list[Growth], floor_ms: float | None = None) -> tuple[Table, 
         "*history*: every event of every run of the session and of each of its child turns; "
         "*stored*: what payload storage gained; *conversation*: the JSON of every message "
         "of the session's transcript. Checkpoints are of one session per kind as it grows "
-        "(*tools*: each turn calls a tool that returns 5 KB)."
+        "(*tools*: each turn calls a tool that returns 5 KB; *N KB messages*: the user's, "
+        "echoed by the model; *200 KB tool results*: 2 KB messages, each answered after a "
+        "tool returning 200 KB; with large messages a reader also asks for the whole "
+        "transcript after each turn)."
     )
+    if any(g.kind in LARGE_KINDS for g in results):
+        size = " (large messages)"
+        return out, [
+            Target(SIZE_TARGET + size, "met" if size_ok else "over at some checkpoint", size_ok),
+            Target(GROWTH_TARGET + size, ", ".join(exponents), growth_ok and bool(exponents)),
+        ]
     targets = [
         Target(
             SIZE_TARGET,
@@ -297,3 +345,12 @@ async def storage(env: Environment, turns: int) -> tuple[Table, list[Target]]:
     replayed = max((g.replayed_turns for g in results), default=0)
     floor = await replay_floor(env, replayed) if replayed else None
     return table(results, floor)
+
+
+async def large(env: Environment, turns: int = LARGE_CHECKPOINTS[-1]) -> tuple[Table, list[Target]]:
+    """Issue #43's sessions with large messages, measured at ``LARGE_CHECKPOINTS``."""
+    results = []
+    for kind in LARGE_KINDS:
+        progress(f"storage: a session of {turns} turns, {kind}")
+        results.append(await growth(env, kind, turns, LARGE_CHECKPOINTS, replay=False))
+    return table(results, title="Sessions with large messages: storage against the conversation")

@@ -13,7 +13,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from google.protobuf.message import Message as Message_
 from temporalio.api.common.v1 import Payload
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import RawValue
 
@@ -28,6 +30,8 @@ from turnkeep.workflows.conversation import EXPANDED_METADATA, ConversationRef
 from turnkeep.workflows.conversation_cache import ConversationCache
 from turnkeep.workflows.conversation_cache import conversations as conversations_cache
 from turnkeep.workflows.messages import Message
+from turnkeep.workflows.model_io import MODEL_INPUT_PAGE_BYTES
+from turnkeep.workflows.session_workflow import SessionWorkflow
 from turnkeep.workflows.turn_io import TurnInput
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
@@ -59,9 +63,10 @@ async def test_each_message_is_stored_once_and_turns_get_the_conversation_by_ref
         lines = [f"line {n} {uuid.uuid4().hex}" for n in range(1, 7)]
         seen = await talk(session, *lines)
         assert seen == [text for line in lines for text in (line, line)]
-        # One segment per turn, in the session's own directory.
+        # Two segments per turn, in the session's own directory: the messages the session
+        # handed the turn, and those the turn added.
         segments = list((conversations(h) / owner_key(session.session_id)).iterdir())
-        assert len(segments) == len(lines)
+        assert len(segments) == 2 * len(lines)
         # The last turn saw the whole conversation, but its history records none of the earlier
         # turns' messages: only a reference and its own.
         last = await get_turn(h.client, f"{session.session_id}/turn-6").handle.fetch_history()
@@ -79,6 +84,75 @@ async def test_each_message_is_stored_once_and_turns_get_the_conversation_by_ref
         closed = await session.result()
     assert [m.text for m in closed.transcript] == seen
     assert [m.text for m in closed.history] == seen
+
+
+async def test_a_session_of_large_messages_stores_each_once_and_stays_linear(
+    harness: HarnessFactory,
+) -> None:
+    """Issue #43: messages so large that the conversation passes payload storage's threshold
+    within a few turns. Each message is stored once (the turn's input in the segment its own
+    goes on from), no stored file and no recorded payload holds the conversation, not even
+    for a reader who asks for the whole transcript after every turn (the gateway's session
+    page), and the histories' payloads plus storage stay within 2x the conversation plus 10 KB
+    per turn (the bench measures whole histories)."""
+    turns = 8
+    async with harness(agents=AGENT) as h:
+        session = await open_session(
+            h.client, agent="test", task_queue=h.task_queue, turns_per_run=4
+        )
+        lines = [f"line {n} {uuid.uuid4().hex} " + "m" * 40_000 for n in range(1, turns + 1)]
+        index = 0
+        for line in lines:
+            sent = await session.send(line)
+            async for _ in session.messages(index, until_turn=sent.turn):
+                index += 1
+            whole = [m async for m in session.transcript()]
+            assert [m.text for m in whole] == [
+                t for line in lines[: sent.turn] for t in (line, line)
+            ]
+        conversation = sum(len(m.model_dump_json()) for m in whole)
+        assert conversation > 2 * 256 * 1024  # well past the threshold
+        stored = [
+            f
+            for f in payload_directory(h.settings.payload_storage, h.settings.base_dir).rglob("*")
+            if f.is_file()
+        ]
+        heads = [line[:50].encode() for line in lines]
+        for path in stored:
+            data = path.read_bytes()
+            assert sum(head in data for head in heads) <= 1, f"{path} holds several turns"
+        # Each line is stored twice, as the user's message and as the model's echo of it.
+        everything = b"".join(p.read_bytes() for p in stored)
+        assert all(everything.count(head) == 2 for head in heads)
+        events = await _runs(h.client, session.session_id)
+        for n in range(1, turns + 1):
+            events += await _runs(h.client, f"{session.session_id}/turn-{n}")
+        # What the histories' payloads hold: their events' own fields vary with how many
+        # workflow tasks a loaded machine takes, the payloads do not.
+        recorded = sum(_payload_bytes(e) for e in events)
+        # No event carries more than one turn's messages either.
+        for event in events:
+            data = event.SerializeToString()
+            assert sum(head in data for head in heads) <= 1, event.event_type
+        total = recorded + sum(p.stat().st_size for p in stored)
+        assert total <= 2 * conversation + 10 * 1024 * turns, (recorded, total, conversation)
+        await session.close()
+        closed = await session.result()
+    assert [m.text for m in closed.transcript] == [m.text for m in whole]
+
+
+async def test_the_transcript_query_answers_a_page_at_a_time(harness: HarnessFactory) -> None:
+    """A reader of a long transcript gets it in pages that each stay below the payload
+    storage threshold, and ``transcript()`` joins them."""
+    async with harness(agents=AGENT) as h:
+        session = await open_session(h.client, agent="test", task_queue=h.task_queue)
+        lines = [f"page line {n} " + "p" * 60_000 for n in range(1, 4)]
+        await talk(session, *lines)
+        first = await session.handle.query(SessionWorkflow.transcript, 0)
+        assert 1 <= len(first) < 6
+        assert sum(len(m.model_dump_json()) for m in first) <= MODEL_INPUT_PAGE_BYTES
+        assert [m.text async for m in session.transcript()] == [t for t in lines for t in (t, t)]
+        assert [m.text async for m in session.transcript(3, 5)] == [lines[1], lines[2]]
 
 
 async def test_a_session_continued_as_new_carries_references(harness: HarnessFactory) -> None:
@@ -243,11 +317,11 @@ async def test_gc_keeps_an_open_sessions_segments_however_old(
         await talk(session, "one", "two")
         directory = conversations(h)
         segments = list((directory / owner_key(session.session_id)).iterdir())
-        assert len(segments) == 2
+        assert len(segments) == 4  # each turn's input and its own
         _age(segments, days=30)
         retention = timedelta(days=7)
         report = await collect(directory.parent, retention, client)
-        assert report.in_use == 2 and not any(p in report.removed for p in segments)
+        assert report.in_use == 4 and not any(p in report.removed for p in segments)
         assert all(p.exists() for p in segments)
         # The session reads them for its next turn, which sees the whole conversation.
         assert await talk(session, "three") == ["three", "three"]
@@ -265,6 +339,34 @@ async def test_gc_keeps_an_open_sessions_segments_however_old(
             return not any(p.exists() for p in segments)
 
         await eventually(swept, "the closed session's segments were swept")
+
+
+def _payload_bytes(message: Message_) -> int:
+    """The bytes of every payload in a protobuf message (an event), however deep."""
+    if isinstance(message, Payload):
+        return message.ByteSize()
+    total = 0
+    for field, value in message.ListFields():
+        if field.type != field.TYPE_MESSAGE:
+            continue
+        items = value.values() if field.message_type.GetOptions().map_entry else value
+        for item in items if field.is_repeated else [value]:
+            if isinstance(item, Message_):
+                total += _payload_bytes(item)
+    return total
+
+
+async def _runs(client: Client, workflow_id: str) -> list[HistoryEvent]:
+    """The events of every run of a workflow, first to last (following continue-as-new)."""
+    described = await client.get_workflow_handle(workflow_id).describe()
+    run_id: str | None = described.raw_description.workflow_execution_info.first_run_id
+    events: list[HistoryEvent] = []
+    while run_id:
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        events += history.events
+        last = history.events[-1].workflow_execution_continued_as_new_event_attributes
+        run_id = last.new_execution_run_id or None
+    return events
 
 
 def _age(paths: list[Path], *, days: float) -> None:

@@ -23,6 +23,7 @@ from temporalio.exceptions import ApplicationError
 from tests.conftest import Harness, history_text, make_settings, write_script
 from turnkeep.activities.tools import INLINE_TOOL_RESULT_BYTES, tool_result_limit
 from turnkeep.client.connection import connect
+from turnkeep.client.sessions import open_session
 from turnkeep.client.turns import TurnHandle, get_turn
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.payloads.limits import RESULT_TOO_LARGE
@@ -248,6 +249,26 @@ async def test_without_storage_a_result_over_the_limit_fails_the_turn_clearly(
     assert "2 MB payload limit" in cause.message and "payload_storage" in cause.message
     size, text = await history_bytes(turn)
     assert size < 2 * MB and not referenced_digests(text)
+
+
+async def test_without_storage_a_session_hands_its_turns_the_conversation(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    """No codec expands a session's first turn's empty reference, nor stores the segment of
+    its messages: the turn takes them as they are, and the session goes on handing each turn
+    the conversation itself."""
+    config = {"agents": {"test": {"model": "passthrough"}}, "payload_storage": {"driver": "off"}}
+    async with turnkeep(temporal, tmp_path, **config) as h:
+        session = await open_session(h.client, agent="test", task_queue=h.task_queue)
+        seen = []
+        for line in ("one", "two"):
+            sent = await session.send(line)
+            seen += [m.text async for m in session.messages(len(seen), until_turn=sent.turn)]
+        assert seen == ["one", "one", "two", "two"]
+        turn = await get_turn(h.client, f"{session.session_id}/turn-2").result()
+        assert turn.conversation is None
+        assert [m.text for m in turn.history] == seen
+        await session.close()
 
 
 async def test_without_storage_a_large_tool_result_is_truncated_with_a_note(

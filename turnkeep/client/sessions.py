@@ -57,6 +57,23 @@ from turnkeep.workflows.session_workflow import SessionWorkflow
 from turnkeep.workflows.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
 
 
+async def read_transcript(
+    handle: WorkflowHandle[Any, Any], start: int = 0, stop: int | None = None
+) -> AsyncIterator[Message]:
+    """A running session's transcript from index ``start`` (up to ``stop``, else to its end as
+    it stands), by its ``transcript`` query, which answers a page at a time: an answer holding
+    the whole of a long conversation would pass payload storage's threshold and be stored
+    again, whole, for every reader."""
+    index = start
+    while stop is None or index < stop:
+        page: list[Message] = await query_retrying(handle, SessionWorkflow.transcript, index)
+        if not page:
+            return
+        for message in page[: None if stop is None else stop - index]:
+            index += 1
+            yield message
+
+
 class SessionClosedError(RuntimeError):
     """The session has ended: it takes no more messages, and its id is not reused."""
 
@@ -186,8 +203,7 @@ class SessionHandle:
             # Only what `progress` counts: the transcript may hold turns that ended since.
             limit = progress.count if end is None else min(progress.count, end)
             if limit > index:
-                ended = await query_retrying(self.handle, SessionWorkflow.transcript, index)
-                for message in ended[: limit - index]:
+                async for message in read_transcript(self.handle, index, limit):
                     index += 1
                     yield MessageEvent(message=message)
             if end is not None and index >= end:
@@ -232,6 +248,11 @@ class SessionHandle:
 
     async def progress(self) -> SessionProgress:
         return await self.handle.query(SessionWorkflow.progress)
+
+    def transcript(self, start: int = 0, stop: int | None = None) -> AsyncIterator[Message]:
+        """The messages of the running session's ended turns from index ``start`` (up to
+        ``stop``), as it holds them now, read a page at a time (``read_transcript``)."""
+        return read_transcript(self.handle, start, stop)
 
     async def cancel_turn(self) -> bool:
         """Cancel the running turn, if any (its conversation is repaired and kept; the session

@@ -192,10 +192,9 @@ def _starved(err: WorkflowQueryFailedError) -> bool:
     return str(err).startswith(_DEADLOCK_DETECTED)
 
 
-def summarize(turn: TurnInput, limit: int = 120) -> str:
+def summarize(turn: TurnInput) -> str:
     """The Web UI's one-line summary of a turn: its prompt, shortened."""
-    text = " ".join(turn.messages[-1].text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return visibility.prompt_summary(turn.messages[-1].text)
 
 
 async def start_turn(

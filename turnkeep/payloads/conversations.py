@@ -62,6 +62,7 @@ from turnkeep.workflows.messages import Message
 from turnkeep.workflows.turn_io import TurnResult
 
 JSON = b"json/plain"
+SEGMENT = b"binary/turnkeep-segment"
 _EXPANDED = EXPANDED_METADATA
 _MARKER_BYTES = f'"{MARKER}"'.encode()
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -225,8 +226,10 @@ class ConversationCodec(PayloadCodec):
         for marker in _markers(document):
             if marker[MARKER] == "segment" and "messages" in marker:
                 await self._store(marker)
-                del marker["messages"]
-                marker.pop("summary", None)
+                # Reading it back takes only its owner and digest (and ``follows``): what
+                # the digest covers is in the store.
+                for name in ("messages", "summary", "parent", "prev"):
+                    marker.pop(name, None)
                 stored = True
         if not stored:
             return payload
@@ -242,13 +245,7 @@ class ConversationCodec(PayloadCodec):
             raise PayloadStorageError(f"segment {digest} does not match its messages")
         if (owner, digest) in self._segments:
             return  # written by this process already
-        body = {
-            "parent": segment.parent,
-            "prev": segment.prev,
-            "messages": list(messages),
-            "summary": segment.summary,
-        }
-        data = Payload(metadata={"encoding": JSON}, data=_dumps(body).encode())
+        data = Payload(metadata={"encoding": SEGMENT}, data=_segment_bytes(segment))
         if self.inner is not None:
             [data] = await self.inner.encode([data])
         await self.store.put(owner, digest, data.SerializeToString())
@@ -278,7 +275,12 @@ class ConversationCodec(PayloadCodec):
         async def expanded(marker: dict[str, Any], key: str | None) -> str:
             kind, owner = marker[MARKER], str(marker.get("owner", ""))
             if kind == "segment":
-                texts = (await self._segment(owner, str(marker["digest"]))).messages
+                segment = await self._segment(owner, str(marker["digest"]))
+                texts = segment.messages
+                if marker.get("follows") is True:  # a turn's input, stored by its session
+                    if segment.prev is None:
+                        raise PayloadStorageError(f"segment {segment.digest} follows none")
+                    texts = (await self._segment(owner, segment.prev)).messages + texts
             elif kind == "history":
                 chain = await self._chain(owner, marker.get("head"), "parent")
                 summary = await self._summary(owner, marker.get("summary"))
@@ -360,13 +362,7 @@ class ConversationCodec(PayloadCodec):
         stored.ParseFromString(await self.store.get(owner, digest))
         if self.inner is not None:
             [stored] = await self.inner.decode([stored])
-        body = json.loads(stored.data)
-        segment = _Segment(
-            body.get("parent"),
-            body.get("prev"),
-            tuple(body.get("messages") or ()),
-            body.get("summary"),
-        )
+        segment = _read_segment(stored)
         if segment.digest != digest:
             raise PayloadStorageError(
                 f"stored conversation segment {digest} is damaged: its contents no longer "
@@ -381,6 +377,36 @@ class ConversationCodec(PayloadCodec):
         while self._cached_bytes > CACHE_BYTES and len(self._segments) > 1:
             _, dropped = self._segments.popitem(last=False)
             self._cached_bytes -= dropped.size
+
+
+def _segment_bytes(segment: _Segment) -> bytes:
+    """A segment as stored: a line of JSON with its pointers (``prev`` only where it is not
+    ``parent``) and summary, then each message's JSON on a line of its own, as is. Inside a
+    JSON list they would be strings, every quote in them escaped."""
+    if any("\n" in text for text in segment.messages):
+        # JSON as a model writes it has none; a text that does is not a message.
+        raise PayloadStorageError("a segment's message holds a line break: not a message's JSON")
+    header: dict[str, Any] = {"parent": segment.parent}
+    if segment.prev != segment.parent:
+        header["prev"] = segment.prev
+    if segment.summary is not None:
+        header["summary"] = segment.summary
+    return "\n".join([_dumps(header), *segment.messages]).encode()
+
+
+def _read_segment(stored: Payload) -> _Segment:
+    if stored.metadata.get("encoding") == SEGMENT:
+        header, *texts = stored.data.decode().split("\n")
+        body = json.loads(header)
+        prev = body["prev"] if "prev" in body else body.get("parent")
+        return _Segment(body.get("parent"), prev, tuple(texts), body.get("summary"))
+    body = json.loads(stored.data)  # as segments were first stored: one JSON document
+    return _Segment(
+        body.get("parent"),
+        body.get("prev"),
+        tuple(body.get("messages") or ()),
+        body.get("summary"),
+    )
 
 
 def _marked(payload: Payload) -> bool:

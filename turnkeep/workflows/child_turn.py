@@ -69,7 +69,7 @@ async def start_child(
         id=id,
         task_queue=task_queue,
         result_type=result_type,
-        static_summary=visibility.clip(" ".join(last.text.split())) or None,
+        static_summary=visibility.prompt_summary(last.text) or None,
         # The default, said here because child_turn_result relies on it: a cancelled parent
         # waits for the child to finish its repair, so the repaired conversation is in the
         # child's history.

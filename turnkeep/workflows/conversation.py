@@ -42,7 +42,7 @@ from pydantic import (
     model_validator,
 )
 
-from turnkeep.workflows.messages import Message
+from turnkeep.workflows.messages import Message, message_json
 
 # The key that marks a reference or a segment inside a payload's JSON.
 MARKER = "$turnkeep"
@@ -138,14 +138,19 @@ class ConversationRef(BaseModel):
 
 class Segment(BaseModel):
     """One turn's messages in a session's chain, as their JSON (each message's
-    ``model_dump_json``: what its digest is taken over), and the summary it compacted the
-    conversation to, if it did."""
+    ``message_json``, its unset fields left out: what its digest is taken over), and the
+    summary it compacted the conversation to, if it did."""
 
     owner: str
     parent: str | None
     prev: str | None
     messages: list[str]
     summary: str | None = None
+    # A turn's messages begin with those of the segment its session stored them in when it
+    # started the turn (``input_segment``), which is then this one's ``parent`` and ``prev``:
+    # the turn's messages are that one's, then this one's, and no message is stored twice.
+    # Not part of the content (the pointers are).
+    follows: bool = False
 
     @property
     def digest(self) -> str:
@@ -153,8 +158,8 @@ class Segment(BaseModel):
 
     def marker(self) -> dict[str, Any]:
         """What a payload holds in place of the segment's messages: stored and stripped on the
-        way out, filled in again on the way in."""
-        return {
+        way out, filled in again on the way in (after those of ``prev``, if it ``follows``)."""
+        marker: dict[str, Any] = {
             MARKER: "segment",
             "owner": self.owner,
             "digest": self.digest,
@@ -163,6 +168,47 @@ class Segment(BaseModel):
             "messages": self.messages,
             "summary": self.summary,
         }
+        if self.follows:
+            marker["follows"] = True
+        return marker
+
+
+def input_segment(ref: ConversationRef, messages: Sequence[Message]) -> Segment:
+    """The segment in which a session stores the messages it hands a turn (the turn's input),
+    after the conversation ``ref`` names: the turn's input then records a reference, not the
+    messages, and the turn's own segment goes on from it (``after_turn``)."""
+    return Segment(
+        owner=ref.owner,
+        parent=ref.head,
+        prev=ref.transcript,
+        messages=[message_json(m) for m in messages],
+    )
+
+
+def unexpanded(data: dict[str, Any]) -> dict[str, Any]:
+    """A session's turn input (``session_turns``) as a worker whose data converter stores no
+    segments (payload storage off) receives it, made what it stands for: no codec expanded
+    the first turn's empty history reference, nor stored the segment of its messages, which
+    the marker still holds. Anything else is left for validation to refuse."""
+    update: dict[str, Any] = {}
+    segment, ref = _marker(data.get("messages"), "segment"), data.get("history_ref")
+    if segment is not None and isinstance(segment.get("messages"), list):
+        update["messages"] = [
+            pydantic_core.from_json(text) if isinstance(text, str) else text
+            for text in segment["messages"]
+        ]
+    if (
+        _marker(data.get("history"), "history") is not None
+        and isinstance(ref, dict)
+        and ref.get("head") is None
+        and not ref.get("summary")
+    ):
+        update["history"] = []
+    return {**data, **update} if update else data
+
+
+def _marker(value: Any, kind: Kind) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) and value.get(MARKER) == kind else None
 
 
 def segment_digest(
@@ -180,19 +226,31 @@ def after_turn(
     appended: bool,
     summary: Message | None,
     compacted_upto: int,
+    given: tuple[str, int] | None = None,
 ) -> tuple[ConversationRef, Segment]:
     """The session's conversation after a turn that started from ``ref`` and appended
     ``messages`` (``TurnResult.messages``), and the segment that holds them.
 
     ``appended``: the turn's messages extend the history (it uses history); ``summary`` and
     ``compacted_upto``: a compaction replaced the turn's conversation (``ref``'s history then
-    the turn's messages) before that index with this summary."""
+    the turn's messages) before that index with this summary. ``given``: the digest of the
+    segment in which the session stored the turn's input, and how many of ``messages`` begin
+    with that input: the segment then holds only the messages after them, chained to that one
+    (the conversation and the transcript are the same either way)."""
+    texts = [message_json(m) for m in messages]
+    parent, prev, follows = ref.head, ref.transcript, False
+    if given is not None:
+        digest, count = given
+        if segment_digest(parent, prev, texts[:count]) == digest:
+            parent = prev = digest
+            texts, follows = texts[count:], True
     segment = Segment(
         owner=ref.owner,
-        parent=ref.head,
-        prev=ref.transcript,
-        messages=[m.model_dump_json() for m in messages],
-        summary=summary.model_dump_json() if summary is not None else None,
+        parent=parent,
+        prev=prev,
+        messages=texts,
+        summary=message_json(summary) if summary is not None else None,
+        follows=follows,
     )
     digest = segment.digest
     if summary is not None:

@@ -122,6 +122,9 @@ class TurnState(BaseModel):
     submitted: dict[str, CallToolResult] = Field(default_factory=dict, exclude=True)
     # Where `history` is stored, for a session's turn (`TurnInput.history_ref`).
     history_ref: ConversationRef | None = None
+    # The segment in which the session stored the turn's input (`TurnInput.messages_segment`)
+    # and how many messages of `messages` it holds: set when they begin `messages`.
+    messages_segment: tuple[str, int] | None = None
     # `TurnInput.depth`, and the usage of the agents this turn called as tools, by agent and
     # model (the turn's own model calls are in `usage`).
     depth: int = 0
@@ -163,6 +166,8 @@ class TurnState(BaseModel):
             )
         if plan.use_history and not any(m.tool_results for m in turn.messages):
             state._heal(turn.history)
+        if turn.messages_segment is not None and not state.messages:
+            state.messages_segment = (turn.messages_segment, len(turn.messages))
         state.messages.extend(turn.messages)
         # A tool request at the end of the new messages has nobody to answer it either: left
         # open, the model would be sent (and the next turn inherit) an unanswered call.
@@ -888,6 +893,7 @@ class TurnState(BaseModel):
                 appended=self.plan.use_history,
                 summary=self.summary,
                 compacted_upto=self.compacted_upto,
+                given=self.messages_segment,
             )
         return result
 

@@ -238,12 +238,21 @@ class ModelInputPage(BaseModel):
     total_messages: int
 
 
+def page_end(messages: list[Message], start: int) -> int:
+    """Where the page of ``messages`` that begins at ``start`` ends: at least one message,
+    and no more than ``MODEL_INPUT_PAGE_BYTES`` of them (a query's answer)."""
+    end, size = start, 0
+    while end < len(messages):
+        size += len(messages[end].model_dump_json())
+        if end > start and size > MODEL_INPUT_PAGE_BYTES:
+            break
+        end += 1
+    return end
+
+
 def model_input_page(request: LlmRequest, start: int) -> ModelInputPage:
     """The page of ``request`` that begins at message ``start`` (always at least one)."""
-    end, size = start, 0
-    while end < len(request.messages) and (end == start or size < MODEL_INPUT_PAGE_BYTES):
-        size += len(request.messages[end].model_dump_json())
-        end += 1
+    end = page_end(request.messages, start)
     update: dict[str, Any] = {"messages": request.messages[start:end]}
     if start > 0:
         update["tools"] = []

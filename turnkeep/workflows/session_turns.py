@@ -23,7 +23,7 @@ from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 
 from turnkeep.workflows.approval import AllowRule
-from turnkeep.workflows.conversation import ConversationRef
+from turnkeep.workflows.conversation import ConversationRef, input_segment
 from turnkeep.workflows.messages import Message, message_json
 from turnkeep.workflows.turn_io import HistoryChange, Spent, TurnResult, Usage
 
@@ -68,8 +68,9 @@ class ConversationJson:
         """A ``TurnInput`` for ``agent`` answering ``messages`` after the conversation: by
         reference when it is stored (``ref``; the data converter expands it), else
         ``history`` itself, with the session's active ``rules``. As the payload the converter
-        would write for it."""
-        new = ",".join(message_json(m) for m in messages)
+        would write for it. With a reference, ``messages`` go in a segment to store too (the
+        turn's own goes on from it): inline, they would be recorded twice, in the session's
+        start of the child and in the turn's own start."""
         # A budget per session: what the earlier turns spent (only once a turn said so).
         extra = "" if spent is None else f',"session_spent":{spent.model_dump_json()}'
         # Only when the session has some: the turns of a session without rules are as before.
@@ -79,15 +80,19 @@ class ConversationJson:
             else ""
         )
         if ref is not None:
+            segment = input_segment(ref, messages)
+            new = json.dumps(segment.marker(), separators=(",", ":"))
+            extra += f',"messages_segment":"{segment.digest}"'
             marker = json.dumps(ref.sibling_marker("history_ref"), separators=(",", ":"))
             text = (
-                f'{{"agent":{json.dumps(agent)},"messages":[{new}]{allow},"history":{marker},'
+                f'{{"agent":{json.dumps(agent)},"messages":{new}{allow},"history":{marker},'
                 f'"history_ref":{ref.model_dump_json()}{extra}}}'
             )
         else:
             self._cover(history)
+            new = f"[{','.join(message_json(m) for m in messages)}]"
             text = (
-                f'{{"agent":{json.dumps(agent)},"messages":[{new}]{allow},'
+                f'{{"agent":{json.dumps(agent)},"messages":{new}{allow},'
                 f'"history":[{",".join(self._json)}]{extra}}}'
             )
         return RawValue(Payload(metadata={"encoding": _JSON_ENCODING}, data=text.encode()))

@@ -46,6 +46,7 @@ from turnkeep.workflows.child_turn import start_child, turn_child_result
 from turnkeep.workflows.conversation import ConversationRef
 from turnkeep.workflows.conversation_cache import conversations
 from turnkeep.workflows.messages import Message
+from turnkeep.workflows.model_io import page_end
 from turnkeep.workflows.session_io import (
     SESSION_WORKFLOW_NAME,
     RunningTurn,
@@ -164,7 +165,12 @@ class SessionWorkflow:
             ref = ConversationRef(owner=workflow.info().workflow_id)
         rules = [r for r in state.allow_rules if r.active]
         turn = self._history_json.turn_input(
-            session.agent, state.history, messages, ref, state.spent, rules
+            session.agent,
+            state.history,
+            messages,
+            ref,
+            state.spent,
+            rules,
         )
         while True:
             try:
@@ -340,8 +346,12 @@ class SessionWorkflow:
 
     @workflow.query
     def transcript(self, start: int = 0) -> list[Message]:
-        """Every ended turn's messages from index ``start`` on."""
-        return self._state.transcript[start:]
+        """The ended turns' messages from index ``start`` on, a page of them (about 192 KB, at
+        least one message; none past the end): an answer holding a long conversation whole
+        would be written to payload storage whole, for every reader (``read_transcript``)."""
+        transcript = self._state.transcript
+        start = max(start, 0)
+        return transcript[start : page_end(transcript, start)]
 
     @workflow.query
     def turn_end(self, turn: int) -> int | None:

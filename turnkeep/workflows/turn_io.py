@@ -21,7 +21,13 @@ from temporalio.exceptions import CancelledError
 
 from turnkeep.workflows.approval import AllowRule, DecisionRecord
 from turnkeep.workflows.compact import Compact
-from turnkeep.workflows.conversation import ConversationRef, Messages, Segment, stores
+from turnkeep.workflows.conversation import (
+    ConversationRef,
+    Messages,
+    Segment,
+    stores,
+    unexpanded,
+)
 from turnkeep.workflows.messages import Message, StopReason, compact_message
 
 DEFAULT_MAX_ITERATIONS = 199
@@ -82,6 +88,9 @@ class TurnInput(TurnOverrides):
     # expanded it), and the turn hands its own messages back the same way. Honoured only for
     # a child turn of the session that owns it.
     history_ref: ConversationRef | None = None
+    # Set by a session with `history_ref`: the digest of the segment in which it stored
+    # `messages` (the data converter expanded them), which the turn's own segment follows.
+    messages_segment: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     # How deep in a team of agents this turn is: 0 for a turn a client starts, its parent's + 1
     # for an agent's turn another agent called as a tool. A client setting it only brings the
     # worker's `max_agent_depth` nearer.
@@ -95,6 +104,11 @@ class TurnInput(TurnOverrides):
     # A session's "always allow" rules, handed to each of its turns. Honoured only for a child
     # turn of a session (as `history_ref`): a client cannot hand a turn rules of its own.
     allow_rules: list[AllowRule] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_session(cls, data: Any) -> Any:
+        return unexpanded(data) if isinstance(data, dict) else data
 
     def overrides(self) -> TurnOverrides:
         return TurnOverrides.model_validate(
@@ -121,6 +135,7 @@ _TURN_INPUT_DEFAULTS: dict[str, Any] = {
     **{name: None for name in TurnOverrides.model_fields},
     "history": [],
     "history_ref": None,
+    "messages_segment": None,
     "depth": 0,
     "budget": None,
     "session_spent": None,

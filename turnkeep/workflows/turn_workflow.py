@@ -944,6 +944,12 @@ def _check_owner(turn: TurnInput) -> None:
         )
     ref = turn.history_ref
     if ref is None:
+        if turn.messages_segment is not None:
+            raise ApplicationError(
+                "messages_segment is handed to a turn only by its session, with history_ref",
+                type="InvalidTurnInput",
+                non_retryable=True,
+            )
         return
     if parent is None or parent.workflow_id != ref.owner:
         raise ApplicationError(

@@ -207,6 +207,19 @@ def short_model(model: str) -> str:
     return found.group(1) if found else model
 
 
+# A turn's summary: its prompt on one line, this many characters at most, whoever starts it.
+PROMPT_SUMMARY_CHARS = 120
+
+
+def prompt_summary(text: str) -> str:
+    """The Web UI's one-line summary of a turn: its prompt, shortened (a child turn's is
+    recorded twice, in its parent's history and its own)."""
+    line = " ".join(text.split())
+    if len(line) > PROMPT_SUMMARY_CHARS:
+        line = line[: PROMPT_SUMMARY_CHARS - 1] + "…"
+    return clip(line)
+
+
 def clip(text: str, limit: int = SUMMARY_MAX_JSON_BYTES) -> str:
     """``text``, shortened with an ellipsis until its JSON form fits in ``limit`` bytes."""
     # Each character is at least one byte of JSON, inside two quotes: a text (or prefix) with

@@ -51,7 +51,6 @@ from turnkeep.doors.gateway.sse import EventStream
 from turnkeep.workflows import visibility
 from turnkeep.workflows.approval import PendingCall
 from turnkeep.workflows.messages import Message
-from turnkeep.workflows.session_workflow import SessionWorkflow
 from turnkeep.workflows.turn_io import TurnInput
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
@@ -332,7 +331,7 @@ async def get_session_state(request: Request) -> Response:
     try:
         async with asyncio.timeout(WORKER_SECONDS):
             progress = await session.progress()
-            messages = list(await query_retrying(session.handle, SessionWorkflow.transcript, 0))
+            messages = [m async for m in session.transcript(0, progress.count)]
             turn = progress.turn
             if turn is not None and len(messages) >= turn.start:
                 messages += await query_retrying(
