@@ -291,4 +291,4 @@ async def test_cli_lists_pending_calls_and_approves_one(
         "error: the Temporal server refused the request: workflow execution already completed\n"
     )
     shown = turnkeep("show", turn.workflow_id, temporal=temporal, cwd=tmp_path)
-    assert "approval deny fs__write · call w1 by carol" in shown.stdout, shown.stdout
+    assert "decision: denied call w1 (fs__write) · by carol at " in shown.stdout, shown.stdout
