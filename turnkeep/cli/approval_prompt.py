@@ -1,13 +1,14 @@
-"""Asking the person at the terminal about a turn's tool calls that await approval, for
-``turnkeep run``, ``watch`` and ``chat``.
+"""Asking the person at the terminal about what a turn waits for (tool calls awaiting approval,
+questions, client-side results, a budget), for ``turnkeep run``, ``watch`` and ``chat``.
 
-The command feeds each message it follows to an ``ApprovalPrompter``. From a model's answer with
-tool calls until their results arrive, the prompter asks the turn which calls wait for a
-decision (the ``pending_approvals`` query; a gated call waits inside the turn, so there is no
-message to see). On a terminal it shows each waiting call and asks; the answer goes through the
-``decide`` update, as ``turnkeep approve`` sends it, audited under the local user name. Without
-a terminal (a pipe, CI) it asks nothing: it says how to decide the call, and the command keeps
-following.
+The command feeds each message it follows to an ``ApprovalPrompter``. While the turn runs, the
+prompter asks it which calls wait for a decision (the ``pending_approvals`` query; a gated call
+waits inside the turn, so there is no message to see): often while tool calls are open, at an
+idle pace between them, when only a budget can hold the next model call. On a terminal it
+shows each wait and asks; the answer goes through the ``decide`` update, as ``turnkeep
+approve`` sends it, audited under the local user name. Without a terminal (a pipe, CI) it asks
+nothing: it prints one line saying what waits and the command that decides it
+(``turnkeep.cli.waits``), and the command keeps following.
 
 A call decided elsewhere meanwhile (another terminal, the API) is noticed while the prompt
 waits, and the prompt is dropped; an answer given in the same instant is refused by the
