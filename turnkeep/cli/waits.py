@@ -38,7 +38,9 @@ def describe_wait(turn_id: str, call: PendingCall) -> Wait:
     its child turns says which)."""
     owner = call.turn_id or turn_id
     turn, call_id = shlex.quote(owner), shlex.quote(call.call_id)
-    where = "" if call.turn_id is None else f" in child turn {call.turn_id} (agent {call.agent})"
+    where = (
+        "" if call.turn_id is None else f" in child turn {call.turn_id} (agent {call.agent or '?'})"
+    )
     if call.kind == "budget":
         return Wait(
             "a budget decision",
