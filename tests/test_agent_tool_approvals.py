@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import shlex
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -264,3 +266,43 @@ async def test_a_client_cannot_start_a_turn_deeper_than_the_workers_limit(h: Har
     refusal = failed.value.cause.cause if failed.value.cause else None
     assert isinstance(refusal, ApplicationError) and refusal.type == "AgentDepthExceeded"
     assert "max_agent_depth (5)" in refusal.message
+
+
+async def test_pending_names_each_childs_call_by_its_turn_and_its_command_decides_it(
+    h: Harness, temporal: ServerInfo, tmp_path: Path
+) -> None:
+    """Two children of one turn each number their call `call_1_1`: `pending` lists each in its
+    child turn, with a command naming that turn, and each command decides its own call."""
+    turn = await h.start(f"{ask('ops', DEPLOY)}\n{ask('ops', DEPLOY)}")
+    children = [child_id(turn.workflow_id, 1, call) for call in ("call_1_1", "call_1_2")]
+
+    async def both_listed() -> str | None:
+        out = await asyncio.to_thread(turnkeep, "pending", temporal=temporal, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        return out.stdout if out.stdout.count("call call_1_1 (local__deploy)") == 2 else None
+
+    listed = await eventually(both_listed, "pending lists both children's calls")
+    # Under the parent, once; each call qualified by the child turn it waits in.
+    assert listed.count(f"turn {turn.workflow_id} · agent pmo") == 1
+    for child in children:
+        assert f"\nturn {child} " not in listed  # no heading of its own
+        assert (
+            f"waiting for approval · call call_1_1 (local__deploy) in child turn {child} "
+            "(agent ops) · since "
+        ) in listed
+    commands = re.findall(r"decide with: (.+)", listed)
+    mine = [c for c in commands if turn.workflow_id in c]
+    assert sorted(mine) == sorted(f"turnkeep approve {c} call_1_1 [--deny]" for c in children)
+    # Each command, as printed (without the optional --deny), decides its own child's call.
+    for command in mine:
+        argv = shlex.split(command.removesuffix(" [--deny]"))[1:]
+        done = await asyncio.to_thread(
+            turnkeep, *argv, "--by", "erin", temporal=temporal, cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr
+        assert "approved call call_1_1 (local__deploy)" in done.stdout
+    await turn.result()
+    assert deployed == ["api", "api"]
+    for child in children:
+        [decision] = (await get_turn(h.client, child).result()).decisions
+        assert (decision.call_id, decision.by) == ("call_1_1", "erin")

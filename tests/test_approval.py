@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from google.protobuf.duration_pb2 import Duration
+from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.client import Client, WorkflowUpdateFailedError
 
 from tests.conftest import HarnessFactory, eventually, turnkeep, write_script
@@ -20,6 +23,7 @@ from turnkeep.cli.commands.approvals import AWAITING_QUERY
 from turnkeep.client.turns import TurnHandle
 from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.observability.search_attributes import SetupError, register
 from turnkeep.workflows import visibility
 from turnkeep.workflows.approval import ApprovalPlan, PendingCall
 from turnkeep.workflows.messages import CallToolResult
@@ -291,4 +295,36 @@ async def test_cli_lists_pending_calls_and_approves_one(
         "error: the Temporal server refused the request: workflow execution already completed\n"
     )
     shown = turnkeep("show", turn.workflow_id, temporal=temporal, cwd=tmp_path)
-    assert "approval deny fs__write · call w1 by carol" in shown.stdout, shown.stdout
+    assert "decision: denied call w1 (fs__write) · by carol at " in shown.stdout, shown.stdout
+
+
+async def test_pending_with_nothing_waiting_says_so_for_every_kind_of_wait(
+    client: Client, temporal: ServerInfo, tmp_path: Path
+) -> None:
+    """Approvals are not all that waits (answers, client results and budgets do too): an empty
+    `pending` says that no turn waits, not that none awaits approval. In a namespace of its
+    own, where no other test's turn waits."""
+    namespace = f"empty-{uuid.uuid4().hex[:8]}"
+    await client.workflow_service.register_namespace(
+        RegisterNamespaceRequest(
+            namespace=namespace, workflow_execution_retention_period=Duration(seconds=86400)
+        )
+    )
+
+    async def registered() -> bool:
+        try:
+            await register(await Client.connect(temporal.address, namespace=namespace))
+        except SetupError:
+            return False  # the new namespace is not known everywhere yet
+        return True
+
+    await eventually(registered, "the namespace has turnkeep's search attributes")
+
+    async def listed() -> str | None:
+        out = await asyncio.to_thread(
+            turnkeep, "pending", "--namespace", namespace, temporal=temporal, cwd=tmp_path
+        )
+        return out.stdout if out.returncode == 0 else None
+
+    shown = await eventually(listed, "pending lists the new namespace", within=90)
+    assert shown == "no turn is waiting for a person or a client\n"

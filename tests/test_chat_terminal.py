@@ -246,7 +246,7 @@ async def test_run_without_a_terminal_says_how_to_decide(
             line = (await asyncio.wait_for(proc.stdout.readline(), WAIT)).decode()
             assert line, "run ended without saying the call awaits approval"
             hint = re.search(r"turnkeep approve (\S+) (\S+)", line)
-        assert "awaits approval" in line and "Approve?" not in line
+        assert "waiting for approval: call " in line and "Approve?" not in line
         await get_turn(client, hint.group(1)).decide(hint.group(2), True, by="ci")
         out, err = await asyncio.wait_for(proc.communicate(), WAIT)
     finally:

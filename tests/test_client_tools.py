@@ -372,3 +372,38 @@ async def test_the_terminal_prompt_asks_for_the_result_until_it_fits(
     assert "submitted the result of call p1" in shown
     [decision] = result.decisions
     assert (decision.by, decision.kind) == ("dana", "client_result")
+
+
+async def test_pending_names_submit_for_a_client_side_call_and_that_command_answers_it(
+    client: Client, fake_model: FakeModel, temporal: ServerInfo, tmp_path: Path
+) -> None:
+    """`pending` names `turnkeep submit` for a client-side call (with `--json` for a tool with
+    an output schema, and its fields), never `turnkeep answer`, which would refuse it."""
+    fake_model.script(
+        "app",
+        Reply.tool_calls(("p1", "client__pick_color", {"hint": "warm"})),
+        Reply.text("Red it is."),
+    )
+    async with harness(client, agents=[_agent(fake_model)], fake=fake_model) as h:
+        turn = await h.start("pick a color", agent="app")
+        await eventually(lambda: _waiting(turn, 1), "the client-side call waits")
+        listed = await asyncio.to_thread(turnkeep, "pending", temporal=temporal, cwd=tmp_path)
+        assert listed.returncode == 0, listed.stderr
+        mine = listed.stdout[listed.stdout.index(f"turn {turn.workflow_id}") :].splitlines()
+        assert mine[1].startswith(
+            "  waiting for a client's result · call p1 (client__pick_color) · since "
+        )
+        assert mine[2:5] == [
+            '    arguments: {"hint": "warm"}',
+            "    result fields: color: string",
+            f"    decide with: turnkeep submit {turn.workflow_id} p1 --json '{{...}}'",
+        ]
+        assert not [line for line in mine[:5] if "turnkeep answer" in line]
+        done = await asyncio.to_thread(
+            turnkeep, "submit", turn.workflow_id, "p1", "--json", '{"color": "red"}',
+            temporal=temporal, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        result = await turn.result()
+    assert result.final is not None and result.final.text == "Red it is."
+    assert [(d.call_id, d.kind) for d in result.decisions] == [("p1", "client_result")]

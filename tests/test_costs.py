@@ -7,7 +7,10 @@ the primary's final error and after its 429s past the chain's attempts."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +23,7 @@ from temporalio.service import RPCError
 
 from tests.conftest import HarnessFactory, eventually, make_settings, turn_setup, turnkeep
 from tests.test_approval_durability import still_waiting
+from tests.test_chat_terminal import environment
 from tests.test_durability import Fleet, worker_config
 from tests.test_loop import plan
 from tests.worker_process import WorkerProcesses
@@ -414,3 +418,91 @@ async def test_worker_killed_while_a_turn_waits_at_its_budget(
     assert record_.kind == "budget" and record_.arguments == {"limit": 500}
     assert result.final is not None and result.final.text == "done"
     assert len(fake.requests_for("anthropic")) == 2  # no call repeated, none cut
+
+
+# -- a budget's wait at the command line -----------------------------------------------------
+
+CLI = (sys.executable, "-m", "turnkeep.cli")
+
+
+def passthrough_budget(tmp_path: Path) -> None:
+    """A turnkeep.yaml whose agent's budget (one token) holds its first model call."""
+    config = {
+        "task_queue": f"budget-cli-{uuid.uuid4().hex[:8]}",
+        "agents": {"test": {"model": "passthrough", "budget": {"tokens": 1}}},
+    }
+    (tmp_path / "turnkeep.yaml").write_text(json.dumps(config), encoding="utf-8")
+
+
+async def line_saying(proc: asyncio.subprocess.Process, text: str) -> str:
+    """The first line ``proc`` prints with ``text`` in it."""
+    assert proc.stdout is not None
+    while True:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
+        assert line, f"the command ended without a line saying {text!r}"
+        if text in line:
+            return line.rstrip("\n")
+
+
+BUDGET_LINE = re.compile(
+    r"^waiting for a budget decision: spent 0 tokens of 1 tokens; the next model call's input, "
+    r"about \d+ tokens, would pass it · decide with: turnkeep budget (\S+) --raise N \| --stop$"
+)
+
+
+@pytest.mark.slow  # the command line in subprocesses, each with its worker
+async def test_run_and_chat_without_a_terminal_say_a_budget_waits_and_how_to_decide_it(
+    client: Client, temporal: ServerInfo, tmp_path: Path
+) -> None:
+    passthrough_budget(tmp_path)
+    run = await asyncio.create_subprocess_exec(
+        *CLI, "run", "hello there", "--worker",
+        cwd=tmp_path, env=environment(temporal), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        said = BUDGET_LINE.match(await line_saying(run, "turnkeep budget"))
+        assert said is not None
+        turn_id = said.group(1)
+        # `pending` says the same, in the same words, and names the same command.
+        listed = await asyncio.to_thread(turnkeep, "pending", temporal=temporal, cwd=tmp_path)
+        assert listed.returncode == 0, listed.stderr
+        mine = listed.stdout[listed.stdout.index(f"turn {turn_id}") :]
+        assert mine.splitlines()[1].startswith(
+            "  waiting for a budget decision · spent 0 tokens of 1 tokens; the next model call's"
+        )
+        assert mine.splitlines()[2] == (
+            f"    decide with: turnkeep budget {turn_id} --raise N | --stop"
+        )
+        raised = await asyncio.to_thread(
+            turnkeep, "budget", turn_id, "--raise", "100000", "--by", "ci",
+            temporal=temporal, cwd=tmp_path,
+        )  # fmt: skip
+        assert raised.returncode == 0, raised.stderr
+        out, err = await asyncio.wait_for(run.communicate(), 120)
+    finally:
+        if run.returncode is None:
+            run.kill()
+    assert run.returncode == 0, err.decode()
+    assert "assistant › hello there" in out.decode()
+    # The audit trail, for a person: what became of the budget, who raised it and when.
+    assert "decision: raised the budget from 1 to 100,000 · by ci at " in out.decode()
+
+    chat = await asyncio.create_subprocess_exec(
+        *CLI, "chat", "--agent", "test", "--worker",
+        cwd=tmp_path, env=environment(temporal), stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert chat.stdin is not None
+    chat.stdin.write(b"hello again\n")
+    chat.stdin.close()
+    try:
+        said = BUDGET_LINE.match((await line_saying(chat, "turnkeep budget")).removeprefix("> "))
+        assert said is not None and "/turn-1" in said.group(1)
+        await get_turn(client, said.group(1)).raise_budget(100000, by="ci")
+        out, err = await asyncio.wait_for(chat.communicate(), 120)
+    finally:
+        if chat.returncode is None:
+            chat.kill()
+    assert chat.returncode == 0, err.decode()
+    assert "assistant › hello again" in out.decode()

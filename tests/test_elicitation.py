@@ -328,9 +328,15 @@ async def test_pending_shows_the_question_and_answer_answers_it(
             return turnkeep(*args, temporal=temporal, cwd=tmp_path)
 
         listed = await asyncio.to_thread(cli, "pending")
-        assert f"call {pending.call_id} · shows__book · elicitation" in listed.stdout
-        assert "asks: Who is booking for Hamlet, and how many seats?" in listed.stdout
-        assert "answer with: name: string, seats: integer" in listed.stdout
+        assert (
+            f"waiting for an answer · {pending.call_id} (shows__book) asks: Who is booking for "
+            "Hamlet, and how many seats? · since "
+        ) in listed.stdout
+        assert "answer fields: name: string, seats: integer" in listed.stdout
+        assert (
+            f"decide with: turnkeep answer {turn.workflow_id} {pending.call_id} --json '{{...}}' "
+            "| --decline | --cancel"
+        ) in listed.stdout
         bad = '{"name": "Dee", "seats": "x"}'
         wrong = await asyncio.to_thread(
             cli, "answer", turn.workflow_id, pending.call_id, "--json", bad

@@ -1,13 +1,14 @@
-"""Asking the person at the terminal about a turn's tool calls that await approval, for
-``turnkeep run``, ``watch`` and ``chat``.
+"""Asking the person at the terminal about what a turn waits for (tool calls awaiting approval,
+questions, client-side results, a budget), for ``turnkeep run``, ``watch`` and ``chat``.
 
-The command feeds each message it follows to an ``ApprovalPrompter``. From a model's answer with
-tool calls until their results arrive, the prompter asks the turn which calls wait for a
-decision (the ``pending_approvals`` query; a gated call waits inside the turn, so there is no
-message to see). On a terminal it shows each waiting call and asks; the answer goes through the
-``decide`` update, as ``turnkeep approve`` sends it, audited under the local user name. Without
-a terminal (a pipe, CI) it asks nothing: it says how to decide the call, and the command keeps
-following.
+The command feeds each message it follows to an ``ApprovalPrompter``. While the turn runs, the
+prompter asks it which calls wait for a decision (the ``pending_approvals`` query; a gated call
+waits inside the turn, so there is no message to see): often while tool calls are open, at an
+idle pace between them, when only a budget can hold the next model call. On a terminal it
+shows each wait and asks; the answer goes through the ``decide`` update, as ``turnkeep
+approve`` sends it, audited under the local user name. Without a terminal (a pipe, CI) it asks
+nothing: it prints one line saying what waits and the command that decides it
+(``turnkeep.cli.waits``), and the command keeps following.
 
 A call decided elsewhere meanwhile (another terminal, the API) is noticed while the prompt
 waits, and the prompt is dropped; an answer given in the same instant is refused by the
@@ -35,12 +36,13 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowQueryRejectedError, WorkflowUpdateFailedError
 from temporalio.exceptions import FailureError
 from temporalio.service import RPCError
 
 from turnkeep.cli.console import console
 from turnkeep.cli.render import _visible
+from turnkeep.cli.waits import describe_wait
 from turnkeep.client.sessions import SessionHandle
 from turnkeep.client.turns import TurnHandle, get_turn
 from turnkeep.workflows.approval import PendingCall, RememberScope
@@ -55,6 +57,10 @@ BUDGET_PROMPT = "Raise the budget to (a number; empty: stop the turn): "
 # less often while a long tool runs (one query a second at most).
 _FIRST_POLL = 0.2
 _MAX_POLL = 1.0
+# With no tool call open only a budget can wait (before a model call, hours at a time): asked
+# less often, and not held up long by a worker that is absent (Ctrl-C waits for the query).
+_IDLE_POLL = 2.0
+_IDLE_QUERY_TIMEOUT = timedelta(seconds=2)
 # A query is answered by a worker of the turn's task queue; a busy or absent one must not
 # hold the prompt up for the server's default minute.
 _QUERY_TIMEOUT = timedelta(seconds=10)
@@ -148,6 +154,7 @@ class ApprovalPrompter:
         self._asking: tuple[TurnHandle, PendingCall] | None = None  # the prompt shown
         self._settled = asyncio.Event()  # the call asked about has been answered meanwhile
         self._closing = asyncio.Event()
+        self._poke = asyncio.Event()  # tool calls came: look now
         self._draft: str | None = None  # arguments being edited, not yet a JSON object
         self._task: asyncio.Task[None] | None = None
         # Following a session's turns: "always" may then be for the session.
@@ -173,6 +180,8 @@ class ApprovalPrompter:
         return prompter
 
     async def __aenter__(self) -> ApprovalPrompter:
+        # From the start: a budget can hold the turn's first model call, before any message.
+        self._start()
         return self
 
     async def __aexit__(
@@ -197,7 +206,12 @@ class ApprovalPrompter:
             self._open.update(message.tool_calls)
         if message.tool_results:
             self._open.difference_update(message.tool_results)
-        if self._open and (self._task is None or self._task.done()):
+        if message.tool_calls:
+            self._poke.set()  # calls asked for: look at once, not at the idle pace
+        self._start()
+
+    def _start(self) -> None:
+        if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._watch(), name="turnkeep-approvals")
 
     async def close(self) -> None:
@@ -217,15 +231,23 @@ class ApprovalPrompter:
             await asyncio.wait_for(task, _QUERY_TIMEOUT.total_seconds() * 2)
 
     async def _watch(self) -> None:
-        """While tool calls are open: ask the turn which wait, and deal with each new one."""
+        """While the turn runs: ask it which calls wait, and deal with each new one. Often
+        while tool calls are open (approvals, questions, client results wait on them), at an
+        idle pace otherwise (a budget waits before a model call)."""
         delay = _FIRST_POLL
         handle: TurnHandle | None = None
-        while self._open and not self._closing.is_set():
-            # The turn is looked up once it runs; tool calls do not outlive their turn.
+        while not self._closing.is_set():
+            await self._pause(delay)
+            if self._closing.is_set():
+                return
+            # The turn is looked up once it runs; what waits does not outlive its turn.
             handle = handle or await self._current_turn()
             new: list[PendingCall] = []
             if handle is not None:
-                waiting = await _pending(handle)
+                timeout = _QUERY_TIMEOUT if self._open else _IDLE_QUERY_TIMEOUT
+                waiting = await _pending(handle, timeout)
+                if waiting is None:
+                    return  # the turn has ended: nothing more waits
                 new = [c for c in waiting if _key(handle, c) not in self._handled]
             for call in new:
                 assert handle is not None
@@ -236,9 +258,24 @@ class ApprovalPrompter:
                     await self._ask(handle, call)
                 else:
                     self._tell(handle, call)
-            delay = _FIRST_POLL if new else min(delay * 2, _MAX_POLL)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), delay)
+            ceiling = _MAX_POLL if self._open else _IDLE_POLL
+            delay = _FIRST_POLL if new else min(delay * 2, ceiling)
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or less: until the prompter closes or tool calls come."""
+        if self._poke.is_set():
+            self._poke.clear()
+            return
+        poked = asyncio.ensure_future(self._poke.wait())
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait(
+                {poked, closing}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            poked.cancel()
+            closing.cancel()
+        self._poke.clear()
 
     async def _current_turn(self) -> TurnHandle | None:
         try:
@@ -247,35 +284,8 @@ class ApprovalPrompter:
             return None  # a worker slow to answer the session's query: next round
 
     def _tell(self, handle: TurnHandle, call: PendingCall) -> None:
-        turn = escape(call.turn_id or handle.workflow_id)
-        if call.kind == "budget":
-            self._out.print(
-                f"[yellow]the turn is at its budget ({escape(call.prompt or '')})[/]; decide "
-                f"with: turnkeep budget {escape(call.turn_id or handle.workflow_id)} "
-                "--raise N | --stop"
-            )
-            return
-        if call.kind == "elicitation":
-            self._out.print(
-                f"[yellow]{escape(call.call_id)} ({escape(_visible(call.name))}) asks: "
-                f"{escape(_visible(call.prompt or ''))}[/]; answer with: turnkeep answer "
-                f"{escape(call.turn_id or handle.workflow_id)} {escape(call.call_id)} "
-                "--json '{...}' | --decline | --cancel"
-            )
-            return
-        if call.kind == "client_result":
-            option = "--json '{...}'" if call.requested_schema else "--text ..."
-            self._out.print(
-                f"[yellow]call {escape(call.call_id)} ({escape(_visible(call.name))}) awaits "
-                f"its result{escape(_visible(_in_child(call)))}[/]; submit it with: turnkeep "
-                f"submit {turn} {escape(call.call_id)} {escape(option)}"
-            )
-            return
-        self._out.print(
-            f"[yellow]call {escape(call.call_id)} ({escape(_visible(call.name))}) awaits "
-            f"approval{escape(_visible(_in_child(call)))}[/]; decide with: turnkeep approve "
-            f"{escape(call.turn_id or handle.workflow_id)} {escape(call.call_id)} [--deny]"
-        )
+        line = describe_wait(handle.workflow_id, call).line()
+        self._out.print(Text(_visible(line), style="yellow"), soft_wrap=True)
 
     async def _ask(self, handle: TurnHandle, call: PendingCall) -> None:
         self._show(call)
@@ -613,9 +623,13 @@ def _in_child(call: PendingCall) -> str:
     return f" · agent {call.agent or '?'} (turn {call.turn_id})"
 
 
-async def _pending(handle: TurnHandle) -> list[PendingCall]:
+async def _pending(handle: TurnHandle, rpc_timeout: timedelta) -> list[PendingCall] | None:
+    """What waits in the turn (and its child turns); None once the turn has ended (the server
+    says so without a worker replaying it)."""
     try:
-        return await handle.pending_approvals(rpc_timeout=_QUERY_TIMEOUT)
+        return await handle.pending_approvals(rpc_timeout=rpc_timeout, open_only=True)
+    except WorkflowQueryRejectedError:
+        return None
     except RPCError:
         # No worker answered in time, or the turn has gone: ask again on the next round.
         return []

@@ -21,6 +21,7 @@ from temporalio.client import WorkflowExecutionStatus
 
 from turnkeep.client.history import ActivityOutcome, ActivityTiming, TurnStatus, TurnView
 from turnkeep.client.live import MessageEvent, Restarted, StreamEvent, TextDelta
+from turnkeep.workflows.approval import DecisionRecord
 from turnkeep.workflows.messages import Message, StopReason
 from turnkeep.workflows.turn_io import TurnResult, Usage
 from turnkeep.workflows.visibility import format_usd
@@ -204,13 +205,7 @@ class TurnRenderer:
         if result.rollback:
             self.console.print(f"[bold]history repair:[/] {result.rollback}")
         for d in result.decisions:
-            edit = f" · edited to {json.dumps(d.arguments)}" if d.arguments is not None else ""
-            reason = f": {d.reason}" if d.reason else ""
-            self._line(
-                (f"{d.kind} ", "bold"),
-                _visible(f"{d.decision} {d.tool} · call {d.call_id} by {d.by} at {utc_time(d.at)}")
-                + _visible(reason + edit),
-            )
+            self._line(("decision: ", "bold"), _visible(decision_line(d)))
 
     # -- a turn read from its history (`turnkeep show`) ------------------------------------
 
@@ -278,6 +273,42 @@ class TurnRenderer:
         self.console.print(
             f"[bold]model calls:[/] {len(calls)} in {_duration(total)} [dim]({each})[/]"
         )
+
+
+# What each kind of wait's call is called, and the words for its decisions.
+_DECIDED = {
+    "approval": ("call", "approved", "denied"),
+    "sampling": ("sampling request", "approved", "denied"),
+    "elicitation": ("question", "answered", "declined"),
+    "client_result": ("client-side call", "submitted the result of", "refused"),
+}
+
+
+def decision_line(d: DecisionRecord) -> str:
+    """One decision of the turn's audit trail, as a person reads it: what became of which
+    call (or of the budget), who decided and when, and why."""
+    when = f"by {d.by} at {utc_time(d.at)}"
+    if d.decision == "timeout":
+        when = f"nobody decided in time ({utc_time(d.at)})"
+    reason = f": {d.reason}" if d.reason else ""
+    if d.kind == "budget":
+        if d.approved:
+            before = (d.original_arguments or {}).get("limit")
+            after = (d.arguments or {}).get("limit")
+            return f"raised the budget from {_number(before)} to {_number(after)} · {when}{reason}"
+        return f"stopped at the budget · {when}{reason}"
+    thing, yes, no = _DECIDED.get(d.kind, ("call", "approved", "denied"))
+    verb = yes if d.approved else no
+    line = f"{verb} {thing} {d.call_id} ({d.tool}) · {when}{reason}"
+    if d.arguments is not None:
+        line += f" · with edited arguments {json.dumps(d.arguments, ensure_ascii=False)}"
+    if d.rule is not None and d.remember is not None:
+        line += f" · allowed for the rest of the {d.remember} (rule {d.rule})"
+    return line
+
+
+def _number(value: Any) -> str:
+    return f"{value:,.10g}" if isinstance(value, int | float) else "?"
 
 
 def _took(timing: ActivityTiming) -> str:

@@ -485,10 +485,17 @@ class TurnHandle:
             REVOKE_ALLOW_UPDATE, RevokeAllow(rule_id=rule_id, by=by), result_type=AllowRule
         )
 
-    async def pending_approvals(self, rpc_timeout: timedelta | None = None) -> list[PendingCall]:
-        """The turn's calls waiting for a decision (a worker of its task queue answers)."""
+    async def pending_approvals(
+        self, rpc_timeout: timedelta | None = None, *, open_only: bool = False
+    ) -> list[PendingCall]:
+        """The turn's calls waiting for a decision (a worker of its task queue answers). With
+        ``open_only``, a turn that has ended is refused by the server at once
+        (``WorkflowQueryRejectedError``) rather than replayed on a worker to say nothing waits."""
         return await self.handle.query(
-            PENDING_QUERY, result_type=list[PendingCall], rpc_timeout=rpc_timeout
+            PENDING_QUERY,
+            result_type=list[PendingCall],
+            rpc_timeout=rpc_timeout,
+            reject_condition=QueryRejectCondition.NOT_OPEN if open_only else None,
         )
 
     async def _transcript(self, start: int) -> list[Message]:

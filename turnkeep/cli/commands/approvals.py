@@ -1,7 +1,8 @@
-"""The commands about tool calls awaiting a person's approval or a client's result: ``pending``
-lists them (every turn whose ``TurnkeepStatus`` is ``AwaitingApproval``, with its calls'
-arguments), ``approve`` decides one (``--always`` remembers it), ``submit`` answers a
-client-side tool's call, ``revoke`` revokes an "always allow" rule of a turn or a session."""
+"""The commands about what waits in a turn for a person or a client: ``pending`` lists it
+(every turn whose ``TurnkeepStatus`` is ``AwaitingApproval``, each wait with the command that
+decides it), ``approve`` decides a tool call (``--always`` remembers it), ``answer`` answers an
+MCP server's question, ``submit`` gives a client-side tool's result, ``budget`` raises a budget
+or stops the turn at it, ``revoke`` revokes an "always allow" rule of a turn or a session."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Annotated, Any, Literal
 import typer
 from pydantic import BaseModel
 from rich.markup import escape
+from rich.text import Text
 from temporalio.client import Client
 from temporalio.service import RPCError
 
@@ -21,7 +23,8 @@ from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console, print_json
 from turnkeep.cli.options import Address, ConfigPath, Namespace
 from turnkeep.cli.process import warn_if_unpolled
-from turnkeep.cli.render import utc_time
+from turnkeep.cli.render import _visible, utc_time
+from turnkeep.cli.waits import describe_wait
 from turnkeep.client.sessions import get_session
 from turnkeep.client.turns import TurnHandle, get_turn
 from turnkeep.config.files import find_config, load_settings
@@ -74,7 +77,9 @@ def pending(
     config: ConfigPath = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the turns as JSON.")] = False,
 ) -> None:
-    """List the turns with tool calls awaiting approval, and those calls' arguments."""
+    """List what waits for a person or a client, in every turn: tool calls awaiting approval,
+    questions awaiting an answer, client-side calls awaiting their result, budgets awaiting a
+    decision; each with the command that decides it (approve, answer, submit or budget)."""
     settings = load_settings(config)
     if json_out:
         console.to_stderr()
@@ -88,30 +93,30 @@ def pending(
         print_json(json.dumps([turn.model_dump(mode="json") for turn in turns], indent=2))
         return
     if not turns:
-        console.print("no turn is awaiting approval")
+        console.print("no turn is waiting for a person or a client")
     for turn in turns:
         agent = f" · agent {escape(turn.agent)}" if turn.agent else ""
         console.print(f"[bold]turn[/] {escape(turn.workflow_id)}{agent}")
         if turn.error:
             console.print(f"  [yellow]{escape(turn.error)}[/]")
         for call in turn.calls:
-            kind = {"approval": "", "client_result": " · awaits its result"}.get(
-                call.kind, f" · {call.kind}"
-            )
-            console.print(
-                f"  call {escape(call.call_id)} · {escape(call.name)}{kind} · waiting since "
-                f"{utc_time(call.since)}"
-            )
-            if call.prompt:
-                console.print(f"    asks: {escape(call.prompt)}")
-            if call.requested_schema:
-                fields = ", ".join(_schema_fields(call.requested_schema))
-                console.print(f"    answer with: {escape(fields)} (`turnkeep answer`)")
-            if call.turn_id is not None:
-                console.print(
-                    f"    in child turn {escape(call.turn_id)} · agent {escape(call.agent or '?')}"
-                )
-            console.print(f"    {escape(json.dumps(call.arguments, ensure_ascii=False))}")
+            _print_wait(turn.workflow_id, call)
+
+
+def _print_wait(turn_id: str, call: PendingCall) -> None:
+    """One waiting call as ``pending`` lists it: what it waits for, the call (or what the
+    budget has spent), since when, what it needs, and the command that decides it."""
+    wait = describe_wait(turn_id, call)
+    head = f"  waiting for {wait.kind} · {wait.what}{wait.where} · since {utc_time(call.since)}"
+    console.print(Text(_visible(head)), soft_wrap=True)
+    if call.kind != "budget":
+        arguments = json.dumps(call.arguments, ensure_ascii=False)
+        console.print(Text(_visible(f"    arguments: {arguments}")), soft_wrap=True)
+    if call.requested_schema:
+        fields = ", ".join(_schema_fields(call.requested_schema))
+        said = "answer" if call.kind == "elicitation" else "result"
+        console.print(Text(_visible(f"    {said} fields: {fields}")), soft_wrap=True)
+    console.print(Text(_visible(f"    decide with: {wait.command}")), soft_wrap=True)
 
 
 @app.command()
@@ -280,11 +285,11 @@ def budget(
         turn = get_turn(client, workflow_id)
         who = by or getpass.getuser()
         if raise_to is not None:
-            record = await turn.raise_budget(raise_to, by=who, reason=reason)
+            await turn.raise_budget(raise_to, by=who, reason=reason)
             console.print(f"raised the budget of {escape(workflow_id)} to {raise_to:g}")
         else:
-            record = await turn.stop_at_budget(by=who, reason=reason)
-            console.print(f"stopped {escape(workflow_id)} at its budget ({record.call_id})")
+            await turn.stop_at_budget(by=who, reason=reason)
+            console.print(f"stopped {escape(workflow_id)} at its budget")
 
     asyncio.run(go())
 
