@@ -34,6 +34,7 @@ AGENTS: dict[str, Any] = {
     "editor": {"model": "passthrough"},
     "post": {"type": "chain", "sequence": ["writer", "editor"]},
     "boss": {"model": "passthrough", "agents": ["writer"]},
+    "both": {"type": "parallel", "fan_out": ["writer", "editor"], "fan_in": "writer"},
 }
 
 
@@ -121,6 +122,42 @@ async def test_a_chains_stream_tells_each_step_as_it_starts_and_ends_in_order(h:
     ]
     # The chain's answer comes after the steps that made it.
     assert isinstance(events[-1], MessageEvent) and events[-1].message.text == "draft"
+
+
+async def test_a_parallels_stream_tells_its_branches_then_its_fan_in(h: Harness) -> None:
+    turn = await h.start("draft", agent="both")
+    events = [e async for e in turn.stream_with_children()]
+    told = [
+        (type(e).__name__, e.child.workflow_id.removeprefix(turn.workflow_id))
+        for e in events
+        if isinstance(e, ChildStarted | ChildEnded)
+    ]
+    # Both branches start before either ends (they run at once); the fan-in comes last.
+    assert told[:2] == [("ChildStarted", "/1/0-writer"), ("ChildStarted", "/1/1-editor")]
+    assert sorted(told[2:4]) == [("ChildEnded", "/1/0-writer"), ("ChildEnded", "/1/1-editor")]
+    assert told[4:] == [("ChildStarted", "/2/writer"), ("ChildEnded", "/2/writer")]
+    assert all(e.child.call_id is None for e in events if isinstance(e, ChildStarted))
+
+
+async def test_an_agent_called_as_a_tool_is_told_after_the_call_and_before_its_result(
+    h: Harness,
+) -> None:
+    ask = f"***CALL_TOOL agent__writer {json.dumps({'message': 'a haiku'})}"
+    turn = await h.start(ask, agent="boss")
+    events = [e async for e in turn.stream_with_children(include_tool_results=True)]
+    kinds = [
+        "call"
+        if isinstance(e, MessageEvent) and e.message.tool_calls
+        else "result"
+        if isinstance(e, MessageEvent) and e.message.tool_results
+        else type(e).__name__
+        for e in events
+    ]
+    assert kinds[:4] == ["call", "ChildStarted", "ChildEnded", "result"]
+    [call_id] = events[0].message.tool_calls or {}  # type: ignore[union-attr]
+    started = events[1]
+    assert isinstance(started, ChildStarted)
+    assert (started.child.agent, started.child.call_id) == ("writer", call_id)
 
 
 async def test_run_of_a_chain_prints_each_step_when_piped(

@@ -151,9 +151,8 @@ class TurnRenderer:
     def child(self, child: ChildTurn, *, started: bool = False) -> None:
         """A child turn on one line: which agent, for which step or call, how it stands (or
         that it has just started), and its id, to show or watch it by."""
-        call_id = child.call_id or (child.name if child.name in self._tool_names else None)
-        if call_id is not None:
-            where = f"call {call_id}"
+        if child.call_id is not None:
+            where = f"call {child.call_id}"
         elif child.step is not None:
             where = f"step {child.step}"
         else:
@@ -288,8 +287,10 @@ class TurnRenderer:
                     self.child(child)
                 steps = []
             self.message(message)
-        for child in steps:  # a team still at its steps
+        # A team still at its steps; and any child whose call the conversation lacks.
+        for child in [*steps, *(c for cs in self._children.values() for c in cs)]:
             self.child(child)
+        self._children = {}
         if view.failure:
             self.console.print(f"[bold red]{view.status}:[/] {escape(view.failure)}")
         for timing in view.in_flight:

@@ -27,6 +27,7 @@ from temporalio.converter import DataConverter, WorkflowSerializationContext
 
 from turnkeep.client.live import MessageEvent, StreamEvent, TextDelta, follow_live
 from turnkeep.client.status import TurnStatus, event_time, failure_of, ms_between
+from turnkeep.workflows.agent_tools import CALL_ID_CHARS
 from turnkeep.workflows.messages import StopReason
 from turnkeep.workflows.turn_io import WORKFLOW_NAME, Usage
 
@@ -130,6 +131,8 @@ class ChildTracker:
                 return None  # not a turn: nothing of ours
             child = self._new(attributes.workflow_id, event_time(event.event_time))
             child.agent = await self._agent(child.workflow_id, attributes.input)
+            if child.step is not None and not _is_step(child.name, child.agent):
+                child.call_id = child.name  # (its first 100 characters: ``child_id``)
             self._children[event.event_id] = child
             return ChildStarted(child=child.model_copy())
         if kind == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED:
@@ -190,6 +193,13 @@ class ChildTracker:
             namespace=self._client.namespace, workflow_id=workflow_id
         )
         return self._client.data_converter.with_context(context)
+
+
+def _is_step(name: str, agent: str | None) -> bool:
+    """Whether a child's name is a team step's (its agent, or ``<index>-<agent>``) rather
+    than the id of a tool call that asked for an agent."""
+    index, _, rest = name.partition("-")
+    return name == agent or (index.isdigit() and rest == agent)
 
 
 def _closing(event: HistoryEvent) -> tuple[int, Payloads | None, Failure | None]:
@@ -313,7 +323,9 @@ async def with_children(
 ) -> AsyncIterator[TurnEvent]:
     """``events`` (a turn's stream), with its child turns' starts, ends and live text in
     between. A message waits until the turn's history has been read as far as it (at most
-    ``CATCH_UP_SECONDS``), so the steps that led to it come first."""
+    ``CATCH_UP_SECONDS``), so the steps that led to it come first; and a child that answers a
+    tool call waits for the message with the call, which the turn's history records in the
+    same workflow task as the child's start."""
     queue: asyncio.Queue[TurnEvent | BaseException | None] = asyncio.Queue()
     follower = ChildFollower(client, handle, queue.put_nowait)
 
@@ -331,12 +343,53 @@ async def with_children(
         queue.put_nowait(None)
 
     tasks = [asyncio.ensure_future(pump()), asyncio.ensure_future(follower.run())]
+    calls = _CallOrder()
     try:
         while (event := await queue.get()) is not None:
             if isinstance(event, BaseException):
                 raise event
-            yield event
+            for ready in calls.order(event):
+                yield ready
+        for ready in calls.rest():
+            yield ready
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.wait(tasks, timeout=5)
+
+
+class _CallOrder:
+    """Holds back the events of a child that answers a tool call until the message with the
+    call has come."""
+
+    def __init__(self) -> None:
+        self._calls: set[str] = set()  # the tool calls seen, as a child's id holds them
+        self._waiting: dict[str, str] = {}  # child id -> the call it waits for
+        self._held: list[TurnEvent] = []
+
+    def order(self, event: TurnEvent) -> list[TurnEvent]:
+        if isinstance(event, MessageEvent):
+            self._calls.update(c[:CALL_ID_CHARS] for c in event.message.tool_calls or {})
+            self._waiting = {k: c for k, c in self._waiting.items() if c not in self._calls}
+            ready: list[TurnEvent] = [event]
+            ready += [e for e in self._held if _child_of(e) not in self._waiting]
+            self._held = [e for e in self._held if _child_of(e) in self._waiting]
+            return ready
+        if isinstance(event, ChildStarted):
+            call = event.child.call_id
+            if call is not None and call not in self._calls:
+                self._waiting[event.child.workflow_id] = call
+        if _child_of(event) in self._waiting:
+            self._held.append(event)
+            return []
+        return [event]
+
+    def rest(self) -> list[TurnEvent]:
+        held, self._held = self._held, []
+        return held
+
+
+def _child_of(event: TurnEvent) -> str | None:
+    if isinstance(event, ChildStarted | ChildEnded):
+        return event.child.workflow_id
+    return event.workflow_id if isinstance(event, ChildText) else None

@@ -179,15 +179,15 @@ async def view_histories(client: Client, histories: Sequence[WorkflowHistory]) -
 
 
 def _link_calls(view: TurnView) -> None:
-    """Which of the turn's tool calls each child turn answers (an agent called as a tool):
-    the child's id ends with the call's id."""
+    """The whole id of the tool call each agent called as a tool answers (a child's id holds
+    only the start of a long one)."""
     if view.result is None:
         return
     calls = [c for m in view.result.messages for c in (m.tool_calls or {})]
     for child in view.children:
-        if child.step is not None:
+        if child.step is not None and child.call_id is not None:
             ids = {child_id(view.workflow_id, child.step, c): c for c in calls}
-            child.call_id = ids.get(child.workflow_id)
+            child.call_id = ids.get(child.workflow_id, child.call_id)
 
 
 # -- fetching -------------------------------------------------------------------------------
