@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,13 +18,14 @@ import pytest
 from rich.console import Console
 from temporalio.client import Client
 
-from tests.conftest import Harness, make_settings, turnkeep
+from tests.conftest import Harness, HarnessFactory, make_settings, turnkeep
 from turnkeep.cli.render import TurnRenderer
 from turnkeep.client.children import ChildEnded, ChildStarted, ChildText, ChildTurn, TurnEvent
 from turnkeep.client.live import MessageEvent
 from turnkeep.client.status import TurnStatus
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing import harness as worker_harness
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.agent_tools import child_id
 from turnkeep.workflows.messages import Message
 
@@ -180,6 +182,40 @@ async def test_run_of_a_chain_prints_each_step_when_piped(
     ]
     assert f"turn {child_id(turn_id, 1, 'writer')}" in steps[0]
     assert lines.index(steps[-1]) < lines.index("assistant › draft")
+
+
+async def test_a_steps_live_text_comes_between_its_start_and_end(
+    fake: FakeModelApi, harness: HarnessFactory
+) -> None:
+    held = threading.Event()
+    model = {"model": "openai.test-model"}
+    try:
+        # The first step's last chunk waits until its text has been seen: it is live.
+        fake.script(
+            Reply.text("Once upon a time.", hold=held), Reply.text("The end."), api="openai"
+        )
+        config = {
+            "openai": {"api_key": "sk-team-view", "base_url": fake.base_url_openai},
+            "streaming": {"listen": "127.0.0.1:0"},
+            "agents": {**AGENTS, "writer": model, "editor": model},
+        }
+        async with harness(**config) as h:
+            turn = await h.start("draft", agent="post")
+            events: list[TurnEvent] = []
+            async for event in turn.stream_with_children():
+                events.append(event)
+                if isinstance(event, ChildText):
+                    held.set()
+    finally:
+        held.set()
+    first = child_id(turn.workflow_id, 1, "writer")
+    said = [e for e in events if isinstance(e, ChildText)]
+    assert "".join(e.text for e in said if e.workflow_id == first) == "Once upon a time."
+    assert {e.agent for e in said} <= {"writer", "editor"}
+    started = next(i for i, e in enumerate(events) if isinstance(e, ChildStarted))
+    ended = next(i for i, e in enumerate(events) if isinstance(e, ChildEnded))
+    assert started < events.index(said[0]) < ended
+    assert isinstance(events[-1], MessageEvent) and events[-1].message.text == "The end."
 
 
 async def test_the_cli_prints_a_childs_live_text_on_a_line_of_its_own() -> None:
