@@ -244,3 +244,6 @@ async def test_the_cli_prints_a_childs_live_text_on_a_line_of_its_own() -> None:
         "  ↳ writer · step 1 · completed · 1.50 s · turn t/1/writer",
         "assistant › The end.",
     ]
+    # As `show` lists one still running: for how long so far.
+    renderer.child(child)
+    assert console.export_text().splitlines()[-1].startswith("  ↳ writer · step 1 · running · for ")

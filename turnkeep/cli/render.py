@@ -116,7 +116,7 @@ class TurnRenderer:
             return
         self._end_child_line()
         if isinstance(event, ChildStarted | ChildEnded):
-            if self._live_text:  # a parent's live text is never cut by its children: kept
+            if self._live_text:  # ends the turn's own live line, which a child does not share
                 self.console.print()
                 self._live_text = ""
             self.child(event.child, started=isinstance(event, ChildStarted))
@@ -164,6 +164,8 @@ class TurnRenderer:
             parts.append(str(child.status).replace("_", " "))
             if child.took_ms is not None:
                 parts.append(_duration(child.took_ms))
+            elif child.status == TurnStatus.RUNNING:
+                parts.append(f"for {_since(child.started_at, datetime.now(UTC))}")
             if child.stop_reason not in (None, StopReason.END_TURN, StopReason.TOOL_USE):
                 parts.append(f"stop: {child.stop_reason}")
         parts.append(f"turn {_visible(child.workflow_id)}")
