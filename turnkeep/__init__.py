@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from turnkeep.activities.hooks import Hook
+    from turnkeep.client.children import ChildEnded, ChildStarted, ChildText, ChildTurn
     from turnkeep.client.connection import connect
     from turnkeep.client.live import (
         MessageEvent,
@@ -66,6 +67,10 @@ _EXPORTS = {
     "get_session": "turnkeep.client.sessions",
     "open_session": "turnkeep.client.sessions",
     "MessageEvent": "turnkeep.client.live",
+    "ChildStarted": "turnkeep.client.children",
+    "ChildEnded": "turnkeep.client.children",
+    "ChildText": "turnkeep.client.children",
+    "ChildTurn": "turnkeep.client.children",
     "Restarted": "turnkeep.client.live",
     "StreamEvent": "turnkeep.client.live",
     "TextDelta": "turnkeep.client.live",
@@ -94,6 +99,10 @@ __all__ = [
     "Approval",
     "ApprovalPolicy",
     "ApprovalRequest",
+    "ChildEnded",
+    "ChildStarted",
+    "ChildText",
+    "ChildTurn",
     "ClientTool",
     "Hook",
     "HookChange",

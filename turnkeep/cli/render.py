@@ -19,8 +19,9 @@ from rich.markup import escape
 from rich.text import Text
 from temporalio.client import WorkflowExecutionStatus
 
+from turnkeep.client.children import ChildEnded, ChildStarted, ChildText, ChildTurn, TurnEvent
 from turnkeep.client.history import ActivityOutcome, ActivityTiming, TurnStatus, TurnView
-from turnkeep.client.live import MessageEvent, Restarted, StreamEvent, TextDelta
+from turnkeep.client.live import MessageEvent, Restarted, TextDelta
 from turnkeep.workflows.approval import DecisionRecord
 from turnkeep.workflows.messages import Message, StopReason
 from turnkeep.workflows.turn_io import TurnResult, Usage
@@ -102,11 +103,25 @@ class TurnRenderer:
         # The live text printed of the model call in progress (``live``), so its completed
         # message does not print it again.
         self._live_text = ""
+        # The child turn whose live text the current line holds, if one does.
+        self._child_line: str | None = None
+        # call id -> the child turns that answered it, when rendering a turn's history
+        self._children: dict[str, list[ChildTurn]] = {}
 
-    def live(self, event: StreamEvent) -> None:
-        """An event of ``TurnHandle.stream()``: live text is printed as it comes, on one
-        line that the completed message then ends."""
-        if isinstance(event, MessageEvent):
+    def live(self, event: TurnEvent) -> None:
+        """An event of ``TurnHandle.stream()`` (or ``stream_with_children()``): live text is
+        printed as it comes, on one line that the completed message then ends; a child turn's
+        start and end on a line each, and its live text on a line of its own."""
+        if isinstance(event, ChildText):
+            self._child_text(event)
+            return
+        self._end_child_line()
+        if isinstance(event, ChildStarted | ChildEnded):
+            if self._live_text:  # ends the turn's own live line, which a child does not share
+                self.console.print()
+                self._live_text = ""
+            self.child(event.child, started=isinstance(event, ChildStarted))
+        elif isinstance(event, MessageEvent):
             self.message(event.message)
         elif isinstance(event, TextDelta):
             if not self._live_text:
@@ -118,6 +133,49 @@ class TurnRenderer:
                 self.console.print()
             self._live_text = ""
             self._line((f"[model call restarted: attempt {event.attempt}]", "yellow"))
+
+    def _child_text(self, event: ChildText) -> None:
+        if self._child_line != event.workflow_id:
+            self._end_child_line()
+            if self._live_text:
+                self.console.print()
+                self._live_text = ""
+            self.console.print(Text(f"    {_visible(event.agent or '?')} › ", "green"), end="")
+            self._child_line = event.workflow_id
+        self.console.print(Text(_visible(event.text)), end="", soft_wrap=True)
+
+    def _end_child_line(self) -> None:
+        if self._child_line is not None:
+            self.console.print()
+            self._child_line = None
+
+    def child(self, child: ChildTurn, *, started: bool = False) -> None:
+        """A child turn on one line: which agent, for which step or call, how it stands (or
+        that it has just started), and its id, to show or watch it by."""
+        if child.call_id is not None:
+            where = f"call {child.call_id}"
+        elif child.step is not None:
+            where = f"step {child.step}"
+        else:
+            where = "child turn"
+        parts = [_visible(child.agent or "?"), _visible(where)]
+        if started:
+            parts.append("started")
+        else:
+            parts.append(str(child.status).replace("_", " "))
+            if child.took_ms is not None:
+                parts.append(_duration(child.took_ms))
+            elif child.status == TurnStatus.RUNNING:
+                parts.append(f"for {_since(child.started_at, datetime.now(UTC))}")
+            if child.stop_reason not in (None, StopReason.END_TURN, StopReason.TOOL_USE):
+                parts.append(f"stop: {child.stop_reason}")
+        parts.append(f"turn {_visible(child.workflow_id)}")
+        if child.usage:
+            parts.append(f"usage: {usage_text(child.usage)}")
+        style = "red" if child.status in _FAILED else "dim"
+        self._line(("  ↳ ", "cyan"), (" · ".join(parts), style))
+        if child.failure:
+            self._line(("    error: ", "red"), (self._content(child.failure, 200), "red"))
 
     def message(self, message: Message) -> None:
         if message.role == "assistant":
@@ -145,6 +203,8 @@ class TurnRenderer:
                 ") ",
                 (_visible(call_id), "dim"),
             )
+            for child in self._children.pop(call_id, []):
+                self.child(child)
         error = (message.channels or {}).get("error")
         if error:
             text = Message(role="user", content=error).text
@@ -187,14 +247,7 @@ class TurnRenderer:
         self.console.print(Text.assemble(*parts), soft_wrap=True)
 
     def summary(self, result: TurnResult, *, running: bool = False) -> None:
-        usage = ", ".join(
-            f"{model}: {u.input_tokens} in / {u.output_tokens} out ({plural(u.calls, 'call')}, "
-            f"{format_usd(u.cost_usd)})"
-            for model, u in result.usage.items()
-        )
-        if len(result.usage) > 1:
-            total = sum(result.usage.values(), Usage())
-            usage += f" · cost: {format_usd(total.cost_usd)}"
+        usage = usage_text(result.usage)
         # A running turn has no stop reason yet (its result holds only a default).
         ended = (
             "[bold]still running[/]" if running else f"[bold]stop reason:[/] {result.stop_reason}"
@@ -214,12 +267,27 @@ class TurnRenderer:
         timings, and how the turn ended (or why it could not run)."""
         now = datetime.now(UTC)
         self._tool_timings = {t.call_id: t for t in view.activities if t.call_id is not None}
+        self._children = {}
+        steps = []  # a team's steps, shown before its answer
+        for child in view.children:
+            if child.call_id is None:
+                steps.append(child)
+            else:
+                self._children.setdefault(child.call_id, []).append(child)
         self._header(view, now)
         for warning in view.warnings:
             self.console.print(f"[yellow]warning:[/] {escape(warning)}")
         # Before its loop started a turn has only its input to show.
         for message in view.result.messages if view.result is not None else view.prompt:
+            if message.role == "assistant" and steps:
+                for child in steps:
+                    self.child(child)
+                steps = []
             self.message(message)
+        # A team still at its steps; and any child whose call the conversation lacks.
+        for child in [*steps, *(c for cs in self._children.values() for c in cs)]:
+            self.child(child)
+        self._children = {}
         if view.failure:
             self.console.print(f"[bold red]{view.status}:[/] {escape(view.failure)}")
         for timing in view.in_flight:
@@ -309,6 +377,22 @@ def decision_line(d: DecisionRecord) -> str:
 
 def _number(value: Any) -> str:
     return f"{value:,.10g}" if isinstance(value, int | float) else "?"
+
+
+_FAILED = (TurnStatus.FAILED, TurnStatus.TERMINATED, TurnStatus.TIMED_OUT)
+
+
+def usage_text(usage: dict[str, Usage]) -> str:
+    """A turn's usage per model, with the total cost when there are several models."""
+    text = ", ".join(
+        f"{model}: {u.input_tokens} in / {u.output_tokens} out ({plural(u.calls, 'call')}, "
+        f"{format_usd(u.cost_usd)})"
+        for model, u in usage.items()
+    )
+    if len(usage) > 1:
+        total = sum(usage.values(), Usage())
+        text += f" · cost: {format_usd(total.cost_usd)}"
+    return text
 
 
 def _took(timing: ActivityTiming) -> str:

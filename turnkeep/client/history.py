@@ -18,11 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, Field, ValidationError
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType, PendingActivityState
@@ -38,7 +37,6 @@ from temporalio.converter import (
     StorageDriverStoreContext,
     WorkflowSerializationContext,
 )
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 from temporalio.plugin import SimplePlugin
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import (
@@ -53,9 +51,12 @@ from temporalio.worker import (
     WorkflowRunner,
 )
 
+from turnkeep.client.children import ChildTurn, read_children
+from turnkeep.client.status import TurnStatus, event_time, failure_of, ms_between
+from turnkeep.client.status import describe_failure as describe_failure  # where callers look
 from turnkeep.worker.replay import replay_plugin
-from turnkeep.workflows.actions import failure_text
 from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
+from turnkeep.workflows.agent_tools import child_id
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.messages import Message, StopReason
 from turnkeep.workflows.turn_io import TurnInput, TurnResult
@@ -64,15 +65,6 @@ from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
 class TurnHistoryError(Exception):
     """The workflow id names no turn whose history can be read."""
-
-
-class TurnStatus(StrEnum):
-    RUNNING = "running"
-    COMPLETED = "completed"
-    CANCELLED = "cancelled"
-    FAILED = "failed"
-    TERMINATED = "terminated"
-    TIMED_OUT = "timed_out"
 
 
 class ActivityOutcome(StrEnum):
@@ -144,6 +136,8 @@ class TurnView(BaseModel):
     failure: str | None = None  # why the run failed, or who terminated it
     activities: list[ActivityTiming] = Field(default_factory=list)
     runs: list[RunInfo] = Field(default_factory=list)
+    # The child turns it started (its team's steps, the agents it called as tools), in order.
+    children: list[ChildTurn] = Field(default_factory=list)
     # Anything that makes the view less than exact (a history the code could not replay).
     warnings: list[str] = Field(default_factory=list)
 
@@ -169,17 +163,31 @@ async def view_histories(client: Client, histories: Sequence[WorkflowHistory]) -
         workflow_id=latest.workflow_id,
         run_id=latest.run_id,
         status=_status(latest.events[-1]),
-        started_at=_time(histories[0].events[0].event_time),
+        started_at=event_time(histories[0].events[0].event_time),
         closed_at=_closed_at(latest),
         runs=[_run_info(history) for history in histories],
     )
     for history in histories:
         view.activities.extend(await _activities(client, history))
+        view.children.extend(await read_children(client, history.workflow_id, history.events))
     if view.status == TurnStatus.RUNNING:
         await _add_pending(client, view)
     view.failure = await _failure(client, latest)
     await _add_state(client, view, latest)
+    _link_calls(view)
     return view
+
+
+def _link_calls(view: TurnView) -> None:
+    """The whole id of the tool call each agent called as a tool answers (a child's id holds
+    only the start of a long one)."""
+    if view.result is None:
+        return
+    calls = [c for m in view.result.messages for c in (m.tool_calls or {})]
+    for child in view.children:
+        if child.step is not None and child.call_id is not None:
+            ids = {child_id(view.workflow_id, child.step, c): c for c in calls}
+            child.call_id = ids.get(child.workflow_id, child.call_id)
 
 
 # -- fetching -------------------------------------------------------------------------------
@@ -407,24 +415,16 @@ def _closes(event: HistoryEvent) -> bool:
 
 def _closed_at(history: WorkflowHistory) -> datetime | None:
     last = history.events[-1]
-    return _time(last.event_time) if _closes(last) else None
+    return event_time(last.event_time) if _closes(last) else None
 
 
 def _run_info(history: WorkflowHistory) -> RunInfo:
     return RunInfo(
         run_id=history.run_id,
-        started_at=_time(history.events[0].event_time),
+        started_at=event_time(history.events[0].event_time),
         closed_at=_closed_at(history),
         events=len(history.events),
     )
-
-
-def _time(stamp: Timestamp) -> datetime:
-    return stamp.ToDatetime(tzinfo=UTC)
-
-
-def _ms(start: datetime | None, end: datetime | None) -> float | None:
-    return round((end - start).total_seconds() * 1000, 3) if start and end else None
 
 
 async def _failure(client: Client, history: WorkflowHistory) -> str | None:
@@ -432,7 +432,7 @@ async def _failure(client: Client, history: WorkflowHistory) -> str | None:
     last = history.events[-1]
     if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
         failure = last.workflow_execution_failed_event_attributes.failure
-        return await _failure_text(_workflow_converter(client, history.workflow_id), failure)
+        return await failure_of(_workflow_converter(client, history.workflow_id), failure)
     if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
         attributes = last.workflow_execution_terminated_event_attributes
         by = f" (by {attributes.identity})" if attributes.identity else ""
@@ -440,22 +440,6 @@ async def _failure(client: Client, history: WorkflowHistory) -> str | None:
     if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT:
         return "the run timed out (its workflow execution or run timeout passed)"
     return None
-
-
-async def _failure_text(converter: DataConverter, failure: Failure) -> str:
-    copy = Failure()
-    copy.CopyFrom(failure)  # decoding works in place; the history stays as fetched
-    return describe_failure(await converter.decode_failure(copy))
-
-
-def describe_failure(error: BaseException) -> str:
-    """A decoded failure in its own words: an activity's error without its wrapper, an
-    application error with its type."""
-    if isinstance(error, ActivityError):
-        return failure_text(error)
-    if isinstance(error, ApplicationError) and error.type:
-        return f"{error.type}: {error.message}"
-    return error.message if isinstance(error, FailureError) else str(error)
 
 
 # -- activities -----------------------------------------------------------------------------
@@ -466,7 +450,7 @@ async def _activities(client: Client, history: WorkflowHistory) -> list[Activity
     timings: dict[int, ActivityTiming] = {}  # by the scheduled event's id
     for event in history.events:
         kind = event.event_type
-        at = _time(event.event_time)
+        at = event_time(event.event_time)
         if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attributes = event.activity_task_scheduled_event_attributes
             timing = ActivityTiming(
@@ -495,7 +479,7 @@ async def _activities(client: Client, history: WorkflowHistory) -> list[Activity
             _close(timing, outcome, at)
             if failure is not None and failure.ByteSize():
                 converter = _activity_converter(client, history.workflow_id, timing)
-                timing.failure = await _failure_text(converter, failure)
+                timing.failure = await failure_of(converter, failure)
     run_closed = _closed_at(history)
     for timing in timings.values():
         if run_closed is not None and timing.closed_at is None:
@@ -508,8 +492,8 @@ def _close(timing: ActivityTiming, outcome: ActivityOutcome, at: datetime) -> No
         return  # a cancel confirmed after its request: for the turn it ended at the request
     timing.outcome = outcome
     timing.closed_at = at
-    timing.total_ms = _ms(timing.scheduled_at, at)
-    timing.last_attempt_ms = _ms(timing.started_at, at)
+    timing.total_ms = ms_between(timing.scheduled_at, at)
+    timing.last_attempt_ms = ms_between(timing.started_at, at)
 
 
 def _activity_close(event: HistoryEvent) -> tuple[ActivityOutcome, int, Failure | None] | None:
@@ -597,7 +581,7 @@ async def _add_pending(client: Client, view: TurnView) -> None:
         waiting = info.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED
         timing.outcome = ActivityOutcome.SCHEDULED if waiting else ActivityOutcome.RUNNING
         if info.HasField("last_started_time"):
-            timing.started_at = _time(info.last_started_time)
+            timing.started_at = event_time(info.last_started_time)
         if info.HasField("last_failure"):
             converter = _activity_converter(client, view.workflow_id, timing)
-            timing.failure = await _failure_text(converter, info.last_failure)
+            timing.failure = await failure_of(converter, info.last_failure)

@@ -29,6 +29,7 @@ from temporalio.common import QueryRejectCondition
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
+from turnkeep.client.children import TurnEvent, with_children
 from turnkeep.client.history import read_turn
 from turnkeep.client.live import StreamEvent, stream_turn
 from turnkeep.observability.search_attributes import present_search_attributes
@@ -317,6 +318,16 @@ class TurnHandle:
             start, include_tool_results=include_tool_results, every=every, to_the_end=to_the_end
         )
         return stream_turn(self.client, self.handle, messages)
+
+    def stream_with_children(
+        self, start: int = 0, *, include_tool_results: bool = False
+    ) -> AsyncIterator[TurnEvent]:
+        """``stream()``, with each child turn the turn starts (a team's step, an agent called
+        as a tool) as it starts and ends (``ChildStarted``, ``ChildEnded``), and its live text
+        while it runs (``ChildText``, when its worker streams). They come from the turn's
+        history, read as it grows (``turnkeep.client.children``): no query, no worker."""
+        events = self.stream(start, include_tool_results=include_tool_results)
+        return with_children(self.client, self.handle, events)
 
     async def result(self) -> TurnResult:
         """The turn's result; raises ``TurnCancelledError`` (with the repaired conversation)

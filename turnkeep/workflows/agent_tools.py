@@ -31,7 +31,7 @@ BUDGET_EXHAUSTED = (
     "no final content. Return a best-effort answer or retry with a larger budget."
 )
 # Room in a workflow id for the parent's id and the step: Temporal allows 1,000 bytes.
-_CALL_ID_CHARS = 100
+CALL_ID_CHARS = 100
 
 
 class AgentCall(NamedTuple):
@@ -52,7 +52,7 @@ def agent_message(arguments: dict[str, Any]) -> str:
 def child_id(parent_id: str, step: int, call_id: str) -> str:
     """The child turn's workflow id: the parent's, then the model call that asked and the call
     id, so an operator finds the child from the call and each call gets a turn of its own."""
-    return f"{parent_id}/{step}/{call_id[:_CALL_ID_CHARS]}"
+    return f"{parent_id}/{step}/{call_id[:CALL_ID_CHARS]}"
 
 
 async def call_agent(call: ToolCallRequest, tool: AgentTool, *, id: str, depth: int) -> AgentCall:

@@ -161,7 +161,7 @@ async def _stream(
     beside = asyncio.ensure_future(also) if also is not None else None
     try:
         async with ApprovalPrompter.for_turn(handle) as approvals:
-            async for event in handle.stream(start, include_tool_results=True):
+            async for event in handle.stream_with_children(start, include_tool_results=True):
                 if beside is not None:
                     beside.cancel()  # the turn runs: a worker took it
                 if isinstance(event, MessageEvent):
