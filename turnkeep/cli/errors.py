@@ -77,6 +77,11 @@ def report(err: Exception, *, debug: bool) -> int:
     if debug:
         traceback.print_exception(err)
     known = isinstance(err, _USER_ERRORS)
+    if isinstance(err, ConfigError):
+        # A config wrong in several places: one line for each, so all are fixed in one go.
+        for problem in err.problems:
+            print_error(problem)
+        return 2
     line = error_text(err) if known else f"{type(err).__name__}: {err}"
     hint = "" if known or debug else " (turnkeep --debug … shows the traceback)"
     print_error(line + hint)
