@@ -100,6 +100,7 @@ async def test_json_mode_writes_only_json_to_stdout_on_the_embedded_server(
     ran = await cli("run", "hello json", "--json", "--id", turn_id, cwd=tmp_path, env=env)
     assert ran.returncode == 0, ran.stderr
     result = json.loads(ran.stdout)
+    assert result["turn_id"] == turn_id  # a script follows the turn up from stdout alone
     assert result["final"]["content"][0]["text"] == "hello json"
     # Everything else went to stderr: the embedded server's banner and the streamed turn.
     assert "embedded Temporal server at " + temporal.address in ran.stderr
@@ -114,6 +115,36 @@ async def test_json_mode_writes_only_json_to_stdout_on_the_embedded_server(
         assert "embedded Temporal server at" in done.stderr
     assert json.loads(shown.stdout)["workflow_id"] == turn_id
     assert isinstance(json.loads(pending.stdout), list)
+
+
+async def test_without_a_config_run_says_which_agent_runs(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    """No config in the directory: one line on stderr says so and names the built-in agent
+    and its model; stdout still carries the JSON alone, with the turn's id."""
+    project = tmp_path / "project"
+    project.mkdir()
+    env = cli_env(None, TURNKEEP_STATE_DIR=str(embedded_state(tmp_path, temporal)))
+    for key in ("TURNKEEP_CONFIG", "FAST_AGENT_HOME", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
+        env.pop(key, None)
+    turn_id = f"no-config-{uuid.uuid4().hex[:8]}"
+    ran = await cli("run", "echo me", "--json", "--id", turn_id, cwd=project, env=env)
+    assert ran.returncode == 0, ran.stderr
+    note = (
+        "no config found (no turnkeep.yaml here, nor fast-agent's): running the built-in "
+        "agent 'default' on model passthrough, which echoes the prompt back"
+    )
+    assert ran.stderr.splitlines().count(note) == 1, ran.stderr
+    result = json.loads(ran.stdout)
+    assert result["turn_id"] == turn_id
+    assert result["final"]["content"][0]["text"] == "echo me"
+
+    # With a config, nothing of the kind.
+    write_config(project)
+    configured = await cli("run", "hi", "--json", cwd=project, env=env)
+    assert configured.returncode == 0, configured.stderr
+    assert "no config found" not in configured.stderr
+    assert json.loads(configured.stdout)["turn_id"].strip()
 
 
 async def test_no_wrapping_outside_a_terminal_and_plurals(

@@ -24,6 +24,8 @@ from turnkeep.config.settings import AgentSettings, Settings
 
 CONFIG_NAME = "turnkeep.yaml"
 SECRETS_NAME = "turnkeep.secrets.yaml"
+# The one agent of a worker that finds no config file.
+BUILTIN_AGENT = "default"
 # fast-agent's names (``fast_agent.home``), preferred first; one directory may hold only one.
 FAST_AGENT_CONFIG_NAMES = ("fast-agent.yaml", "fast-agent.config.yaml", "fastagent.config.yaml")
 FAST_AGENT_SECRETS_NAMES = ("fast-agent.secrets.yaml", "fastagent.secrets.yaml")
@@ -138,7 +140,7 @@ def load_settings(path: Path | None = None) -> Settings:
         source = str(found) if found is not None else "configuration"
         raise ConfigError(*validation_problems(source, err, expanded)) from err
     if not settings.agents:
-        settings.agents["default"] = AgentSettings()
+        settings.agents[BUILTIN_AGENT] = AgentSettings()
     return settings
 
 

@@ -27,6 +27,7 @@ from turnkeep.cli.errors import error_text, print_error
 from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import (
     client_and_worker,
+    note_builtin_agent,
     refuse_unrunnable,
     runs_worker,
     warn_if_unpolled,
@@ -66,6 +67,7 @@ def chat(
     in_process = runs_worker(address, worker)
     if session_id is None:  # a resumed session keeps its own agent
         refuse_unrunnable(settings, name, TurnOverrides(), in_process=in_process)
+        note_builtin_agent(settings, name, in_process=in_process)
 
     async def go() -> int:
         async with client_and_worker(address, namespace, settings, config, worker=worker) as (

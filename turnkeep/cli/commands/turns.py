@@ -4,6 +4,7 @@ started elsewhere, ``show`` prints one from its history, ``cancel`` cancels one.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Coroutine
 from typing import Annotated, Any
@@ -23,6 +24,7 @@ from turnkeep.cli.console import console, print_json
 from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import (
     client_and_worker,
+    note_builtin_agent,
     refuse_unrunnable,
     runs_worker,
     warn_if_unpolled,
@@ -66,7 +68,9 @@ def run(
     config: ConfigPath = None,
     worker: InProcessWorker = None,
     workflow_id: Annotated[str | None, typer.Option("--id", help="Workflow id.")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the TurnResult as JSON.")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the turn's id and result as JSON.")
+    ] = False,
 ) -> None:
     """Start a turn and stream its messages as the loop runs. Ctrl-C cancels the turn. A turn
     that could only fail (an empty prompt, an agent the config lacks, a model the agent does
@@ -91,6 +95,7 @@ def run(
     )
     in_process = runs_worker(address, worker)
     refuse_unrunnable(settings, turn.agent, turn.overrides(), in_process=in_process)
+    note_builtin_agent(settings, turn.agent, in_process=in_process)
     task_queue = agent_task_queue(settings.task_queue, turn.agent)
 
     async def go() -> None:
@@ -103,7 +108,9 @@ def run(
             unpolled = None if in_process else warn_if_unpolled(client, task_queue)
             result, interrupted = await _stream(handle, also=unpolled)
         if json_out:
-            print_json(result.model_dump_json(indent=2))
+            # The turn's id first, so a script needs nothing from stderr to follow it up.
+            out = {"turn_id": handle.workflow_id, **result.model_dump(mode="json")}
+            print_json(json.dumps(out, indent=2, ensure_ascii=False))
         if interrupted:
             raise typer.Exit(INTERRUPTED_EXIT)
 
