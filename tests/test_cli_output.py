@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -18,10 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.activity import logger as temporal_activity_logger
 from temporalio.client import Client
+from temporalio.exceptions import CancelledError
 
 from tests.conftest import HarnessFactory
 from tests.mcp_servers.launch import STDIO_SCRIPT
+from turnkeep.cli.main import _InTurnkeepsWords
 from turnkeep.client.sessions import SessionHandle, get_session, open_session
 from turnkeep.config.files import load_settings
 from turnkeep.devserver.embedded import ServerInfo
@@ -239,6 +244,79 @@ async def test_cancel_shows_turnkeeps_words_only(temporal: ServerInfo, tmp_path:
     # so at warning level, which a person need not read.
     for said in (errors.decode(), cancelled.stderr):
         assert "sdk_core" not in said and "\x1b[" not in said and "WARN" not in said, said
+
+
+async def test_ctrl_c_in_chat_is_not_a_warning(temporal: ServerInfo, tmp_path: Path) -> None:
+    """Ctrl-C while a tool runs cancels the turn: the cancelled tool call is what the person
+    asked for, not a warning (the SDK says it only with --debug)."""
+    write_config(tmp_path)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "turnkeep.cli",
+        "chat",
+        "--worker",
+        cwd=tmp_path,
+        env=cli_env(temporal),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(b'***CALL_TOOL srv__slow {"seconds": 120}\n')
+        await proc.stdin.drain()
+        output = ""
+        async with asyncio.timeout(WAIT):
+            while "→ srv__slow" not in output:  # the tool runs
+                line = await proc.stdout.readline()
+                assert line, f"chat ended early: {output}"
+                output += line.decode()
+            # Ctrl-C: the terminal signals the whole group, the MCP server chat started too.
+            os.killpg(proc.pid, signal.SIGINT)
+            while "interrupted: cancelling the turn" not in output:
+                line = await proc.stdout.readline()
+                assert line, f"chat ended early: {output}"
+                output += line.decode()
+        proc.stdin.close()  # end of input: chat leaves, its worker stops
+        rest, errors = await asyncio.wait_for(proc.communicate(), WAIT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    said = errors.decode()
+    assert proc.returncode == 0, output + rest.decode() + said
+    assert "The user interrupted this tool call" in output + rest.decode()
+    assert "warning" not in said and "CancelledError" not in said, said
+
+
+async def test_a_cancelled_activity_is_not_a_warning_to_a_person() -> None:
+    """The SDK's line for an activity that ended cancelled without the server asking (the
+    command's own worker stopping under it) is dropped for a person; another activity's
+    failure is still told, in turnkeep's words."""
+
+    def record(failure: BaseException) -> logging.LogRecord:
+        try:
+            raise failure
+        except BaseException:
+            line = logging.LogRecord(
+                temporal_activity_logger.name,
+                logging.WARNING,
+                __file__,
+                1,
+                "Completing activity as failed",
+                None,
+                sys.exc_info(),
+            )
+        line.temporal_activity = {"activity_type": "call_tool", "attempt": 1}
+        return line
+
+    words = _InTurnkeepsWords()
+    assert not words.filter(record(asyncio.CancelledError("Activity cancelled")))
+    assert not words.filter(record(CancelledError("Activity cancelled")))
+    failed = record(ValueError("boom"))
+    assert words.filter(failed)
+    assert failed.getMessage() == "call_tool failed (attempt 1), to be retried: ValueError: boom"
 
 
 async def test_chat_tells_a_failed_turn_and_how_to_resume(

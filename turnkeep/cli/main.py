@@ -10,6 +10,7 @@ background on a SQLite file under the state directory so turns and the UI outliv
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -17,7 +18,7 @@ from typing import Annotated
 
 import typer
 from temporalio import activity, workflow
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, CancelledError
 
 from turnkeep.cli.commands import (
     approvals,
@@ -109,7 +110,7 @@ class _InTurnkeepsWords(logging.Filter):
     """For a person at a command that runs turns: the SDK's line for a failed activity
     (``Completing activity as failed``) said as which step failed and why, and nothing for a
     failure the command's own ``error:`` line tells: one that ends the turn (a non-retryable
-    error), or a session's turn that failed."""
+    error), or a session's turn that failed; nothing either for a cancelled activity."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == workflow.logger.name:
@@ -119,6 +120,10 @@ class _InTurnkeepsWords(logging.Filter):
             return True
         if not str(record.msg).startswith("Completing activity as failed"):
             return True
+        if isinstance(failed, asyncio.CancelledError | CancelledError):
+            # A call cancelled under its turn (Ctrl-C, `turnkeep cancel`, the command's own
+            # worker stopping): what the person asked for, not a warning.
+            return False
         if isinstance(failed, ApplicationError) and failed.non_retryable:
             return False
         about = getattr(record, "temporal_activity", None) or {}
