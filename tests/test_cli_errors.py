@@ -97,10 +97,10 @@ async def test_run_refuses_an_empty_prompt(
         asyncio.to_thread(run_with_stdin, temporal, tmp_path, "\n\n", "run", "-", "--worker"),
     )
     assert one_error(empty).startswith(
-        "error: Invalid value for PROMPT: empty (there is nothing to ask)"
+        "error: invalid value for PROMPT: empty (there is nothing to ask)"
     )
     assert one_error(blank_stdin).startswith(
-        "error: Invalid value for PROMPT: stdin was empty (there is nothing to ask)"
+        "error: invalid value for PROMPT: stdin was empty (there is nothing to ask)"
     )
     assert [e async for e in client.list_workflows(f"TaskQueue = '{queue}.demo'")] == []
 
@@ -135,17 +135,17 @@ async def test_the_command_lines_own_mistakes_are_one_line(
         cli(temporal, tmp_path, "run", "hi", "--max-iterations", "-1"),
     )
     assert one_error(missing) == (
-        "error: Missing argument 'call_id'. (see `python -m turnkeep.cli approve --help`)"
+        "error: missing argument 'call_id'. (see `python -m turnkeep.cli approve --help`)"
     )
-    assert one_error(not_json).startswith("error: Invalid value: --arguments is not JSON: ")
+    assert one_error(not_json).startswith("error: invalid value: --arguments is not JSON: ")
     assert one_error(duration).startswith(
-        "error: Invalid value for --older-than: 'soon' is not a duration"
+        "error: invalid value for --older-than: 'soon' is not a duration"
     )
     assert one_error(unknown) == (
-        "error: No such command 'frobnicate'. (see `python -m turnkeep.cli --help`)"
+        "error: no such command 'frobnicate'. (see `python -m turnkeep.cli --help`)"
     )
     assert one_error(negative) == (
-        "error: Invalid value for --max-iterations: Input should be greater than or equal to 0 "
+        "error: invalid value for --max-iterations: Input should be greater than or equal to 0 "
         "(see `python -m turnkeep.cli run --help`)"
     )
     for done in (missing, not_json, duration, unknown, negative):

@@ -152,6 +152,20 @@ async def test_without_a_config_run_says_which_agent_runs(
     assert json.loads(configured.stdout)["turn_id"].strip()
 
 
+async def test_help_uses_the_readmes_names_and_wraps_to_the_terminal(tmp_path: Path) -> None:
+    """`--help` names a turn's id TURN_ID as the README does, and the command listing wraps
+    each command's line to the terminal's width, not at the docstring's own line breaks."""
+    wide, show = await asyncio.gather(
+        cli("--help", cwd=tmp_path, env=cli_env(None, COLUMNS="250")),
+        cli("show", "--help", cwd=tmp_path, env=cli_env(None, COLUMNS="100")),
+    )
+    assert wide.returncode == 0 and show.returncode == 0
+    run_rows = [line for line in wide.stdout.splitlines() if "│ run " in line]
+    assert len(run_rows) == 1, wide.stdout
+    assert "A turn that could only fail (an empty prompt, an agent the config lacks" in run_rows[0]
+    assert "TURN_ID" in show.stdout and "workflow_id" not in show.stdout
+
+
 async def test_no_wrapping_outside_a_terminal_and_plurals(
     temporal: ServerInfo, tmp_path: Path
 ) -> None:
@@ -408,11 +422,11 @@ async def test_sessions_lists_one_row_per_session_and_closes_one(
         )
         assert (cancel.returncode, close_turn.returncode) == (2, 2)
         assert cancel.stderr.startswith(
-            f"error: Invalid value for WORKFLOW_ID: '{older.session_id}' is a SessionWorkflow, "
+            f"error: invalid value for TURN_ID: '{older.session_id}' is a SessionWorkflow, "
             "not a turn (`turnkeep sessions close` ends one)"
         )
         assert close_turn.stderr.startswith(
-            f"error: Invalid value for SESSION_ID: '{older.session_id}/turn-1' is a "
+            f"error: invalid value for SESSION_ID: '{older.session_id}/turn-1' is a "
             "TurnWorkflow, not a session"
         )
 

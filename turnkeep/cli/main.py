@@ -11,6 +11,7 @@ background on a SQLite file under the state directory so turns and the UI outliv
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import sys
@@ -31,7 +32,7 @@ from turnkeep.cli.commands import (
     worker,
 )
 from turnkeep.cli.errors import exit_code, report
-from turnkeep.observability.logs import LogFormat, LogLevel
+from turnkeep.observability.logs import LogFormat, LogLevel, TextFormatter
 from turnkeep.observability.logs import configure as configure_logging
 from turnkeep.workflows.session_workflow import TURN_FAILED_LOG
 
@@ -40,10 +41,23 @@ app = typer.Typer(
     add_completion=False,
     help="Durable agent turns on Temporal: fast-agent's tool loop as a workflow.",
 )
+
+
+def _reflowed(group: typer.Typer) -> typer.Typer:
+    """``group`` with each command's line in a listing (``turnkeep --help``) made from its
+    docstring's first paragraph as one line, so the terminal wraps it: typer's listing keeps
+    a docstring's own line breaks, and breaks its lines twice."""
+    for command in group.registered_commands:
+        doc = command.help or inspect.getdoc(command.callback) or ""
+        if command.short_help is None and doc:
+            command.short_help = " ".join(doc.split("\n\n")[0].split())
+    return group
+
+
 # Without a name, each group's commands become top-level commands, listed in this order.
 for group in (turns, sessions, approvals, payloads, worker, server, serve, gateway):
-    app.add_typer(group.app)
-app.add_typer(sessions.sessions_app, name="sessions")
+    app.add_typer(_reflowed(group.app))
+app.add_typer(_reflowed(sessions.sessions_app), name="sessions")
 
 
 class _Options:
@@ -90,20 +104,18 @@ def _log_to_stderr(
     and an activity's failure as what failed and why (``_InTurnkeepsWords``)."""
     if level is None:
         level = LogLevel.info if debug or service else LogLevel.warning
-    text = logging.Formatter("%(levelname)s %(name)s: %(message)s") if debug else _OneLine()
+    text = (
+        logging.Formatter("%(levelname)s %(name)s: %(message)s")
+        if debug
+        # A service's lines carry the turn and the call as key=value, for its operator.
+        else TextFormatter(with_context=service)
+    )
     core = None if debug or service else LogLevel.error
     configure_logging(log_format, level, text_formatter=text, core_level=core, core_details=debug)
     if not (debug or service or log_format is LogFormat.json):
         # The ids the SDK appends to its workflow and activity lines are for an operator.
-        workflow.logger.workflow_info_on_message = False
-        activity.logger.activity_info_on_message = False
         for handler in logging.getLogger().handlers:
             handler.addFilter(_InTurnkeepsWords())
-
-
-class _OneLine(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return f"{record.levelname.lower()}: {record.getMessage().partition(chr(10))[0]}"
 
 
 class _InTurnkeepsWords(logging.Filter):

@@ -284,7 +284,7 @@ async def _first_start(client: Client, execution: WorkflowExecution) -> datetime
 
 @sessions_app.command("close")
 def close(
-    session_id: Annotated[str, typer.Argument(help="The session (its id).")],
+    session_id: Annotated[str, typer.Argument(metavar="SESSION_ID", help="The session (its id).")],
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,

@@ -127,7 +127,7 @@ async def _described_turn(
         also = f" ({session})" if described.workflow_type == SESSION_WORKFLOW_NAME else ""
         raise typer.BadParameter(
             f"{turn.workflow_id!r} is a {described.workflow_type}, not a turn{also}",
-            param_hint="WORKFLOW_ID",
+            param_hint="TURN_ID",
         )
     return described
 
@@ -203,7 +203,12 @@ async def _stream(
 
 @app.command()
 def watch(
-    workflow_id: str,
+    workflow_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="TURN_ID", help="The turn's id (`turn TURN_ID`, as `run` prints it)."
+        ),
+    ],
     start: Annotated[int, typer.Option(help="Message index to start from.")] = 0,
     address: Address = None,
     namespace: Namespace = None,
@@ -228,7 +233,9 @@ def watch(
 
 @app.command()
 def show(
-    workflow_id: str,
+    workflow_id: Annotated[
+        str, typer.Argument(metavar="TURN_ID", help="A turn's id, or a session's.")
+    ],
     address: Address = None,
     namespace: Namespace = None,
     run_id: Annotated[
@@ -298,7 +305,7 @@ _REPEATED = {"result": {"history", "final"}}
 
 @app.command()
 def cancel(
-    workflow_id: str,
+    workflow_id: Annotated[str, typer.Argument(metavar="TURN_ID", help="The turn's id.")],
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
