@@ -75,7 +75,7 @@ def run(
     """Start a turn and stream its messages as the loop runs. Ctrl-C cancels the turn. A turn
     that could only fail (an empty prompt, an agent the config lacks, a model the agent does
     not allow) is refused before anything starts. With --json, stdout carries the result
-    alone, and the streamed turn goes to stderr."""
+    alone, with the turn's id as `turn_id`, and the streamed turn goes to stderr."""
     settings = load_settings(config)
     if json_out:
         console.to_stderr()
