@@ -46,7 +46,7 @@ app = typer.Typer(
 def _reflowed(group: typer.Typer) -> typer.Typer:
     """``group`` with each command's line in a listing (``turnkeep --help``) made from its
     docstring's first paragraph as one line, so the terminal wraps it: typer's listing keeps
-    a docstring's own line breaks, and breaks its lines twice."""
+    a docstring's own line breaks, which the terminal's width then breaks again."""
     for command in group.registered_commands:
         doc = command.help or inspect.getdoc(command.callback) or ""
         if command.short_help is None and doc:
@@ -113,7 +113,7 @@ def _log_to_stderr(
     core = None if debug or service else LogLevel.error
     configure_logging(log_format, level, text_formatter=text, core_level=core, core_details=debug)
     if not (debug or service or log_format is LogFormat.json):
-        # The ids the SDK appends to its workflow and activity lines are for an operator.
+        # For a person: the SDK's lines about activities in turnkeep's words, or none.
         for handler in logging.getLogger().handlers:
             handler.addFilter(_InTurnkeepsWords())
 
