@@ -65,8 +65,8 @@ async def test_run_with_an_unknown_agent_or_a_model_it_may_not_use(
     )
     assert elsewhere.stderr == agent.stderr
     assert one_error(model) == (
-        "error: ModelNotAllowed: Agent 'demo' does not let a turn use model 'sonnet' (it "
-        "allows: passthrough). Nothing was started."
+        "error: agent 'demo' does not let a turn use model 'sonnet' (it allows: passthrough); "
+        "nothing was started (ModelNotAllowed)"
     )
     for done in (agent, model, elsewhere):
         assert done.stdout == "" and done.stderr.count("\n") == 1

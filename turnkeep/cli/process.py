@@ -102,7 +102,10 @@ def refuse_unrunnable(
         # The very check prepare_turn makes, so the two can never disagree.
         check_overrides(AgentCatalog.of(settings), ModelCatalog(settings), agent, overrides)
     except ApplicationError as err:
-        raise ConfigError(f"{err.type}: {err.message} Nothing was started.") from None
+        # In the words of every other refusal: the cause, lowercase, then what happened.
+        cause = err.message.rstrip(".")
+        cause = cause[:1].lower() + cause[1:] if cause[1:2].islower() else cause
+        raise ConfigError(f"{cause}; nothing was started ({err.type})") from None
 
 
 def note_builtin_agent(settings: Settings, agent: str, *, in_process: bool) -> None:
