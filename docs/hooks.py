@@ -370,7 +370,7 @@ def _parameter_table(command: Any, ctx: Any) -> list[str]:
             continue
         opts, help_text = record
         if param.param_type_name == "argument":
-            kind, opts = "argument", (param.name or opts).upper()
+            kind, opts = "argument", (param.metavar or param.name or opts).upper()
         else:
             kind = "option"
         rows.append(f"| `{opts}` | {kind} | {_cell(' '.join(help_text.split()))} |")

@@ -205,6 +205,8 @@ async def test_chat_in_a_terminal(temporal: ServerInfo, client: Client, tmp_path
     # The tool call cancelled by Ctrl-C completed after its turn had: the SDK's core says so
     # at warning level, in a line of its own, which a person need not read.
     assert "sdk_core" not in chat.shown() and "Activity not found" not in chat.shown()
+    # Nor is the cancelled call a warning: the person asked for it.
+    assert "warning:" not in chat.shown() and "CancelledError" not in chat.shown()
 
     # A later chat resumes the session: its next turn has everything before as history.
     chat = Terminal(temporal, tmp_path, "--session", session_id)

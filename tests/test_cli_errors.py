@@ -8,7 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +65,8 @@ async def test_run_with_an_unknown_agent_or_a_model_it_may_not_use(
     )
     assert elsewhere.stderr == agent.stderr
     assert one_error(model) == (
-        "error: ModelNotAllowed: Agent 'demo' does not let a turn use model 'sonnet' (it "
-        "allows: passthrough). Nothing was started."
+        "error: agent 'demo' does not let a turn use model 'sonnet' (it allows: passthrough); "
+        "nothing was started (ModelNotAllowed)"
     )
     for done in (agent, model, elsewhere):
         assert done.stdout == "" and done.stderr.count("\n") == 1
@@ -95,10 +97,10 @@ async def test_run_refuses_an_empty_prompt(
         asyncio.to_thread(run_with_stdin, temporal, tmp_path, "\n\n", "run", "-", "--worker"),
     )
     assert one_error(empty).startswith(
-        "error: Invalid value for PROMPT: empty (there is nothing to ask)"
+        "error: invalid value for PROMPT: empty (there is nothing to ask)"
     )
     assert one_error(blank_stdin).startswith(
-        "error: Invalid value for PROMPT: stdin was empty (there is nothing to ask)"
+        "error: invalid value for PROMPT: stdin was empty (there is nothing to ask)"
     )
     assert [e async for e in client.list_workflows(f"TaskQueue = '{queue}.demo'")] == []
 
@@ -133,17 +135,17 @@ async def test_the_command_lines_own_mistakes_are_one_line(
         cli(temporal, tmp_path, "run", "hi", "--max-iterations", "-1"),
     )
     assert one_error(missing) == (
-        "error: Missing argument 'call_id'. (see `python -m turnkeep.cli approve --help`)"
+        "error: missing argument 'call_id'. (see `python -m turnkeep.cli approve --help`)"
     )
-    assert one_error(not_json).startswith("error: Invalid value: --arguments is not JSON: ")
+    assert one_error(not_json).startswith("error: invalid value: --arguments is not JSON: ")
     assert one_error(duration).startswith(
-        "error: Invalid value for --older-than: 'soon' is not a duration"
+        "error: invalid value for --older-than: 'soon' is not a duration"
     )
     assert one_error(unknown) == (
-        "error: No such command 'frobnicate'. (see `python -m turnkeep.cli --help`)"
+        "error: no such command 'frobnicate'. (see `python -m turnkeep.cli --help`)"
     )
     assert one_error(negative) == (
-        "error: Invalid value for --max-iterations: Input should be greater than or equal to 0 "
+        "error: invalid value for --max-iterations: Input should be greater than or equal to 0 "
         "(see `python -m turnkeep.cli run --help`)"
     )
     for done in (missing, not_json, duration, unknown, negative):
@@ -194,3 +196,75 @@ async def test_debug_shows_the_traceback(temporal: ServerInfo, tmp_path: Path) -
     assert done.stderr.startswith("Traceback (most recent call last):")
     assert "temporalio.service.RPCError: workflow not found for ID: no-such-turn" in done.stderr
     assert done.stderr.splitlines()[-1].startswith("error: the Temporal server refused")
+
+
+async def test_a_config_that_does_not_validate_says_each_problem_in_one_line(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    """One `error:` line per problem, each naming the file, the key path and the cause; not
+    pydantic's report with its types and links, and never the value (it may be a key)."""
+    path = tmp_path / "turnkeep.yaml"
+    path.write_text(
+        "agents:\n"
+        "  demo:\n"
+        "    model: passthrough\n"
+        "    max_iterations: lots\n"
+        "    budget: {tokens: -5}\n"
+        "mcp:\n"
+        "  servers:\n"
+        "    fs: {transport: stdio, comand: sk-secret-value}\n"
+        "anthropic: {api_key: [sk-secret-key]}\n",
+        encoding="utf-8",
+    )
+    done = await cli(temporal, tmp_path, "run", "hi", "--worker")
+    one_error(done)
+    assert done.stdout == ""
+    assert sorted(done.stderr.splitlines()) == sorted(
+        [
+            f"error: {path}: agents.demo.max_iterations: input should be a valid integer, "
+            "unable to parse string as an integer",
+            f"error: {path}: agents.demo.budget.tokens: input should be greater than 0",
+            f"error: {path}: mcp.servers.fs.comand: not a setting turnkeep knows (a misspelling?)",
+            f"error: {path}: anthropic.api_key: input should be a valid string",
+        ]
+    )
+    assert "pydantic" not in done.stderr and "sk-secret" not in done.stderr
+
+
+async def test_a_yaml_syntax_error_names_the_file_and_the_place(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    path = tmp_path / "turnkeep.yaml"
+    path.write_text("agents:\n  demo: {model: passthrough\n", encoding="utf-8")
+    done = await cli(temporal, tmp_path, "worker")
+    assert done.stderr == (
+        f"error: {path}, line 3, column 1: not valid YAML: expected ',' or '}}', but got "
+        "'<stream end>' (while parsing a flow mapping)\n"
+    )
+    assert one_error(done)
+
+
+async def test_an_address_where_no_temporal_server_answers(tmp_path: Path) -> None:
+    """Said in words with what to check, not as the SDK's Rust error chain: an address no
+    process listens on, one where something else answers (plain HTTP), one that is no
+    address at all."""
+    config(tmp_path)
+    web = ThreadingHTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        other = f"127.0.0.1:{web.server_address[1]}"
+        answered, no_port = await asyncio.gather(
+            cli(ServerInfo(address=other, ui_url=None, pid=0), tmp_path, "show", "some-turn"),
+            cli(ServerInfo(address="localhost:99999", ui_url=None, pid=0), tmp_path, "show", "t"),
+        )
+    finally:
+        web.shutdown()
+    assert one_error(answered).startswith(
+        f"error: something answers at {other}, but not as a Temporal server ("
+    )
+    assert one_error(no_port) == (
+        "error: 'localhost:99999' is not a server address (invalid target URL: invalid port "
+        "number): give it as HOST:PORT, e.g. localhost:7233"
+    )
+    for done in (answered, no_port):
+        assert "tonic" not in done.stderr and done.stderr.count("\n") == 1, done.stderr

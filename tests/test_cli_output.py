@@ -1,13 +1,16 @@
 """What the command line prints, as a user meets it through the real CLI and the test server:
-`--json` writes the JSON alone to stdout (on the embedded server too), lines are not wrapped
-outside a terminal, counts take their plural, a turn no worker polls for is said to wait, a
-cancel shows turnkeep's words only, `chat` tells a failed turn and how to resume, and
-`sessions` lists one row per session and closes one."""
+`--json` writes the JSON alone to stdout (on the embedded server too) with the turn's id, a
+run without a config names the built-in agent, `--help` uses the README's names and wraps to
+the terminal, lines are not wrapped outside a terminal, counts take their plural, a turn no
+worker polls for is said to wait, a cancel shows turnkeep's words only, a cancelled call is no
+warning, `chat` tells a failed turn and how to resume, and `sessions` lists one row per
+session and closes one."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import subprocess
@@ -18,10 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.activity import logger as temporal_activity_logger
 from temporalio.client import Client
+from temporalio.exceptions import CancelledError
 
 from tests.conftest import HarnessFactory
 from tests.mcp_servers.launch import STDIO_SCRIPT
+from turnkeep.cli.main import _InTurnkeepsWords
 from turnkeep.client.sessions import SessionHandle, get_session, open_session
 from turnkeep.config.files import load_settings
 from turnkeep.devserver.embedded import ServerInfo
@@ -100,6 +106,7 @@ async def test_json_mode_writes_only_json_to_stdout_on_the_embedded_server(
     ran = await cli("run", "hello json", "--json", "--id", turn_id, cwd=tmp_path, env=env)
     assert ran.returncode == 0, ran.stderr
     result = json.loads(ran.stdout)
+    assert result["turn_id"] == turn_id  # a script follows the turn up from stdout alone
     assert result["final"]["content"][0]["text"] == "hello json"
     # Everything else went to stderr: the embedded server's banner and the streamed turn.
     assert "embedded Temporal server at " + temporal.address in ran.stderr
@@ -114,6 +121,50 @@ async def test_json_mode_writes_only_json_to_stdout_on_the_embedded_server(
         assert "embedded Temporal server at" in done.stderr
     assert json.loads(shown.stdout)["workflow_id"] == turn_id
     assert isinstance(json.loads(pending.stdout), list)
+
+
+async def test_without_a_config_run_says_which_agent_runs(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    """No config in the directory: one line on stderr says so and names the built-in agent
+    and its model; stdout still carries the JSON alone, with the turn's id."""
+    project = tmp_path / "project"
+    project.mkdir()
+    env = cli_env(None, TURNKEEP_STATE_DIR=str(embedded_state(tmp_path, temporal)))
+    for key in ("TURNKEEP_CONFIG", "FAST_AGENT_HOME", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
+        env.pop(key, None)
+    turn_id = f"no-config-{uuid.uuid4().hex[:8]}"
+    ran = await cli("run", "echo me", "--json", "--id", turn_id, cwd=project, env=env)
+    assert ran.returncode == 0, ran.stderr
+    note = (
+        "no config found (no turnkeep.yaml here, nor fast-agent's): running the built-in "
+        "agent 'default' on model passthrough, which echoes the prompt back"
+    )
+    assert ran.stderr.splitlines().count(note) == 1, ran.stderr
+    result = json.loads(ran.stdout)
+    assert result["turn_id"] == turn_id
+    assert result["final"]["content"][0]["text"] == "echo me"
+
+    # With a config, nothing of the kind.
+    write_config(project)
+    configured = await cli("run", "hi", "--json", cwd=project, env=env)
+    assert configured.returncode == 0, configured.stderr
+    assert "no config found" not in configured.stderr
+    assert json.loads(configured.stdout)["turn_id"].strip()
+
+
+async def test_help_uses_the_readmes_names_and_wraps_to_the_terminal(tmp_path: Path) -> None:
+    """`--help` names a turn's id TURN_ID as the README does, and the command listing wraps
+    each command's line to the terminal's width, not at the docstring's own line breaks."""
+    wide, show = await asyncio.gather(
+        cli("--help", cwd=tmp_path, env=cli_env(None, COLUMNS="250")),
+        cli("show", "--help", cwd=tmp_path, env=cli_env(None, COLUMNS="100")),
+    )
+    assert wide.returncode == 0 and show.returncode == 0
+    run_rows = [line for line in wide.stdout.splitlines() if "│ run " in line]
+    assert len(run_rows) == 1, wide.stdout
+    assert "A turn that could only fail (an empty prompt, an agent the config lacks" in run_rows[0]
+    assert "TURN_ID" in show.stdout and "workflow_id" not in show.stdout
 
 
 async def test_no_wrapping_outside_a_terminal_and_plurals(
@@ -210,6 +261,35 @@ async def test_cancel_shows_turnkeeps_words_only(temporal: ServerInfo, tmp_path:
         assert "sdk_core" not in said and "\x1b[" not in said and "WARN" not in said, said
 
 
+async def test_a_cancelled_activity_is_not_a_warning_to_a_person() -> None:
+    """The SDK's line for an activity that ended cancelled without the server asking (the
+    command's own worker stopping under it) is dropped for a person; another activity's
+    failure is still told, in turnkeep's words."""
+
+    def record(failure: BaseException) -> logging.LogRecord:
+        try:
+            raise failure
+        except BaseException:
+            line = logging.LogRecord(
+                temporal_activity_logger.name,
+                logging.WARNING,
+                __file__,
+                1,
+                "Completing activity as failed",
+                None,
+                sys.exc_info(),
+            )
+        line.temporal_activity = {"activity_type": "call_tool", "attempt": 1}
+        return line
+
+    words = _InTurnkeepsWords()
+    assert not words.filter(record(asyncio.CancelledError("Activity cancelled")))
+    assert not words.filter(record(CancelledError("Activity cancelled")))
+    failed = record(ValueError("boom"))
+    assert words.filter(failed)
+    assert failed.getMessage() == "call_tool failed (attempt 1), to be retried: ValueError: boom"
+
+
 async def test_chat_tells_a_failed_turn_and_how_to_resume(
     temporal: ServerInfo, client: Client, tmp_path: Path
 ) -> None:
@@ -299,11 +379,11 @@ async def test_sessions_lists_one_row_per_session_and_closes_one(
         )
         assert (cancel.returncode, close_turn.returncode) == (2, 2)
         assert cancel.stderr.startswith(
-            f"error: Invalid value for WORKFLOW_ID: '{older.session_id}' is a SessionWorkflow, "
+            f"error: invalid value for TURN_ID: '{older.session_id}' is a SessionWorkflow, "
             "not a turn (`turnkeep sessions close` ends one)"
         )
         assert close_turn.stderr.startswith(
-            f"error: Invalid value for SESSION_ID: '{older.session_id}/turn-1' is a "
+            f"error: invalid value for SESSION_ID: '{older.session_id}/turn-1' is a "
             "TurnWorkflow, not a session"
         )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 import sys
 import uuid
@@ -18,6 +19,7 @@ from tests.conftest import write_script
 from tests.worker_process import REPO, write_config
 from turnkeep.client.turns import start_turn
 from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.observability.logs import TextFormatter
 from turnkeep.workflows.turn_io import TurnInput
 
 SECRET = "sk-ant-test-" + uuid.uuid4().hex  # a provider key the log must never show
@@ -97,3 +99,37 @@ async def test_json_lines_carry_the_turn_and_the_call(
     assert holding["activity_id"] == calls[0]["activity_id"]
     assert any(line["message"].startswith("worker stopped") for line in lines)
     assert SECRET not in text
+
+
+async def test_text_lines_carry_context_as_key_value() -> None:
+    """A service's text line: one line, its context as key=value (quoted when it has spaces),
+    a logged exception as its type and message, not a traceback; for a person, the message
+    alone."""
+    try:
+        raise ValueError("no such file\nsecond line")
+    except ValueError:
+        record = logging.LogRecord(
+            "temporalio.activity",
+            logging.WARNING,
+            __file__,
+            1,
+            "Completing activity as failed",
+            None,
+            sys.exc_info(),
+        )
+    record.temporal_activity = {
+        "activity_id": "2",
+        "activity_type": "list_tools",
+        "attempt": 1,
+        "workflow_id": "turn one",
+        "heartbeat_details": ["not", "allowed"],
+    }
+    record.call_id = "call_1_1"
+    line = TextFormatter(with_context=True).format(record)
+    assert line == (
+        'warning: Completing activity as failed workflow_id="turn one" activity_id=2 '
+        'activity_type=list_tools attempt=1 call_id=call_1_1 error="ValueError: no such file"'
+    )
+    assert TextFormatter(with_context=False).format(record) == (
+        "warning: Completing activity as failed"
+    )

@@ -166,7 +166,8 @@ async def test_show_prints_a_session_open_and_closed(
         )
         assert shown.returncode == 0, shown.stderr
         out = shown.stdout
-        assert f"session {session.session_id} · running · 2 turns" in out
+        # The word `sessions` uses for it too.
+        assert f"session {session.session_id} · open · 2 turns" in out
         assert out.index(f"turn {session.session_id}/turn-1") < out.index("first question")
         assert out.index("first question") < out.index(f"turn {session.session_id}/turn-2")
         assert out.index(f"turn {session.session_id}/turn-2") < out.index("second question")
@@ -178,7 +179,7 @@ async def test_show_prints_a_session_open_and_closed(
     )
     assert shown.returncode == 0, shown.stderr
     view = json.loads(shown.stdout)
-    assert view["status"] == "completed"
+    assert view["status"] == "closed"
     assert [t["workflow_id"] for t in view["turns"]] == [
         f"{session.session_id}/turn-1",
         f"{session.session_id}/turn-2",

@@ -25,6 +25,9 @@ class CommandConsole(Console):
 
 
 console = CommandConsole()
+# What a command notes about how it runs (the built-in agent, with no config): on stderr
+# always, so that a script reading stdout never sees it.
+notes = CommandConsole(stderr=True)
 
 
 def print_json(text: str) -> None:

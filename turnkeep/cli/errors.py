@@ -77,6 +77,11 @@ def report(err: Exception, *, debug: bool) -> int:
     if debug:
         traceback.print_exception(err)
     known = isinstance(err, _USER_ERRORS)
+    if isinstance(err, ConfigError):
+        # A config wrong in several places: one line for each, so all are fixed in one go.
+        for problem in err.problems:
+            print_error(problem)
+        return 2
     line = error_text(err) if known else f"{type(err).__name__}: {err}"
     hint = "" if known or debug else " (turnkeep --debug … shows the traceback)"
     print_error(line + hint)
@@ -84,8 +89,17 @@ def report(err: Exception, *, debug: bool) -> int:
 
 
 def print_error(line: str) -> None:
-    """``error: line`` on stderr, as every command says what went wrong."""
-    _stderr.print(f"[red]error:[/] {escape(line)}")
+    """``error: line`` on stderr, as every command says what went wrong: lowercase after
+    ``error:``, whoever wrote the words (click's ``Missing argument``, a server's ``Cannot``)."""
+    _stderr.print(f"[red]error:[/] {escape(_lowercase_start(line))}")
+
+
+def _lowercase_start(line: str) -> str:
+    # Only a capitalised word: a name (`ModelNotAllowed`, `MCP`) keeps its case.
+    first = line.split(" ", 1)[0].rstrip(":,.")
+    if first[:1].isupper() and first[1:].islower():
+        return line[:1].lower() + line[1:]
+    return line
 
 
 def error_text(err: Exception) -> str:

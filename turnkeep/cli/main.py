@@ -10,6 +10,8 @@ background on a SQLite file under the state directory so turns and the UI outliv
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import os
 import sys
@@ -17,7 +19,7 @@ from typing import Annotated
 
 import typer
 from temporalio import activity, workflow
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, CancelledError
 
 from turnkeep.cli.commands import (
     approvals,
@@ -30,7 +32,7 @@ from turnkeep.cli.commands import (
     worker,
 )
 from turnkeep.cli.errors import exit_code, report
-from turnkeep.observability.logs import LogFormat, LogLevel
+from turnkeep.observability.logs import LogFormat, LogLevel, TextFormatter
 from turnkeep.observability.logs import configure as configure_logging
 from turnkeep.workflows.session_workflow import TURN_FAILED_LOG
 
@@ -39,10 +41,23 @@ app = typer.Typer(
     add_completion=False,
     help="Durable agent turns on Temporal: fast-agent's tool loop as a workflow.",
 )
+
+
+def _reflowed(group: typer.Typer) -> typer.Typer:
+    """``group`` with each command's line in a listing (``turnkeep --help``) made from its
+    docstring's first paragraph as one line, so the terminal wraps it: typer's listing keeps
+    a docstring's own line breaks, which the terminal's width then breaks again."""
+    for command in group.registered_commands:
+        doc = command.help or inspect.getdoc(command.callback) or ""
+        if command.short_help is None and doc:
+            command.short_help = " ".join(doc.split("\n\n")[0].split())
+    return group
+
+
 # Without a name, each group's commands become top-level commands, listed in this order.
 for group in (turns, sessions, approvals, payloads, worker, server, serve, gateway):
-    app.add_typer(group.app)
-app.add_typer(sessions.sessions_app, name="sessions")
+    app.add_typer(_reflowed(group.app))
+app.add_typer(_reflowed(sessions.sessions_app), name="sessions")
 
 
 class _Options:
@@ -89,27 +104,25 @@ def _log_to_stderr(
     and an activity's failure as what failed and why (``_InTurnkeepsWords``)."""
     if level is None:
         level = LogLevel.info if debug or service else LogLevel.warning
-    text = logging.Formatter("%(levelname)s %(name)s: %(message)s") if debug else _OneLine()
+    text = (
+        logging.Formatter("%(levelname)s %(name)s: %(message)s")
+        if debug
+        # A service's lines carry the turn and the call as key=value, for its operator.
+        else TextFormatter(with_context=service)
+    )
     core = None if debug or service else LogLevel.error
     configure_logging(log_format, level, text_formatter=text, core_level=core, core_details=debug)
     if not (debug or service or log_format is LogFormat.json):
-        # The ids the SDK appends to its workflow and activity lines are for an operator.
-        workflow.logger.workflow_info_on_message = False
-        activity.logger.activity_info_on_message = False
+        # For a person: the SDK's lines about activities in turnkeep's words, or none.
         for handler in logging.getLogger().handlers:
             handler.addFilter(_InTurnkeepsWords())
-
-
-class _OneLine(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return f"{record.levelname.lower()}: {record.getMessage().partition(chr(10))[0]}"
 
 
 class _InTurnkeepsWords(logging.Filter):
     """For a person at a command that runs turns: the SDK's line for a failed activity
     (``Completing activity as failed``) said as which step failed and why, and nothing for a
     failure the command's own ``error:`` line tells: one that ends the turn (a non-retryable
-    error), or a session's turn that failed."""
+    error), or a session's turn that failed; nothing either for a cancelled activity."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == workflow.logger.name:
@@ -119,6 +132,10 @@ class _InTurnkeepsWords(logging.Filter):
             return True
         if not str(record.msg).startswith("Completing activity as failed"):
             return True
+        if isinstance(failed, asyncio.CancelledError | CancelledError):
+            # A call cancelled under its turn (Ctrl-C, `turnkeep cancel`, the command's own
+            # worker stopping): what the person asked for, not a warning.
+            return False
         if isinstance(failed, ApplicationError) and failed.non_retryable:
             return False
         about = getattr(record, "temporal_activity", None) or {}

@@ -22,12 +22,13 @@ from temporalio.service import RPCError
 
 from turnkeep.activities.turn_setup import check_overrides
 from turnkeep.cli.connect import client_for, uses_embedded
-from turnkeep.cli.console import console
+from turnkeep.cli.console import console, notes
 from turnkeep.config.catalog import AgentCatalog
-from turnkeep.config.files import ConfigError, find_config
+from turnkeep.config.files import BUILTIN_AGENT, CONFIG_NAME, ConfigError, find_config
 from turnkeep.config.settings import Settings, StreamingSettings
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.errors import known
+from turnkeep.providers.passthrough import PassthroughProvider
 from turnkeep.providers.registry import ModelCatalog
 from turnkeep.worker.build import TurnkeepWorkers, build_workers
 from turnkeep.workflows.turn_io import TurnOverrides
@@ -101,7 +102,25 @@ def refuse_unrunnable(
         # The very check prepare_turn makes, so the two can never disagree.
         check_overrides(AgentCatalog.of(settings), ModelCatalog(settings), agent, overrides)
     except ApplicationError as err:
-        raise ConfigError(f"{err.type}: {err.message} Nothing was started.") from None
+        # In the words of every other refusal: the cause, lowercase, then what happened.
+        cause = err.message.rstrip(".")
+        cause = cause[:1].lower() + cause[1:] if cause[1:2].islower() else cause
+        raise ConfigError(f"{cause}; nothing was started ({err.type})") from None
+
+
+def note_builtin_agent(settings: Settings, agent: str, *, in_process: bool) -> None:
+    """With no config file found, a turn on this process's worker runs the built-in agent:
+    say so, once, on stderr, with the model it runs on (the one a provider's key in the
+    environment gives, else passthrough, which only echoes). A worker elsewhere has its own
+    config, which this process cannot speak for."""
+    if settings.config_file is not None or not in_process or agent != BUILTIN_AGENT:
+        return
+    model = ModelCatalog(settings).default_model()
+    echoes = ", which echoes the prompt back" if model == PassthroughProvider.name else ""
+    notes.print(
+        f"[yellow]no config found[/] (no {CONFIG_NAME} here, nor fast-agent's): running the "
+        f"built-in agent {agent!r} on model {model}{echoes}"
+    )
 
 
 async def warn_if_unpolled(

@@ -5,6 +5,7 @@ with explicit arguments winning."""
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from temporalio.client import Client
@@ -45,13 +46,52 @@ async def connect(
         config["data_converter"] = data_converter
     try:
         return await Client.connect(**config, plugins=[plugin or TurnkeepClientPlugin(settings)])
-    except RuntimeError as err:  # what the SDK raises when it cannot connect
+    except ValueError as err:  # an address the SDK cannot parse (a port out of range, say)
         raise TemporalUnreachableError(
-            f"Cannot reach the Temporal server at {config['target_host']} "
-            f"(namespace {config.get('namespace', 'default')}): {err}. Is it running, and is "
-            "that its address? (`turnkeep run` without --address or TEMPORAL_ADDRESS uses "
-            "turnkeep's own embedded server.)"
-        ) from err
+            f"{config['target_host']!r} is not a server address ({err}): give it as "
+            "HOST:PORT, e.g. localhost:7233"
+        ) from None
+    except RuntimeError as err:  # what the SDK raises when it cannot connect
+        raise TemporalUnreachableError(unreachable_text(config["target_host"], str(err))) from err
+
+
+# The server's answer, when something answered (a gRPC status from the SDK's core).
+_STATUS = re.compile(r'Status \{ code: (\w+), message: "((?:[^"\\]|\\.)*)"')
+_CHECK = (
+    "check that a Temporal server runs there and that this is its address (--address, "
+    "TEMPORAL_ADDRESS); without either, turnkeep uses its own embedded server"
+)
+
+
+def unreachable_text(address: str, raw: str) -> str:
+    """Why no client could be made for ``address``, in words, with what to check: the SDK
+    tells it as its Rust core's error chain (``tonic::transport::Error(...)``)."""
+    lowered = raw.lower()
+    status = _STATUS.search(raw)
+    if "connection refused" in lowered or "connectionrefused" in lowered:
+        return f"nothing answers at {address} (connection refused): {_CHECK}"
+    if "dns error" in lowered or "failed to lookup address" in lowered:
+        host = address.rpartition(":")[0] or address
+        return f"no host is named {host!r} (its address does not resolve): {_CHECK}"
+    if "timed out" in lowered or "deadline" in lowered or "timeout" in lowered:
+        return f"no answer from {address} in time: {_CHECK}"
+    if "tls" in lowered or "certificate" in lowered or "handshake" in lowered:
+        return (
+            f"the TLS handshake with {address} failed: check whether the server uses TLS and "
+            "the client's TLS settings (TEMPORAL_TLS, TEMPORAL_TLS_CLIENT_CERT_PATH...)"
+        )
+    if status is not None and status.group(1) in ("Unauthenticated", "PermissionDenied"):
+        return (
+            f"the server at {address} refused the credentials ({status.group(2)}): check "
+            "TEMPORAL_API_KEY or the client certificate"
+        )
+    if status is not None:
+        return (
+            f"something answers at {address}, but not as a Temporal server "
+            f"({status.group(1)}: {status.group(2)}): {_CHECK}"
+        )
+    said = " ".join(raw.split())
+    return f"cannot connect to {address}: {_CHECK} (the client said: {said})"
 
 
 class TemporalUnreachableError(RuntimeError):

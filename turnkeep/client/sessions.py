@@ -315,7 +315,7 @@ class SessionView(BaseModel):
     """A session as its turns' histories record it: what ``turnkeep show SESSION`` prints."""
 
     session_id: str
-    status: str  # the session workflow's: running, completed, cancelled, terminated...
+    status: str  # open, closed, or how it ended otherwise (``session_state``)
     turns: list[TurnView]
 
 
@@ -341,8 +341,20 @@ async def read_session(client: Client, session_id: str) -> SessionView | None:
             break
         if parent == session_id:
             turns.append(await read_turn(client, turn_id))
-    status = described.status.name.lower() if described.status else "unknown"
-    return SessionView(session_id=session_id, status=status, turns=turns)
+    return SessionView(session_id=session_id, status=session_state(described.status), turns=turns)
+
+
+def session_state(status: WorkflowExecutionStatus | None) -> str:
+    """A session's state in one word wherever it is shown (``sessions``, ``show``): ``open``
+    while its workflow runs, ``closed`` once it ended as a session ends, else how it ended
+    (``terminated``, ``failed``, ``timed out``...)."""
+    if status == WorkflowExecutionStatus.RUNNING:
+        return "open"
+    if status in (None, WorkflowExecutionStatus.COMPLETED):
+        return "closed"
+    if status == WorkflowExecutionStatus.CANCELED:
+        return "cancelled"
+    return status.name.lower().replace("_", " ")
 
 
 async def _parent(client: Client, workflow_id: str) -> str | None:

@@ -19,10 +19,13 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from turnkeep.config.problems import validation_problems, yaml_problem
 from turnkeep.config.settings import AgentSettings, Settings
 
 CONFIG_NAME = "turnkeep.yaml"
 SECRETS_NAME = "turnkeep.secrets.yaml"
+# The one agent of a worker that finds no config file.
+BUILTIN_AGENT = "default"
 # fast-agent's names (``fast_agent.home``), preferred first; one directory may hold only one.
 FAST_AGENT_CONFIG_NAMES = ("fast-agent.yaml", "fast-agent.config.yaml", "fastagent.config.yaml")
 FAST_AGENT_SECRETS_NAMES = ("fast-agent.secrets.yaml", "fastagent.secrets.yaml")
@@ -31,7 +34,15 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
 
 
 class ConfigError(Exception):
-    """The configuration file is missing, unreadable or invalid; the message says where."""
+    """The configuration file is missing, unreadable or invalid; each problem (a line that
+    says where and what) is one of ``problems``."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__(*problems)
+        self.problems = problems
+
+    def __str__(self) -> str:
+        return "; ".join(self.problems)
 
 
 def expand(value: Any) -> Any:
@@ -116,26 +127,30 @@ def load_settings(path: Path | None = None) -> Settings:
         secrets = _secrets_for(found)
         if secrets is not None:
             raw = merge(raw, _read_yaml(secrets))
+    expanded = expand(raw)
     try:
         settings = Settings.model_validate(
             {
-                **expand(raw),
+                **expanded,
                 "base_dir": base_dir,
                 "config_file": found.resolve() if found is not None else None,
             }
         )
     except ValidationError as err:
-        raise ConfigError(f"{found or 'configuration'} is invalid:\n{err}") from err
+        source = str(found) if found is not None else "configuration"
+        raise ConfigError(*validation_problems(source, err, expanded)) from err
     if not settings.agents:
-        settings.agents["default"] = AgentSettings()
+        settings.agents[BUILTIN_AGENT] = AgentSettings()
     return settings
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"cannot read {path}: {err}") from err
+    except OSError as err:
+        raise ConfigError(f"cannot read {path}: {err.strerror or err}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(yaml_problem(path, err)) from err
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping at the top level")
     return data

@@ -87,17 +87,8 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
+            **context(record),
         }
-        for attribute, keys in _TEMPORAL_KEYS.items():
-            details = getattr(record, attribute, None)
-            if isinstance(details, dict):
-                for key, name in keys.items():
-                    if details.get(key) is not None:
-                        line.setdefault(name, details[key])
-        for key in _TURNKEEP_KEYS:
-            value = getattr(record, key, None)
-            if isinstance(value, str | int | float):
-                line[key] = value
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:
@@ -105,6 +96,51 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)
         return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def context(record: logging.LogRecord) -> dict[str, Any]:
+    """The turn's and the call's identity a record carries (the allow-listed keys only)."""
+    found: dict[str, Any] = {}
+    for attribute, keys in _TEMPORAL_KEYS.items():
+        details = getattr(record, attribute, None)
+        if isinstance(details, dict):
+            for key, name in keys.items():
+                if details.get(key) is not None:
+                    found.setdefault(name, details[key])
+    for key in _TURNKEEP_KEYS:
+        value = getattr(record, key, None)
+        if isinstance(value, str | int | float):
+            found[key] = value
+    return found
+
+
+class TextFormatter(logging.Formatter):
+    """One line per record, for a person or an operator reading text: ``level: message``,
+    then (``with_context``) the record's context as ``key=value`` pairs and the logged
+    exception as ``error="Type: message"``, instead of a Python dict appended to the message
+    and a traceback over many lines."""
+
+    def __init__(self, *, with_context: bool) -> None:
+        super().__init__()
+        self.with_context = with_context
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{record.levelname.lower()}: {record.getMessage().partition(chr(10))[0]}"
+        if not self.with_context:
+            return line
+        pairs = dict(context(record))
+        failed = record.exc_info[1] if record.exc_info else None
+        if failed is not None:
+            pairs["error"] = f"{type(failed).__name__}: {failed}".partition("\n")[0]
+        return " ".join([line, *(f"{key}={_value(value)}" for key, value in pairs.items())])
+
+
+def _value(value: Any) -> str:
+    # Quoted (as JSON) when it would not read as one token: a space, a quote, an `=`.
+    text = str(value)
+    if not text or any(c.isspace() or c in "\"'=" for c in text):
+        return json.dumps(text, ensure_ascii=False)
+    return text
 
 
 def _timestamp(created: float) -> str:
@@ -177,12 +213,13 @@ def configure(
     handler = logging.StreamHandler()
     if log_format is LogFormat.json:
         handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(text_formatter)
+    if log_format is LogFormat.json or isinstance(text_formatter, TextFormatter):
         # The identity is in the line's keys: the SDK would also append it to each message
         # as a Python dict.
         workflow.logger.workflow_info_on_message = False
         activity.logger.activity_info_on_message = False
-    else:
-        handler.setFormatter(text_formatter)
     handler.addFilter(ActivityContext())
     logging.basicConfig(level=level.upper(), handlers=[handler])
     if level is not LogLevel.debug:

@@ -89,6 +89,7 @@ class WorkerService:
         self._signalled: str | None = None
 
     async def __aenter__(self) -> WorkerService:
+        _SDK_WORKER_LOG.addFilter(_SAID_ONCE_ALREADY)
         self._stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         # Kept until the loop closes: a second signal while the worker drains must find them.
@@ -106,6 +107,7 @@ class WorkerService:
     ) -> bool:
         if self.health is not None:
             await self.health.__aexit__(exc_type, exc, tb)
+        _SDK_WORKER_LOG.removeFilter(_SAID_ONCE_ALREADY)
         return exc_type is not None and issubclass(exc_type, Stopped)
 
     @property
@@ -193,6 +195,19 @@ class WorkerService:
             "retries them on another worker)",
             describe_duration(self.grace),
         )
+
+
+class _SdkShutdownLines(logging.Filter):
+    """The SDK logs ``Beginning worker shutdown`` once for each of its workers (one per task
+    queue: the worker's and each agent's), where the service has said once, with the grace
+    period, that it stops polling."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Beginning worker shutdown")
+
+
+_SDK_WORKER_LOG = logging.getLogger("temporalio.worker._worker")
+_SAID_ONCE_ALREADY = _SdkShutdownLines()
 
 
 async def _until_running(worker: Worker | TurnkeepWorkers) -> None:

@@ -27,13 +27,14 @@ from turnkeep.cli.errors import error_text, print_error
 from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import (
     client_and_worker,
+    note_builtin_agent,
     refuse_unrunnable,
     runs_worker,
     warn_if_unpolled,
 )
-from turnkeep.cli.render import TurnRenderer, plural, status_word, utc_time
+from turnkeep.cli.render import TurnRenderer, plural, utc_time
 from turnkeep.client.live import MessageEvent
-from turnkeep.client.sessions import SessionHandle, get_session, open_session
+from turnkeep.client.sessions import SessionHandle, get_session, open_session, session_state
 from turnkeep.client.turns import get_turn
 from turnkeep.config.files import find_config, load_settings
 from turnkeep.workflows import visibility
@@ -66,6 +67,7 @@ def chat(
     in_process = runs_worker(address, worker)
     if session_id is None:  # a resumed session keeps its own agent
         refuse_unrunnable(settings, name, TurnOverrides(), in_process=in_process)
+        note_builtin_agent(settings, name, in_process=in_process)
 
     async def go() -> int:
         async with client_and_worker(address, namespace, settings, config, worker=worker) as (
@@ -252,7 +254,7 @@ async def session_rows(client: Client, limit: int) -> list[SessionRow]:
         SessionRow(
             session_id=execution.id,
             agent=execution.typed_search_attributes.get(visibility.AGENT),
-            state=_state(execution.status),
+            state=session_state(execution.status),
             turns=execution.typed_search_attributes.get(visibility.ITERATIONS) or 0,
             tokens=execution.typed_search_attributes.get(visibility.TOKENS) or 0,
             started=started,
@@ -261,14 +263,6 @@ async def session_rows(client: Client, limit: int) -> list[SessionRow]:
     ]
     rows.sort(key=lambda row: row.started, reverse=True)
     return rows
-
-
-def _state(status: WorkflowExecutionStatus | None) -> str:
-    if status == WorkflowExecutionStatus.RUNNING:
-        return "open"
-    if status in (None, WorkflowExecutionStatus.COMPLETED):
-        return "closed"
-    return status_word(status)  # terminated, failed, timed out...
 
 
 async def _first_start(client: Client, execution: WorkflowExecution) -> datetime:
@@ -290,7 +284,7 @@ async def _first_start(client: Client, execution: WorkflowExecution) -> datetime
 
 @sessions_app.command("close")
 def close(
-    session_id: Annotated[str, typer.Argument(help="The session (its id).")],
+    session_id: Annotated[str, typer.Argument(metavar="SESSION_ID", help="The session (its id).")],
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
@@ -314,7 +308,7 @@ def close(
                 )
             if described.status != WorkflowExecutionStatus.RUNNING:
                 console.print(
-                    f"session {escape(session_id)} was already {_state(described.status)}"
+                    f"session {escape(session_id)} was already {session_state(described.status)}"
                 )
                 return
             # The session ends on a worker of its queue, if there is one.

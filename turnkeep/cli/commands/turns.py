@@ -4,6 +4,7 @@ started elsewhere, ``show`` prints one from its history, ``cancel`` cancels one.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Coroutine
 from typing import Annotated, Any
@@ -23,6 +24,7 @@ from turnkeep.cli.console import console, print_json
 from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import (
     client_and_worker,
+    note_builtin_agent,
     refuse_unrunnable,
     runs_worker,
     warn_if_unpolled,
@@ -66,12 +68,14 @@ def run(
     config: ConfigPath = None,
     worker: InProcessWorker = None,
     workflow_id: Annotated[str | None, typer.Option("--id", help="Workflow id.")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the TurnResult as JSON.")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the turn's id and result as JSON.")
+    ] = False,
 ) -> None:
     """Start a turn and stream its messages as the loop runs. Ctrl-C cancels the turn. A turn
     that could only fail (an empty prompt, an agent the config lacks, a model the agent does
     not allow) is refused before anything starts. With --json, stdout carries the result
-    alone, and the streamed turn goes to stderr."""
+    alone, with the turn's id as `turn_id`, and the streamed turn goes to stderr."""
     settings = load_settings(config)
     if json_out:
         console.to_stderr()
@@ -91,6 +95,7 @@ def run(
     )
     in_process = runs_worker(address, worker)
     refuse_unrunnable(settings, turn.agent, turn.overrides(), in_process=in_process)
+    note_builtin_agent(settings, turn.agent, in_process=in_process)
     task_queue = agent_task_queue(settings.task_queue, turn.agent)
 
     async def go() -> None:
@@ -103,7 +108,9 @@ def run(
             unpolled = None if in_process else warn_if_unpolled(client, task_queue)
             result, interrupted = await _stream(handle, also=unpolled)
         if json_out:
-            print_json(result.model_dump_json(indent=2))
+            # The turn's id first, so a script needs nothing from stderr to follow it up.
+            out = {"turn_id": handle.workflow_id, **result.model_dump(mode="json")}
+            print_json(json.dumps(out, indent=2, ensure_ascii=False))
         if interrupted:
             raise typer.Exit(INTERRUPTED_EXIT)
 
@@ -120,7 +127,7 @@ async def _described_turn(
         also = f" ({session})" if described.workflow_type == SESSION_WORKFLOW_NAME else ""
         raise typer.BadParameter(
             f"{turn.workflow_id!r} is a {described.workflow_type}, not a turn{also}",
-            param_hint="WORKFLOW_ID",
+            param_hint="TURN_ID",
         )
     return described
 
@@ -196,7 +203,12 @@ async def _stream(
 
 @app.command()
 def watch(
-    workflow_id: str,
+    workflow_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="TURN_ID", help="The turn's id (`turn TURN_ID`, as `run` prints it)."
+        ),
+    ],
     start: Annotated[int, typer.Option(help="Message index to start from.")] = 0,
     address: Address = None,
     namespace: Namespace = None,
@@ -221,7 +233,9 @@ def watch(
 
 @app.command()
 def show(
-    workflow_id: str,
+    workflow_id: Annotated[
+        str, typer.Argument(metavar="TURN_ID", help="A turn's id, or a session's.")
+    ],
     address: Address = None,
     namespace: Namespace = None,
     run_id: Annotated[
@@ -291,7 +305,7 @@ _REPEATED = {"result": {"history", "final"}}
 
 @app.command()
 def cancel(
-    workflow_id: str,
+    workflow_id: Annotated[str, typer.Argument(metavar="TURN_ID", help="The turn's id.")],
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
