@@ -97,6 +97,10 @@ async def test_a_session_of_large_messages_stores_each_once_and_stays_linear(
     per turn (the bench measures whole histories)."""
     turns = 8
     async with harness(agents=AGENT) as h:
+        directory = payload_directory(h.settings.payload_storage, h.settings.base_dir)
+        # The directory is the test process's: what earlier tests stored there is not this
+        # session's.
+        earlier = {f for f in directory.rglob("*") if f.is_file()}
         session = await open_session(
             h.client, agent="test", task_queue=h.task_queue, turns_per_run=4
         )
@@ -112,11 +116,7 @@ async def test_a_session_of_large_messages_stores_each_once_and_stays_linear(
             ]
         conversation = sum(len(m.model_dump_json()) for m in whole)
         assert conversation > 2 * 256 * 1024  # well past the threshold
-        stored = [
-            f
-            for f in payload_directory(h.settings.payload_storage, h.settings.base_dir).rglob("*")
-            if f.is_file()
-        ]
+        stored = [f for f in directory.rglob("*") if f.is_file() and f not in earlier]
         heads = [line[:50].encode() for line in lines]
         for path in stored:
             data = path.read_bytes()
