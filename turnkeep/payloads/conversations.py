@@ -8,7 +8,9 @@ converter's codec, outside the workflow:
   digest (checked; through the inner codec, so encryption covers it) and its messages are left
   out of the payload;
 - **decode**: after the inner codec, a segment gets its messages back, a history reference
-  becomes the history's messages and a transcript reference the transcript's.
+  becomes the history's messages and a transcript reference the transcript's; only where
+  turnkeep writes one, under the owner the reference beside it names (``_check_references``),
+  so that no client can have another session's messages expanded into its own payload.
 
 A payload without a marker is passed through untouched (one substring check). Segments are
 immutable and named by their digest, so a worker keeps the ones it has read or written, and
