@@ -352,3 +352,33 @@ async def test_a_reference_to_another_sessions_conversation_is_refused(
             for e in history.events
         )
         assert secret not in history_text(history)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the SDK's external storage gives a driver no receiver to check a claim against",
+)
+async def test_a_copied_payload_storage_claim_does_not_read_another_turns_payload(
+    harness: HarnessFactory, client: Client
+) -> None:
+    """A payload over the threshold is stored, and the history records a claim naming its
+    SHA-256: a client that copies the claim into a turn of its own must not have the worker
+    read the other turn's payload for it."""
+    async with harness(agents={"test": {"model": "passthrough"}}) as h:
+        secret = f"secret {uuid.uuid4().hex} " + "s" * 300_000
+        victim = await h.start(secret)
+        await victim.result()
+        started = (await victim.handle.fetch_history()).events[0]
+        [claim] = started.workflow_execution_started_event_attributes.input.payloads
+        assert secret[:40].encode() not in claim.data  # a reference, not the message
+        handle = await client.start_workflow(
+            WORKFLOW_NAME,
+            RawValue(claim),
+            id=f"crafted-{uuid.uuid4().hex[:8]}",
+            task_queue=h.task_queue,
+        )
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=120)
+        except WorkflowFailureError:
+            return
+        assert secret[:40] not in json.dumps(result)
