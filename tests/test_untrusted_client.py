@@ -382,3 +382,34 @@ async def test_a_copied_payload_storage_claim_does_not_read_another_turns_payloa
         except WorkflowFailureError:
             return
         assert secret[:40] not in json.dumps(result)
+
+
+async def test_an_update_carrying_a_reference_is_rejected_and_the_turn_goes_on(
+    harness: HarnessFactory,
+) -> None:
+    """An update's arguments are a client's payload too: a reference in them, even beside a
+    ``history_ref`` naming its owner, is never expanded into what the turn receives."""
+    async with harness(TOOLS, **PASSTHROUGH) as h:
+        secret, ref = await _victim(h)
+        turn = await h.start(held("refs"))
+        await eventually(lambda: "refs" in gates, "the tool started")
+        history = {"$turnkeep": "history", "owner": ref.owner, "head": ref.head}
+        decisions = [
+            {"call_id": "x", "decision": "approve", "by": history},
+            {
+                "call_id": "x",
+                "decision": "approve",
+                "history": history,
+                "history_ref": ref.model_dump(mode="json"),
+            },
+        ]
+        refused = []
+        for decision in decisions:
+            with pytest.raises(WorkflowUpdateFailedError) as caught:
+                await turn.handle.execute_update("decide", args=[decision])
+            refused.append(str(caught.value.cause))
+        gates["refs"].set()
+        result = await turn.result()
+    assert result.final is not None and result.final.text == "refs released"
+    assert "conversation reference" in refused[0], refused[0]
+    assert all(secret not in message for message in refused), refused
