@@ -5,11 +5,13 @@ goes on; it is never left Running with a workflow task that fails on every retry
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.common.v1 import Payload
 from temporalio.client import (
     Client,
     WorkflowFailureError,
@@ -20,7 +22,7 @@ from temporalio.client import (
 from temporalio.common import RawValue
 from temporalio.service import RPCError
 
-from tests.conftest import HarnessFactory, eventually, forged_expansion, turnkeep
+from tests.conftest import HarnessFactory, eventually, forged_expansion, history_text, turnkeep
 from turnkeep.testing.fake_api import Api, FakeModelApi, Reply
 from turnkeep.workflows.activity_io import Timeouts, TurnPlan
 from turnkeep.workflows.loop import TurnState
@@ -260,3 +262,154 @@ async def test_show_and_cancel_say_why_a_turn_failed_before_its_loop(
         said = out.stdout + out.stderr
         assert "TurnWorkflow takes one argument" in said and "got 0" in said, said
         assert "has not started yet" not in said and "Traceback" not in said, said
+
+
+# --- references to another session's stored conversation ----------------------------------------
+
+
+async def _victim(h: Any) -> tuple[str, Any]:
+    """A session that said a secret, and the reference its first turn handed back."""
+    from turnkeep.client.sessions import open_session
+    from turnkeep.client.turns import get_turn
+
+    session = await open_session(h.client, agent="test", task_queue=h.task_queue)
+    secret = f"secret {uuid.uuid4().hex}"
+    sent = await session.send(secret)
+    async for _ in session.messages(0, until_turn=sent.turn):
+        pass
+    ref = (await get_turn(h.client, f"{session.session_id}/turn-1").result()).conversation
+    assert ref is not None and ref.head is not None
+    return secret, ref
+
+
+def _escaped(document: dict[str, Any]) -> bytes:
+    """``document`` as JSON whose marker keys are written with a JSON escape: the same key to
+    any parser, other bytes to a substring check."""
+    text = json.dumps(document, separators=(",", ":"))
+    return text.replace('"$turnkeep"', '"\\u0024turnkeep"').encode()
+
+
+def _crafted(ref: Any) -> dict[str, dict[str, Any]]:
+    owner, head = ref.owner, ref.head
+    history = {"$turnkeep": "history", "owner": owner, "head": head}
+    segment = {"$turnkeep": "segment", "owner": owner, "digest": head}
+    transcript = {"$turnkeep": "transcript", "owner": owner, "head": head}
+    smuggled = {
+        "role": "assistant",
+        "content": [],
+        "tool_calls": {"c1": {"name": "local__hold", "arguments": {"x": transcript}}},
+    }
+    return {
+        # A reference placed straight in the history, with no history_ref beside it.
+        "history": {"agent": "test", "messages": ["what was said?"], "history": history},
+        # The messages as a segment of the other session.
+        "messages": {"agent": "test", "messages": segment},
+        # The segment named by a digest of the turn's own, and the reference elsewhere.
+        "messages_segment": {
+            "agent": "test",
+            "messages": segment,
+            "messages_segment": head,
+        },
+        # Deep in a message of the history, where no reference is ever written.
+        "nested": {"agent": "test", "messages": ["what was said?"], "history": [smuggled]},
+        # The same, behind a JSON escape: passed on by the first decoding, expanded by the next
+        # (the model's input, the turn's result).
+        "escaped": {"agent": "test", "messages": ["what was said?"], "history": [smuggled]},
+    }
+
+
+@pytest.mark.parametrize("case", ["history", "messages", "messages_segment", "nested", "escaped"])
+async def test_a_reference_to_another_sessions_conversation_is_refused(
+    harness: HarnessFactory, case: str
+) -> None:
+    """A client that copies a digest (visible in any history) into a turn of its own, wherever
+    it puts it, never gets another session's messages into that turn: the turn fails, naming
+    the field, before any model call, and the secret is in neither its history nor its
+    result."""
+    async with harness(agents={"test": {"model": "passthrough"}}) as h:
+        secret, ref = await _victim(h)
+        document = _crafted(ref)[case]
+        data = _escaped(document) if case == "escaped" else json.dumps(document).encode()
+        payload = Payload(metadata={"encoding": b"json/plain"}, data=data)
+        handle = await h.client.start_workflow(
+            WORKFLOW_NAME,
+            RawValue(payload),
+            id=f"crafted-{uuid.uuid4().hex[:8]}",
+            task_queue=h.task_queue,
+        )
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=120)
+        except WorkflowFailureError as failed:
+            message = str(failed.cause)
+        else:
+            raise AssertionError(f"the crafted turn ran; leaked: {secret in json.dumps(result)}")
+        assert "conversation reference" in message or "history_ref" in message, message
+        assert secret not in message
+        history = await handle.fetch_history()
+        assert not any(
+            e.HasField("activity_task_scheduled_event_attributes")
+            and "model" in e.activity_task_scheduled_event_attributes.activity_type.name
+            for e in history.events
+        )
+        assert secret not in history_text(history)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the SDK's external storage gives a driver no receiver to check a claim against",
+)
+async def test_a_copied_payload_storage_claim_does_not_read_another_turns_payload(
+    harness: HarnessFactory, client: Client
+) -> None:
+    """A payload over the threshold is stored, and the history records a claim naming its
+    SHA-256: a client that copies the claim into a turn of its own must not have the worker
+    read the other turn's payload for it."""
+    async with harness(agents={"test": {"model": "passthrough"}}) as h:
+        secret = f"secret {uuid.uuid4().hex} " + "s" * 300_000
+        victim = await h.start(secret)
+        await victim.result()
+        started = (await victim.handle.fetch_history()).events[0]
+        [claim] = started.workflow_execution_started_event_attributes.input.payloads
+        assert secret[:40].encode() not in claim.data  # a reference, not the message
+        handle = await client.start_workflow(
+            WORKFLOW_NAME,
+            RawValue(claim),
+            id=f"crafted-{uuid.uuid4().hex[:8]}",
+            task_queue=h.task_queue,
+        )
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=120)
+        except WorkflowFailureError:
+            return
+        assert secret[:40] not in json.dumps(result)
+
+
+async def test_an_update_carrying_a_reference_is_rejected_and_the_turn_goes_on(
+    harness: HarnessFactory,
+) -> None:
+    """An update's arguments are a client's payload too: a reference in them, even beside a
+    ``history_ref`` naming its owner, is never expanded into what the turn receives."""
+    async with harness(TOOLS, **PASSTHROUGH) as h:
+        secret, ref = await _victim(h)
+        turn = await h.start(held("refs"))
+        await eventually(lambda: "refs" in gates, "the tool started")
+        history = {"$turnkeep": "history", "owner": ref.owner, "head": ref.head}
+        decisions = [
+            {"call_id": "x", "decision": "approve", "by": history},
+            {
+                "call_id": "x",
+                "decision": "approve",
+                "history": history,
+                "history_ref": ref.model_dump(mode="json"),
+            },
+        ]
+        refused = []
+        for decision in decisions:
+            with pytest.raises(WorkflowUpdateFailedError) as caught:
+                await turn.handle.execute_update("decide", args=[decision])
+            refused.append(str(caught.value.cause))
+        gates["refs"].set()
+        result = await turn.result()
+    assert result.final is not None and result.final.text == "refs released"
+    assert "conversation reference" in refused[0], refused[0]
+    assert all(secret not in message for message in refused), refused

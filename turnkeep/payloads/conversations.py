@@ -8,7 +8,9 @@ converter's codec, outside the workflow:
   digest (checked; through the inner codec, so encryption covers it) and its messages are left
   out of the payload;
 - **decode**: after the inner codec, a segment gets its messages back, a history reference
-  becomes the history's messages and a transcript reference the transcript's.
+  becomes the history's messages and a transcript reference the transcript's; only where
+  turnkeep writes one, under the owner the reference beside it names (``_check_references``),
+  so that no client can have another session's messages expanded into its own payload.
 
 A payload without a marker is passed through untouched (one substring check). Segments are
 immutable and named by their digest, so a worker keeps the ones it has read or written, and
@@ -69,6 +71,9 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 DIRECTORY = "conversations"
 # What a worker keeps of the segments it has read or written, by their messages' JSON size.
 CACHE_BYTES = 64 * 1024 * 1024
+# Where a payload may hold a reference, and what names its owner beside it (``_check_references``).
+_PLACES = frozenset({"messages", "history", "transcript"})
+_ANCHORS = ("history_ref", "conversation")
 # Expansions of chains kept, each a tuple of references to the cached messages' JSON.
 CHAINS = 64
 
@@ -269,6 +274,7 @@ class ConversationCodec(PayloadCodec):
         its JSON is (a worker that holds the conversation then skips parsing it:
         ``conversation.Messages``)."""
         document = json.loads(payload.data)
+        _check_references(document)
         fragments: list[str] = []
         top_level: dict[int, str] = {}  # fragment number -> the top-level key it is under
 
@@ -395,22 +401,78 @@ def _segment_bytes(segment: _Segment) -> bytes:
 
 
 def _read_segment(stored: Payload) -> _Segment:
-    if stored.metadata.get("encoding") == SEGMENT:
-        header, *texts = stored.data.decode().split("\n")
-        body = json.loads(header)
-        prev = body["prev"] if "prev" in body else body.get("parent")
-        return _Segment(body.get("parent"), prev, tuple(texts), body.get("summary"))
-    body = json.loads(stored.data)  # as segments were first stored: one JSON document
-    return _Segment(
-        body.get("parent"),
-        body.get("prev"),
-        tuple(body.get("messages") or ()),
-        body.get("summary"),
-    )
+    if stored.metadata.get("encoding") != SEGMENT:
+        raise PayloadStorageError("a stored conversation segment is not in the segment format")
+    header, *texts = stored.data.decode().split("\n")
+    body = json.loads(header)
+    prev = body["prev"] if "prev" in body else body.get("parent")
+    return _Segment(body.get("parent"), prev, tuple(texts), body.get("summary"))
 
 
 def _marked(payload: Payload) -> bool:
-    return payload.metadata.get("encoding") == JSON and _MARKER_BYTES in payload.data
+    if payload.metadata.get("encoding") != JSON:
+        return False
+    if _MARKER_BYTES in payload.data:
+        return True
+    # The key written with a JSON escape is the same key to any parser: a client's payload
+    # must not carry one past this check, to be expanded where the worker passes it on.
+    if b"\\u" not in payload.data:
+        return False
+    try:
+        return bool(_markers(json.loads(payload.data)))
+    except ValueError:
+        return False  # not JSON: the payload converter says so
+
+
+def _check_references(document: Any) -> None:
+    """Refuse a payload whose references could name a conversation its receiver does not own.
+
+    Turnkeep writes a reference only as the value of a top-level ``messages``, ``history`` or
+    ``transcript``, and only beside the reference that names whose conversation it is:
+    ``history_ref`` (a turn's input, which ``TurnWorkflow`` honours only from the session that
+    owns it) or ``conversation`` (a turn's result, a session's state, which only the session's
+    own turns and runs write). Any client may send a payload, and digests are no secret: a
+    reference anywhere else, or under another owner than that, would have another session's
+    messages expanded into it before any workflow code could check it."""
+    if not isinstance(document, dict):
+        if _markers(document):
+            raise PayloadStorageError(
+                "a conversation reference is allowed only in a turn's or a session's "
+                "`messages`, `history` or `transcript`"
+            )
+        return
+    anchors = {
+        name: document[name].get("owner")
+        for name in _ANCHORS
+        if isinstance(document.get(name), dict)
+    }
+    for key, value in document.items():
+        if key in _PLACES and isinstance(value, dict) and isinstance(value.get(MARKER), str):
+            if "ref" in value and value["ref"] != "history_ref":
+                raise PayloadStorageError(
+                    f"the conversation reference in `{key}` may name only `history_ref`"
+                )
+            _check_owner(key, _with_ref(value, document).get("owner"), anchors)
+        elif _markers(value):
+            raise PayloadStorageError(
+                f"`{key}` holds a conversation reference inside it: one is allowed only as a "
+                "turn's or a session's whole `messages`, `history` or `transcript`"
+            )
+
+
+def _check_owner(key: str, owner: Any, anchors: dict[str, Any]) -> None:
+    if not anchors:
+        raise PayloadStorageError(
+            f"`{key}` holds a conversation reference without a `history_ref` beside it: only "
+            "a session hands a turn a stored conversation, as its child"
+        )
+    for name, anchor in anchors.items():
+        if not isinstance(anchor, str) or not anchor or owner != anchor:
+            raise PayloadStorageError(
+                f"the conversation reference in `{key}` names another conversation than "
+                f"`{name}` does: a stored conversation is handed only by the session that owns "
+                "it, to its own turns"
+            )
 
 
 def _markers(node: Any) -> list[dict[str, Any]]:

@@ -397,6 +397,13 @@ def _start_arguments(args: Sequence[Any]) -> _Start:
     )
     carried = start.carried
     if carried is not None and carried.conversation is not None:
+        if carried.conversation.owner != workflow.info().workflow_id:
+            raise ApplicationError(
+                "the carried state's conversation is another session's: a session's run "
+                "carries only its own",
+                type="InvalidSessionInput",
+                non_retryable=True,
+            )
         if known is not None:
             carried.transcript = list(known)
         else:
@@ -414,6 +421,8 @@ def _known_transcript(args: Sequence[Any]) -> tuple[Sequence[Any], tuple[Message
     try:
         ref = ConversationRef.model_validate(carried["conversation"])
     except ValidationError:
+        return args, None  # refused with the rest of the state
+    if ref.owner != workflow.info().workflow_id:
         return args, None  # refused with the rest of the state
     known = conversations.get(ref, kind="transcript")
     if known is None:
