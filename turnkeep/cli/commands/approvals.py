@@ -121,8 +121,10 @@ def _print_wait(turn_id: str, call: PendingCall) -> None:
 
 @app.command()
 def approve(
-    workflow_id: Annotated[str, typer.Argument(help="The turn (workflow id).")],
-    call_id: Annotated[str, typer.Argument(help="The tool call awaiting approval.")],
+    workflow_id: Annotated[str, typer.Argument(metavar="TURN_ID", help="The turn's id.")],
+    call_id: Annotated[
+        str, typer.Argument(metavar="CALL_ID", help="The tool call awaiting approval.")
+    ],
     deny: Annotated[bool, typer.Option("--deny", help="Deny the call instead.")] = False,
     reason: Annotated[str | None, typer.Option(help="Why; the model sees it on a denial.")] = None,
     by: Annotated[str | None, typer.Option(help="Who decides (default: the user name).")] = None,
@@ -177,8 +179,11 @@ def approve(
 
 @app.command()
 def submit(
-    workflow_id: Annotated[str, typer.Argument(help="The turn (workflow id).")],
-    call_id: Annotated[str, typer.Argument(help="The client-side tool call awaiting its result.")],
+    workflow_id: Annotated[str, typer.Argument(metavar="TURN_ID", help="The turn's id.")],
+    call_id: Annotated[
+        str,
+        typer.Argument(metavar="CALL_ID", help="The client-side tool call awaiting its result."),
+    ],
     text: Annotated[str | None, typer.Option("--text", help="The result, as text.")] = None,
     json_result: Annotated[
         str | None,
@@ -212,8 +217,10 @@ def submit(
 
 @app.command()
 def revoke(
-    workflow_id: Annotated[str, typer.Argument(help="The turn or session (workflow id).")],
-    rule_id: Annotated[str, typer.Argument(help="The rule (`turnkeep approve --always` said).")],
+    workflow_id: Annotated[str, typer.Argument(metavar="ID", help="A turn's id, or a session's.")],
+    rule_id: Annotated[
+        str, typer.Argument(metavar="RULE_ID", help="The rule (`turnkeep approve --always` said).")
+    ],
     by: Annotated[str | None, typer.Option(help="Who revokes (default: the user name).")] = None,
     address: Address = None,
     namespace: Namespace = None,
@@ -261,7 +268,9 @@ async def _on_turn(
 
 @app.command()
 def budget(
-    workflow_id: Annotated[str, typer.Argument(help="The turn (workflow id) at its budget.")],
+    workflow_id: Annotated[
+        str, typer.Argument(metavar="TURN_ID", help="The id of the turn at its budget.")
+    ],
     raise_to: Annotated[
         float | None,
         typer.Option("--raise", help="Raise the budget to this (tokens or USD, as the budget)."),
@@ -296,7 +305,7 @@ def budget(
 
 @app.command()
 def answer(
-    workflow_id: Annotated[str, typer.Argument(help="The turn (workflow id).")],
+    workflow_id: Annotated[str, typer.Argument(metavar="TURN_ID", help="The turn's id.")],
     call_id: Annotated[
         str, typer.Argument(help="What waits: `<tool call id>:elicit:<n>` (`turnkeep pending`).")
     ],
