@@ -61,6 +61,7 @@ _PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_]*\b|\.\.\.|…")
 _NOT_RUN = {"worker", "server", "serve", "gateway", "codec-server", "chat", "watch", "gc", "cancel"}
 # What a run line or a block asks the model, which the offline model echoes.
 _PROMPT = re.compile(r'turnkeep run "([^"]+)"|messages=\["([^"]+)"|send\("([^"]+)"\)')
+_DEMO = "--agent demo -c examples/turnkeep.yaml"
 # Provider keys never reach a docs run: the offline model answers, whatever the machine has.
 _PROVIDER_KEYS = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "TURNKEEP_MODEL")
 
@@ -153,6 +154,21 @@ def test_the_option_check_catches_a_wrong_option() -> None:
     assert option_problems("turnkeep shoe TURN_ID") != []
 
 
+def test_only_lines_without_placeholders_run() -> None:
+    ids = {"TURN_ID": "turn-1"}
+    assert (
+        _runnable("turnkeep show TURN_ID [--json] [--full]  # a turn", ids)
+        == "turnkeep show turn-1"
+    )
+    assert _runnable("turnkeep approve TURN_ID CALL_ID [--deny]", ids) is None
+    assert _runnable("turnkeep budget TURN_ID --raise N | --stop", ids) is None
+    assert _runnable("turnkeep worker -c examples/turnkeep.yaml", ids) is None
+    assert (
+        _runnable('turnkeep run "What is 2?" --agent demo', ids)
+        == 'turnkeep run "What is 2?" --agent demo'
+    )
+
+
 @pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.lang == "python"], ids=str)
 def test_every_python_block_compiles(block: Block) -> None:
     # A fragment may await at the top level; a block marked to run may not (it is run as a file).
@@ -233,11 +249,13 @@ def test_the_marked_blocks_run(temporal: ServerInfo, tmp_path: Path) -> None:
     )
     try:
         # A turn and a session of this test's own, for the lines that name one.
-        started = _bash("turnkeep run 'Hello!' --agent demo -c examples/turnkeep.yaml --json", env)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            first = pool.submit(_bash, f"turnkeep run 'Hello!' {_DEMO} --json", env)
+            chat = pool.submit(_bash, f"echo 'Hi' | turnkeep chat {_DEMO}", env)
+            started, session = first.result(), chat.result()
         assert started.returncode == 0, started.stderr
         turn = json.loads(started.stdout)
         assert turn["final"]["content"] == [{"type": "text", "text": "Hello!"}]  # echoed
-        session = _bash("echo 'Hi' | turnkeep chat --agent demo -c examples/turnkeep.yaml", env)
         assert session.returncode == 0, session.stderr
         session_id = re.search(r"--session ([\w.-]+)", session.stdout + session.stderr)
         assert session_id, session.stdout + session.stderr
@@ -262,7 +280,7 @@ def test_the_marked_blocks_run(temporal: ServerInfo, tmp_path: Path) -> None:
             for what, result in results.items()
             if result.returncode != 0
         ]
-        assert failures == []
+        assert failures == [], (tmp_path / "worker.log").read_text()
         # The offline model echoes: what a block asks is what it prints (as the README says).
         for what, job in jobs.items():
             assert isinstance(job, partial)
