@@ -11,7 +11,8 @@ A fenced block the pages mark with an HTML comment on the line before it is run 
   repository's root, against the same server, and must exit 0; ``TURN_ID`` (and ``SESSION_ID``)
   stand for a turn (a session) this test started, and ``[...]`` options are left out. A line
   with any other placeholder, or one that starts something that runs until stopped (a worker,
-  a server, a REPL), is not run: its options are checked as every command line's are.
+  a server), is not run: its options are checked as every command line's are. ``chat`` reads
+  one line, then the end of its input.
 - ``<!-- docs-test: not-config -->`` before a ``yaml`` block: not a ``turnkeep.yaml`` (a
   Kubernetes probe, say). Every other ``yaml`` block is one, and must load as a worker loads it.
 
@@ -58,7 +59,7 @@ _BLOCK = re.compile(
 # What a person types in place of a value: TURN_ID, CALL_ID, N, '{...}', "...".
 _PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_]*\b|\.\.\.|…")
 # Commands that run until stopped, or act on what only a person could have set up.
-_NOT_RUN = {"worker", "server", "serve", "gateway", "codec-server", "chat", "watch", "gc", "cancel"}
+_NOT_RUN = {"worker", "server", "serve", "gateway", "codec-server", "watch", "gc", "cancel"}
 # What a run line or a block asks the model, which the offline model echoes.
 _PROMPT = re.compile(r'turnkeep run "([^"]+)"|messages=\["([^"]+)"|send\("([^"]+)"\)')
 _DEMO = "--agent demo -c examples/turnkeep.yaml"
@@ -221,7 +222,13 @@ def _runnable(line: str, ids: dict[str, str]) -> str | None:
 
 def _bash(line: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        ["bash", "-c", line],
+        cwd=ROOT,
+        env=env,
+        input="Hi\n",  # a line for `chat` to send; it leaves at the end of input
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
