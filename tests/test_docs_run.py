@@ -18,13 +18,16 @@ A fenced block the pages mark with an HTML comment on the line before it is run 
 
 Whatever is not marked is still checked without running: every ``python`` block of every page
 compiles (a top-level ``await`` allowed, as in a fragment), and every ``turnkeep`` command line
-in a ``sh`` or ``console`` block names a command and options that the CLI has.
+in a ``sh`` or ``console`` block names a command and options that the CLI has, and every call
+on a ``handle``, ``turn`` or ``session`` names a method of ``TurnHandle`` (``SessionHandle``)
+with arguments it takes.
 """
 
 from __future__ import annotations
 
 import ast
 import base64
+import inspect
 import json
 import os
 import re
@@ -175,6 +178,49 @@ def test_every_python_block_compiles(block: Block) -> None:
     # A fragment may await at the top level; a block marked to run may not (it is run as a file).
     flags = 0 if block.mark == "run" else ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     compile(block.code, str(block), "exec", flags=flags)
+
+
+# What the pages' fragments call their handles: a turn's (`start_turn`, `get_turn`) and a
+# session's (`open_session`, `get_session`).
+_HANDLES = {"handle": "TurnHandle", "turn": "TurnHandle", "session": "SessionHandle"}
+
+
+def handle_call_problems(code: str) -> list[str]:
+    """The calls on a handle that name no method of it, or arguments it does not take."""
+    import turnkeep
+
+    tree = compile(code, "<block>", "exec", ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    found = []
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in _HANDLES
+        ):
+            continue
+        kind = _HANDLES[node.func.value.id]
+        method = getattr(getattr(turnkeep, kind), node.func.attr, None)
+        if method is None:
+            found.append(f"{kind} has no {node.func.attr}")
+            continue
+        arguments = {k.arg: None for k in node.keywords if k.arg}
+        try:
+            inspect.signature(method).bind(None, *node.args, **arguments)
+        except TypeError as err:
+            found.append(f"{kind}.{node.func.attr}: {err}")
+    return found
+
+
+@pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.lang == "python"], ids=str)
+def test_every_handle_call_names_a_method_and_arguments_it_takes(block: Block) -> None:
+    assert handle_call_problems(block.code) == []
+
+
+def test_the_handle_check_catches_a_wrong_call() -> None:
+    assert handle_call_problems('await handle.decide("w1", True, by="alice")') == []
+    assert handle_call_problems('await handle.desicde("w1", True)') != []
+    assert handle_call_problems('await session.send("hi", urgency=3)') != []
 
 
 def test_the_first_hour_pages_have_blocks_that_run() -> None:
