@@ -66,7 +66,8 @@ test: lint $(CHROMIUM) $(KUBECTL)
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # The quick round: no Temporal server and nothing slow (tests/conftest.py marks the tests that
-# use a server, `slow` the chaos, browser, terminal and wheel tests); no lint either.
+# use a server, `slow` the chaos, browser, terminal and wheel tests and those that start Python
+# processes); no lint either.
 test-fast: $(VENV)/.test $(KUBECTL)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not server and not slow"
 
