@@ -6,8 +6,8 @@ never see each other's turns.
 Tests that use the session's server are marked ``server`` here; those that start servers of
 their own, and the ``slow`` ones, are marked where they are written. ``slow`` includes every test
 that starts a Python process (the CLI, an MCP server over stdio or HTTP, a fresh interpreter to
-see what an import loads): each pays the interpreter's and its imports' start-up, which in the
-quick round would cost more than all the in-process tests. ``make test-fast`` runs neither.
+see what an import loads): each pays a fresh interpreter's start-up and imports, which cost far
+more CPU than what the test checks. ``make test-fast`` runs neither.
 """
 
 from __future__ import annotations
