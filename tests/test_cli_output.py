@@ -153,6 +153,7 @@ async def test_without_a_config_run_says_which_agent_runs(
     assert json.loads(configured.stdout)["turn_id"].strip()
 
 
+@pytest.mark.slow
 async def test_help_uses_the_readmes_names_and_wraps_to_the_terminal(tmp_path: Path) -> None:
     """`--help` names a turn's id TURN_ID as the README does, and the command listing wraps
     each command's line to the terminal's width, not at the docstring's own line breaks."""

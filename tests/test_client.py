@@ -244,6 +244,7 @@ async def test_ctrl_c_in_cli_run_cancels_the_turn_and_shows_the_repair(
     assert "stop reason: cancelled" in output
 
 
+@pytest.mark.slow
 async def test_cli_on_an_unreachable_server_says_so(tmp_path: Path) -> None:
     """No traceback: one line naming the address, and exit code 2 like other user errors."""
     (tmp_path / "turnkeep.yaml").write_text("agents:\n  test:\n    model: passthrough\n")
@@ -258,6 +259,7 @@ async def test_cli_on_an_unreachable_server_says_so(tmp_path: Path) -> None:
     assert "tonic" not in done.stderr
 
 
+@pytest.mark.slow
 async def test_cli_exit_codes_survive_leaving_without_finalization(tmp_path: Path) -> None:
     """`main` ends with os._exit: the codes click and typer give must come through."""
 

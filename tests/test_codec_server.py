@@ -379,6 +379,7 @@ async def serving(url: str) -> Answer:
     return await eventually(probe, f"{url} answers", within=60)
 
 
+@pytest.mark.slow
 async def test_codec_server_command(tmp_path: Path, cli: Any) -> None:
     port = free_port()
     config = write_config(tmp_path / "turnkeep.yaml", port=port)

@@ -171,6 +171,7 @@ def test_installed_packages_register_through_the_entry_point_group(
         installed_providers()
 
 
+@pytest.mark.slow
 def test_registering_the_built_ins_loads_no_sdk() -> None:
     # Importing an SDK takes seconds: a worker or a turn's setup that never calls a provider
     # must not pay for it.

@@ -116,7 +116,8 @@ async def http_url(no_leaked_servers_at_all: None) -> AsyncIterator[str]:
         yield url
 
 
-@pytest.fixture(params=["stdio", "http"])
+# Each test over a remote server starts a Python process serving MCP: `slow`.
+@pytest.fixture(params=[pytest.param(t, marks=pytest.mark.slow) for t in ("stdio", "http")])
 def remote(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     """The test server's settings, reached over stdio or over streamable HTTP."""
     if request.param == "stdio":
@@ -173,6 +174,7 @@ async def test_cancelling_a_call_leaves_the_connection_usable(
         assert await server_pid(pool, "t") == before
 
 
+@pytest.mark.slow
 async def test_stdio_env_and_relative_cwd(tmp_path: Path) -> None:
     (tmp_path / "work").mkdir()
     server = stdio(cwd="work", env={"TURNKEEP_TEST_RECORD": "record.txt"})
@@ -183,6 +185,7 @@ async def test_stdio_env_and_relative_cwd(tmp_path: Path) -> None:
     assert (tmp_path / "work" / "record.txt").read_text() == "first\nsecond\n"
 
 
+@pytest.mark.slow
 async def test_killed_stdio_server_is_reopened(tmp_path: Path) -> None:
     async with pool_of(tmp_path, {"t": stdio()}) as pool:
         old = await server_pid(pool, "t")
@@ -202,6 +205,7 @@ async def test_killed_stdio_server_is_reopened(tmp_path: Path) -> None:
         assert live_test_servers() == [new]
 
 
+@pytest.mark.slow
 async def test_http_server_down_then_back(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}/mcp"
@@ -386,6 +390,7 @@ def env() -> ActivityEnvironment:
     return env
 
 
+@pytest.mark.slow
 async def test_list_tools_activity_namespaces_and_filters(
     activities: ToolActivities, env: ActivityEnvironment
 ) -> None:
@@ -396,6 +401,7 @@ async def test_list_tools_activity_namespaces_and_filters(
     assert add.input_schema["properties"]["a"] == {"type": "integer"}
 
 
+@pytest.mark.slow
 async def test_list_tools_activity_errors(
     activities: ToolActivities, env: ActivityEnvironment
 ) -> None:
@@ -428,6 +434,7 @@ async def test_list_tools_activity_errors(
     ]
 
 
+@pytest.mark.slow
 async def test_call_tool_activity(activities: ToolActivities, env: ActivityEnvironment) -> None:
     heartbeats: list[Any] = []
     env.on_heartbeat = lambda *details: heartbeats.append(details)
@@ -451,6 +458,7 @@ async def test_call_tool_activity(activities: ToolActivities, env: ActivityEnvir
         assert refused in str(err.value)
 
 
+@pytest.mark.slow
 async def test_call_tool_activity_truncates_large_results(
     activities: ToolActivities, env: ActivityEnvironment
 ) -> None:

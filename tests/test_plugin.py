@@ -250,6 +250,7 @@ def test_a_name_given_twice_is_refused(tmp_path: Path) -> None:
         TurnkeepPlugin(agents=[helper(), other])
 
 
+@pytest.mark.slow
 def test_the_facade_loads_nothing_it_is_not_asked_for() -> None:
     # The workflow sandbox imports turnkeep.workflows: that must not pull in the worker's I/O.
     code = (

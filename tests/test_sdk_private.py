@@ -8,6 +8,7 @@ upgrade becomes a decision (the design notes' "What is SDK-private, and why").""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -291,11 +292,17 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """``path``'s syntax tree, parsed once however many checks walk it."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def _own_names(paths: Sequence[Path]) -> set[str]:
     """Every name turnkeep defines (functions, classes, attributes, variables)."""
     names: set[str] = set()
     for path in paths:
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_parsed(path)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 names.add(node.name)
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
@@ -352,15 +359,23 @@ def _sdk_privates(cls: type) -> set[str]:
     """The private names a third-party class and its bases define, methods and attributes."""
     names: set[str] = set()
     for base in cls.__mro__:
-        if not _third_party(base.__module__):
-            continue
-        names |= {name for name in vars(base) if _private(name)}
-        try:
-            source = inspect.getsource(base)
-        except (OSError, TypeError):
-            continue
-        names |= set(re.findall(r"self\.(_[A-Za-z]\w*)\s*(?::[^=\n]*)?=[^=]", source))
+        if _third_party(base.__module__):
+            names |= _defined_privately(base)
     return names
+
+
+# Many of turnkeep's classes share bases (pydantic's BaseModel above all), and finding a class's
+# source parses its whole module: each base is read once.
+@functools.cache
+def _defined_privately(base: type) -> frozenset[str]:
+    """The private names one third-party class itself defines, methods and attributes."""
+    names = {name for name in vars(base) if _private(name)}
+    try:
+        source = inspect.getsource(base)
+    except (OSError, TypeError):
+        return frozenset(names)
+    names |= set(re.findall(r"self\.(_[A-Za-z]\w*)\s*(?::[^=\n]*)?=[^=]", source))
+    return frozenset(names)
 
 
 def _class_names(node: ast.ClassDef) -> set[str]:
@@ -388,7 +403,7 @@ def _subclassed_privately(tree: ast.Module, module: ModuleType | None) -> Iterat
 
 
 def private_uses(path: Path, module: ModuleType | None, own: set[str]) -> list[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = _parsed(path)
     return sorted({*_named_privately(tree, own), *_subclassed_privately(tree, module)})
 
 
