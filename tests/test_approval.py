@@ -292,7 +292,8 @@ async def test_cli_lists_pending_calls_and_approves_one(
     assert result_of(result, "w1").text == "Tool call denied by carol: no"
     again = turnkeep("approve", turn.workflow_id, "w1", temporal=temporal, cwd=tmp_path)
     assert again.returncode == 2 and again.stderr == (
-        "error: the Temporal server refused the request: workflow execution already completed\n"
+        "error: that turn or session has already ended, so nothing waits there any more "
+        "(`turnkeep show ID` says how it ended)\n"
     )
     shown = turnkeep("show", turn.workflow_id, temporal=temporal, cwd=tmp_path)
     assert "decision: denied call w1 (fs__write) · by carol at " in shown.stdout, shown.stdout

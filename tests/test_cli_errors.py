@@ -160,8 +160,7 @@ async def test_watch_and_cancel_an_unknown_turn(temporal: ServerInfo, tmp_path: 
     )
     for done in (watched, cancelled):
         assert done.stderr == (
-            "error: the Temporal server refused the request: workflow not found for ID: "
-            "no-such-turn\n"
+            "error: no turn or session has that id (`run` and `sessions` print the ids)\n"
         )
         assert one_error(done)
 

@@ -21,7 +21,7 @@ from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.connection import TemporalUnreachableError
 from turnkeep.client.history import TurnHistoryError, describe_failure
@@ -124,8 +124,22 @@ def error_text(err: Exception) -> str:
     if isinstance(err, WorkflowAlreadyStartedError):
         return f"a workflow with id {err.workflow_id!r} is already running (choose another --id)"
     if isinstance(err, RPCError):
-        return f"the Temporal server refused the request: {err.message}"
+        return _refusal_text(err)
     return str(err)
+
+
+def _refusal_text(err: RPCError) -> str:
+    # The server's words for the two refusals a person meets most (a decision sent to a turn
+    # that has ended, an id mistyped) name the server's internals; say what they mean instead.
+    if err.status == RPCStatusCode.NOT_FOUND:
+        if "already completed" in err.message:
+            return (
+                "that turn or session has already ended, so nothing waits there any more "
+                "(`turnkeep show ID` says how it ended)"
+            )
+        if err.message.startswith("workflow not found"):
+            return "no turn or session has that id (`run` and `sessions` print the ids)"
+    return f"the Temporal server refused the request: {err.message}"
 
 
 def _usage_text(err: typer.TyperException) -> str:
