@@ -135,7 +135,7 @@ async def test_the_command_lines_own_mistakes_are_one_line(
         cli(temporal, tmp_path, "run", "hi", "--max-iterations", "-1"),
     )
     assert one_error(missing) == (
-        "error: missing argument 'call_id'. (see `python -m turnkeep.cli approve --help`)"
+        "error: missing argument 'CALL_ID'. (see `python -m turnkeep.cli approve --help`)"
     )
     assert one_error(not_json).startswith("error: invalid value: --arguments is not JSON: ")
     assert one_error(duration).startswith(
