@@ -194,7 +194,7 @@ async def test_debug_shows_the_traceback(temporal: ServerInfo, tmp_path: Path) -
     assert done.returncode == 2
     assert done.stderr.startswith("Traceback (most recent call last):")
     assert "temporalio.service.RPCError: workflow not found for ID: no-such-turn" in done.stderr
-    assert done.stderr.splitlines()[-1].startswith("error: the Temporal server refused")
+    assert done.stderr.splitlines()[-1].startswith("error: no turn or session has that id")
 
 
 async def test_a_config_that_does_not_validate_says_each_problem_in_one_line(
