@@ -369,14 +369,19 @@ def cli(tmp_path: Path, secrets_env: None) -> Iterator[Any]:
                 proc.wait()
 
 
-async def serving(url: str) -> Answer:
-    async def probe() -> Answer | None:
+async def serving(url: str, proc: subprocess.Popen[bytes] | None = None) -> Answer | None:
+    """The first answer from ``url``; None if ``proc``, the process meant to serve it, exits."""
+
+    async def probe() -> Answer | bool:
+        if proc is not None and proc.poll() is not None:
+            return True
         try:
             return await http("GET", url)
         except OSError:
-            return None
+            return False
 
-    return await eventually(probe, f"{url} answers", within=60)
+    found = await eventually(probe, f"{url} answers", within=60)
+    return found if isinstance(found, Answer) else None
 
 
 @pytest.mark.slow
@@ -385,7 +390,7 @@ async def test_codec_server_command(tmp_path: Path, cli: Any) -> None:
     config = write_config(tmp_path / "turnkeep.yaml", port=port)
     proc, log = cli("codec-server", "--config", str(config), "--origin", ELSEWHERE)
     url = f"http://127.0.0.1:{port}"
-    await serving(f"{url}/login")
+    assert await serving(f"{url}/login")
     codec = EncryptionCodec({"k1": base64.b64decode(KEY)}, "k1")
     answer = await http("POST", f"{url}/decode", body_of(await codec.encode(PLAIN)), **bearer())
     assert answer.status == 200 and payloads_of(answer) == PLAIN
@@ -404,21 +409,31 @@ async def test_codec_server_command(tmp_path: Path, cli: Any) -> None:
 async def test_turnkeep_server_runs_the_codec_server_for_its_web_ui(
     tmp_path: Path, cli: Any
 ) -> None:
-    port, ui_port, codec_port = free_port(), free_port(), free_port()
+    codec_port = free_port()
     config = write_config(tmp_path / "turnkeep.yaml", port=codec_port)
-    cli(
-        "server",
-        "--config",
-        str(config),
-        "--port",
-        str(port),
-        "--ui-port",
-        str(ui_port),
-        "--db",
-        str(tmp_path / "temporal.db"),
-    )
-    ui = f"http://127.0.0.1:{ui_port}"
-    settings = json.loads((await serving(f"{ui}/api/v1/settings")).body)
+    # The ports were free a moment ago; on a busy machine another dev server may take one first
+    # (it picks its internal ports itself), which the server reports as a bind error: start again.
+    for attempt in range(3):
+        port, ui_port = free_port(), free_port()
+        proc, log = cli(
+            "server",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--ui-port",
+            str(ui_port),
+            "--db",
+            str(tmp_path / f"temporal-{attempt}.db"),
+        )
+        ui = f"http://127.0.0.1:{ui_port}"
+        answer = await serving(f"{ui}/api/v1/settings", proc)
+        if answer is not None:
+            break
+        assert "address already in use" in log.read_text(), log.read_text()
+    else:
+        raise AssertionError("three starts of turnkeep server met a port already in use")
+    settings = json.loads(answer.body)
     assert settings["Codec"]["Endpoint"] == f"http://127.0.0.1:{codec_port}"
     # The UI's own origin may call the codec server without being configured.
     preflight = await http(
@@ -443,7 +458,9 @@ async def test_background_codec_server_is_reused_replaced_and_stopped(
     info = await ensure_background_server(port=free_port(), ui_port=ui_port, codec_endpoint=url)
     try:
         assert info.codec_endpoint == url
-        ui_settings = json.loads((await serving(f"{info.ui_url}/api/v1/settings")).body)
+        ui_answer = await serving(f"{info.ui_url}/api/v1/settings")
+        assert ui_answer is not None
+        ui_settings = json.loads(ui_answer.body)
         assert ui_settings["Codec"]["Endpoint"] == url
 
         assert await ensure_background_codec_server(settings, config, ui_origin=info.ui_url) == url

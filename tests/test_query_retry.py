@@ -1,7 +1,7 @@
 """A follower's query that reached a worker too starved of CPU to answer in time (the SDK's
 deadlock detector failed it: ``[TMPRL1101] Potential deadlock detected``) is asked again, not
 raised to the follower, by ``poll_query`` and ``query_retrying`` alike; any other failed query
-is raised at once.
+is raised at once. So is one the server would not hold while a worker ran the workflow's task.
 
 A real worker cannot be starved on purpose without leaving it unable to evict the workflow
 (the SDK then hangs its shutdown), so the handle here is a stand-in that fails as the client
@@ -10,10 +10,12 @@ does: with the ``WorkflowQueryFailedError`` the SDK raises for that server answe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from temporalio.client import WorkflowExecutionStatus, WorkflowQueryFailedError
+from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.turns import poll_query, query_retrying
 
@@ -40,8 +42,18 @@ class _Handle:
     async def query(self, *args: Any, **kwargs: Any) -> int:
         self.asked += 1
         if self.failures:
-            raise WorkflowQueryFailedError(self.failures.pop(0))
+            failure = self.failures.pop(0)
+            if failure in _RPC:
+                raise RPCError(failure, _RPC[failure], b"")
+            raise WorkflowQueryFailedError(failure)
         return 7
+
+
+# What the server answers a query it would not hold, or gave up waiting on a worker for.
+_RPC = {
+    "busy": RPCStatusCode.RESOURCE_EXHAUSTED,
+    "timeout": RPCStatusCode.CANCELLED,
+}
 
 
 async def test_a_starved_worker_is_asked_again() -> None:
@@ -63,3 +75,20 @@ async def test_a_query_that_failed_otherwise_is_raised() -> None:
         with pytest.raises(WorkflowQueryFailedError, match="no such query"):
             await ask(handle)
         assert handle.asked == 1
+
+
+async def test_a_query_the_server_would_not_hold_is_asked_again() -> None:
+    """The server holds one query at a time while a worker runs the workflow's task: the
+    next ask is answered (a door would otherwise take a turn that waits for one that works)."""
+    handle = _Handle(["busy", "busy"])
+    assert await query_retrying(handle, "q") == 7  # type: ignore[arg-type]
+    assert handle.asked == 3
+
+
+async def test_a_caller_bounding_the_query_keeps_its_timeout() -> None:
+    handle = _Handle(["timeout"])
+    with pytest.raises(RPCError):
+        await query_retrying(handle, "q", rpc_timeout=timedelta(seconds=1))  # type: ignore[arg-type]
+    assert handle.asked == 1
+    handle = _Handle(["timeout"])
+    assert await query_retrying(handle, "q") == 7  # type: ignore[arg-type]

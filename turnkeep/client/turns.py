@@ -164,20 +164,23 @@ async def poll_query(
 
 
 async def query_retrying(
-    handle: WorkflowHandle[Any, Any],
-    query: Any,
-    arg: Any,
-    reject_condition: QueryRejectCondition | None = None,
+    handle: WorkflowHandle[Any, Any], query: Any, *args: Any, **options: Any
 ) -> Any:
-    """``handle.query(query, arg)``, asked again (up to ``_QUERY_ATTEMPTS`` times) when the
-    server gave up on it rather than the workflow refusing it."""
+    """``handle.query(query, *args, **options)``, asked again (up to ``_QUERY_ATTEMPTS``
+    times) when the server gave up on it rather than the workflow refusing it. A caller that
+    bounds the query's time (``rpc_timeout``) has its timeout kept, not multiplied."""
+    retryable = (
+        _RETRYABLE_QUERY
+        if options.get("rpc_timeout") is None
+        else (RPCStatusCode.UNAVAILABLE, RPCStatusCode.RESOURCE_EXHAUSTED)
+    )
     attempt = 1
     while True:
         try:
-            return await handle.query(query, arg, reject_condition=reject_condition)
+            return await handle.query(query, *args, **options)
         except (RPCError, WorkflowQueryFailedError) as err:
             task = asyncio.current_task()
-            again = err.status in _RETRYABLE_QUERY if isinstance(err, RPCError) else _starved(err)
+            again = err.status in retryable if isinstance(err, RPCError) else _starved(err)
             if not again or attempt >= _QUERY_ATTEMPTS or (task is not None and task.cancelling()):
                 raise
             await asyncio.sleep(POLL_FIRST * attempt)  # the task it waited behind may end
@@ -502,7 +505,10 @@ class TurnHandle:
         """The turn's calls waiting for a decision (a worker of its task queue answers). With
         ``open_only``, a turn that has ended is refused by the server at once
         (``WorkflowQueryRejectedError``) rather than replayed on a worker to say nothing waits."""
-        return await self.handle.query(
+        # Asked again when the server would not hold it (a worker runs the turn's task):
+        # a reader would otherwise take a turn that waits for one that works.
+        return await query_retrying(
+            self.handle,
             PENDING_QUERY,
             result_type=list[PendingCall],
             rpc_timeout=rpc_timeout,
