@@ -41,7 +41,7 @@ from bench.report import Table, Target, progress
 from bench.turns import SERVER, until, until_true
 from bench.waiting_worker import TRACEMALLOC, WorkerProcess, diff, heap_path, worker_process
 from turnkeep.client.turns import TurnHandle, start_turn
-from turnkeep.workflows.turn_io import TurnInput
+from turnkeep.contract.turn_io import TurnInput
 
 AGENT = "gated"
 CALL = "c0"

@@ -17,9 +17,7 @@ from temporalio import activity, workflow
 
 with workflow.unsafe.imports_passed_through():
     from turnkeep.config.settings import AgentSettings, TimeoutSettings
-    from turnkeep.workflows import visibility
-    from turnkeep.workflows.actions import SETUP, execute
-    from turnkeep.workflows.activity_io import (
+    from turnkeep.contract.activity_io import (
         PrepareTurnRequest,
         Timeouts,
         ToolCallOutcome,
@@ -29,15 +27,17 @@ with workflow.unsafe.imports_passed_through():
         ToolsRequest,
         TurnPlan,
     )
-    from turnkeep.workflows.messages import (
+    from turnkeep.contract.messages import (
         CallToolResult,
         Message,
         StopReason,
         TextContent,
         json_channel,
     )
-    from turnkeep.workflows.model_io import LlmStepRequest
-    from turnkeep.workflows.turn_io import TurnOverrides, TurnResult
+    from turnkeep.contract.model_io import LlmStepRequest
+    from turnkeep.contract.turn_io import TurnOverrides, TurnResult
+    from turnkeep.workflows import visibility
+    from turnkeep.workflows.actions import SETUP, execute
 
 PREPARE, TOOLS, MODEL, TOOL = "carry_prepare", "carry_tools", "carry_model", "carry_tool"
 AGENT, TOOL_NAME = "carry", "local__blob"

@@ -32,7 +32,7 @@ from bench.report import Table, Target, progress
 from bench.turns import until, until_true
 from bench.waiting_worker import REPO, worker_process
 from turnkeep.client.turns import TurnHandle, start_turn
-from turnkeep.workflows.turn_io import TurnInput
+from turnkeep.contract.turn_io import TurnInput
 
 AGENT = "booking"
 TOOL = "shows__book"

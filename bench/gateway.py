@@ -45,11 +45,11 @@ from turnkeep.client.connection import connect
 from turnkeep.client.live import TextDelta
 from turnkeep.client.turns import get_turn, start_turn
 from turnkeep.config.settings import Settings
+from turnkeep.contract.turn_io import TurnInput, agent_task_queue
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
 from turnkeep.support.asgi import bind
 from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
 from turnkeep.worker.build import build_workers
-from turnkeep.workflows.turn_io import TurnInput, agent_task_queue
 
 KEY = "bench-gateway-key-0123456789abcdef"
 TOKENS = 50

@@ -34,10 +34,10 @@ from turnkeep.client.connection import connect
 from turnkeep.client.live import TextDelta
 from turnkeep.client.turns import start_turn
 from turnkeep.config.settings import Settings
+from turnkeep.contract.turn_io import TurnInput
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
 from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
-from turnkeep.workflows.turn_io import TurnInput
 
 TOKENS = 50
 CHUNK_DELAY = 0.005

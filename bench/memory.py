@@ -30,8 +30,8 @@ from bench.floor import WAIT, FloorInput
 from bench.report import Table, progress, ratio
 from bench.turns import run_floor, until_true
 from turnkeep.client.turns import start_turn
+from turnkeep.contract.turn_io import TurnInput
 from turnkeep.testing.fake_api import FakeModelApi
-from turnkeep.workflows.turn_io import TurnInput
 
 REPO = Path(__file__).resolve().parents[1]
 SLOW = "slow"

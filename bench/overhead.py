@@ -47,8 +47,8 @@ from bench.phases import WFT_QUEUED, WFT_RUN, medians
 from bench.report import Table, progress
 from bench.turns import TOOLS, Agent, count, run_carry, run_floor, run_turn, runs_of, settings
 from turnkeep.client.connection import connect
+from turnkeep.contract.activity_io import CALL_TOOL, LLM_STEP
 from turnkeep.worker.build import build_worker
-from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
 
 K = 20
 # Runs of the headline pair per round (the other variants run once): more pairs for the figure

@@ -43,10 +43,10 @@ from tests.worker_process import WorkerProcesses, effects_server, write_config
 from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.config.settings import Settings
+from turnkeep.contract.activity_io import CALL_TOOL, LLM_STEP
+from turnkeep.contract.turn_io import TurnInput
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
 from turnkeep.testing.fake_api import FakeModelApi, Reply
-from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
-from turnkeep.workflows.turn_io import TurnInput
 
 T = TypeVar("T")
 ACTIVITY = {"tool": CALL_TOOL, "model": LLM_STEP}

@@ -32,10 +32,10 @@ from bench.report import Table, Target, median_interval, progress
 from bench.turns import SERVER, TOOLS, conversation_bytes, runs_of
 from turnkeep.client.turns import start_turn
 from turnkeep.config.settings import Settings
+from turnkeep.contract.turn_io import TurnInput, TurnResult
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.worker.build import build_workers
 from turnkeep.workflows.agent_tools import child_id
-from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 QUEUE = "bench-teams"
 OVERHEAD_MAX = 2.0

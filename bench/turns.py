@@ -26,7 +26,7 @@ from bench.carry_floor import CarryFloor
 from bench.floor import Floor, FloorInput
 from turnkeep.client.turns import start_turn
 from turnkeep.config.settings import Settings
-from turnkeep.workflows.turn_io import TurnInput, TurnResult
+from turnkeep.contract.turn_io import TurnInput, TurnResult
 
 T = TypeVar("T")
 RESULT_BYTES = 5 * 1024

@@ -435,7 +435,7 @@ def python_reference() -> str:
         "The public `turnkeep` facade: every name in `turnkeep.__all__`, importable from "
         "`turnkeep` itself, with its docstring, generated when the site is built. "
         "[Using turnkeep as a library](../library.md) shows them at work; workflow code "
-        "uses `turnkeep.workflow` (`run_turn`, `start_child_turn`, `child_turn_result`).",
+        "uses `turnkeep.in_workflow` (`run_turn`, `start_child_turn`, `child_turn_result`).",
         "",
     ]
     for name in turnkeep.__all__:

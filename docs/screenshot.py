@@ -64,13 +64,13 @@ from turnkeep.config.settings import (
     Settings,
     StreamingSettings,
 )
+from turnkeep.contract.turn_io import TurnInput
 from turnkeep.devserver.embedded import EmbeddedServer
 from turnkeep.doors.gateway import gateway_app
 from turnkeep.support.asgi import AsgiServer, bind, http_url
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.worker.build import build_worker, build_workers
 from turnkeep.workflows import visibility
-from turnkeep.workflows.turn_io import TurnInput
 
 REPO = Path(__file__).resolve().parent.parent
 QUESTION = "Three quick ones: a marathon in km, 451 °F in °C, and the word count of our motto."

@@ -21,8 +21,8 @@ import json
 import os
 from pathlib import Path
 
-from turnkeep.workflows.activity_io import HookChange, HookContext
-from turnkeep.workflows.messages import Message, StopReason
+from turnkeep.contract.activity_io import HookChange, HookContext
+from turnkeep.contract.messages import Message, StopReason
 
 MAX_TOOL_CALLS = int(os.environ.get("TURNKEEP_TOOL_BUDGET", "8"))
 

@@ -1,5 +1,5 @@
 """A user's own workflows that run turns as steps (``tests.test_child_turn``). They import
-only temporalio and ``turnkeep.workflow``, as an app's workflows module would, and run in the
+only temporalio and ``turnkeep.in_workflow``, as an app's workflows module would, and run in the
 sandbox like any workflow of the app's."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from pydantic import BaseModel
 from temporalio import workflow
 
-from turnkeep.workflow import TurnCancelledError, child_turn_result, run_turn, start_child_turn
-from turnkeep.workflows.turn_io import TurnInput, TurnResult
+from turnkeep.contract.turn_io import TurnInput, TurnResult
+from turnkeep.in_workflow import TurnCancelledError, child_turn_result, run_turn, start_child_turn
 
 
 @workflow.defn

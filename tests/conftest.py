@@ -35,13 +35,13 @@ from turnkeep.activities.turn_setup import TurnSetupActivities, continue_as_new_
 from turnkeep.cli.approval_prompt import ApprovalPrompter, LineReader
 from turnkeep.client.turns import TurnHandle
 from turnkeep.config.catalog import AgentCatalog
+from turnkeep.contract.conversation import EXPANDED_METADATA
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.providers.registry import ModelCatalog
 from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.testing.harness import Harness, eventually
-from turnkeep.workflows.conversation import EXPANDED_METADATA
 
 pytest_plugins = ["turnkeep.testing.pytest_plugin"]
 

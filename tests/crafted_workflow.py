@@ -11,8 +11,8 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
-from turnkeep.workflows.activity_io import LLM_STEP
-from turnkeep.workflows.model_io import MODEL_INPUT_QUERY
+from turnkeep.contract.activity_io import LLM_STEP
+from turnkeep.contract.model_io import MODEL_INPUT_QUERY
 
 
 @workflow.defn

@@ -22,9 +22,7 @@ from temporalio.worker import Worker
 from tests.conftest import Harness, HarnessFactory, make_settings, turn_setup
 from tests.crafted_workflow import CraftedWorkflow
 from turnkeep.config.settings import ALL_OVERRIDES, BOUNDED_OVERRIDES, FREE_OVERRIDES
-from turnkeep.providers.openai import OpenAIProvider
-from turnkeep.testing.fake_api import FakeModelApi, Reply
-from turnkeep.workflows.activity_io import (
+from turnkeep.contract.activity_io import (
     CALL_TOOL,
     COMPACT_HISTORY,
     LIST_TOOLS,
@@ -35,9 +33,11 @@ from turnkeep.workflows.activity_io import (
     HookPoint,
     PrepareTurnRequest,
 )
-from turnkeep.workflows.messages import Message, StopReason
-from turnkeep.workflows.model_io import LlmRequest, model_input_page, request_digest
-from turnkeep.workflows.turn_io import TurnOverrides
+from turnkeep.contract.messages import Message, StopReason
+from turnkeep.contract.model_io import LlmRequest, model_input_page, request_digest
+from turnkeep.contract.turn_io import TurnOverrides
+from turnkeep.providers.openai import OpenAIProvider
+from turnkeep.testing.fake_api import FakeModelApi, Reply
 
 MODEL = "anthropic.test-model"
 ran: list[str] = []  # tool and hook executions

@@ -21,14 +21,14 @@ from temporalio.exceptions import ApplicationError
 from tests.conftest import Harness, answered_at_the_terminal, eventually, make_settings, turnkeep
 from tests.test_visibility import current_details
 from turnkeep.client.turns import TurnHandle, get_turn
+from turnkeep.contract.approval import CHILD_APPROVALS_SIGNAL, ChildApprovals, PendingCall
+from turnkeep.contract.messages import StopReason
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing import check_replay
 from turnkeep.testing import harness as worker_harness
 from turnkeep.workflows import visibility
 from turnkeep.workflows.agent_tools import child_id
-from turnkeep.workflows.approval import CHILD_APPROVALS_SIGNAL, ChildApprovals, PendingCall
 from turnkeep.workflows.child_approvals import report_problem
-from turnkeep.workflows.messages import StopReason
 
 pytestmark = pytest.mark.asyncio
 

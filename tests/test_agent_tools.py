@@ -18,15 +18,15 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from tests.conftest import Harness, eventually, make_settings
 from turnkeep.client.turns import get_turn
 from turnkeep.config.settings import Settings
+from turnkeep.contract.activity_io import TurnPlan
+from turnkeep.contract.messages import StopReason
+from turnkeep.contract.turn_io import TurnCancelledError, TurnResult, Usage
 from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.worker.build import build_worker
-from turnkeep.workflows.activity_io import TurnPlan
 from turnkeep.workflows.agent_tools import BUDGET_EXHAUSTED, child_id
-from turnkeep.workflows.messages import StopReason
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
-from turnkeep.workflows.turn_io import TurnCancelledError, TurnResult, Usage
 
 pytestmark = pytest.mark.asyncio
 
@@ -396,7 +396,7 @@ async def test_a_router_asks_its_model_and_hands_the_turn_to_the_agent_it_names(
 
 async def test_the_router_prompt_lists_each_agent_card() -> None:
     from turnkeep.config.catalog import AgentCatalog
-    from turnkeep.workflows.team_router import ROUTING_SYSTEM_INSTRUCTION, routing_instruction
+    from turnkeep.workflows.teams.router import ROUTING_SYSTEM_INSTRUCTION, routing_instruction
 
     catalog = AgentCatalog.of(Settings.model_validate({"agents": TEAM}))
     prompt = routing_instruction([catalog.agent_tool("ny"), catalog.agent_tool("london")])

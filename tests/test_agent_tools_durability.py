@@ -31,11 +31,11 @@ from tests.test_durability import FAST_RECOVERY, TOOL, starts
 from tests.worker_process import WorkerProcesses, effects_server, write_config
 from turnkeep.activities.tools import idempotency_key
 from turnkeep.client.turns import start_turn
+from turnkeep.contract.messages import StopReason
+from turnkeep.contract.turn_io import TurnInput, agent_task_queue
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing import harness as worker_harness
 from turnkeep.workflows.agent_tools import child_id
-from turnkeep.workflows.messages import StopReason
-from turnkeep.workflows.turn_io import TurnInput, agent_task_queue
 
 pytestmark = pytest.mark.asyncio
 

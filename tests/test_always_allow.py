@@ -19,22 +19,22 @@ from tests.conftest import answered_at_the_terminal, eventually, turnkeep
 from tests.test_loop import plan
 from turnkeep.client.turns import get_turn
 from turnkeep.config.agents import Agent
-from turnkeep.devserver.embedded import ServerInfo
-from turnkeep.testing.fake_api import Reply
-from turnkeep.testing.fake_model import FakeModel
-from turnkeep.testing.harness import harness
-from turnkeep.workflows.activity_io import ToolCallRequest, ToolSpec
-from turnkeep.workflows.approval import (
+from turnkeep.contract.activity_io import ToolCallRequest, ToolSpec
+from turnkeep.contract.approval import (
     AllowRule,
     ApprovalPlan,
     Decision,
     PolicyDecision,
     PolicyVerdicts,
 )
+from turnkeep.contract.messages import Message, StopReason, ToolCall
+from turnkeep.contract.turn_io import TurnInput, TurnResult
+from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.testing.fake_api import Reply
+from turnkeep.testing.fake_model import FakeModel
+from turnkeep.testing.harness import harness
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.messages import Message, StopReason, ToolCall
 from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts
-from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 

@@ -22,13 +22,13 @@ from tests.test_visibility import current_details
 from turnkeep.cli.commands.approvals import AWAITING_QUERY
 from turnkeep.client.turns import TurnHandle
 from turnkeep.config.settings import Settings
+from turnkeep.contract.approval import ApprovalPlan, PendingCall
+from turnkeep.contract.messages import CallToolResult
+from turnkeep.contract.turn_io import TurnCancelledError, TurnResult
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.observability.search_attributes import SetupError, register
 from turnkeep.workflows import visibility
-from turnkeep.workflows.approval import ApprovalPlan, PendingCall
-from turnkeep.workflows.messages import CallToolResult
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
-from turnkeep.workflows.turn_io import TurnCancelledError, TurnResult
 
 pytestmark = pytest.mark.asyncio
 

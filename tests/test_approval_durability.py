@@ -20,10 +20,10 @@ from tests.test_durability import TOOL, Fleet, agent, assert_ran, executions, wo
 from tests.worker_process import WorkerProcesses
 from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle
+from turnkeep.contract.approval import PendingCall
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows import visibility
-from turnkeep.workflows.approval import PendingCall
 
 # Servers and worker processes of its own, killed on purpose: slow, and marked so.
 pytestmark = [pytest.mark.asyncio, pytest.mark.server, pytest.mark.slow]

@@ -22,11 +22,11 @@ from tests.conftest import Harness, eventually, make_settings, write_script
 from tests.crafted_workflow import CraftedWorkflow
 from tests.test_activity_checks import application_error
 from turnkeep import Agent, Approval, ApprovalRequest, PolicyDecision, TurnHandle
+from turnkeep.contract.approval import APPROVAL_POLICY
+from turnkeep.contract.messages import CallToolResult
+from turnkeep.contract.turn_io import TurnResult
 from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi, Reply
-from turnkeep.workflows.approval import APPROVAL_POLICY
-from turnkeep.workflows.messages import CallToolResult
-from turnkeep.workflows.turn_io import TurnResult
 
 pytestmark = pytest.mark.asyncio
 

@@ -13,9 +13,9 @@ import pytest
 from tests.conftest import make_settings
 from turnkeep.client.connection import connect
 from turnkeep.client.turns import start_turn
+from turnkeep.contract.turn_io import TurnInput
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.worker.build import build_worker
-from turnkeep.workflows.turn_io import TurnInput
 
 pytestmark = pytest.mark.asyncio
 

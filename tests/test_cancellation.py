@@ -27,14 +27,14 @@ from temporalio.worker import Worker
 
 from tests.conftest import HarnessFactory, eventually, make_settings, turnkeep, write_script
 from turnkeep.client.turns import TurnHandle, start_turn
+from turnkeep.contract.activity_io import CALL_TOOL, LLM_STEP
+from turnkeep.contract.messages import CallToolResult, Message, StopReason, ToolCall
+from turnkeep.contract.turn_io import RollbackState, TurnCancelledError, TurnInput, TurnResult
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing.fake_api import Api, FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
 from turnkeep.worker.plugin import TurnkeepPlugin
-from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
-from turnkeep.workflows.messages import CallToolResult, Message, StopReason, ToolCall
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
-from turnkeep.workflows.turn_io import RollbackState, TurnCancelledError, TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 

@@ -23,8 +23,8 @@ from tests.mcp_servers.launch import STDIO_SCRIPT
 from turnkeep.cli.approval_prompt import PROMPT, local_user
 from turnkeep.client.sessions import get_session, read_session
 from turnkeep.client.turns import TurnHandle, get_turn
+from turnkeep.contract.messages import Message
 from turnkeep.devserver.embedded import ServerInfo
-from turnkeep.workflows.messages import Message
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
 
 pytestmark = pytest.mark.asyncio

@@ -1,4 +1,4 @@
-"""A turn as one step of a user's workflow (``turnkeep.workflow``): ``run_turn`` runs
+"""A turn as one step of a user's workflow (``turnkeep.in_workflow``): ``run_turn`` runs
 ``TurnWorkflow`` as a child and returns its result; cancelling the parent cancels the turn and
 hands the parent the repaired conversation; ``start_turn`` returns the child's handle. The
 parents (``tests.child_turn_workflows``) run on the same worker as the turns, as in an app
@@ -23,11 +23,11 @@ from tests.conftest import Harness, eventually, make_settings
 from tests.crafted_workflow import CraftedWorkflow
 from tests.test_activity_checks import application_error
 from turnkeep.client.turns import get_turn
+from turnkeep.contract.messages import StopReason
+from turnkeep.contract.turn_io import RollbackState
 from turnkeep.testing import harness as worker_harness
 from turnkeep.workflows.child_turn import READ_CHILD_TURN
-from turnkeep.workflows.messages import StopReason
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
-from turnkeep.workflows.turn_io import RollbackState
 
 pytestmark = pytest.mark.asyncio
 

@@ -18,10 +18,10 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from tests.conftest import HarnessFactory, turnkeep, write_script
 from tests.mcp_servers.launch import STDIO_SCRIPT
 from turnkeep.client.turns import start_turn
+from turnkeep.contract.messages import Message, StopReason
+from turnkeep.contract.turn_io import RollbackState, TurnCancelledError, TurnInput
 from turnkeep.devserver.embedded import ServerInfo, free_port
-from turnkeep.workflows.messages import Message, StopReason
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
-from turnkeep.workflows.turn_io import RollbackState, TurnCancelledError, TurnInput
 
 pytestmark = pytest.mark.asyncio
 

@@ -25,21 +25,21 @@ from tests.worker_process import WorkerProcesses
 from turnkeep import Settings
 from turnkeep.compat.fastagent import FastAgent
 from turnkeep.config.agents import Agent, ClientTool, declare
+from turnkeep.contract.activity_io import (
+    ClientTool as ClientToolPlan,
+)
+from turnkeep.contract.activity_io import (
+    ClientToolsPlan,
+    ToolSpec,
+)
+from turnkeep.contract.approval import ApprovalPlan, Decision, SubmittedResult
+from turnkeep.contract.messages import Message, StopReason, ToolCall
+from turnkeep.contract.turn_io import TurnInput, TurnResult
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.testing.harness import harness
-from turnkeep.workflows.activity_io import (
-    ClientTool as ClientToolPlan,
-)
-from turnkeep.workflows.activity_io import (
-    ClientToolsPlan,
-    ToolSpec,
-)
-from turnkeep.workflows.approval import ApprovalPlan, Decision, SubmittedResult
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.messages import Message, StopReason, ToolCall
-from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 

@@ -25,6 +25,7 @@ from turnkeep.client.connection import connect
 from turnkeep.client.turns import get_turn
 from turnkeep.config.files import ConfigError, load_settings
 from turnkeep.config.settings import Settings
+from turnkeep.contract.messages import StopReason
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.payloads.codec import (
     COMPRESSION,
@@ -38,7 +39,6 @@ from turnkeep.payloads.codec import (
 from turnkeep.payloads.composition import inner_codec
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
-from turnkeep.workflows.messages import StopReason
 
 API_KEY = "sk-turnkeep-SECRET-c0dec5"
 # Distinctive strings for each kind of content a turn carries.

@@ -14,9 +14,9 @@ from temporalio.client import WorkflowHistory
 from tests.conftest import HarnessFactory, eventually
 from turnkeep import open_session
 from turnkeep.client.turns import get_turn
+from turnkeep.contract.turn_io import HistoryChange, RollbackState, TurnCancelledError
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.loop import SUMMARY_PREFIX
-from turnkeep.workflows.turn_io import HistoryChange, RollbackState, TurnCancelledError
 
 pytestmark = pytest.mark.asyncio
 

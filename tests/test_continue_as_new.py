@@ -46,15 +46,8 @@ from tests.test_payload_storage import turnkeep as storage_harness
 from tests.worker_process import WorkerProcesses, effects_server, write_config
 from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle, start_turn
-from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
-from turnkeep.payloads.limits import RESULT_TOO_LARGE
-from turnkeep.testing.fake_api import FakeModelApi, Reply
-from turnkeep.worker.build import build_worker
-from turnkeep.worker.plugin import PAYLOAD_LIMIT_BYTES, FunctionTools
-from turnkeep.workflows.loop import SUMMARY_PREFIX
-from turnkeep.workflows.messages import Message, StopReason
-from turnkeep.workflows.repair import INTERRUPTED_TEXT
-from turnkeep.workflows.turn_io import (
+from turnkeep.contract.messages import Message, StopReason
+from turnkeep.contract.turn_io import (
     RollbackState,
     TurnCancelledError,
     TurnInput,
@@ -62,6 +55,13 @@ from turnkeep.workflows.turn_io import (
     TurnResult,
     Usage,
 )
+from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
+from turnkeep.payloads.limits import RESULT_TOO_LARGE
+from turnkeep.testing.fake_api import FakeModelApi, Reply
+from turnkeep.worker.build import build_worker
+from turnkeep.worker.plugin import PAYLOAD_LIMIT_BYTES, FunctionTools
+from turnkeep.workflows.loop import SUMMARY_PREFIX
+from turnkeep.workflows.repair import INTERRUPTED_TEXT
 
 pytestmark = pytest.mark.asyncio
 

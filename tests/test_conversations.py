@@ -1,4 +1,4 @@
-"""A session's conversation by reference (``turnkeep.workflows.conversation``,
+"""A session's conversation by reference (``turnkeep.contract.conversation``,
 ``turnkeep.payloads.conversations``): each turn stores its messages once, as a segment, and the
 session and its turns hand each other references, against the real dev server. The passthrough
 model echoes the prompt, so each message names the turn it belongs to."""
@@ -22,17 +22,17 @@ from temporalio.common import RawValue
 from tests.conftest import Harness, HarnessFactory, eventually, history_text
 from turnkeep.client.sessions import SessionHandle, open_session
 from turnkeep.client.turns import get_turn
+from turnkeep.contract.conversation import EXPANDED_METADATA, ConversationRef
+from turnkeep.contract.messages import Message
+from turnkeep.contract.model_io import MODEL_INPUT_PAGE_BYTES
+from turnkeep.contract.turn_io import TurnInput
 from turnkeep.payloads.conversations import DIRECTORY, owner_key
 from turnkeep.payloads.gc import collect
 from turnkeep.payloads.storage import payload_directory
 from turnkeep.testing import check_replay
-from turnkeep.workflows.conversation import EXPANDED_METADATA, ConversationRef
 from turnkeep.workflows.conversation_cache import ConversationCache
 from turnkeep.workflows.conversation_cache import conversations as conversations_cache
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.model_io import MODEL_INPUT_PAGE_BYTES
 from turnkeep.workflows.session_workflow import SessionWorkflow
-from turnkeep.workflows.turn_io import TurnInput
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 pytestmark = pytest.mark.asyncio

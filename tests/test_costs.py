@@ -28,16 +28,10 @@ from tests.test_durability import Fleet, worker_config
 from tests.test_loop import plan
 from tests.worker_process import WorkerProcesses
 from turnkeep.client.turns import TurnHandle, get_turn
-from turnkeep.devserver.embedded import ServerInfo
-from turnkeep.providers.prices import ModelPrice, builtin_price
-from turnkeep.providers.registry import ModelCatalog
-from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
-from turnkeep.workflows import visibility
-from turnkeep.workflows.activity_io import BudgetPlan, PrepareTurnRequest, TurnPlan
-from turnkeep.workflows.approval import Decision
-from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.messages import Message, StopReason, json_channel
-from turnkeep.workflows.turn_io import (
+from turnkeep.contract.activity_io import BudgetPlan, PrepareTurnRequest, TurnPlan
+from turnkeep.contract.approval import Decision
+from turnkeep.contract.messages import Message, StopReason, json_channel
+from turnkeep.contract.turn_io import (
     WORKFLOW_NAME,
     BudgetLimit,
     Spent,
@@ -45,6 +39,12 @@ from turnkeep.workflows.turn_io import (
     TurnOverrides,
     Usage,
 )
+from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.providers.prices import ModelPrice, builtin_price
+from turnkeep.providers.registry import ModelCatalog
+from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
+from turnkeep.workflows import visibility
+from turnkeep.workflows.loop import TurnState
 
 pytestmark = pytest.mark.asyncio
 

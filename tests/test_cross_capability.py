@@ -42,11 +42,11 @@ from tests.test_gateway import bearer, events, messages, served
 from tests.worker_process import FLEET_ENV, WorkerProcesses, effects_server, write_config
 from turnkeep.activities.tools import idempotency_key
 from turnkeep.config.files import load_settings
+from turnkeep.contract.turn_io import agent_task_queue
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.doors.gateway import gateway_app
 from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 from turnkeep.workflows.agent_tools import child_id
-from turnkeep.workflows.turn_io import agent_task_queue
 
 # A worker process of its own, killed on purpose: slow, and marked so.
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]

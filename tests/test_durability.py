@@ -42,10 +42,10 @@ from tests.worker_process import WorkerProcesses, effects_server, write_config
 from turnkeep.activities.tools import IDEMPOTENCY_KEY_META, idempotency_key
 from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle, start_turn
+from turnkeep.contract.messages import Message, StopReason
+from turnkeep.contract.turn_io import TurnInput, TurnResult
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
 from turnkeep.testing.fake_api import FakeModelApi, Reply
-from turnkeep.workflows.messages import Message, StopReason
-from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 # Servers and worker processes of its own, killed on purpose: slow, and marked so.
 pytestmark = [pytest.mark.asyncio, pytest.mark.server, pytest.mark.slow]

@@ -34,18 +34,18 @@ from tests.test_visibility import current_details
 from tests.worker_process import FLEET_ENV, WorkerProcesses, write_config
 from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.config.settings import McpElicitationSettings, Settings
+from turnkeep.contract.activity_io import ToolCallRequest
+from turnkeep.contract.approval import Decision, PendingCall
+from turnkeep.contract.messages import CallToolResult
+from turnkeep.contract.server_requests import ServerAnswer, ServerRequest, content_problem
+from turnkeep.contract.turn_io import TurnInput, TurnResult
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.tools.protocol_era import fix_for, refused_request, with_fix
 from turnkeep.tools.server_requests import RequestBook, Suspended
-from turnkeep.workflows.activity_io import ToolCallRequest
-from turnkeep.workflows.approval import Decision, PendingCall
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.messages import CallToolResult
-from turnkeep.workflows.server_requests import ServerAnswer, ServerRequest, content_problem
-from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 

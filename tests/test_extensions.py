@@ -27,6 +27,10 @@ from turnkeep.client.turns import start_turn
 from turnkeep.config.agents import Agent, McpServer
 from turnkeep.config.catalog import AgentCatalog
 from turnkeep.config.settings import McpServerSettings, Settings
+from turnkeep.contract.activity_io import ToolCallRequest, ToolsRequest
+from turnkeep.contract.messages import Message
+from turnkeep.contract.model_io import LlmRequest
+from turnkeep.contract.turn_io import TurnInput
 from turnkeep.providers.base import ModelProvider
 from turnkeep.providers.registry import ProviderRegistry, installed_providers
 from turnkeep.tools.mcp import StdioSource
@@ -34,10 +38,6 @@ from turnkeep.tools.registry import ToolServers, ToolSourceRegistry, installed_t
 from turnkeep.tools.source import ToolSource
 from turnkeep.worker.build import build_worker
 from turnkeep.worker.plugin import TurnkeepPlugin
-from turnkeep.workflows.activity_io import ToolCallRequest, ToolsRequest
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.model_io import LlmRequest
-from turnkeep.workflows.turn_io import TurnInput
 
 
 class Shout(ModelProvider):

@@ -24,11 +24,11 @@ from temporalio.client import Client
 from tests.conftest import make_settings
 from tests.test_agent_tools import planned
 from turnkeep.compat.fastagent import FastAgent
+from turnkeep.contract.messages import StopReason
 from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.workflows.agent_tools import child_id
-from turnkeep.workflows.messages import StopReason
 
 pytestmark = pytest.mark.asyncio
 

@@ -13,9 +13,9 @@ from temporalio.client import WorkflowHistory
 
 from examples.hooks import tool_budget
 from tests.conftest import HarnessFactory, make_settings, write_script
+from turnkeep.contract.activity_io import HookChange, HookContext, HookPoint
+from turnkeep.contract.messages import CallToolResult, Message, StopReason, TextContent
 from turnkeep.worker.build import build_worker
-from turnkeep.workflows.activity_io import HookChange, HookContext, HookPoint
-from turnkeep.workflows.messages import CallToolResult, Message, StopReason, TextContent
 
 pytestmark = pytest.mark.asyncio
 

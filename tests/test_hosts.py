@@ -28,13 +28,13 @@ from temporalio.client import Client as TemporalClient
 from tests.conftest import HarnessFactory, eventually, make_settings
 from turnkeep.cli.options import extended
 from turnkeep.config.settings import GatewaySettings, ServeSettings, Settings
+from turnkeep.contract.turn_io import agent_task_queue
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.doors.gateway import gateway_app
 from turnkeep.doors.hosts import HostOriginGuard
 from turnkeep.doors.mcp_server import McpDoor
 from turnkeep.support.asgi import AsgiServer, bind, http_url
 from turnkeep.worker.build import build_workers
-from turnkeep.workflows.turn_io import agent_task_queue
 
 pytestmark = pytest.mark.asyncio
 

@@ -18,20 +18,24 @@ MAY_IMPORT: dict[str, set[str]] = {
     # points, the SDK's private names).
     "errors": set(),
     "support": {"errors"},
-    # Deterministic workflow code and the data contract: runs in Temporal's sandbox.
-    "workflows": set(),
+    # The turn's data contract: the types that cross workflow, activity and client boundaries
+    # (pydantic and stdlib only), and the pure checks on them. Runs in Temporal's sandbox.
+    "contract": set(),
+    # Deterministic workflow code: runs in Temporal's sandbox.
+    "workflows": {"contract"},
     # A turn as a step of an application's workflow: workflow code only.
-    "workflow": {"workflows"},
+    "in_workflow": {"contract", "workflows"},
     # The worker's configuration: settings, Python agents, config files, fast-agent's keys.
-    "config": {"errors", "workflows"},
+    "config": {"contract", "errors"},
     # Metrics, traces, logs and search attributes.
-    "observability": {"config", "errors", "support", "workflows"},
+    "observability": {"contract", "config", "errors", "support", "workflows"},
     # How payloads cross Temporal: converter, encryption, storage, the codec server.
-    "payloads": {"config", "errors", "observability", "support", "workflows"},
+    "payloads": {"contract", "config", "errors", "observability", "support", "workflows"},
     # Model providers and tool servers: what the activities call.
-    "providers": {"config", "errors", "support", "workflows"},
-    "tools": {"config", "errors", "support", "workflows"},
+    "providers": {"contract", "config", "errors", "support", "workflows"},
+    "tools": {"contract", "config", "errors", "support", "workflows"},
     "activities": {
+        "contract",
         "config",
         "errors",
         "observability",
@@ -42,6 +46,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     },
     # The plugin and everything a worker process runs.
     "worker": {
+        "contract",
         "activities",
         "config",
         "errors",
@@ -54,16 +59,34 @@ MAY_IMPORT: dict[str, set[str]] = {
     },
     # What a client process imports: connect, turns, sessions, history (which replays a
     # history as a worker would: the worker's replay set-up), live text.
-    "client": {"config", "errors", "observability", "payloads", "support", "worker", "workflows"},
+    "client": {
+        "contract",
+        "config",
+        "errors",
+        "observability",
+        "payloads",
+        "support",
+        "worker",
+        "workflows",
+    },
     # Ways in for callers without a Temporal client (MCP, the HTTP gateway and its page, A2A):
     # thin layers over the client API.
-    "doors": {"client", "config", "errors", "observability", "support", "workflows"},
+    "doors": {"contract", "client", "config", "errors", "observability", "support", "workflows"},
     # The embedded Temporal dev server and the background processes beside it.
-    "devserver": {"config", "errors", "observability", "payloads", "support", "workflows"},
+    "devserver": {
+        "contract",
+        "config",
+        "errors",
+        "observability",
+        "payloads",
+        "support",
+        "workflows",
+    },
     # Agents declared another framework's way (@fast.agent), served by a worker's plugin.
-    "compat": {"config", "errors", "worker", "workflows"},
+    "compat": {"contract", "config", "errors", "worker", "workflows"},
     # What users test their own agents with: anything but the command line.
     "testing": {
+        "contract",
         "activities",
         "client",
         "config",
@@ -75,11 +98,12 @@ MAY_IMPORT: dict[str, set[str]] = {
         "support",
         "tools",
         "worker",
-        "workflow",
+        "in_workflow",
         "workflows",
     },
     # The command line: no other room lists it, so nothing in turnkeep may import it.
     "cli": {
+        "contract",
         "activities",
         "client",
         "compat",
@@ -97,25 +121,29 @@ MAY_IMPORT: dict[str, set[str]] = {
     },
 }
 
-# The workflow code's modules from the bottom up: each imports only modules listed before it.
-WORKFLOW_MODULES = [
+# The contract's modules from the bottom up: each imports only modules listed before it.
+CONTRACT_MODULES = [
     "compact",
     "messages",
     "conversation",
-    "metrics",
     "live_io",
+    "approval",
+    "server_requests",
+    "turn_io",
+    "activity_io",
+    "session_io",
+    "model_io",
+]
+
+# The workflow code's modules from the bottom up, likewise (a team's modules are ``teams.*``).
+WORKFLOW_MODULES = [
+    "metrics",
     "shared",
     "starting",
     "worker_cache",
-    "approval",
-    "server_requests",
     "turn_metrics",
-    "turn_io",
-    "activity_io",
     "repair",
-    "session_io",
     "session_turns",
-    "model_io",
     "conversation_cache",
     "tool_batch",
     "loop",
@@ -123,13 +151,13 @@ WORKFLOW_MODULES = [
     "actions",
     "child_turn",
     "agent_tools",
-    "team_steps",
-    "team_chain",
-    "team_parallel",
-    "team_router",
-    "team_evaluator",
-    "team_maker",
-    "team_planner",
+    "teams.steps",
+    "teams.chain",
+    "teams.parallel",
+    "teams.router",
+    "teams.evaluator",
+    "teams.maker",
+    "teams.planner",
     "teams",
     "child_approvals",
     "turn_workflow",
@@ -152,7 +180,7 @@ def imported(path: Path) -> set[str]:
             names.add(node.module)
             # `from turnkeep import cli` imports the room as surely as `import turnkeep.cli`;
             # `from turnkeep.workflows import loop` the module.
-            if node.module in ("turnkeep", "turnkeep.workflows"):
+            if node.module in ("turnkeep", "turnkeep.contract", "turnkeep.workflows"):
                 names.update(f"{node.module}.{a.name}" for a in node.names)
     return names
 
@@ -185,26 +213,50 @@ def test_every_room_is_placed() -> None:
     assert rooms == set(MAY_IMPORT)
 
 
-@pytest.mark.parametrize("module", WORKFLOW_MODULES)
-def test_workflow_modules_import_downwards(module: str) -> None:
-    below = set(WORKFLOW_MODULES[: WORKFLOW_MODULES.index(module)])
+def module_path(room: str, module: str) -> Path:
+    """``teams.chain`` -> ``workflows/teams/chain.py``; ``teams`` -> its ``__init__.py``."""
+    path = ROOT / room / module.replace(".", "/")
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def module_name(room: str, path: Path) -> str:
+    parts = path.relative_to(ROOT / room).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@pytest.mark.parametrize(
+    ("room", "module"),
+    [("contract", m) for m in CONTRACT_MODULES] + [("workflows", m) for m in WORKFLOW_MODULES],
+)
+def test_modules_import_downwards(room: str, module: str) -> None:
+    order = CONTRACT_MODULES if room == "contract" else WORKFLOW_MODULES
+    below = set(order[: order.index(module)])
+    prefix = f"turnkeep.{room}."
     used = {
-        name.split(".")[2]
-        for name in imported(ROOT / "workflows" / f"{module}.py")
-        if name.startswith("turnkeep.workflows.")
+        name.removeprefix(prefix)
+        for name in imported(module_path(room, module))
+        if name.startswith(prefix)
     }
-    assert used <= below, f"workflows.{module} must not import {sorted(used - below)}"
+    assert used <= below, f"{room}.{module} must not import {sorted(used - below)}"
 
 
-def test_every_workflow_module_is_placed() -> None:
-    found = {p.stem for p in (ROOT / "workflows").glob("*.py")} - {"__init__"}
-    assert found == set(WORKFLOW_MODULES)
+@pytest.mark.parametrize(
+    ("room", "order"), [("contract", CONTRACT_MODULES), ("workflows", WORKFLOW_MODULES)]
+)
+def test_every_module_is_placed(room: str, order: list[str]) -> None:
+    found = {module_name(room, p) for p in (ROOT / room).rglob("*.py")} - {""}
+    assert found == set(order)
 
 
 def test_workflow_code_imports_nothing_else_of_turnkeep() -> None:
-    for path in (ROOT / "workflows").glob("*.py"):
-        others = {n for n in imported(path) if (part := part_of(n)) and part != "workflows"}
-        assert not others, f"{path.name} imports {sorted(others)}"
+    for room in ("contract", "workflows"):
+        for path in (ROOT / room).rglob("*.py"):
+            others = {
+                n
+                for n in imported(path)
+                if (part := part_of(n)) and part not in MAY_IMPORT[room] | {room}
+            }
+            assert not others, f"{path.name} imports {sorted(others)}"
 
 
 def test_no_part_may_import_the_cli(tmp_path: Path) -> None:

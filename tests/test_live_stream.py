@@ -46,12 +46,12 @@ from turnkeep.client.live import (
 )
 from turnkeep.client.sessions import open_session
 from turnkeep.client.turns import TurnHandle, start_turn
+from turnkeep.contract.live_io import LiveAddress
+from turnkeep.contract.messages import Message, StopReason, TextContent
+from turnkeep.contract.turn_io import TurnInput, TurnResult
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
-from turnkeep.workflows.live_io import LiveAddress
-from turnkeep.workflows.messages import Message, StopReason, TextContent
-from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 

@@ -18,9 +18,9 @@ from temporalio.client import Client
 from tests.conftest import write_script
 from tests.worker_process import REPO, write_config
 from turnkeep.client.turns import start_turn
+from turnkeep.contract.turn_io import TurnInput
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.observability.logs import TextFormatter
-from turnkeep.workflows.turn_io import TurnInput
 
 SECRET = "sk-ant-test-" + uuid.uuid4().hex  # a provider key the log must never show
 WITHIN = 120.0

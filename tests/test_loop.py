@@ -3,11 +3,11 @@ loop*) on ``TurnState`` directly."""
 
 from __future__ import annotations
 
-from turnkeep.workflows.activity_io import Timeouts, ToolSpec, TurnPlan
+from turnkeep.contract.activity_io import Timeouts, ToolSpec, TurnPlan
+from turnkeep.contract.messages import CallToolResult, Message, StopReason, ToolCall
+from turnkeep.contract.turn_io import RollbackState, TurnInput
 from turnkeep.workflows.loop import STRUCTURED_FINALIZATION_PROMPT, TurnState
-from turnkeep.workflows.messages import CallToolResult, Message, StopReason, ToolCall
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
-from turnkeep.workflows.turn_io import RollbackState, TurnInput
 
 TOOLS = [ToolSpec(name="srv__a"), ToolSpec(name="srv__b")]
 
@@ -246,7 +246,7 @@ def test_auto_heal_closes_a_dangling_call_at_the_end_of_the_new_messages() -> No
 
 
 def test_hooks_after_the_answer_see_the_final_assistant_message_of_a_capped_turn() -> None:
-    from turnkeep.workflows.activity_io import HookPoint
+    from turnkeep.contract.activity_io import HookPoint
 
     state = start(max_iterations=0)
     state.on_assistant(tool_use(("c1", "srv__a")))
@@ -261,7 +261,7 @@ def test_hooks_after_the_answer_see_the_final_assistant_message_of_a_capped_turn
 
 
 def test_after_llm_call_sees_the_answer_not_the_structured_output_prompt() -> None:
-    from turnkeep.workflows.activity_io import HookPoint
+    from turnkeep.contract.activity_io import HookPoint
 
     state = start(structured_output={"type": "object"})
     answer = Message.assistant("thinking done")
@@ -300,8 +300,8 @@ def test_cancel_rollback_states() -> None:
 
 
 def test_usage_is_summed_per_model() -> None:
+    from turnkeep.contract.turn_io import Usage
     from turnkeep.providers.base import with_usage
-    from turnkeep.workflows.turn_io import Usage
 
     state = start()
     state.on_assistant(
@@ -315,7 +315,7 @@ def test_usage_is_summed_per_model() -> None:
 
 
 def test_repeated_compaction_keeps_the_tail_and_maps_back_onto_the_full_record() -> None:
-    from turnkeep.workflows.activity_io import CompactionPlan
+    from turnkeep.contract.activity_io import CompactionPlan
     from turnkeep.workflows.loop import SUMMARY_PREFIX
 
     state = start(compaction=CompactionPlan(threshold_tokens=1, keep_exchanges=0))
@@ -338,7 +338,7 @@ def test_repeated_compaction_keeps_the_tail_and_maps_back_onto_the_full_record()
 
 
 def test_compaction_is_not_tried_again_after_a_failure() -> None:
-    from turnkeep.workflows.activity_io import CompactionPlan
+    from turnkeep.contract.activity_io import CompactionPlan
 
     state = start(compaction=CompactionPlan(threshold_tokens=1, keep_exchanges=0))
     for n in range(1, 3):
@@ -359,7 +359,7 @@ def test_tool_calls_in_the_final_structured_answer_are_answered_not_run() -> Non
 
 
 def test_model_input_pages_reassemble_to_the_request_and_stay_small() -> None:
-    from turnkeep.workflows.model_io import MODEL_INPUT_PAGE_BYTES, model_input_page, request_digest
+    from turnkeep.contract.model_io import MODEL_INPUT_PAGE_BYTES, model_input_page, request_digest
 
     state = start()
     for n in range(60):  # ~600 KB of tool results

@@ -32,9 +32,9 @@ from tests.conftest import Harness, HarnessFactory, eventually, write_script
 from tests.mcp_servers.launch import free_port, http_server
 from tests.worker_process import effects_server
 from turnkeep.client.turns import TurnHandle
+from turnkeep.contract.messages import CallToolResult, StopReason, TextContent
+from turnkeep.contract.turn_io import TurnResult
 from turnkeep.testing.fake_api import FakeModelApi, Reply
-from turnkeep.workflows.messages import CallToolResult, StopReason, TextContent
-from turnkeep.workflows.turn_io import TurnResult
 
 pytestmark = pytest.mark.asyncio
 

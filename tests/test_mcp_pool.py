@@ -23,10 +23,10 @@ from tests.mcp_servers.launch import STDIO_SCRIPT, free_port, http_server
 from turnkeep.activities.tools import ToolActivities, json_size, to_wire_result, truncate_result
 from turnkeep.config.catalog import AgentCatalog
 from turnkeep.config.settings import Settings
+from turnkeep.contract.activity_io import ToolCallRequest, ToolsRequest
+from turnkeep.contract.messages import CallToolResult, ImageContent, TextContent
 from turnkeep.tools.registry import ToolServers
 from turnkeep.tools.source import ServerConnectionError, ServerUnavailable
-from turnkeep.workflows.activity_io import ToolCallRequest, ToolsRequest
-from turnkeep.workflows.messages import CallToolResult, ImageContent, TextContent
 
 LIMIT = 256 * 1024
 

@@ -26,12 +26,12 @@ from tests.conftest import eventually, make_settings
 from tests.worker_process import REPO, write_config
 from turnkeep.client.sessions import get_session
 from turnkeep.client.turns import get_turn
+from turnkeep.contract.turn_io import TurnCancelledError
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.doors.mcp_server import TOOL_NAMES, McpDoor, mcp_server
 from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
 from turnkeep.testing.harness import harness
 from turnkeep.worker.build import build_workers
-from turnkeep.workflows.turn_io import TurnCancelledError
 
 pytestmark = pytest.mark.asyncio
 

@@ -16,19 +16,19 @@ from turnkeep.activities import model as model_activity
 from turnkeep.activities import model_input
 from turnkeep.activities.model_input import ModelInputHandoff
 from turnkeep.client.turns import start_turn
-from turnkeep.providers.parsed_messages import ParsedMessages
-from turnkeep.worker.build import build_worker
-from turnkeep.workflows import messages as messages_module
-from turnkeep.workflows import model_io
-from turnkeep.workflows.messages import Message, estimate_tokens
-from turnkeep.workflows.model_io import (
+from turnkeep.contract import messages as messages_module
+from turnkeep.contract import model_io
+from turnkeep.contract.messages import Message, estimate_tokens
+from turnkeep.contract.model_io import (
     LlmRequest,
     LlmStepRequest,
     MessageJson,
     RequestJson,
     request_digest,
 )
-from turnkeep.workflows.turn_io import TurnInput, TurnResult
+from turnkeep.contract.turn_io import TurnInput, TurnResult
+from turnkeep.providers.parsed_messages import ParsedMessages
+from turnkeep.worker.build import build_worker
 
 
 def request(call_index: int = 1, text: str = "hello") -> LlmRequest:

@@ -14,6 +14,10 @@ from temporalio.exceptions import ApplicationError
 
 from tests.conftest import HarnessFactory, make_settings, turn_setup
 from turnkeep.config.settings import AnthropicSettings, ProviderSettings
+from turnkeep.contract.activity_io import PrepareTurnRequest, ToolSpec
+from turnkeep.contract.messages import Message, TextContent
+from turnkeep.contract.model_io import LlmRequest
+from turnkeep.contract.turn_io import TurnOverrides
 from turnkeep.providers.anthropic import THINKING_BLOCKS, AnthropicProvider
 from turnkeep.providers.model_strings import ModelRef, Reasoning
 from turnkeep.providers.openai import OpenAIProvider
@@ -23,10 +27,6 @@ from turnkeep.providers.registry import (
     installed_providers,
 )
 from turnkeep.testing.fake_api import FakeModelApi, Reply
-from turnkeep.workflows.activity_io import PrepareTurnRequest, ToolSpec
-from turnkeep.workflows.messages import Message, TextContent
-from turnkeep.workflows.model_io import LlmRequest
-from turnkeep.workflows.turn_io import TurnOverrides
 
 KEY = "sk-model-strings-SECRET-0a1b2c"
 

@@ -15,9 +15,9 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from tests.conftest import Harness, HarnessFactory
+from turnkeep.contract.messages import Message, StopReason
+from turnkeep.contract.turn_io import HistoryChange, TurnInput
 from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
-from turnkeep.workflows.messages import Message, StopReason
-from turnkeep.workflows.turn_io import HistoryChange, TurnInput
 
 MODEL = "openai.test-model"
 events: list[str] = []

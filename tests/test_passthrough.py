@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.conftest import HarnessFactory, write_script
+from turnkeep.contract.messages import CallToolResult, Message, StopReason, TextContent
+from turnkeep.contract.model_io import LlmRequest
 from turnkeep.providers.passthrough import answer
-from turnkeep.workflows.messages import CallToolResult, Message, StopReason, TextContent
-from turnkeep.workflows.model_io import LlmRequest
 
 
 def add(a: int, b: int) -> int:

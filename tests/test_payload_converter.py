@@ -13,14 +13,14 @@ from temporalio.converter import StorageDriverStoreContext, WorkflowSerializatio
 
 from tests.conftest import forged_expansion
 from turnkeep.config.settings import PayloadStorageSettings
+from turnkeep.contract.activity_io import PrepareTurnRequest
+from turnkeep.contract.messages import Message
+from turnkeep.contract.model_io import LlmStepRequest
+from turnkeep.contract.turn_io import TurnInput, TurnOverrides
 from turnkeep.payloads.codec import EncryptionCodec, EncryptionNotConfiguredError
 from turnkeep.payloads.composition import data_converter
 from turnkeep.payloads.converter import _STORING_JSON
 from turnkeep.payloads.storage import external_storage
-from turnkeep.workflows.activity_io import PrepareTurnRequest
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.model_io import LlmStepRequest
-from turnkeep.workflows.turn_io import TurnInput, TurnOverrides
 
 STEP = LlmStepRequest(
     agent="a", model="m", call_index=1, workflow_id="w", run_id="r", digest="d" * 64

@@ -32,6 +32,7 @@ from tests.test_payload_storage import turnkeep as harness_for
 from turnkeep.client.connection import connect
 from turnkeep.client.turns import get_turn, start_turn
 from turnkeep.config.settings import PayloadStorageSettings
+from turnkeep.contract.turn_io import TurnInput
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.payloads import gc as payload_gc
 from turnkeep.payloads.gc import collect
@@ -42,7 +43,6 @@ from turnkeep.payloads.storage import (
     sweep,
 )
 from turnkeep.worker.build import build_worker
-from turnkeep.workflows.turn_io import TurnInput
 
 HOUR = 3600.0
 CONTEXT = StorageDriverStoreContext()

@@ -25,6 +25,7 @@ from turnkeep.activities.tools import INLINE_TOOL_RESULT_BYTES, tool_result_limi
 from turnkeep.client.connection import connect
 from turnkeep.client.sessions import open_session
 from turnkeep.client.turns import TurnHandle, get_turn
+from turnkeep.contract.turn_io import TurnResult
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.payloads.limits import RESULT_TOO_LARGE
 from turnkeep.payloads.storage import (
@@ -39,7 +40,6 @@ from turnkeep.payloads.storage import (
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
 from turnkeep.worker.plugin import PAYLOAD_LIMIT_BYTES, FunctionTools, TurnkeepPlugin
-from turnkeep.workflows.turn_io import TurnResult
 
 MB = 1_000_000
 PATTERN = "0123456789abcdef"

@@ -10,10 +10,10 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from tests.conftest import write_script
+from turnkeep.contract.messages import Message
+from turnkeep.contract.model_io import LlmRequest
 from turnkeep.providers import playback
 from turnkeep.providers.playback import PlaybackProvider
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.model_io import LlmRequest
 
 
 def call(index: int) -> LlmRequest:

@@ -28,10 +28,10 @@ from turnkeep import start_turn as start
 from turnkeep.activities.model_input import ModelInputHandoffInterceptor
 from turnkeep.config.agents import declare
 from turnkeep.config.settings import Settings
+from turnkeep.contract.activity_io import HookContext
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.payloads.composition import inner_codec
 from turnkeep.payloads.converter import TurnkeepDataConverter
-from turnkeep.workflows.activity_io import HookContext
 
 APP_ENCODING = b"binary/app-base64"
 
@@ -180,7 +180,8 @@ async def test_the_plugin_adds_to_an_apps_runner_and_interceptors(
     composed = active.get("workflow_runner")
     assert isinstance(composed, SandboxedWorkflowRunner)
     passthrough = composed.restrictions.passthrough_modules
-    assert {"tests.app_workflow", "turnkeep.workflows", "beartype"} <= passthrough
+    ours = {"turnkeep.contract", "turnkeep.workflows", "beartype"}
+    assert {"tests.app_workflow", *ours} <= passthrough
     # Given by the application: kept.
     assert active.get("sticky_queue_schedule_to_start_timeout") == timedelta(seconds=7)
     names = {getattr(w, "__name__", None) for w in active.get("workflows", [])}
@@ -254,8 +255,8 @@ def test_a_name_given_twice_is_refused(tmp_path: Path) -> None:
 def test_the_facade_loads_nothing_it_is_not_asked_for() -> None:
     # The workflow sandbox imports turnkeep.workflows: that must not pull in the worker's I/O.
     code = (
-        "import sys, turnkeep.workflows.turn_io, turnkeep\n"
-        "assert turnkeep.TurnInput is turnkeep.workflows.turn_io.TurnInput\n"
+        "import sys, turnkeep.contract.turn_io, turnkeep\n"
+        "assert turnkeep.TurnInput is turnkeep.contract.turn_io.TurnInput\n"
         "loaded = [m for m in ('turnkeep.worker.plugin', 'fastmcp', 'anthropic', 'openai')"
         " if m in sys.modules]\n"
         "assert not loaded, loaded\n"

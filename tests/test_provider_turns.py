@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import HarnessFactory, history_text
+from turnkeep.contract.messages import StopReason
+from turnkeep.contract.turn_io import TurnResult, Usage
 from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
-from turnkeep.workflows.messages import StopReason
-from turnkeep.workflows.turn_io import TurnResult, Usage
 
 pytestmark = pytest.mark.asyncio
 

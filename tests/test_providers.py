@@ -16,15 +16,8 @@ from temporalio.testing import ActivityEnvironment
 
 from tests.conftest import write_script
 from turnkeep.config.settings import ProviderSettings
-from turnkeep.providers.anthropic import AnthropicProvider
-from turnkeep.providers.base import ModelProvider
-from turnkeep.providers.errors import request_timeout
-from turnkeep.providers.openai import OpenAIProvider
-from turnkeep.providers.passthrough import PassthroughProvider
-from turnkeep.providers.playback import PlaybackProvider
-from turnkeep.testing.fake_api import Api, FakeModelApi, Reply, Step, Tokens
-from turnkeep.workflows.activity_io import ToolSpec
-from turnkeep.workflows.messages import (
+from turnkeep.contract.activity_io import ToolSpec
+from turnkeep.contract.messages import (
     CallToolResult,
     EmbeddedResource,
     ImageContent,
@@ -34,7 +27,14 @@ from turnkeep.workflows.messages import (
     TextContent,
     ToolCall,
 )
-from turnkeep.workflows.model_io import LlmRequest
+from turnkeep.contract.model_io import LlmRequest
+from turnkeep.providers.anthropic import AnthropicProvider
+from turnkeep.providers.base import ModelProvider
+from turnkeep.providers.errors import request_timeout
+from turnkeep.providers.openai import OpenAIProvider
+from turnkeep.providers.passthrough import PassthroughProvider
+from turnkeep.providers.playback import PlaybackProvider
+from turnkeep.testing.fake_api import Api, FakeModelApi, Reply, Step, Tokens
 
 KEY = "sk-test-NEVER-LOG-ME-7f3a9c"
 PNG = "iVBORw0KGgo="

@@ -13,6 +13,8 @@ from temporalio.exceptions import ApplicationError
 
 from tests.conftest import HarnessFactory, history_text
 from turnkeep.config.settings import AzureSettings, ProviderSettings, Settings
+from turnkeep.contract.messages import Message, TextContent
+from turnkeep.contract.model_io import LlmRequest
 from turnkeep.providers.azure import AzureProvider
 from turnkeep.providers.model_strings import ModelRef, Reasoning
 from turnkeep.providers.openai_compat import (
@@ -25,8 +27,6 @@ from turnkeep.providers.openai_compat import (
 )
 from turnkeep.providers.registry import ModelCatalog, installed_providers
 from turnkeep.testing.fake_api import FakeModelApi, Reply
-from turnkeep.workflows.messages import Message, TextContent
-from turnkeep.workflows.model_io import LlmRequest
 
 KEY = "sk-compat-NEVER-LOG-ME-51c0de"
 WRONG_KEY = "sk-wrong-ALSO-SECRET-9e8d7c"

@@ -14,6 +14,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from turnkeep.config.settings import AzureSettings, ProviderSettings
+from turnkeep.contract.messages import Message, StopReason, ToolCall
+from turnkeep.contract.model_io import LlmRequest
 from turnkeep.providers.anthropic import AnthropicProvider
 from turnkeep.providers.azure import AzureProvider
 from turnkeep.providers.base import ModelProvider
@@ -24,8 +26,6 @@ from turnkeep.providers.openai_compat import OPENAI_COMPATIBLE_PROVIDERS
 from turnkeep.providers.stream_end import STREAM_INCOMPLETE
 from turnkeep.providers.streaming import streaming_to
 from turnkeep.testing.fake_api import FakeModelApi, Reply, Step, Tokens
-from turnkeep.workflows.messages import Message, StopReason, ToolCall
-from turnkeep.workflows.model_io import LlmRequest
 
 KEY = "sk-stream-NEVER-LOG-ME-4d2e1b"
 # Every provider with `streams`: its config key, and the API it speaks.

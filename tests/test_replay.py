@@ -22,10 +22,10 @@ from temporalio.client import WorkflowHistory
 from tests.conftest import HarnessFactory, eventually, write_script
 from turnkeep import open_session
 from turnkeep.client.turns import TurnHandle
+from turnkeep.contract.messages import StopReason
+from turnkeep.contract.turn_io import RollbackState, TurnCancelledError
 from turnkeep.testing import check_replay
 from turnkeep.testing.fake_api import FakeModelApi, Reply
-from turnkeep.workflows.messages import StopReason
-from turnkeep.workflows.turn_io import RollbackState, TurnCancelledError
 
 pytestmark = pytest.mark.asyncio
 

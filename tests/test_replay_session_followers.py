@@ -25,9 +25,9 @@ from temporalio.client import Client, WorkflowHistory
 from tests.conftest import make_settings
 from turnkeep import open_session
 from turnkeep.client.sessions import SessionHandle
+from turnkeep.contract.session_io import SessionProgress
 from turnkeep.testing import ReplayFailedError, check_replay
 from turnkeep.testing import harness as worker_harness
-from turnkeep.workflows.session_io import SessionProgress
 
 pytestmark = pytest.mark.asyncio
 

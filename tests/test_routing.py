@@ -17,9 +17,9 @@ from tests.conftest import make_settings
 from tests.worker_process import WorkerProcesses, write_config
 from turnkeep.client.sessions import open_session
 from turnkeep.client.turns import start_turn
+from turnkeep.contract.turn_io import TurnInput, agent_task_queue
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.worker.build import build_workers
-from turnkeep.workflows.turn_io import TurnInput, agent_task_queue
 
 pytestmark = pytest.mark.asyncio
 

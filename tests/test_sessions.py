@@ -23,10 +23,10 @@ from turnkeep import open_session
 from turnkeep.client.live import MessageEvent
 from turnkeep.client.sessions import SessionClosedError, SessionHandle, get_session, read_session
 from turnkeep.client.turns import get_turn
+from turnkeep.contract.messages import Message
+from turnkeep.contract.turn_io import HistoryChange, TurnCancelledError
 from turnkeep.devserver.embedded import ServerInfo
-from turnkeep.workflows.messages import Message
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
-from turnkeep.workflows.turn_io import HistoryChange, TurnCancelledError
 
 pytestmark = pytest.mark.asyncio
 
@@ -357,7 +357,7 @@ async def test_a_session_input_bounds_what_a_client_may_ask_for() -> None:
     # Any client may start a session: a run may not be asked to hold a billion turns.
     from pydantic import ValidationError
 
-    from turnkeep.workflows.session_io import SessionInput
+    from turnkeep.contract.session_io import SessionInput
 
     assert SessionInput.model_validate({"agent": "a", "turns_per_run": 1_000}).turns_per_run
     with pytest.raises(ValidationError, match="turns_per_run"):

@@ -9,10 +9,10 @@ import gc
 from pydantic import BaseModel
 
 from tests.test_loop import plan
-from turnkeep.workflows.activity_io import ToolSpec
+from turnkeep.contract.activity_io import ToolSpec
+from turnkeep.contract.turn_io import TurnInput
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.shared import SharedValues
-from turnkeep.workflows.turn_io import TurnInput
 
 SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
 

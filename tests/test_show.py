@@ -20,11 +20,11 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from tests.conftest import HarnessFactory, eventually, turnkeep, write_script
 from turnkeep.client.history import TurnStatus, view_histories
 from turnkeep.client.turns import TurnHandle, start_turn
+from turnkeep.contract.messages import StopReason
+from turnkeep.contract.turn_io import RollbackState, TurnCancelledError, TurnInput, TurnResult
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
-from turnkeep.workflows.messages import StopReason
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
-from turnkeep.workflows.turn_io import RollbackState, TurnCancelledError, TurnInput, TurnResult
 
 pytestmark = pytest.mark.asyncio
 

@@ -31,9 +31,9 @@ from tests.worker_process import REPO, WorkerProcesses, write_config
 from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.config.files import ConfigError
 from turnkeep.config.settings import WorkerSettings
+from turnkeep.contract.turn_io import TurnInput
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.worker.shutdown import worker_settings
-from turnkeep.workflows.turn_io import TurnInput
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ from temporalio.service import RPCError
 from tests.conftest import eventually, make_settings, write_script
 from turnkeep.client.sessions import SessionHandle
 from turnkeep.client.turns import TurnHandle
+from turnkeep.contract.turn_io import TurnResult
 from turnkeep.testing import harness
-from turnkeep.workflows.turn_io import TurnResult
 
 CACHE = 2
 

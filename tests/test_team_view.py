@@ -23,11 +23,11 @@ from turnkeep.cli.render import TurnRenderer
 from turnkeep.client.children import ChildEnded, ChildStarted, ChildText, ChildTurn, TurnEvent
 from turnkeep.client.live import MessageEvent
 from turnkeep.client.status import TurnStatus
+from turnkeep.contract.messages import Message
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.agent_tools import child_id
-from turnkeep.workflows.messages import Message
 
 pytestmark = pytest.mark.asyncio
 

@@ -13,8 +13,8 @@ import pytest
 
 from tests.conftest import HarnessFactory, history_text, write_script
 from tests.mcp_servers.launch import STDIO_SCRIPT, http_server
-from turnkeep.workflows.messages import StopReason
-from turnkeep.workflows.turn_io import TurnResult
+from turnkeep.contract.messages import StopReason
+from turnkeep.contract.turn_io import TurnResult
 
 pytestmark = pytest.mark.asyncio
 

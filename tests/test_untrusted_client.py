@@ -23,11 +23,11 @@ from temporalio.common import RawValue
 from temporalio.service import RPCError
 
 from tests.conftest import HarnessFactory, eventually, forged_expansion, history_text, turnkeep
+from turnkeep.contract.activity_io import Timeouts, TurnPlan
+from turnkeep.contract.model_io import MODEL_INPUT_QUERY
+from turnkeep.contract.turn_io import TurnCancelledError, TurnInput
 from turnkeep.testing.fake_api import Api, FakeModelApi, Reply
-from turnkeep.workflows.activity_io import Timeouts, TurnPlan
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.model_io import MODEL_INPUT_QUERY
-from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 pytestmark = pytest.mark.asyncio

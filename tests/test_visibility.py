@@ -34,6 +34,23 @@ from turnkeep.client.connection import connect
 from turnkeep.client.turns import TurnHandle
 from turnkeep.config.paths import state_dir
 from turnkeep.config.settings import Settings
+from turnkeep.contract.activity_io import (
+    HookPoint,
+    PrepareTurnRequest,
+    Timeouts,
+    ToolCallRequest,
+    TurnPlan,
+    VisibilityPlan,
+)
+from turnkeep.contract.messages import CallToolResult, Message, StopReason, ToolCall
+from turnkeep.contract.model_io import LlmRequest
+from turnkeep.contract.turn_io import (
+    TurnCancelledError,
+    TurnInput,
+    TurnOverrides,
+    TurnResult,
+    Usage,
+)
 from turnkeep.devserver.embedded import (
     EmbeddedServer,
     ServerInfo,
@@ -45,24 +62,7 @@ from turnkeep.testing import check_replay
 from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows import visibility
-from turnkeep.workflows.activity_io import (
-    HookPoint,
-    PrepareTurnRequest,
-    Timeouts,
-    ToolCallRequest,
-    TurnPlan,
-    VisibilityPlan,
-)
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.messages import CallToolResult, Message, StopReason, ToolCall
-from turnkeep.workflows.model_io import LlmRequest
-from turnkeep.workflows.turn_io import (
-    TurnCancelledError,
-    TurnInput,
-    TurnOverrides,
-    TurnResult,
-    Usage,
-)
 
 SEARCH_ATTRIBUTES_LOG = "turnkeep.observability.search_attributes"
 

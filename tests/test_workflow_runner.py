@@ -89,7 +89,10 @@ def test_replays_import_workflow_code_inside_the_sandbox() -> None:
     # Workers share turnkeep's workflow modules across runs; the replay tests must not, or a
     # forbidden call in workflow code would go unnoticed (``turnkeep.worker.runner``).
     # By its full name only: a Temporal app's own `workflows` module stays sandboxed.
-    assert set(WORKFLOW_RUNNER.restrictions.passthrough_modules) >= {"turnkeep.workflows"}
+    assert set(WORKFLOW_RUNNER.restrictions.passthrough_modules) >= {
+        "turnkeep.contract",
+        "turnkeep.workflows",
+    }
     assert not {"workflows", "turnkeep"} & set(WORKFLOW_RUNNER.restrictions.passthrough_modules)
     strict = STRICT_WORKFLOW_RUNNER.restrictions.passthrough_modules
     assert not any(m.startswith("turnkeep") for m in strict)

@@ -2,7 +2,7 @@
 
 The public API: what an application imports to run turns (the plugin, ``Agent``, a client's
 ``start_turn`` and ``open_session``), and what it extends (``ModelProvider``, ``ToolSource``,
-hooks and approval policies). ``turnkeep.workflow`` is the API for an application's own
+hooks and approval policies). ``turnkeep.in_workflow`` is the API for an application's own
 workflow code and ``turnkeep.testing`` the kit for its tests; every other module is internal.
 
 Names are imported on first use (PEP 562), so importing a submodule, as the workflow sandbox
@@ -32,19 +32,19 @@ if TYPE_CHECKING:
     from turnkeep.config.fastagent.request_params import RequestParams
     from turnkeep.config.files import load_settings
     from turnkeep.config.settings import Settings
-    from turnkeep.providers.base import ModelProvider
-    from turnkeep.tools.source import ToolSource
-    from turnkeep.worker.build import build_worker, build_workers
-    from turnkeep.worker.plugin import TurnkeepPlugin
-    from turnkeep.workflows.activity_io import HookChange, HookContext, HookPoint
-    from turnkeep.workflows.approval import ApprovalPolicy, ApprovalRequest, PolicyDecision
-    from turnkeep.workflows.messages import Message, StopReason
-    from turnkeep.workflows.turn_io import (
+    from turnkeep.contract.activity_io import HookChange, HookContext, HookPoint
+    from turnkeep.contract.approval import ApprovalPolicy, ApprovalRequest, PolicyDecision
+    from turnkeep.contract.messages import Message, StopReason
+    from turnkeep.contract.turn_io import (
         TurnCancelledError,
         TurnInput,
         TurnResult,
         agent_task_queue,
     )
+    from turnkeep.providers.base import ModelProvider
+    from turnkeep.tools.source import ToolSource
+    from turnkeep.worker.build import build_worker, build_workers
+    from turnkeep.worker.plugin import TurnkeepPlugin
 
 # name -> the module that defines it
 _EXPORTS = {
@@ -75,23 +75,23 @@ _EXPORTS = {
     "StreamEvent": "turnkeep.client.live",
     "TextDelta": "turnkeep.client.live",
     "ToolCallStart": "turnkeep.client.live",
-    "Message": "turnkeep.workflows.messages",
-    "StopReason": "turnkeep.workflows.messages",
-    "TurnCancelledError": "turnkeep.workflows.turn_io",
-    "TurnInput": "turnkeep.workflows.turn_io",
-    "TurnResult": "turnkeep.workflows.turn_io",
-    "agent_task_queue": "turnkeep.workflows.turn_io",
+    "Message": "turnkeep.contract.messages",
+    "StopReason": "turnkeep.contract.messages",
+    "TurnCancelledError": "turnkeep.contract.turn_io",
+    "TurnInput": "turnkeep.contract.turn_io",
+    "TurnResult": "turnkeep.contract.turn_io",
+    "agent_task_queue": "turnkeep.contract.turn_io",
     # What an application extends: its own model providers, kinds of tool server, hooks and
     # approval policies.
     "ModelProvider": "turnkeep.providers.base",
     "ToolSource": "turnkeep.tools.source",
     "Hook": "turnkeep.activities.hooks",
-    "HookChange": "turnkeep.workflows.activity_io",
-    "HookContext": "turnkeep.workflows.activity_io",
-    "HookPoint": "turnkeep.workflows.activity_io",
-    "ApprovalPolicy": "turnkeep.workflows.approval",
-    "ApprovalRequest": "turnkeep.workflows.approval",
-    "PolicyDecision": "turnkeep.workflows.approval",
+    "HookChange": "turnkeep.contract.activity_io",
+    "HookContext": "turnkeep.contract.activity_io",
+    "HookPoint": "turnkeep.contract.activity_io",
+    "ApprovalPolicy": "turnkeep.contract.approval",
+    "ApprovalRequest": "turnkeep.contract.approval",
+    "PolicyDecision": "turnkeep.contract.approval",
 }
 
 __all__ = [

@@ -1,5 +1,5 @@
 """The app's workflow: a research turn, one of the app's own activities on its answer, then a
-summary turn. Each turn is a child workflow (``turnkeep.workflow.run_turn``), so the Web UI
+summary turn. Each turn is a child workflow (``turnkeep.in_workflow.run_turn``), so the Web UI
 shows it under this workflow, with every model and tool call of its own."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from datetime import timedelta
 from temporalio import workflow
 
 from turnkeep import TurnInput
-from turnkeep.workflow import run_turn
+from turnkeep.in_workflow import run_turn
 
 with workflow.unsafe.imports_passed_through():
     from activities import save_note

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import time
 
-from turnkeep.workflows.activity_io import HookChange, HookContext
-from turnkeep.workflows.messages import Message, StopReason
+from turnkeep.contract.activity_io import HookChange, HookContext
+from turnkeep.contract.messages import Message, StopReason
 
 # Scenario (the message id's prefix) -> the agent's answer; the longest prefix wins.
 ANSWERS = {

@@ -1,6 +1,6 @@
 """The ``approval_policy`` activity: an agent's approval policy, a Python callable registered on
 the worker by name, deciding on each held tool call of a batch from its arguments: allow, deny,
-or ask a person (``turnkeep.workflows.approval``).
+or ask a person (``turnkeep.contract.approval``).
 
 Policies are registered by ``TurnkeepPlugin(approval_policies=...)`` / ``build_worker``, as
 ``approval_policies:`` import paths in turnkeep.yaml, as functions on a Python ``Agent``'s
@@ -23,9 +23,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from turnkeep.config.catalog import AgentCatalog
-from turnkeep.errors import config_error, known, require_workflow
-from turnkeep.workflows.activity_io import TOOL_SEPARATOR
-from turnkeep.workflows.approval import (
+from turnkeep.contract.activity_io import TOOL_SEPARATOR
+from turnkeep.contract.approval import (
     APPROVAL_POLICY,
     ApprovalPlan,
     ApprovalPolicy,
@@ -35,6 +34,7 @@ from turnkeep.workflows.approval import (
     PolicyRequest,
     PolicyVerdicts,
 )
+from turnkeep.errors import config_error, known, require_workflow
 
 ENTRY_POINT_GROUP = "turnkeep.approval_policies"
 

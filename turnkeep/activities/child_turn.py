@@ -1,5 +1,5 @@
 """The ``read_child_turn`` activity: the repaired conversation of a turn that a parent workflow
-ran with ``turnkeep.workflow.run_turn`` and that was cancelled.
+ran with ``turnkeep.in_workflow.run_turn`` and that was cancelled.
 
 A cancelled workflow closes with no result, and a workflow cannot query another, so the
 parent's ``run_turn`` schedules this to ask the closed child its ``turn`` query, which a

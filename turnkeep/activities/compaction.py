@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from turnkeep.workflows.activity_io import CompactRequest
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.model_io import LlmRequest
+from turnkeep.contract.activity_io import CompactRequest
+from turnkeep.contract.messages import Message
+from turnkeep.contract.model_io import LlmRequest
 
 INSTRUCTION = (
     "You compact conversations between a user and an AI assistant that uses tools. Write a "

@@ -17,8 +17,8 @@ from typing import Any
 from temporalio import activity
 
 from turnkeep.config.catalog import AgentCatalog
+from turnkeep.contract.activity_io import RUN_HOOK, HookChange, HookContext, HookRequest
 from turnkeep.errors import config_error, known, require_workflow
-from turnkeep.workflows.activity_io import RUN_HOOK, HookChange, HookContext, HookRequest
 
 Hook = Callable[[HookContext], "HookChange | dict[str, Any] | Awaitable[Any] | None"]
 """A hook: sync (run in a thread) or async, returning a HookChange, a dict of one, or None."""

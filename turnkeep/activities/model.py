@@ -15,6 +15,13 @@ from turnkeep.activities.model_input import MODEL_INPUTS, model_input
 from turnkeep.activities.turn_setup import check_overrides
 from turnkeep.config.catalog import AgentCatalog
 from turnkeep.config.settings import AgentSettings
+from turnkeep.contract.activity_io import COMPACT_HISTORY, LLM_STEP, CompactRequest
+from turnkeep.contract.messages import Message
+from turnkeep.contract.model_io import (
+    LlmRequest,
+    LlmStepRequest,
+)
+from turnkeep.contract.turn_io import TurnOverrides
 from turnkeep.errors import require_workflow
 from turnkeep.observability import spans
 from turnkeep.providers.base import ModelProvider
@@ -22,13 +29,6 @@ from turnkeep.providers.model_strings import ModelRef
 from turnkeep.providers.prices import with_cost
 from turnkeep.providers.registry import ModelCatalog
 from turnkeep.providers.streaming import LiveServer, streaming_to
-from turnkeep.workflows.activity_io import COMPACT_HISTORY, LLM_STEP, CompactRequest
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.model_io import (
-    LlmRequest,
-    LlmStepRequest,
-)
-from turnkeep.workflows.turn_io import TurnOverrides
 
 
 class ModelActivities:

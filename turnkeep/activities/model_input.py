@@ -21,9 +21,8 @@ from temporalio.worker import (
     WorkflowOutboundInterceptor,
 )
 
-from turnkeep.providers.parsed_messages import PARSED_MESSAGES, ParsedMessages
-from turnkeep.workflows.activity_io import LLM_STEP
-from turnkeep.workflows.model_io import (
+from turnkeep.contract.activity_io import LLM_STEP
+from turnkeep.contract.model_io import (
     MODEL_INPUT_QUERY,
     LlmRequest,
     LlmStepRequest,
@@ -31,6 +30,7 @@ from turnkeep.workflows.model_io import (
     RequestJson,
     request_digest,
 )
+from turnkeep.providers.parsed_messages import PARSED_MESSAGES, ParsedMessages
 
 
 async def model_input(step: LlmStepRequest) -> LlmRequest:

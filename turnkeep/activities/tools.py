@@ -18,11 +18,7 @@ from temporalio.exceptions import ApplicationError
 from turnkeep.activities.heartbeat import heartbeating
 from turnkeep.config.catalog import AgentCatalog
 from turnkeep.config.settings import AgentSettings
-from turnkeep.errors import require_workflow
-from turnkeep.tools.registry import ToolServers
-from turnkeep.tools.server_requests import CURRENT_BOOK, RequestBook
-from turnkeep.tools.source import ServerConnectionError, ServerUnavailable
-from turnkeep.workflows.activity_io import (
+from turnkeep.contract.activity_io import (
     CALL_TOOL,
     LIST_TOOLS,
     TOOL_SEPARATOR,
@@ -32,7 +28,11 @@ from turnkeep.workflows.activity_io import (
     ToolSpec,
     ToolsRequest,
 )
-from turnkeep.workflows.messages import CallToolResult, TextContent
+from turnkeep.contract.messages import CallToolResult, TextContent
+from turnkeep.errors import require_workflow
+from turnkeep.tools.registry import ToolServers
+from turnkeep.tools.server_requests import CURRENT_BOOK, RequestBook
+from turnkeep.tools.source import ServerConnectionError, ServerUnavailable
 
 # Retryable: the pool has dropped the broken connection and the next attempt opens a new one.
 # Deliberately not "ServerUnavailable", which the workflow treats as a configuration error.

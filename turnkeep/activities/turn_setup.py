@@ -14,9 +14,7 @@ from turnkeep.config.settings import (
     TimeoutSettings,
     VisibilitySettings,
 )
-from turnkeep.errors import config_error, known, require_workflow
-from turnkeep.providers.registry import ModelCatalog
-from turnkeep.workflows.activity_io import (
+from turnkeep.contract.activity_io import (
     CLIENT_TOOL_PREFIX,
     PAYLOAD_ENVELOPE_BYTES,
     PAYLOAD_LIMIT_BYTES,
@@ -34,11 +32,13 @@ from turnkeep.workflows.activity_io import (
     TurnPlan,
     VisibilityPlan,
 )
-from turnkeep.workflows.approval import ApprovalPlan
-from turnkeep.workflows.server_requests import ServerRequestPlan
-from turnkeep.workflows.team_planner import planner_instruction
-from turnkeep.workflows.team_router import routing_instruction
-from turnkeep.workflows.turn_io import BudgetLimit, TurnOverrides
+from turnkeep.contract.approval import ApprovalPlan
+from turnkeep.contract.server_requests import ServerRequestPlan
+from turnkeep.contract.turn_io import BudgetLimit, TurnOverrides
+from turnkeep.errors import config_error, known, require_workflow
+from turnkeep.providers.registry import ModelCatalog
+from turnkeep.workflows.teams.planner import planner_instruction
+from turnkeep.workflows.teams.router import routing_instruction
 
 
 class TurnSetupActivities:

@@ -45,8 +45,8 @@ from turnkeep.cli.render import _visible
 from turnkeep.cli.waits import describe_wait
 from turnkeep.client.sessions import SessionHandle
 from turnkeep.client.turns import TurnHandle, get_turn
-from turnkeep.workflows.approval import PendingCall, RememberScope
-from turnkeep.workflows.messages import Message
+from turnkeep.contract.approval import PendingCall, RememberScope
+from turnkeep.contract.messages import Message
 
 PROMPT = "Approve? [y]es / [a]lways / [n]o / [e]dit: "
 RESULT_PROMPT = "Result (one line; empty: deny the call): "

@@ -26,12 +26,12 @@ from turnkeep.cli.console import console, notes
 from turnkeep.config.catalog import AgentCatalog
 from turnkeep.config.files import BUILTIN_AGENT, CONFIG_NAME, ConfigError, find_config
 from turnkeep.config.settings import Settings, StreamingSettings
+from turnkeep.contract.turn_io import TurnOverrides
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.errors import known
 from turnkeep.providers.passthrough import PassthroughProvider
 from turnkeep.providers.registry import ModelCatalog
 from turnkeep.worker.build import TurnkeepWorkers, build_workers
-from turnkeep.workflows.turn_io import TurnOverrides
 
 # How long a turn may wait before the command looks whether any worker polls its queue: a
 # worker that is there takes a new turn's first task in milliseconds.

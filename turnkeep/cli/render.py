@@ -22,9 +22,9 @@ from temporalio.client import WorkflowExecutionStatus
 from turnkeep.client.children import ChildEnded, ChildStarted, ChildText, ChildTurn, TurnEvent
 from turnkeep.client.history import ActivityOutcome, ActivityTiming, TurnStatus, TurnView
 from turnkeep.client.live import MessageEvent, Restarted, TextDelta
-from turnkeep.workflows.approval import DecisionRecord
-from turnkeep.workflows.messages import Message, StopReason
-from turnkeep.workflows.turn_io import TurnResult, Usage
+from turnkeep.contract.approval import DecisionRecord
+from turnkeep.contract.messages import Message, StopReason
+from turnkeep.contract.turn_io import TurnResult, Usage
 from turnkeep.workflows.visibility import format_usd
 
 MAX_RESULT_CHARS = 600  # a tool result: its gist

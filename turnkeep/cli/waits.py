@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from turnkeep.workflows.approval import PendingCall
+from turnkeep.contract.approval import PendingCall
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ from temporalio.converter import DataConverter, WorkflowSerializationContext
 
 from turnkeep.client.live import MessageEvent, StreamEvent, TextDelta, follow_live
 from turnkeep.client.status import TurnStatus, event_time, failure_of, ms_between
+from turnkeep.contract.messages import StopReason
+from turnkeep.contract.turn_io import WORKFLOW_NAME, Usage
 from turnkeep.workflows.agent_tools import CALL_ID_CHARS
-from turnkeep.workflows.messages import StopReason
-from turnkeep.workflows.turn_io import WORKFLOW_NAME, Usage
 
 log = logging.getLogger(__name__)
 

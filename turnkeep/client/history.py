@@ -54,12 +54,12 @@ from temporalio.worker import (
 from turnkeep.client.children import ChildTurn, read_children
 from turnkeep.client.status import TurnStatus, event_time, failure_of, ms_between
 from turnkeep.client.status import describe_failure as describe_failure  # where callers look
+from turnkeep.contract.activity_io import CALL_TOOL, LLM_STEP
+from turnkeep.contract.messages import Message, StopReason
+from turnkeep.contract.turn_io import TurnInput, TurnResult
 from turnkeep.worker.replay import replay_plugin
-from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP
 from turnkeep.workflows.agent_tools import child_id
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.messages import Message, StopReason
-from turnkeep.workflows.turn_io import TurnInput, TurnResult
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
 

@@ -26,8 +26,8 @@ from pydantic import BaseModel
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHandle
 
-from turnkeep.workflows.activity_io import LLM_STEP
-from turnkeep.workflows.live_io import (
+from turnkeep.contract.activity_io import LLM_STEP
+from turnkeep.contract.live_io import (
     DELTA_EVENT,
     END_EVENT,
     PATH_PREFIX,
@@ -35,7 +35,7 @@ from turnkeep.workflows.live_io import (
     LiveBatch,
     LiveDelta,
 )
-from turnkeep.workflows.messages import Message
+from turnkeep.contract.messages import Message
 
 log = logging.getLogger(__name__)
 

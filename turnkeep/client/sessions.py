@@ -35,16 +35,14 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkeep.client.history import TurnView, read_turn
 from turnkeep.client.live import MessageEvent, StreamEvent
 from turnkeep.client.turns import get_turn, poll_query, query_retrying
-from turnkeep.observability.search_attributes import present_search_attributes
-from turnkeep.workflows import visibility
-from turnkeep.workflows.approval import (
+from turnkeep.contract.approval import (
     ALLOW_RULES_QUERY,
     REVOKE_ALLOW_UPDATE,
     AllowRule,
     RevokeAllow,
 )
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.session_io import (
+from turnkeep.contract.messages import Message
+from turnkeep.contract.session_io import (
     DEFAULT_TURNS_PER_RUN,
     SESSION_WORKFLOW_NAME,
     NewMessageMode,
@@ -53,8 +51,10 @@ from turnkeep.workflows.session_io import (
     SessionProgress,
     SessionResult,
 )
+from turnkeep.contract.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
+from turnkeep.observability.search_attributes import present_search_attributes
+from turnkeep.workflows import visibility
 from turnkeep.workflows.session_workflow import SessionWorkflow
-from turnkeep.workflows.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
 
 
 async def read_transcript(

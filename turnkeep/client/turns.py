@@ -32,10 +32,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkeep.client.children import TurnEvent, with_children
 from turnkeep.client.history import read_turn
 from turnkeep.client.live import StreamEvent, stream_turn
-from turnkeep.observability.search_attributes import present_search_attributes
-from turnkeep.payloads.conversations import with_history
-from turnkeep.workflows import visibility
-from turnkeep.workflows.approval import (
+from turnkeep.contract.approval import (
     ALLOW_RULES_QUERY,
     DECIDE_UPDATE,
     DECIDED_IN_CHILD,
@@ -49,8 +46,8 @@ from turnkeep.workflows.approval import (
     RevokeAllow,
     SubmittedResult,
 )
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.turn_io import (
+from turnkeep.contract.messages import Message
+from turnkeep.contract.turn_io import (
     DEFAULT_TASK_QUEUE,
     TurnCancelledError,
     TurnInput,
@@ -58,6 +55,9 @@ from turnkeep.workflows.turn_io import (
     TurnResult,
     agent_task_queue,
 )
+from turnkeep.observability.search_attributes import present_search_attributes
+from turnkeep.payloads.conversations import with_history
+from turnkeep.workflows import visibility
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
 _QUERY_ATTEMPTS = 3

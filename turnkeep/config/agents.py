@@ -24,8 +24,8 @@ from turnkeep.config.settings import (
     McpServerSettings,
     Settings,
 )
-from turnkeep.workflows.activity_io import HookPoint
-from turnkeep.workflows.approval import ApprovalPolicy
+from turnkeep.contract.activity_io import HookPoint
+from turnkeep.contract.approval import ApprovalPolicy
 
 Tool = Callable[..., Any]
 HookFunction = Callable[..., Any]

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from turnkeep.config.settings import AgentOptions, AgentSettings, McpServerSettings, Settings
+from turnkeep.contract.activity_io import AGENT_TOOL_PREFIX, AgentTool, ToolSpec
+from turnkeep.contract.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
 from turnkeep.errors import config_error, known
-from turnkeep.workflows.activity_io import AGENT_TOOL_PREFIX, AgentTool, ToolSpec
-from turnkeep.workflows.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
 
 # fast-agent's input for an agent called as a tool.
 AGENT_TOOL_SCHEMA = {

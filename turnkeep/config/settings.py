@@ -27,14 +27,14 @@ from pydantic import (
 )
 
 from turnkeep.config.fastagent.keys import accept_fast_agent_keys
-from turnkeep.workflows.activity_io import (
+from turnkeep.contract.activity_io import (
     CLIENT_TOOL_PREFIX,
     DEFAULT_CONTINUE_AS_NEW_BYTES,
     DEFAULT_CONTINUE_AS_NEW_EVENTS,
     HookPoint,
 )
-from turnkeep.workflows.session_io import NewMessageMode
-from turnkeep.workflows.turn_io import (
+from turnkeep.contract.session_io import NewMessageMode
+from turnkeep.contract.turn_io import (
     DEFAULT_MAX_ITERATIONS,
     DEFAULT_TASK_QUEUE,
     TurnOverrides,

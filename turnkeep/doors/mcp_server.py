@@ -57,15 +57,15 @@ from turnkeep.client.live import TextDelta
 from turnkeep.client.sessions import SessionClosedError, SessionHandle, open_session
 from turnkeep.client.turns import TurnHandle, get_turn, poll_query, start_turn
 from turnkeep.config.settings import Settings
+from turnkeep.contract.approval import DecisionRecord, PendingCall
+from turnkeep.contract.session_io import SessionProgress
+from turnkeep.contract.turn_io import TurnCancelledError, TurnInput, TurnResult, agent_task_queue
 from turnkeep.doors.hosts import HostOriginGuard
 from turnkeep.errors import known
 from turnkeep.support.asgi import AsgiServer, bind, http_url
 from turnkeep.support.sdk_private import mcp_cancel_requested, mcp_connection
 from turnkeep.workflows import visibility
-from turnkeep.workflows.approval import DecisionRecord, PendingCall
-from turnkeep.workflows.session_io import SessionProgress
 from turnkeep.workflows.session_workflow import SessionWorkflow
-from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnResult, agent_task_queue
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from temporalio.worker import (
     Interceptor,
 )
 
-from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP, ToolCallOutcome
-from turnkeep.workflows.messages import Message
+from turnkeep.contract.activity_io import CALL_TOOL, LLM_STEP, ToolCallOutcome
+from turnkeep.contract.messages import Message
 from turnkeep.workflows.metrics import (
     COST,
     MODEL_CALL_ERRORS,

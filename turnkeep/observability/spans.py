@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextvars import ContextVar
 
-from turnkeep.workflows.model_io import LlmRequest
+from turnkeep.contract.model_io import LlmRequest
 
 # (provider name, model id, the request) -> None
 ModelCallHook = Callable[[str, str, LlmRequest], None]

@@ -49,12 +49,12 @@ from temporalio.worker import (
     WorkflowInterceptorClassInput,
 )
 
+from turnkeep.contract.activity_io import CALL_TOOL, LLM_STEP, ToolCallOutcome
+from turnkeep.contract.messages import Message
+from turnkeep.contract.model_io import LlmRequest
 from turnkeep.observability.recording import error_class
 from turnkeep.observability.spans import MODEL_CALL_HOOK
 from turnkeep.support.sdk_private import Carrier, WorkflowTracingHooks
-from turnkeep.workflows.activity_io import CALL_TOOL, LLM_STEP, ToolCallOutcome
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.model_io import LlmRequest
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 log = logging.getLogger(__name__)

@@ -4,8 +4,9 @@
   the application keeps its payload codec (its own encryption, say) and failure converter. A
   converter turnkeep already made (``connect``, or the plugin on the client) is kept as it is,
   after checking it has the storage and encryption the worker's settings give.
-- **Workflow runner.** The application's sandbox, with ``turnkeep.workflows`` (and beartype)
-  passed through, so turnkeep's workflow code is imported once per process, not per run.
+- **Workflow runner.** The application's sandbox, with ``turnkeep.workflows``, ``turnkeep.contract``
+  (and beartype) passed through, so turnkeep's workflow code is imported once per process, not
+  per run.
 - **Sticky queue.** ``turnkeep.worker.plugin.STICKY_TIMEOUT`` instead of the SDK's default
   (left alone when set).
 """

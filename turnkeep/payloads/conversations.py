@@ -1,5 +1,5 @@
 """Stored conversations: where a session's turns keep their messages, and the codec that stores
-and expands them (``turnkeep.workflows.conversation`` says why and what a segment is).
+and expands them (``turnkeep.contract.conversation`` says why and what a segment is).
 
 Workflow code marks what it hands over by reference; this module does the I/O, in the data
 converter's codec, outside the workflow:
@@ -44,6 +44,15 @@ from typing import Any
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import ExternalStorage, PayloadCodec
 
+from turnkeep.contract.conversation import (
+    EXPANDABLE,
+    EXPANDED_METADATA,
+    MARKER,
+    ConversationRef,
+    segment_digest,
+)
+from turnkeep.contract.messages import Message
+from turnkeep.contract.turn_io import TurnResult
 from turnkeep.payloads.storage import (
     LocalDirectoryDriver,
     MissingPayloadError,
@@ -53,15 +62,6 @@ from turnkeep.payloads.storage import (
     remove_if_old,
     write_durably,
 )
-from turnkeep.workflows.conversation import (
-    EXPANDABLE,
-    EXPANDED_METADATA,
-    MARKER,
-    ConversationRef,
-    segment_digest,
-)
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.turn_io import TurnResult
 
 JSON = b"json/plain"
 SEGMENT = b"binary/turnkeep-segment"

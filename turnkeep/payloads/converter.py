@@ -34,12 +34,12 @@ from temporalio.converter import (
 )
 from temporalio.exceptions import ApplicationError
 
+from turnkeep.contract.conversation import EXPANDABLE, EXPANDED_METADATA, STORE_CONTEXT
+from turnkeep.contract.messages import Message, message_json
 from turnkeep.payloads.codec import ENCODING as ENCRYPTED
 from turnkeep.payloads.codec import EncryptedPayloadRefusal, refuse_encrypted
 from turnkeep.payloads.conversations import ConversationCodec
 from turnkeep.support.sdk_private import DecodeStage, DecodingStages, decoding_outside_commands
-from turnkeep.workflows.conversation import EXPANDABLE, EXPANDED_METADATA, STORE_CONTEXT
-from turnkeep.workflows.messages import Message, message_json
 
 UNDECODABLE = b"binary/turnkeep-undecodable"
 ERROR_TYPE = "turnkeep-error-type"

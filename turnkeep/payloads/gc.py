@@ -26,6 +26,7 @@ from temporalio.converter import (
     ExternalStorage,
 )
 
+from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME
 from turnkeep.payloads.conversations import DIRECTORY, sweep_conversations
 from turnkeep.payloads.storage import (
     LocalDirectoryDriver,
@@ -33,7 +34,6 @@ from turnkeep.payloads.storage import (
     describe_duration,
     sweep,
 )
-from turnkeep.workflows.session_io import SESSION_WORKFLOW_NAME
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from temporalio.worker import (
     WorkflowInterceptorClassInput,
 )
 
-from turnkeep.workflows.activity_io import PAYLOAD_LIMIT_BYTES
+from turnkeep.contract.activity_io import PAYLOAD_LIMIT_BYTES
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 RESULT_TOO_LARGE = "TurnResultTooLarge"

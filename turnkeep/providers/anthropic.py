@@ -9,6 +9,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from turnkeep.config.settings import ProviderSettings, Settings
+from turnkeep.contract.activity_io import ToolSpec
+from turnkeep.contract.messages import (
+    ContentBlock,
+    ImageContent,
+    Message,
+    StopReason,
+    TextContent,
+    ToolCall,
+)
+from turnkeep.contract.model_io import LlmRequest
+from turnkeep.contract.turn_io import Usage
 from turnkeep.providers.base import ModelProvider, with_usage
 from turnkeep.providers.convert import bounded_call_id, plain_blocks, result_blocks, tool_call
 from turnkeep.providers.errors import guarded, missing_api_key, request_timeout, response_invalid
@@ -29,17 +40,6 @@ from turnkeep.providers.stream_end import (
     stream_incomplete,
 )
 from turnkeep.providers.streaming import DeltaSink, delta_sink
-from turnkeep.workflows.activity_io import ToolSpec
-from turnkeep.workflows.messages import (
-    ContentBlock,
-    ImageContent,
-    Message,
-    StopReason,
-    TextContent,
-    ToolCall,
-)
-from turnkeep.workflows.model_io import LlmRequest
-from turnkeep.workflows.turn_io import Usage
 
 PROVIDER = "anthropic"
 # The Messages API requires max_tokens: fast-agent's default.

@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from turnkeep.config.settings import AzureSettings, ProviderSettings, Settings
+from turnkeep.contract.messages import Message
+from turnkeep.contract.model_io import LlmRequest
 from turnkeep.errors import config_error
 from turnkeep.providers.errors import missing_api_key
 from turnkeep.providers.model_strings import ModelRef
 from turnkeep.providers.openai_compat import OpenAICompatibleProvider
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.model_io import LlmRequest
 
 # fast-agent's default.
 DEFAULT_API_VERSION = "2024-10-21"

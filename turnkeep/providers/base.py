@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from turnkeep.config.settings import Settings
+from turnkeep.contract.messages import Message, json_channel
+from turnkeep.contract.model_io import LlmRequest
+from turnkeep.contract.turn_io import Usage
 from turnkeep.providers.model_strings import ModelRef
-from turnkeep.workflows.messages import Message, json_channel
-from turnkeep.workflows.model_io import LlmRequest
-from turnkeep.workflows.turn_io import Usage
 
 
 class ModelProvider(ABC):

@@ -8,7 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from turnkeep.workflows.messages import (
+from turnkeep.contract.messages import (
     CallToolResult,
     ContentBlock,
     EmbeddedResource,
@@ -17,7 +17,7 @@ from turnkeep.workflows.messages import (
     TextContent,
     ToolCall,
 )
-from turnkeep.workflows.turn_io import NAME_MAX_CHARS
+from turnkeep.contract.turn_io import NAME_MAX_CHARS
 
 # Providers' call ids are some 30 characters. A longer one would be copied into every summary,
 # history event and request of the turn; anything past this bound is replaced.

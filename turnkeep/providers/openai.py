@@ -14,6 +14,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from turnkeep.config.settings import ProviderSettings, Settings
+from turnkeep.contract.messages import (
+    ContentBlock,
+    ImageContent,
+    Message,
+    StopReason,
+    TextContent,
+    ToolCall,
+)
+from turnkeep.contract.model_io import LlmRequest
+from turnkeep.contract.turn_io import Usage
 from turnkeep.errors import config_error
 from turnkeep.providers.base import ModelProvider, with_usage
 from turnkeep.providers.convert import bounded_call_id, plain_blocks, result_blocks, tool_call
@@ -28,16 +38,6 @@ from turnkeep.providers.stream_end import (
     stream_incomplete,
 )
 from turnkeep.providers.streaming import DeltaSink, delta_sink
-from turnkeep.workflows.messages import (
-    ContentBlock,
-    ImageContent,
-    Message,
-    StopReason,
-    TextContent,
-    ToolCall,
-)
-from turnkeep.workflows.model_io import LlmRequest
-from turnkeep.workflows.turn_io import Usage
 
 if TYPE_CHECKING:
     from openai.types.completion_usage import CompletionUsage

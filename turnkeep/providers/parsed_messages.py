@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import is_
 
-from turnkeep.workflows.messages import Message, estimate_chars
+from turnkeep.contract.messages import Message, estimate_chars
 
 # Enough for the conversations of the turns in flight on a worker; beyond it the least
 # recently sent messages are parsed again when next sent.

@@ -13,12 +13,12 @@ the latest such line of a user message the model is sent, which every worker see
 
 from __future__ import annotations
 
+from turnkeep.contract.messages import Message, StopReason, ToolCall
+from turnkeep.contract.model_io import LlmRequest
+from turnkeep.contract.turn_io import Usage
 from turnkeep.providers.base import ModelProvider, with_usage
 from turnkeep.providers.convert import tool_call
 from turnkeep.providers.parsed_messages import estimate_tokens
-from turnkeep.workflows.messages import Message, StopReason, ToolCall
-from turnkeep.workflows.model_io import LlmRequest
-from turnkeep.workflows.turn_io import Usage
 
 CALL_TOOL = "***CALL_TOOL"
 FIXED_RESPONSE = "***FIXED_RESPONSE"

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from turnkeep.config.settings import Settings
+from turnkeep.contract.messages import Message, StopReason
+from turnkeep.contract.model_io import LlmRequest
+from turnkeep.contract.turn_io import Usage
 from turnkeep.errors import config_error
 from turnkeep.providers.base import ModelProvider, with_usage
 from turnkeep.providers.parsed_messages import estimate_tokens
 from turnkeep.providers.passthrough import PassthroughProvider
-from turnkeep.workflows.messages import Message, StopReason
-from turnkeep.workflows.model_io import LlmRequest
-from turnkeep.workflows.turn_io import Usage
 
 
 def load_script(path: Path) -> list[Message]:

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from turnkeep.workflows.messages import Message, json_channel
-from turnkeep.workflows.turn_io import Usage
+from turnkeep.contract.messages import Message, json_channel
+from turnkeep.contract.turn_io import Usage
 
 PER_MILLION = 1_000_000
 

@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 
 from temporalio.exceptions import ApplicationError
 
+from turnkeep.contract.messages import Message
 from turnkeep.providers.errors import response_invalid
 from turnkeep.providers.streaming import DeltaSink
-from turnkeep.workflows.messages import Message
 
 STREAM_INCOMPLETE = "ProviderStreamIncomplete"
 

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from temporalio.converter import DataConverter
 
-from turnkeep.workflows.live_io import LiveAddress
+from turnkeep.contract.live_io import LiveAddress
 
 
 class DeltaSink(Protocol):

@@ -26,10 +26,10 @@ from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.config.agents import Agent
 from turnkeep.config.catalog import called
 from turnkeep.config.settings import Settings
+from turnkeep.contract.turn_io import TurnInput, TurnResult
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.worker.build import build_worker, build_workers
-from turnkeep.workflows.turn_io import TurnInput, TurnResult
 
 
 class Harness:

@@ -13,6 +13,7 @@ from typing import Any
 import mcp.types
 
 from turnkeep.config.settings import McpServerSettings, Settings
+from turnkeep.contract.activity_io import TOOL_SEPARATOR
 from turnkeep.errors import known
 from turnkeep.support.entry_points import register_installed
 from turnkeep.tools.function_tools import FunctionToolSource
@@ -21,7 +22,6 @@ from turnkeep.tools.source import (
     ToolSource,
     UnknownServer,
 )
-from turnkeep.workflows.activity_io import TOOL_SEPARATOR
 
 log = logging.getLogger(__name__)
 

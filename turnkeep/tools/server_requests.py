@@ -1,7 +1,7 @@
 """What a tool call answers its MCP server's elicitation and sampling requests with: the
 answers the workflow recorded on earlier runs of the call, in order, or, for a request it has
 none for, a suspension (``ToolCallOutcome.needs_input``; see
-``turnkeep.workflows.server_requests``).
+``turnkeep.contract.server_requests``).
 
 The ``call_tool`` activity opens a ``RequestBook`` for its call and sets it as the current one
 (``CURRENT_BOOK``) while the call runs; the MCP source's handlers find it there. On a
@@ -20,7 +20,7 @@ from typing import Any
 import mcp_types
 
 from turnkeep.config.settings import McpElicitationSettings, McpSamplingSettings
-from turnkeep.workflows.server_requests import (
+from turnkeep.contract.server_requests import (
     MAX_SERVER_REQUESTS,
     SamplingRequest,
     ServerAnswer,

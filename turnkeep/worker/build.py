@@ -17,12 +17,12 @@ from temporalio.worker import Worker
 from turnkeep.activities.hooks import Hook
 from turnkeep.config.agents import Agent, McpServer
 from turnkeep.config.settings import Settings
+from turnkeep.contract.approval import ApprovalPolicy
+from turnkeep.contract.turn_io import agent_task_queue
 from turnkeep.providers.base import ModelProvider
 from turnkeep.tools.source import ToolSource
 from turnkeep.worker.plugin import FunctionTools, TurnkeepPlugin
 from turnkeep.worker.runner import WORKFLOW_RUNNER
-from turnkeep.workflows.approval import ApprovalPolicy
-from turnkeep.workflows.turn_io import agent_task_queue
 
 
 def build_worker(

@@ -31,10 +31,7 @@ from starlette.routing import Route
 from temporalio.converter import DataConverter
 
 from turnkeep.config.settings import StreamingSettings
-from turnkeep.providers.streaming import LiveCallSink
-from turnkeep.support.asgi import AsgiServer, bind, http_url
-from turnkeep.worker.health import parse_address
-from turnkeep.workflows.live_io import (
+from turnkeep.contract.live_io import (
     DELTA_EVENT,
     END_EVENT,
     PATH_PREFIX,
@@ -42,6 +39,9 @@ from turnkeep.workflows.live_io import (
     LiveBatch,
     LiveDelta,
 )
+from turnkeep.providers.streaming import LiveCallSink
+from turnkeep.support.asgi import AsgiServer, bind, http_url
+from turnkeep.worker.health import parse_address
 
 log = logging.getLogger(__name__)
 

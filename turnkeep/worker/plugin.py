@@ -50,6 +50,8 @@ from turnkeep.config.callables import import_callable
 from turnkeep.config.catalog import AgentCatalog
 from turnkeep.config.files import announce_configuration
 from turnkeep.config.settings import Settings
+from turnkeep.contract.activity_io import PAYLOAD_ENVELOPE_BYTES, PAYLOAD_LIMIT_BYTES
+from turnkeep.contract.approval import ApprovalPolicy
 from turnkeep.errors import known
 from turnkeep.observability.recording import ActivityMetrics, set_storage_runtime
 from turnkeep.observability.search_attributes import usable_search_attributes
@@ -70,8 +72,6 @@ from turnkeep.tools.source import ToolSource
 from turnkeep.worker.cache_release import CacheRelease
 from turnkeep.worker.live_server import LiveStreams
 from turnkeep.worker.runner import with_passthrough
-from turnkeep.workflows.activity_io import PAYLOAD_ENVELOPE_BYTES, PAYLOAD_LIMIT_BYTES
-from turnkeep.workflows.approval import ApprovalPolicy
 from turnkeep.workflows.session_workflow import SessionWorkflow
 from turnkeep.workflows.turn_workflow import TurnWorkflow
 
@@ -174,7 +174,7 @@ class TurnkeepPlugin(SimplePlugin):
             tools.call_tool,
             HookActivities(agent_catalog, all_hooks).run_hook,
             ApprovalPolicyActivities(agent_catalog, policies).approval_policy,
-            # A parent workflow's `turnkeep.workflow.run_turn` reads a cancelled turn with it.
+            # A parent workflow's `turnkeep.in_workflow.run_turn` reads a cancelled turn with it.
             read_child_turn,
         ]
 

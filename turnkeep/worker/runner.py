@@ -7,14 +7,14 @@ what a turn's iterations pay without it).
 1. **Passthrough modules.** Modules the sandbox shares across workflow runs instead of
    re-importing them for each run: ``beartype``, because fastmcp's key_value dependency
    installs beartype's import hook process-wide (left sandboxed, every run re-imported beartype
-   through it, a long wait for every new turn), and all of ``workflows``, turnkeep's own
-   workflow code. Re-importing that re-ran every module and rebuilt every pydantic model for
-   each turn, and where no ``.pyc`` can be written (``PYTHONDONTWRITEBYTECODE``) recompiled the
-   modules too: a large share of a busy worker's CPU (`bench`'s throughput profile). The
-   sandbox's runtime checks (no ``datetime.now()``, no I/O...) reach only code imported inside
-   it, so the replay tests run every recorded turn history on ``STRICT_WORKFLOW_RUNNER``, which
-   imports all of ``workflows`` inside the sandbox: a forbidden call in workflow code fails CI
-   there.
+   through it, a long wait for every new turn), and all of ``workflows`` and ``contract``,
+   turnkeep's own workflow code and the types it shares. Re-importing that re-ran every module
+   and rebuilt every pydantic model for each turn, and where no ``.pyc`` can be written
+   (``PYTHONDONTWRITEBYTECODE``) recompiled the modules too: a large share of a busy worker's
+   CPU (`bench`'s throughput profile). The sandbox's runtime checks (no ``datetime.now()``, no
+   I/O...) reach only code imported inside it, so the replay tests run every recorded turn
+   history on ``STRICT_WORKFLOW_RUNNER``, which imports all of ``workflows`` and ``contract``
+   inside the sandbox: a forbidden call in workflow code fails CI there.
 2. **Serialization contexts outside ``exec``.** Before it encodes or decodes a payload, the SDK
    asks the workflow instance which command the payload belongs to (its serialization context
    and external-storage context). The stock sandbox answers each question by compiling and
@@ -39,7 +39,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from turnkeep.support.sdk_private import CONTEXTS_WITHOUT_EXEC, sandboxed_instance
 
-PASSTHROUGH_MODULES = ("beartype", "turnkeep.workflows")
+PASSTHROUGH_MODULES = ("beartype", "turnkeep.contract", "turnkeep.workflows")
 
 
 class TurnkeepWorkflowRunner(SandboxedWorkflowRunner):

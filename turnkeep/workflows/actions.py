@@ -23,8 +23,7 @@ from temporalio.exceptions import (
     TimeoutError as ActivityTimeout,
 )
 
-from turnkeep.workflows import visibility
-from turnkeep.workflows.activity_io import (
+from turnkeep.contract.activity_io import (
     CALL_TOOL,
     COMPACT_HISTORY,
     LIST_TOOLS,
@@ -46,16 +45,17 @@ from turnkeep.workflows.activity_io import (
     ToolsRequest,
     TurnPlan,
 )
-from turnkeep.workflows.approval import (
+from turnkeep.contract.approval import (
     APPROVAL_POLICY,
     PolicyRequest,
     PolicyVerdicts,
     failed_policy,
 )
-from turnkeep.workflows.messages import CallToolResult, Message, StopReason, TextContent
-from turnkeep.workflows.model_io import LlmRequest, LlmStepRequest, MessageJson
+from turnkeep.contract.messages import CallToolResult, Message, StopReason, TextContent
+from turnkeep.contract.model_io import LlmRequest, LlmStepRequest, MessageJson
+from turnkeep.contract.turn_io import TurnInput
+from turnkeep.workflows import visibility
 from turnkeep.workflows.tool_batch import ToolBatch
-from turnkeep.workflows.turn_io import TurnInput
 
 T = TypeVar("T")
 

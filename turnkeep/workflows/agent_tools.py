@@ -20,10 +20,10 @@ from temporalio.exceptions import (
     FailureError,
 )
 
-from turnkeep.workflows.activity_io import AgentTool, ToolCallRequest
+from turnkeep.contract.activity_io import AgentTool, ToolCallRequest
+from turnkeep.contract.messages import CallToolResult, Message, StopReason, TextContent
+from turnkeep.contract.turn_io import TurnInput, TurnResult, Usage
 from turnkeep.workflows.child_turn import start_turn_child
-from turnkeep.workflows.messages import CallToolResult, Message, StopReason, TextContent
-from turnkeep.workflows.turn_io import TurnInput, TurnResult, Usage
 
 # fast-agent's answer when a child stops while still asking for tools and has said nothing.
 BUDGET_EXHAUSTED = (

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from temporalio import workflow
 from temporalio.exceptions import FailureError
 
-from turnkeep.workflows.approval import CHILD_APPROVALS_SIGNAL, ChildApprovals, PendingCall
+from turnkeep.contract.approval import CHILD_APPROVALS_SIGNAL, ChildApprovals, PendingCall
 from turnkeep.workflows.loop import TurnState
 
 

@@ -1,4 +1,4 @@
-"""A turn as a child workflow of another workflow (``turnkeep.workflow.run_turn``, and the
+"""A turn as a child workflow of another workflow (``turnkeep.in_workflow.run_turn``, and the
 turns of a ``SessionWorkflow``): starting it, awaiting its result, and what crosses to the
 activity that reads a cancelled child turn's repaired conversation
 (``turnkeep.activities.child_turn``).
@@ -15,16 +15,16 @@ from temporalio import workflow
 from temporalio.common import RawValue
 from temporalio.exceptions import CancelledError, ChildWorkflowError
 
-from turnkeep.workflows import actions, visibility
-from turnkeep.workflows.activity_io import Timeouts
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.turn_io import (
+from turnkeep.contract.activity_io import Timeouts
+from turnkeep.contract.messages import Message
+from turnkeep.contract.turn_io import (
     NAME_MAX_CHARS,
     WORKFLOW_NAME,
     TurnCancelledError,
     TurnInput,
     TurnResult,
 )
+from turnkeep.workflows import actions, visibility
 
 READ_CHILD_TURN = "read_child_turn"
 

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from turnkeep.workflows.conversation import ConversationRef
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.model_io import JsonEntry, JsonRun
+from turnkeep.contract.conversation import ConversationRef
+from turnkeep.contract.messages import Message
+from turnkeep.contract.model_io import JsonEntry, JsonRun
 
 # What the table holds at most, by the characters of its entries' JSON (entries of one
 # session share their messages, so this over-counts), and how many entries of each kind per

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from turnkeep.workflows.activity_io import (
+from turnkeep.contract.activity_io import (
     TOOL_SEPARATOR,
     HookChange,
     HookContext,
@@ -24,7 +24,7 @@ from turnkeep.workflows.activity_io import (
     ToolSpec,
     TurnPlan,
 )
-from turnkeep.workflows.approval import (
+from turnkeep.contract.approval import (
     TIMEOUT_DECIDER,
     AllowRule,
     Decision,
@@ -36,8 +36,8 @@ from turnkeep.workflows.approval import (
     revoke_problem,
     revoked,
 )
-from turnkeep.workflows.conversation import ConversationRef, after_turn
-from turnkeep.workflows.messages import (
+from turnkeep.contract.conversation import ConversationRef, after_turn
+from turnkeep.contract.messages import (
     CallToolResult,
     Message,
     StopReason,
@@ -45,9 +45,8 @@ from turnkeep.workflows.messages import (
     estimate_tokens,
     json_channel,
 )
-from turnkeep.workflows.model_io import LlmRequest
-from turnkeep.workflows.repair import repair_dangling_tool_calls
-from turnkeep.workflows.server_requests import (
+from turnkeep.contract.model_io import LlmRequest
+from turnkeep.contract.server_requests import (
     SERVER_POLICY_DECIDER,
     ServerAnswer,
     ServerRequest,
@@ -55,8 +54,7 @@ from turnkeep.workflows.server_requests import (
     content_problem,
     elicit_answer,
 )
-from turnkeep.workflows.tool_batch import ToolBatch, covering
-from turnkeep.workflows.turn_io import (
+from turnkeep.contract.turn_io import (
     BudgetUnit,
     HistoryChange,
     RollbackState,
@@ -65,6 +63,8 @@ from turnkeep.workflows.turn_io import (
     TurnResult,
     Usage,
 )
+from turnkeep.workflows.repair import repair_dangling_tool_calls
+from turnkeep.workflows.tool_batch import ToolBatch, covering
 
 # Seconds a server's request waits for a person when neither the server nor the agent's
 # approval rules say.

@@ -7,8 +7,8 @@ result where the tool finished, otherwise with the interrupted marker.
 
 from __future__ import annotations
 
-from turnkeep.workflows.messages import CallToolResult, Message, StopReason
-from turnkeep.workflows.turn_io import RollbackState
+from turnkeep.contract.messages import CallToolResult, Message, StopReason
+from turnkeep.contract.turn_io import RollbackState
 
 INTERRUPTED_TEXT = "**The user interrupted this tool call**"
 

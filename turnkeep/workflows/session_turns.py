@@ -1,7 +1,7 @@
 """How a ``SessionWorkflow`` hands its conversation to each turn and takes the turn's outcome
 back, without converting the whole conversation each turn.
 
-Once the conversation is stored (``turnkeep.workflows.conversation``: a worker whose data
+Once the conversation is stored (``turnkeep.contract.conversation``: a worker whose data
 converter stores segments, which turnkeep's do with payload storage on), a turn's input names
 it by reference and the turn's result hands back its own messages as a stored segment and the
 conversation by reference: what the histories of the session and its turns record per turn no
@@ -22,10 +22,10 @@ from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 
-from turnkeep.workflows.approval import AllowRule
-from turnkeep.workflows.conversation import ConversationRef, input_segment
-from turnkeep.workflows.messages import Message, message_json
-from turnkeep.workflows.turn_io import HistoryChange, Spent, TurnResult, Usage
+from turnkeep.contract.approval import AllowRule
+from turnkeep.contract.conversation import ConversationRef, input_segment
+from turnkeep.contract.messages import Message, message_json
+from turnkeep.contract.turn_io import HistoryChange, Spent, TurnResult, Usage
 
 Model = TypeVar("Model", bound=BaseModel)
 

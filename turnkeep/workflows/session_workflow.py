@@ -3,7 +3,7 @@
 
 ``send`` queues a message; turns run one at a time, in order, each with the conversation so
 far as its ``history`` (by reference once it is stored, which each turn extends by a segment of
-its own: ``turnkeep.workflows.conversation``, ``session_turns``) and everything queued since
+its own: ``turnkeep.contract.conversation``, ``session_turns``) and everything queued since
 the last turn began as its ``messages`` (messages that arrive while a turn runs are answered
 together by the next one; with ``on_new_message: interrupt`` such a message first cancels the
 running turn). A cancelled turn's repaired conversation is kept, and the session goes on.
@@ -32,8 +32,7 @@ from temporalio.exceptions import (
     WorkflowAlreadyStartedError,
 )
 
-from turnkeep.workflows import visibility, worker_cache
-from turnkeep.workflows.approval import (
+from turnkeep.contract.approval import (
     ALLOW_RULES_QUERY,
     REVOKE_ALLOW_UPDATE,
     SESSION_RULE_REVOKED_SIGNAL,
@@ -42,12 +41,10 @@ from turnkeep.workflows.approval import (
     revoke_problem,
     revoked,
 )
-from turnkeep.workflows.child_turn import start_child, turn_child_result
-from turnkeep.workflows.conversation import ConversationRef
-from turnkeep.workflows.conversation_cache import conversations
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.model_io import page_end
-from turnkeep.workflows.session_io import (
+from turnkeep.contract.conversation import ConversationRef
+from turnkeep.contract.messages import Message
+from turnkeep.contract.model_io import page_end
+from turnkeep.contract.session_io import (
     SESSION_WORKFLOW_NAME,
     RunningTurn,
     Sent,
@@ -56,9 +53,12 @@ from turnkeep.workflows.session_io import (
     SessionResult,
     SessionState,
 )
+from turnkeep.contract.turn_io import Spent, TurnCancelledError
+from turnkeep.workflows import visibility, worker_cache
+from turnkeep.workflows.child_turn import start_child, turn_child_result
+from turnkeep.workflows.conversation_cache import conversations
 from turnkeep.workflows.session_turns import ConversationJson, TurnOutcome, decode, take_in
 from turnkeep.workflows.starting import handler_argument, start_arguments
-from turnkeep.workflows.turn_io import Spent, TurnCancelledError
 
 # The line a session logs for a turn that failed (`turnkeep chat` says it in its own words).
 TURN_FAILED_LOG = "turn %s failed: %s"

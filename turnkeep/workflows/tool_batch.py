@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from turnkeep.workflows.activity_io import ToolCallRequest
-from turnkeep.workflows.approval import (
+from turnkeep.contract.activity_io import ToolCallRequest
+from turnkeep.contract.approval import (
     NO_REASON,
     AllowRule,
     ApprovalPlan,
@@ -23,7 +23,7 @@ from turnkeep.workflows.approval import (
     allowed_by,
     policy_decider,
 )
-from turnkeep.workflows.messages import CallToolResult
+from turnkeep.contract.messages import CallToolResult
 
 
 class ToolBatch(BaseModel):

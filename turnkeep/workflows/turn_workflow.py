@@ -19,16 +19,7 @@ from temporalio import workflow
 from temporalio.api.common.v1 import Payloads
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from turnkeep.workflows import (
-    actions,
-    agent_tools,
-    child_approvals,
-    teams,
-    turn_metrics,
-    visibility,
-    worker_cache,
-)
-from turnkeep.workflows.activity_io import (
+from turnkeep.contract.activity_io import (
     AgentTool,
     ContinueAsNewPlan,
     HookPoint,
@@ -36,8 +27,7 @@ from turnkeep.workflows.activity_io import (
     ToolCallOutcome,
     ToolCallRequest,
 )
-from turnkeep.workflows.agent_tools import AgentCall
-from turnkeep.workflows.approval import (
+from turnkeep.contract.approval import (
     ALLOW_RULES_QUERY,
     CHILD_APPROVALS_SIGNAL,
     DECIDE_UPDATE,
@@ -52,17 +42,15 @@ from turnkeep.workflows.approval import (
     PendingCall,
     RevokeAllow,
 )
-from turnkeep.workflows.conversation_cache import Conversation, conversations
-from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.messages import CallToolResult, Message, StopReason
-from turnkeep.workflows.model_io import (
+from turnkeep.contract.messages import CallToolResult, Message, StopReason
+from turnkeep.contract.model_io import (
     MODEL_INPUT_QUERY,
     LlmRequest,
     MessageJson,
     ModelInputPage,
     model_input_page,
 )
-from turnkeep.workflows.server_requests import (
+from turnkeep.contract.server_requests import (
     MAX_SERVER_REQUESTS,
     ServerAnswer,
     ServerRequest,
@@ -72,10 +60,22 @@ from turnkeep.workflows.server_requests import (
     sample_refusal,
     wait_id,
 )
+from turnkeep.contract.turn_io import WORKFLOW_NAME, TurnInput, TurnProgress, TurnResult
+from turnkeep.workflows import (
+    actions,
+    agent_tools,
+    child_approvals,
+    teams,
+    turn_metrics,
+    visibility,
+    worker_cache,
+)
+from turnkeep.workflows.agent_tools import AgentCall
+from turnkeep.workflows.conversation_cache import Conversation, conversations
+from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.shared import shared
 from turnkeep.workflows.starting import handler_argument, start_arguments
 from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts, policy_request
-from turnkeep.workflows.turn_io import WORKFLOW_NAME, TurnInput, TurnProgress, TurnResult
 
 # The error type a refused decision (or revocation) carries.
 DECISION_ERROR = "InvalidDecision"

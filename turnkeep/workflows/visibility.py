@@ -32,11 +32,11 @@ from temporalio.common import (
     TypedSearchAttributes,
 )
 
-from turnkeep.workflows.activity_io import HookPoint, ToolCallRequest
-from turnkeep.workflows.approval import PendingCall
+from turnkeep.contract.activity_io import HookPoint, ToolCallRequest
+from turnkeep.contract.approval import PendingCall
+from turnkeep.contract.messages import Message, StopReason
+from turnkeep.contract.model_io import LlmRequest
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.messages import Message, StopReason
-from turnkeep.workflows.model_io import LlmRequest
 
 # -- search attributes --------------------------------------------------------------------
 

@@ -28,9 +28,9 @@ from turnkeep.cli.waits import describe_wait
 from turnkeep.client.sessions import get_session
 from turnkeep.client.turns import TurnHandle, get_turn
 from turnkeep.config.files import find_config, load_settings
+from turnkeep.contract.approval import AllowRule, DecisionRecord, PendingCall
+from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME
 from turnkeep.workflows import visibility
-from turnkeep.workflows.approval import AllowRule, DecisionRecord, PendingCall
-from turnkeep.workflows.session_io import SESSION_WORKFLOW_NAME
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 app = typer.Typer()

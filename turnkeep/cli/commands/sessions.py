@@ -37,9 +37,9 @@ from turnkeep.client.live import MessageEvent
 from turnkeep.client.sessions import SessionHandle, get_session, open_session, session_state
 from turnkeep.client.turns import get_turn
 from turnkeep.config.files import find_config, load_settings
+from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME
+from turnkeep.contract.turn_io import TurnOverrides, agent_task_queue
 from turnkeep.workflows import visibility
-from turnkeep.workflows.session_io import SESSION_WORKFLOW_NAME
-from turnkeep.workflows.turn_io import TurnOverrides, agent_task_queue
 
 app = typer.Typer()
 # `sessions` lists them; its subcommands act on one.

@@ -36,14 +36,14 @@ from turnkeep.client.sessions import SessionView, read_session
 from turnkeep.client.turns import TurnHandle, get_turn, start_turn
 from turnkeep.config.files import find_config, load_settings
 from turnkeep.config.settings import Settings
-from turnkeep.devserver.embedded import ServerInfo
-from turnkeep.workflows.session_io import SESSION_WORKFLOW_NAME
-from turnkeep.workflows.turn_io import (
+from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME
+from turnkeep.contract.turn_io import (
     TurnCancelledError,
     TurnInput,
     TurnResult,
     agent_task_queue,
 )
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 # What `run` and `watch` exit with once Ctrl-C has cancelled the turn: 128 + SIGINT, as a

@@ -27,9 +27,9 @@ from temporalio.service import RPCError
 from turnkeep.client.live import MessageEvent, Restarted, StreamEvent, TextDelta, ToolCallStart
 from turnkeep.client.sessions import SessionHandle
 from turnkeep.client.turns import TurnHandle, get_turn
+from turnkeep.contract.approval import PendingCall
+from turnkeep.contract.messages import Message as TurnMessage
 from turnkeep.doors.a2a.messages import agent_message, answer_artifact, approval_message, to_a2a
-from turnkeep.workflows.approval import PendingCall
-from turnkeep.workflows.messages import Message as TurnMessage
 
 # How often a follower asks the turn for calls waiting for approval while the model's tool
 # calls have no results yet (a waiting call shows in no message: the turn is asked): soon

@@ -55,6 +55,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 
 from turnkeep.client.sessions import SessionClosedError, SessionHandle, get_session, open_session
 from turnkeep.client.turns import TurnHandle, get_turn
+from turnkeep.contract.session_io import NewMessageMode
 from turnkeep.doors.a2a.callers import caller_of
 from turnkeep.doors.a2a.follow import Follow, follow_turn, waiting_calls
 from turnkeep.doors.a2a.listing import list_tasks
@@ -75,7 +76,6 @@ from turnkeep.doors.a2a.tasks import (
     task_id_for,
     task_ref,
 )
-from turnkeep.workflows.session_io import NewMessageMode
 from turnkeep.workflows.turn_workflow import TurnWorkflow
 
 log = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
 from a2a.utils.task import apply_history_length
 from temporalio.client import Client
 
+from turnkeep.contract.turn_io import WORKFLOW_NAME as TURN_WORKFLOW_NAME
 from turnkeep.doors.a2a.tasks import (
     TaskRef,
     checked_context_id,
@@ -20,7 +21,6 @@ from turnkeep.doors.a2a.tasks import (
     snapshot,
     task_id_for,
 )
-from turnkeep.workflows.turn_io import WORKFLOW_NAME as TURN_WORKFLOW_NAME
 from turnkeep.workflows.visibility import STATUS, TurnStatus
 
 DEFAULT_PAGE_SIZE = 50  # A2A's default

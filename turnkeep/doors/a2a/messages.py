@@ -15,9 +15,9 @@ from a2a.utils.errors import ContentTypeNotSupportedError, InvalidParamsError
 from google.protobuf import json_format, struct_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from turnkeep.workflows.approval import PendingCall
-from turnkeep.workflows.messages import Message as TurnMessage
-from turnkeep.workflows.messages import json_channel
+from turnkeep.contract.approval import PendingCall
+from turnkeep.contract.messages import Message as TurnMessage
+from turnkeep.contract.messages import json_channel
 
 # The channel a user message sent over A2A carries its A2A message id in: its history shows it
 # under that id, and a worker's hooks can see which A2A message a turn answers.

@@ -26,11 +26,11 @@ from starlette.types import Message as AsgiMessage
 from temporalio.client import Client
 
 from turnkeep.config.settings import Settings
+from turnkeep.contract.turn_io import agent_task_queue
 from turnkeep.doors.a2a.callers import OPEN, Authorize, ContextBuilder, Refused, set_caller
 from turnkeep.doors.a2a.card import agent_card, cached_card
 from turnkeep.doors.a2a.handler import SessionRequestHandler
 from turnkeep.doors.hosts import HostOriginGuard
-from turnkeep.workflows.turn_io import agent_task_queue
 
 MAX_BODY = 1_048_576  # bytes of one JSON-RPC request
 

@@ -18,6 +18,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.sessions import SessionHandle, get_session
 from turnkeep.client.turns import TurnHandle, get_turn
+from turnkeep.contract.messages import Message as TurnMessage
+from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME
 from turnkeep.doors.a2a.follow import task_status, turn_end, waited_since, waiting_calls
 from turnkeep.doors.a2a.messages import (
     agent_message,
@@ -26,8 +28,6 @@ from turnkeep.doors.a2a.messages import (
     to_a2a,
     to_history,
 )
-from turnkeep.workflows.messages import Message as TurnMessage
-from turnkeep.workflows.session_io import SESSION_WORKFLOW_NAME
 
 # A context id as a client may name it: it becomes part of a workflow id.
 CONTEXT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")

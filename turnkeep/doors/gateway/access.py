@@ -14,11 +14,11 @@ from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExec
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.config.settings import Settings
+from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME, SessionInput
+from turnkeep.contract.turn_io import TurnInput
 from turnkeep.doors.gateway.auth import ApiKey
 from turnkeep.doors.gateway.errors import ApiError
 from turnkeep.workflows import visibility
-from turnkeep.workflows.session_io import SESSION_WORKFLOW_NAME, SessionInput
-from turnkeep.workflows.turn_io import TurnInput
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 Kind = Literal["turn", "session"]

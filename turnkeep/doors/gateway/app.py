@@ -31,6 +31,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.config.settings import Settings
+from turnkeep.contract.turn_io import agent_task_queue
 from turnkeep.doors.gateway import routes
 from turnkeep.doors.gateway.access import Access
 from turnkeep.doors.gateway.auth import LOOPBACK, ApiKey, KeyRing
@@ -40,7 +41,6 @@ from turnkeep.doors.gateway.limits import RateLimiter
 from turnkeep.doors.gateway.openapi import openapi_document
 from turnkeep.doors.gateway.routes import Gateway
 from turnkeep.doors.hosts import HostOriginGuard
-from turnkeep.workflows.turn_io import agent_task_queue
 
 log = logging.getLogger(__name__)
 

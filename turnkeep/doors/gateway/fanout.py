@@ -32,6 +32,7 @@ from turnkeep.client.history import describe_failure
 from turnkeep.client.live import MessageEvent, Restarted, StreamEvent, TextDelta, ToolCallStart
 from turnkeep.client.sessions import get_session
 from turnkeep.client.turns import get_turn, query_retrying
+from turnkeep.contract.approval import PendingCall
 from turnkeep.doors.gateway.access import Kind
 from turnkeep.doors.gateway.models import (
     ApprovalData,
@@ -42,7 +43,6 @@ from turnkeep.doors.gateway.models import (
     ToolCallData,
 )
 from turnkeep.workflows import visibility
-from turnkeep.workflows.approval import PendingCall
 from turnkeep.workflows.session_workflow import SessionWorkflow
 
 log = logging.getLogger(__name__)

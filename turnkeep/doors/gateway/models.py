@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from turnkeep.workflows.approval import Decision, PendingCall, RememberScope, SubmittedResult
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.turn_io import TurnResult
+from turnkeep.contract.approval import Decision, PendingCall, RememberScope, SubmittedResult
+from turnkeep.contract.messages import Message
+from turnkeep.contract.turn_io import TurnResult
 
 # An agent's name as a request may give it; longer is no agent's.
 _NAME_CHARS = 200

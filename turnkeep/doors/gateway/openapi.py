@@ -12,8 +12,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from turnkeep.contract.approval import DecisionRecord
 from turnkeep.doors.gateway import models as m
-from turnkeep.workflows.approval import DecisionRecord
 
 TITLE = "turnkeep gateway"
 VERSION = "1"

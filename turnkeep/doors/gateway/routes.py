@@ -24,6 +24,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkeep.client.sessions import SessionClosedError, get_session, open_session
 from turnkeep.client.turns import get_turn, query_retrying, start_turn
 from turnkeep.config.settings import Settings
+from turnkeep.contract.approval import PendingCall
+from turnkeep.contract.messages import Message
+from turnkeep.contract.turn_io import TurnInput
 from turnkeep.doors.gateway.access import Access
 from turnkeep.doors.gateway.auth import ALL_AGENTS, ApiKey, KeyRing
 from turnkeep.doors.gateway.errors import ApiError
@@ -49,9 +52,6 @@ from turnkeep.doors.gateway.models import (
 )
 from turnkeep.doors.gateway.sse import EventStream
 from turnkeep.workflows import visibility
-from turnkeep.workflows.approval import PendingCall
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.turn_io import TurnInput
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
 log = logging.getLogger(__name__)

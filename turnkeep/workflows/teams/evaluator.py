@@ -7,9 +7,9 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field, ValidationError
 
-from turnkeep.workflows.activity_io import TeamPlan
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.team_steps import StepRunner, answer, failed, request
+from turnkeep.contract.activity_io import TeamPlan
+from turnkeep.contract.messages import Message
+from turnkeep.workflows.teams.steps import StepRunner, answer, failed, request
 
 
 class QualityRating(StrEnum):

@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, PrivateAttr
 
-from turnkeep.workflows.activity_io import ToolSpec
-from turnkeep.workflows.messages import Message, estimate_chars
+from turnkeep.contract.activity_io import ToolSpec
+from turnkeep.contract.messages import Message, estimate_chars
 
 # The query `llm_step` reads its input through (see LlmStepRequest).
 MODEL_INPUT_QUERY = "model_input"

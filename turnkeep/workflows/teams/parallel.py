@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from turnkeep.workflows.activity_io import TeamPlan
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.team_steps import StepRunner, answer, failed, request
+from turnkeep.contract.activity_io import TeamPlan
+from turnkeep.contract.messages import Message
+from turnkeep.workflows.teams.steps import StepRunner, answer, failed, request
 
 
 async def run_parallel(team: TeamPlan, messages: list[Message], run: StepRunner) -> Message:

@@ -8,9 +8,9 @@ import asyncio
 
 from pydantic import BaseModel, Field
 
-from turnkeep.workflows.activity_io import AgentTool, TeamPlan
-from turnkeep.workflows.messages import Message, StopReason
-from turnkeep.workflows.team_steps import ModelAsker, StepRunner, request
+from turnkeep.contract.activity_io import AgentTool, TeamPlan
+from turnkeep.contract.messages import Message, StopReason
+from turnkeep.workflows.teams.steps import ModelAsker, StepRunner, request
 
 # fast-agent's planner prompts (its IterativePlanner runs both `orchestrator` and
 # `iterative_planner` agents).

@@ -4,7 +4,7 @@ workflow and returns its ``TurnResult``.
 ```python
 from temporalio import workflow
 from turnkeep import TurnInput
-from turnkeep.workflow import run_turn
+from turnkeep.in_workflow import run_turn
 
 @workflow.defn
 class Research:
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from temporalio import workflow
 
+from turnkeep.contract.turn_io import TurnCancelledError, TurnInput, TurnResult
 from turnkeep.workflows.child_turn import TurnChild, start_turn_child, turn_child_result
-from turnkeep.workflows.turn_io import TurnCancelledError, TurnInput, TurnResult
 
 __all__ = ["TurnCancelledError", "child_turn_result", "run_turn", "start_child_turn"]
 

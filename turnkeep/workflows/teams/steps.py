@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from turnkeep.workflows.activity_io import AgentTool
+from turnkeep.contract.activity_io import AgentTool
+from turnkeep.contract.messages import CallToolResult, Message, StopReason, TextContent
 from turnkeep.workflows.agent_tools import AgentCall
-from turnkeep.workflows.messages import CallToolResult, Message, StopReason, TextContent
 
 
 class StepRunner(Protocol):

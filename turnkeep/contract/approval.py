@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from turnkeep.workflows.compact import Compact
-from turnkeep.workflows.messages import CallToolResult, ContentBlock, TextContent
+from turnkeep.contract.compact import Compact
+from turnkeep.contract.messages import CallToolResult, ContentBlock, TextContent
 
 # The update a person's decision arrives by, and the query listing what waits.
 DECIDE_UPDATE = "decide"

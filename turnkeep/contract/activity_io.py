@@ -8,16 +8,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from turnkeep.workflows.approval import ApprovalPlan
-from turnkeep.workflows.compact import Compact
-from turnkeep.workflows.messages import CallToolResult, Message, StopReason
-from turnkeep.workflows.server_requests import (
+from turnkeep.contract.approval import ApprovalPlan
+from turnkeep.contract.compact import Compact
+from turnkeep.contract.messages import CallToolResult, Message, StopReason
+from turnkeep.contract.server_requests import (
     MAX_SERVER_REQUESTS,
     ServerAnswer,
     ServerRequest,
     ServerRequestPlan,
 )
-from turnkeep.workflows.turn_io import BudgetLimit, BudgetUnit, TurnOverrides, Usage
+from turnkeep.contract.turn_io import BudgetLimit, BudgetUnit, TurnOverrides, Usage
 
 PREPARE_TURN = "prepare_turn"
 LIST_TOOLS = "list_tools"

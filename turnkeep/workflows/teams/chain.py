@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from turnkeep.workflows.activity_io import TeamPlan
-from turnkeep.workflows.messages import CallToolResult, Message, StopReason
-from turnkeep.workflows.team_steps import StepRunner, failed, request
+from turnkeep.contract.activity_io import TeamPlan
+from turnkeep.contract.messages import CallToolResult, Message, StopReason
+from turnkeep.workflows.teams.steps import StepRunner, failed, request
 
 
 async def run_chain(team: TeamPlan, messages: list[Message], run: StepRunner) -> Message:

@@ -42,7 +42,7 @@ from pydantic import (
     model_validator,
 )
 
-from turnkeep.workflows.messages import Message, message_json
+from turnkeep.contract.messages import Message, message_json
 
 # The key that marks a reference or a segment inside a payload's JSON.
 MARKER = "$turnkeep"

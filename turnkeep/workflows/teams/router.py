@@ -7,9 +7,9 @@ import json
 
 from pydantic import BaseModel, ValidationError
 
-from turnkeep.workflows.activity_io import AgentTool, TeamPlan
-from turnkeep.workflows.messages import Message, StopReason
-from turnkeep.workflows.team_steps import ModelAsker, StepRunner, answer, failed
+from turnkeep.contract.activity_io import AgentTool, TeamPlan
+from turnkeep.contract.messages import Message, StopReason
+from turnkeep.workflows.teams.steps import ModelAsker, StepRunner, answer, failed
 
 # fast-agent's router prompts.
 ROUTING_SYSTEM_INSTRUCTION = """

@@ -14,10 +14,10 @@ from pydantic import (
     model_serializer,
 )
 
-from turnkeep.workflows.approval import AllowRule
-from turnkeep.workflows.conversation import ConversationRef, Messages, stores
-from turnkeep.workflows.messages import Message
-from turnkeep.workflows.turn_io import NAME_MAX_CHARS, Spent
+from turnkeep.contract.approval import AllowRule
+from turnkeep.contract.conversation import ConversationRef, Messages, stores
+from turnkeep.contract.messages import Message
+from turnkeep.contract.turn_io import NAME_MAX_CHARS, Spent
 
 SESSION_WORKFLOW_NAME = "SessionWorkflow"
 
@@ -52,7 +52,7 @@ class SessionInput(BaseModel):
 
 class _ByReference(BaseModel):
     """A session's conversation, with its history and transcript written by reference in a
-    payload of a converter that stores segments (``turnkeep.workflows.conversation``)."""
+    payload of a converter that stores segments (``turnkeep.contract.conversation``)."""
 
     # The conversation: the next turn's `history` (compacted when a turn compacted it).
     # Kept up to date only while the conversation is not stored (`conversation` is None).

@@ -19,16 +19,16 @@ from pydantic import (
 )
 from temporalio.exceptions import CancelledError
 
-from turnkeep.workflows.approval import AllowRule, DecisionRecord
-from turnkeep.workflows.compact import Compact
-from turnkeep.workflows.conversation import (
+from turnkeep.contract.approval import AllowRule, DecisionRecord
+from turnkeep.contract.compact import Compact
+from turnkeep.contract.conversation import (
     ConversationRef,
     Messages,
     Segment,
     stores,
     unexpanded,
 )
-from turnkeep.workflows.messages import Message, StopReason, compact_message
+from turnkeep.contract.messages import Message, StopReason, compact_message
 
 DEFAULT_MAX_ITERATIONS = 199
 
@@ -388,7 +388,7 @@ class TurnProgress(BaseModel):
 class TurnCancelledError(CancelledError):
     """The turn was cancelled; ``result`` holds the repaired conversation to continue from
     (None for a turn cancelled before it had a plan). Raised by ``TurnHandle.result()`` in a
-    client and by ``turnkeep.workflow.run_turn`` in a workflow. It is Temporal's cancellation
+    client and by ``turnkeep.in_workflow.run_turn`` in a workflow. It is Temporal's cancellation
     error: a cancelled workflow that lets it through ends cancelled, as its turn did (one whose
     turn alone was cancelled, from the Web UI say, fails)."""
 

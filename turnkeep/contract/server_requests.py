@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from turnkeep.workflows.compact import Compact
-from turnkeep.workflows.messages import ContentBlock, Message, TextContent
+from turnkeep.contract.compact import Compact
+from turnkeep.contract.messages import ContentBlock, Message, TextContent
 
 ServerRequestKind = Literal["elicitation", "sampling"]
 # fast-agent's elicitation modes: ask a person; cancel every request at once; none (the

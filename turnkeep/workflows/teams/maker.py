@@ -7,9 +7,9 @@ import json
 
 from pydantic import BaseModel
 
-from turnkeep.workflows.activity_io import TeamPlan
-from turnkeep.workflows.messages import CallToolResult, Message, json_channel
-from turnkeep.workflows.team_steps import StepRunner, answer, failed
+from turnkeep.contract.activity_io import TeamPlan
+from turnkeep.contract.messages import CallToolResult, Message, json_channel
+from turnkeep.workflows.teams.steps import StepRunner, answer, failed
 
 
 class MakerResult(BaseModel):
