@@ -23,7 +23,6 @@ from tests.test_durability import Fleet, worker_config
 from tests.test_loop import plan
 from tests.worker_process import WorkerProcesses
 from turnkeep import Settings
-from turnkeep.compat.fastagent import FastAgent
 from turnkeep.config.agents import Agent, ClientTool, declare
 from turnkeep.contract.activity_io import (
     ClientTool as ClientToolPlan,
@@ -36,6 +35,7 @@ from turnkeep.contract.approval import ApprovalPlan, Decision, SubmittedResult
 from turnkeep.contract.messages import Message, StopReason, ToolCall
 from turnkeep.contract.turn_io import TurnInput, TurnResult
 from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.fastagent.app import FastAgent
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.testing.harness import harness

@@ -3,7 +3,7 @@
 The examples are read from fast-agent's published wheel (``fast-agent-mcp``, which ships them
 as package resources for ``fast-agent quickstart workflow``), downloaded by ``make env`` into
 the virtual environment, never copied into this repository. Each file is loaded with ``from
-mcp_agent.core.fastagent import FastAgent`` pointed at ``turnkeep.compat.fastagent``; its
+mcp_agent.core.fastagent import FastAgent`` pointed at ``turnkeep.fastagent.app``; its
 decorators declare the agents, and a worker serves them on the real dev server. The fake model
 API answers the models the examples name (scripted per model), the passthrough model stands in
 where an example names none, and function tools stand in for their MCP servers (``fetch``,
@@ -23,8 +23,8 @@ from temporalio.client import Client
 
 from tests.conftest import make_settings
 from tests.test_agent_tools import planned
-from turnkeep.compat.fastagent import FastAgent
 from turnkeep.contract.messages import StopReason
+from turnkeep.fastagent.app import FastAgent
 from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.testing.fake_model import FakeModel
@@ -46,7 +46,7 @@ def load(name: str, monkeypatch: pytest.MonkeyPatch) -> FastAgent:
         pytest.fail(f"fast-agent's examples come from its wheel, {WHEEL}: run `make env`")
     with zipfile.ZipFile(WHEEL) as wheel:
         source = wheel.read(f"{EXAMPLES}/{name}.py").decode("utf-8")
-    changed = source.replace(IMPORT, "from turnkeep.compat.fastagent import FastAgent")
+    changed = source.replace(IMPORT, "from turnkeep.fastagent.app import FastAgent")
     assert changed != source, "the example imports FastAgent from fast-agent"
     for module in ("mcp_agent", "mcp_agent.core", "mcp_agent.core.prompt"):
         stand_in = types.ModuleType(module)

@@ -23,11 +23,11 @@ from temporalio.client import Client
 from tests.conftest import HarnessFactory, turnkeep
 from tests.mcp_servers.launch import STDIO_SCRIPT, http_server
 from turnkeep import Agent, RequestParams, TurnInput, TurnResult, build_worker, start_turn
-from turnkeep.compat.fastagent import FastAgent
-from turnkeep.config.fastagent.targets import target_settings
 from turnkeep.config.files import ConfigError, load_settings
 from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.fastagent.app import FastAgent
+from turnkeep.fastagent.targets import target_settings
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 
 # A fast-agent configuration in the shape of fast-agent's own examples: console keys, servers of

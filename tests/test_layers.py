@@ -12,12 +12,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "turnkeep"
 
 # What each room of turnkeep may import from turnkeep, besides itself. Read from the bottom up:
-# each room uses only rooms listed above it.
+# each room uses only rooms listed above it. A key ``room.module`` places that one module of a
+# room apart from the rest of it: imports from and to it follow its own line.
 MAY_IMPORT: dict[str, set[str]] = {
     # Errors retrying cannot fix; plumbing that knows nothing of turns (ASGI serving, entry
     # points, the SDK's private names).
     "errors": set(),
     "support": {"errors"},
+    # fast-agent's translation: its config keys, MCP target strings, RequestParams and model
+    # strings, the plain data config and providers build on.
+    "fastagent": {"errors"},
     # The turn's data contract: the types that cross workflow, activity and client boundaries
     # (pydantic and stdlib only), and the pure checks on them. Runs in Temporal's sandbox.
     "contract": set(),
@@ -25,19 +29,20 @@ MAY_IMPORT: dict[str, set[str]] = {
     "workflows": {"contract"},
     # A turn as a step of an application's workflow: workflow code only.
     "in_workflow": {"contract", "workflows"},
-    # The worker's configuration: settings, Python agents, config files, fast-agent's keys.
-    "config": {"contract", "errors"},
+    # The worker's configuration: settings, Python agents, config files.
+    "config": {"contract", "errors", "fastagent"},
     # Metrics, traces, logs and search attributes.
     "observability": {"contract", "config", "errors", "support", "workflows"},
     # How payloads cross Temporal: converter, encryption, storage, the codec server.
     "payloads": {"contract", "config", "errors", "observability", "support", "workflows"},
     # Model providers and tool servers: what the activities call.
-    "providers": {"contract", "config", "errors", "support", "workflows"},
+    "providers": {"contract", "config", "errors", "fastagent", "support", "workflows"},
     "tools": {"contract", "config", "errors", "support", "workflows"},
     "activities": {
         "contract",
         "config",
         "errors",
+        "fastagent",
         "observability",
         "providers",
         "support",
@@ -82,8 +87,9 @@ MAY_IMPORT: dict[str, set[str]] = {
         "support",
         "workflows",
     },
-    # Agents declared another framework's way (@fast.agent), served by a worker's plugin.
-    "compat": {"contract", "config", "errors", "worker", "workflows"},
+    # fast-agent's decorator API (@fast.agent), the one module of its room that sits on top:
+    # it serves the agents it collects through a worker's plugin.
+    "fastagent.app": {"contract", "config", "errors", "fastagent", "worker", "workflows"},
     # What users test their own agents with: anything but the command line.
     "testing": {
         "contract",
@@ -106,11 +112,12 @@ MAY_IMPORT: dict[str, set[str]] = {
         "contract",
         "activities",
         "client",
-        "compat",
         "config",
         "devserver",
         "doors",
         "errors",
+        "fastagent",
+        "fastagent.app",
         "observability",
         "payloads",
         "providers",
@@ -166,9 +173,20 @@ WORKFLOW_MODULES = [
 
 
 def part_of(module: str) -> str | None:
-    """``turnkeep.activities.model`` -> ``activities``; None outside turnkeep's rooms."""
+    """``turnkeep.activities.model`` -> ``activities``, ``turnkeep.fastagent.app`` ->
+    ``fastagent.app`` (a module placed apart); None outside turnkeep's rooms."""
     parts = module.split(".")
-    return parts[1] if parts[0] == "turnkeep" and len(parts) > 1 else None
+    if parts[0] != "turnkeep" or len(parts) < 2:
+        return None
+    apart = ".".join(parts[1:3])
+    return apart if apart in MAY_IMPORT else parts[1]
+
+
+def room_of(path: Path) -> str:
+    """The room of the module at ``path``, as ``part_of`` names it."""
+    room = part_of(".".join(("turnkeep", *path.relative_to(ROOT).with_suffix("").parts)))
+    assert room is not None
+    return room
 
 
 def imported(path: Path) -> set[str]:
@@ -180,7 +198,8 @@ def imported(path: Path) -> set[str]:
             names.add(node.module)
             # `from turnkeep import cli` imports the room as surely as `import turnkeep.cli`;
             # `from turnkeep.workflows import loop` the module.
-            if node.module in ("turnkeep", "turnkeep.contract", "turnkeep.workflows"):
+            modules = ("turnkeep", "turnkeep.contract", "turnkeep.fastagent", "turnkeep.workflows")
+            if node.module in modules:
                 names.update(f"{node.module}.{a.name}" for a in node.names)
     return names
 
@@ -202,7 +221,7 @@ def wrong_imports(own: str, path: Path) -> set[str]:
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT.parent)))
 def test_imports_go_one_way(path: Path) -> None:
-    own = path.relative_to(ROOT).parts[0].removesuffix(".py")
+    own = room_of(path)
     wrong = wrong_imports(own, path)
     assert not wrong, f"{own} must not import {sorted(wrong)}"
 
@@ -210,7 +229,9 @@ def test_imports_go_one_way(path: Path) -> None:
 def test_every_room_is_placed() -> None:
     rooms = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     rooms |= {p.stem for p in ROOT.glob("*.py") if p.stem != "__init__"}
-    assert rooms == set(MAY_IMPORT)
+    assert rooms == {room.partition(".")[0] for room in MAY_IMPORT}
+    apart = [room for room in MAY_IMPORT if "." in room]
+    assert all((ROOT / room.replace(".", "/")).with_suffix(".py").is_file() for room in apart)
 
 
 def module_path(room: str, module: str) -> Path:
@@ -274,3 +295,17 @@ def test_no_part_may_import_the_cli(tmp_path: Path) -> None:
             "turnkeep.cli",
             "turnkeep.cli.errors",
         }, own
+
+
+def test_a_module_placed_apart_is_told_from_its_room(tmp_path: Path) -> None:
+    """fast-agent's decorator API sits on top however it is imported, while the rest of its
+    room stays below config."""
+    module = tmp_path / "module.py"
+    module.write_text(
+        "from turnkeep.fastagent import app\n"
+        "from turnkeep.fastagent.targets import target_settings\n",
+        encoding="utf-8",
+    )
+    for own in ("fastagent", "config", "providers"):
+        assert wrong_imports(own, module) == {"turnkeep.fastagent.app"}, own
+    assert wrong_imports("cli", module) == set()

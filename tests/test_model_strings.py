@@ -18,8 +18,8 @@ from turnkeep.contract.activity_io import PrepareTurnRequest, ToolSpec
 from turnkeep.contract.messages import Message, TextContent
 from turnkeep.contract.model_io import LlmRequest
 from turnkeep.contract.turn_io import TurnOverrides
+from turnkeep.fastagent.model_strings import ModelRef, Reasoning
 from turnkeep.providers.anthropic import THINKING_BLOCKS, AnthropicProvider
-from turnkeep.providers.model_strings import ModelRef, Reasoning
 from turnkeep.providers.openai import OpenAIProvider
 from turnkeep.providers.registry import (
     ModelCatalog,

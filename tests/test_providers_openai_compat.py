@@ -15,8 +15,8 @@ from tests.conftest import HarnessFactory, history_text
 from turnkeep.config.settings import AzureSettings, ProviderSettings, Settings
 from turnkeep.contract.messages import Message, TextContent
 from turnkeep.contract.model_io import LlmRequest
+from turnkeep.fastagent.model_strings import ModelRef, Reasoning
 from turnkeep.providers.azure import AzureProvider
-from turnkeep.providers.model_strings import ModelRef, Reasoning
 from turnkeep.providers.openai_compat import (
     DeepSeekProvider,
     GoogleProvider,

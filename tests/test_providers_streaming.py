@@ -16,11 +16,11 @@ from temporalio.exceptions import ApplicationError
 from turnkeep.config.settings import AzureSettings, ProviderSettings
 from turnkeep.contract.messages import Message, StopReason, ToolCall
 from turnkeep.contract.model_io import LlmRequest
+from turnkeep.fastagent.model_strings import ModelRef
 from turnkeep.providers.anthropic import AnthropicProvider
 from turnkeep.providers.azure import AzureProvider
 from turnkeep.providers.base import ModelProvider
 from turnkeep.providers.errors import classify
-from turnkeep.providers.model_strings import ModelRef
 from turnkeep.providers.openai import OpenAIProvider
 from turnkeep.providers.openai_compat import OPENAI_COMPATIBLE_PROVIDERS
 from turnkeep.providers.stream_end import STREAM_INCOMPLETE

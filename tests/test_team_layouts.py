@@ -22,11 +22,11 @@ from tests.app_workflow import AppWorkflow, app_activity
 from tests.child_turn_workflows import AskTwice
 from tests.conftest import make_settings
 from turnkeep import Agent, TurnInput, TurnkeepPlugin, connect, start_turn
-from turnkeep.compat.fastagent import FastAgent
 from turnkeep.config.settings import Settings
 from turnkeep.contract.messages import StopReason
 from turnkeep.contract.turn_io import TurnResult
 from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.fastagent.app import FastAgent
 from turnkeep.testing import harness as worker_harness
 from turnkeep.workflows.agent_tools import child_id
 

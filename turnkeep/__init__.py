@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from turnkeep.client.sessions import SessionHandle, get_session, open_session
     from turnkeep.client.turns import TurnHandle, get_turn, start_turn
     from turnkeep.config.agents import Agent, Approval, ClientTool, McpServer
-    from turnkeep.config.fastagent.request_params import RequestParams
     from turnkeep.config.files import load_settings
     from turnkeep.config.settings import Settings
     from turnkeep.contract.activity_io import HookChange, HookContext, HookPoint
@@ -41,6 +40,7 @@ if TYPE_CHECKING:
         TurnResult,
         agent_task_queue,
     )
+    from turnkeep.fastagent.request_params import RequestParams
     from turnkeep.providers.base import ModelProvider
     from turnkeep.tools.source import ToolSource
     from turnkeep.worker.build import build_worker, build_workers
@@ -52,7 +52,7 @@ _EXPORTS = {
     "Approval": "turnkeep.config.agents",
     "ClientTool": "turnkeep.config.agents",
     "McpServer": "turnkeep.config.agents",
-    "RequestParams": "turnkeep.config.fastagent.request_params",
+    "RequestParams": "turnkeep.fastagent.request_params",
     "Settings": "turnkeep.config.settings",
     "load_settings": "turnkeep.config.files",
     "TurnkeepPlugin": "turnkeep.worker.plugin",

@@ -23,9 +23,9 @@ from turnkeep.contract.model_io import (
 )
 from turnkeep.contract.turn_io import TurnOverrides
 from turnkeep.errors import require_workflow
+from turnkeep.fastagent.model_strings import ModelRef
 from turnkeep.observability import spans
 from turnkeep.providers.base import ModelProvider
-from turnkeep.providers.model_strings import ModelRef
 from turnkeep.providers.prices import with_cost
 from turnkeep.providers.registry import ModelCatalog
 from turnkeep.providers.streaming import LiveServer, streaming_to

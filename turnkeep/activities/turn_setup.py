@@ -230,7 +230,7 @@ def check_overrides(
     allowed = models.allowed_models(agent)
     model = overrides.model or allowed[0]
     # By what the strings name: `sonnet` is `anthropic.claude-sonnet-5`, and a reasoning
-    # setting is part of the model (``turnkeep.providers.model_strings``).
+    # setting is part of the model (``turnkeep.fastagent.model_strings``).
     if not models.is_allowed(model, allowed):
         raise config_error(
             "ModelNotAllowed",

@@ -15,7 +15,6 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from turnkeep.config.fastagent.request_params import RequestParams
 from turnkeep.config.settings import (
     AgentOptions,
     AgentSettings,
@@ -26,6 +25,7 @@ from turnkeep.config.settings import (
 )
 from turnkeep.contract.activity_io import HookPoint
 from turnkeep.contract.approval import ApprovalPolicy
+from turnkeep.fastagent.request_params import RequestParams
 
 Tool = Callable[..., Any]
 HookFunction = Callable[..., Any]
@@ -57,7 +57,7 @@ class Agent(AgentOptions):
     - fast-agent's names: ``servers`` (server names, added to ``tools``) and
       ``request_params`` (``turnkeep.RequestParams``), whose ``model``, ``maxTokens``,
       ``max_iterations``, ``parallel_tool_calls``, ``temperature`` and ``use_history`` set those
-      options (``turnkeep.config.fastagent.request_params`` says what the other fields do).
+      options (``turnkeep.fastagent.request_params`` says what the other fields do).
     """
 
     name: str

@@ -26,7 +26,6 @@ from pydantic import (
     model_validator,
 )
 
-from turnkeep.config.fastagent.keys import accept_fast_agent_keys
 from turnkeep.contract.activity_io import (
     CLIENT_TOOL_PREFIX,
     DEFAULT_CONTINUE_AS_NEW_BYTES,
@@ -39,6 +38,7 @@ from turnkeep.contract.turn_io import (
     DEFAULT_TASK_QUEUE,
     TurnOverrides,
 )
+from turnkeep.fastagent.config_keys import accept_fast_agent_keys
 
 
 class _Settings(BaseModel):
@@ -859,7 +859,7 @@ class Settings(_SecretSettings):
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
     # The file these settings came from (the worker says so when it starts), and the
     # fast-agent keys in it that turnkeep accepts but does nothing with
-    # (``turnkeep.config.fastagent.keys``), named once when a worker starts.
+    # (``turnkeep.fastagent.config_keys``), named once when a worker starts.
     config_file: Path | None = Field(default=None, exclude=True)
     ignored_keys: list[str] = Field(default_factory=list, exclude=True)
 

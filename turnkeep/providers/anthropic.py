@@ -20,10 +20,7 @@ from turnkeep.contract.messages import (
 )
 from turnkeep.contract.model_io import LlmRequest
 from turnkeep.contract.turn_io import Usage
-from turnkeep.providers.base import ModelProvider, with_usage
-from turnkeep.providers.convert import bounded_call_id, plain_blocks, result_blocks, tool_call
-from turnkeep.providers.errors import guarded, missing_api_key, request_timeout, response_invalid
-from turnkeep.providers.model_strings import (
+from turnkeep.fastagent.model_strings import (
     ANTHROPIC_ADAPTIVE_THINKING,
     ANTHROPIC_NO_THINKING,
     KNOWN_MODELS,
@@ -31,7 +28,10 @@ from turnkeep.providers.model_strings import (
     Reasoning,
     anthropic_thinking_budget,
 )
-from turnkeep.providers.model_strings import aliases as model_aliases
+from turnkeep.fastagent.model_strings import aliases as model_aliases
+from turnkeep.providers.base import ModelProvider, with_usage
+from turnkeep.providers.convert import bounded_call_id, plain_blocks, result_blocks, tool_call
+from turnkeep.providers.errors import guarded, missing_api_key, request_timeout, response_invalid
 from turnkeep.providers.stream_end import (
     is_json,
     json_body,

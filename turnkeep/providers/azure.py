@@ -17,8 +17,8 @@ from turnkeep.config.settings import AzureSettings, ProviderSettings, Settings
 from turnkeep.contract.messages import Message
 from turnkeep.contract.model_io import LlmRequest
 from turnkeep.errors import config_error
+from turnkeep.fastagent.model_strings import ModelRef
 from turnkeep.providers.errors import missing_api_key
-from turnkeep.providers.model_strings import ModelRef
 from turnkeep.providers.openai_compat import OpenAICompatibleProvider
 
 # fast-agent's default.

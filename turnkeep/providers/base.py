@@ -20,7 +20,7 @@ from turnkeep.config.settings import Settings
 from turnkeep.contract.messages import Message, json_channel
 from turnkeep.contract.model_io import LlmRequest
 from turnkeep.contract.turn_io import Usage
-from turnkeep.providers.model_strings import ModelRef
+from turnkeep.fastagent.model_strings import ModelRef
 
 
 class ModelProvider(ABC):

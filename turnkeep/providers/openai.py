@@ -25,11 +25,11 @@ from turnkeep.contract.messages import (
 from turnkeep.contract.model_io import LlmRequest
 from turnkeep.contract.turn_io import Usage
 from turnkeep.errors import config_error
+from turnkeep.fastagent.model_strings import KNOWN_MODELS, ModelRef, Reasoning
+from turnkeep.fastagent.model_strings import aliases as model_aliases
 from turnkeep.providers.base import ModelProvider, with_usage
 from turnkeep.providers.convert import bounded_call_id, plain_blocks, result_blocks, tool_call
 from turnkeep.providers.errors import guarded, missing_api_key, request_timeout, response_invalid
-from turnkeep.providers.model_strings import KNOWN_MODELS, ModelRef, Reasoning
-from turnkeep.providers.model_strings import aliases as model_aliases
 from turnkeep.providers.stream_end import (
     is_json,
     json_body,

@@ -20,9 +20,9 @@ from temporalio.exceptions import ApplicationError
 from turnkeep.config.settings import ProviderSettings, Settings
 from turnkeep.contract.messages import Message
 from turnkeep.contract.model_io import LlmRequest
+from turnkeep.fastagent.model_strings import KNOWN_MODELS, ModelRef, Reasoning
+from turnkeep.fastagent.model_strings import aliases as model_aliases
 from turnkeep.providers.errors import missing_api_key
-from turnkeep.providers.model_strings import KNOWN_MODELS, ModelRef, Reasoning
-from turnkeep.providers.model_strings import aliases as model_aliases
 from turnkeep.providers.openai import PLACEHOLDER_GENERIC_KEY, OpenAIProvider
 
 

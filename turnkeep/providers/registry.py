@@ -22,10 +22,10 @@ from temporalio.exceptions import ApplicationError
 
 from turnkeep.config.settings import AgentSettings, Settings
 from turnkeep.errors import config_error
+from turnkeep.fastagent.model_strings import PREFIX_ALIASES, ModelRef, split_model_string
 from turnkeep.providers.anthropic import AnthropicProvider
 from turnkeep.providers.azure import AzureProvider
 from turnkeep.providers.base import ModelProvider
-from turnkeep.providers.model_strings import PREFIX_ALIASES, ModelRef, split_model_string
 from turnkeep.providers.openai import GenericProvider, OpenAIProvider
 from turnkeep.providers.openai_compat import OPENAI_COMPATIBLE_PROVIDERS
 from turnkeep.providers.passthrough import PassthroughProvider

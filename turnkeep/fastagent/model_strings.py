@@ -1,11 +1,11 @@
 """fast-agent's model strings: ``provider.model``, aliases, known model names, and reasoning.
 
 A model string is ``[provider.]model[?reasoning=<value>]``, as fast-agent parses it
-(``fast_agent.llm.model_factory`` at ``turnkeep.config.fastagent.FAST_AGENT_COMMIT``, like the
-tables below): the provider prefix (or fast-agent's ``provider/model`` spelling), an alias
-(``sonnet``, ``gpt-5.5``, ``deepseek``...), or a model name fast-agent's model database gives a
-provider (``gpt-5-mini``, ``claude-sonnet-4-5``, ``gemini-2.5-flash``). The reasoning setting
-is the ``?reasoning=`` query or, as fast-agent did until 0.4, a last
+(``fast_agent.llm.model_factory`` at ``FAST_AGENT_COMMIT``, like the tables below): the
+provider prefix (or fast-agent's ``provider/model`` spelling), an alias (``sonnet``,
+``gpt-5.5``, ``deepseek``...), or a model name fast-agent's model database gives a provider
+(``gpt-5-mini``, ``claude-sonnet-4-5``, ``gemini-2.5-flash``). The reasoning setting is the
+``?reasoning=`` query or, as fast-agent did until 0.4, a last
 ``.minimal``/``.low``/``.medium``/``.high`` part (``openai.o3.high``).
 
 The reasoning setting is part of a model's identity (``ModelRef``): an agent that lists

@@ -6,7 +6,7 @@ The key lists follow fast-agent's settings schema (``fast_agent.config``) at
 ``FAST_AGENT_COMMIT``, plus keys older releases had that configurations still carry
 (``mcp.targets``, ``mcp_timeline``, ``mcp_ui_*``, ``auto_sampling``, ``environment_dir``...).
 ``mcp.targets`` (until 0.9) and ``mcp.servers.<name>.target`` (from 0.10) become servers as
-fast-agent makes them (``turnkeep.config.fastagent.targets``).
+fast-agent makes them (``turnkeep.fastagent.targets``).
 
 Only keys that are not ``Settings`` fields are ignored, so a provider block another module
 adds support for (``deepseek:``, ``azure:``...) is honoured from then on.
@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from turnkeep.config.fastagent.targets import server_targets, target_settings
+from turnkeep.fastagent.targets import server_targets, target_settings
 
 # Top-level keys turnkeep accepts and does nothing with.
 IGNORED_TOP_LEVEL: frozenset[str] = frozenset(

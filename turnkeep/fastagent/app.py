@@ -2,7 +2,7 @@
 ``agent.py`` keeps its ``fast = FastAgent(...)`` and ``@fast.agent(...)`` lines with one import
 changed, and a worker serves the agents it declares::
 
-    from turnkeep.compat.fastagent import FastAgent, RequestParams
+    from turnkeep.fastagent.app import FastAgent, RequestParams
 
     fast = FastAgent("researcher")
 
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from turnkeep.config.agents import Agent, Tool
-from turnkeep.config.fastagent.request_params import RequestParams
 from turnkeep.config.settings import Settings
+from turnkeep.fastagent.request_params import RequestParams
 
 if TYPE_CHECKING:
     from temporalio.client import Client
