@@ -6,7 +6,11 @@ import json
 from typing import Any
 
 from turnkeep.testing.fake_api.steps import Answer, Failure
-from turnkeep.testing.fake_api.wire import Event, WireFormat, text_pieces
+from turnkeep.testing.fake_api.wire import Event, text_pieces
+
+ROUTE = "/v1/messages"
+ENDING = "/messages"
+REQUEST_ID_HEADER = "request-id"
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -103,14 +107,3 @@ def error_body(failure: Failure) -> dict[str, Any]:
 
 def is_stop(event: Event) -> bool:
     return event[0] == "message_delta"
-
-
-FORMAT = WireFormat(
-    route="/v1/messages",
-    ending="/messages",
-    request_id_header="request-id",
-    answer=answer_body,
-    events=events,
-    error=error_body,
-    is_stop=is_stop,
-)

@@ -8,7 +8,11 @@ import time
 from typing import Any
 
 from turnkeep.testing.fake_api.steps import Answer, Failure
-from turnkeep.testing.fake_api.wire import Event, WireFormat, text_pieces
+from turnkeep.testing.fake_api.wire import Event, text_pieces
+
+ROUTE = "/v1/chat/completions"
+ENDING = "/chat/completions"
+REQUEST_ID_HEADER = "x-request-id"
 
 
 def answer_body(answer: Answer, model: str) -> dict[str, Any]:
@@ -101,14 +105,3 @@ def is_stop(event: Event) -> bool:
     return (
         isinstance(choices, list) and bool(choices) and choices[0].get("finish_reason") is not None
     )
-
-
-FORMAT = WireFormat(
-    route="/v1/chat/completions",
-    ending="/chat/completions",
-    request_id_header="x-request-id",
-    answer=answer_body,
-    events=events,
-    error=error_body,
-    is_stop=is_stop,
-)

@@ -24,8 +24,8 @@ from turnkeep.testing.fake_api.scripts import Recorded, Scripts
 from turnkeep.testing.fake_api.steps import Answer, Api, Delay, Drop, Failure, Raw, Step
 from turnkeep.testing.fake_api.wire import WireFormat, cut
 
-FORMATS: dict[Api, WireFormat] = {"anthropic": anthropic.FORMAT, "openai": openai.FORMAT}
-ROUTES: dict[str, Api] = {wire.route: api for api, wire in FORMATS.items()}
+FORMATS: dict[Api, WireFormat] = {"anthropic": anthropic, "openai": openai}
+ROUTES: dict[str, Api] = {wire.ROUTE: api for api, wire in FORMATS.items()}
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ class FakeModelApi(Scripts, StartStop["FakeModelApi"]):
             step = step.then
         wire = FORMATS[api]
         model = body.get("model", "fake-model") if isinstance(body, dict) else "fake-model"
-        id_header = {wire.request_id_header: f"req_fake_{next(self._ids)}"}
+        id_header = {wire.REQUEST_ID_HEADER: f"req_fake_{next(self._ids)}"}
         match step:
             case Drop():
                 return False
@@ -180,11 +180,13 @@ class FakeModelApi(Scripts, StartStop["FakeModelApi"]):
                 # The whole answer to a streamed request: held as its last chunk would be.
                 if step.hold is not None and not await hold_unless_hung_up(step.hold, reader):
                     return False
-                await send(writer, 200, wire.answer(step, model), id_header)
+                await send(writer, 200, wire.answer_body(step, model), id_header)
             case Answer():
-                await send(writer, 200, wire.answer(step, model), id_header)
+                await send(writer, 200, wire.answer_body(step, model), id_header)
             case Failure():
-                await send(writer, step.status, wire.error(step), {**id_header, **step.headers})
+                await send(
+                    writer, step.status, wire.error_body(step), {**id_header, **step.headers}
+                )
             case Raw():
                 await send(writer, step.status, step.body, step.headers, step.content_type)
         return True
@@ -193,6 +195,6 @@ class FakeModelApi(Scripts, StartStop["FakeModelApi"]):
         with self._mounts_lock:  # the longest prefix wins
             mounts = sorted(self._mounts, key=lambda m: len(m.prefix), reverse=True)
         for mount in mounts:
-            if route.startswith(mount.prefix) and route.endswith(FORMATS[mount.api].ending):
+            if route.startswith(mount.prefix) and route.endswith(FORMATS[mount.api].ENDING):
                 return mount
         return None

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from turnkeep.testing.fake_api.steps import Answer, Failure, StreamedAs
 
@@ -14,20 +13,24 @@ from turnkeep.testing.fake_api.steps import Answer, Failure, StreamedAs
 Event = tuple[str | None, Any, bool]
 
 
-@dataclass(frozen=True)
-class WireFormat:
-    """One API as the fake serves it."""
+class WireFormat(Protocol):
+    """One API as the fake serves it: the module of each format (``anthropic``, ``openai``) is
+    one."""
 
-    route: str  # where it is served
-    ending: str  # what a path mounted for it ends with
-    request_id_header: str
-    # The whole answer's body, for the model the request named.
-    answer: Callable[[Answer, str], dict[str, Any]]
-    # The same answer streamed, given the request's body too (what it asked the stream for).
-    events: Callable[[Answer, str, dict[str, Any]], list[Event]]
-    error: Callable[[Failure], dict[str, Any]]
-    # Whether an event of its stream carries the stop reason.
-    is_stop: Callable[[Event], bool]
+    ROUTE: str  # where it is served
+    ENDING: str  # what a path mounted for it ends with
+    REQUEST_ID_HEADER: str
+
+    def answer_body(self, answer: Answer, model: str) -> dict[str, Any]:
+        """The whole answer's body, for the model the request named."""
+
+    def events(self, answer: Answer, model: str, request: dict[str, Any]) -> list[Event]:
+        """The same answer streamed, given the request's body (what it asked the stream for)."""
+
+    def error_body(self, failure: Failure) -> dict[str, Any]: ...
+
+    def is_stop(self, event: Event) -> bool:
+        """Whether an event of its stream carries the stop reason."""
 
 
 def text_pieces(text: str) -> list[str]:
