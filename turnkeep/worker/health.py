@@ -19,7 +19,6 @@ import json
 import logging
 import time
 from datetime import timedelta
-from types import TracebackType
 from typing import Protocol
 
 from starlette.applications import Starlette
@@ -31,6 +30,7 @@ from temporalio.client import Client
 
 from turnkeep.config.files import ConfigError
 from turnkeep.support.asgi import AsgiServer, bind, http_url
+from turnkeep.support.lifecycle import AsyncStartStop
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +160,9 @@ def _answer(status: int, body: dict[str, str]) -> Response:
     )
 
 
-class HealthServer:
-    """The endpoint in the running event loop; ``async with`` serves it, port 0 picks a free
-    port (``url`` then says which)."""
+class HealthServer(AsyncStartStop["HealthServer"]):
+    """The endpoint in the running event loop, served by ``async with`` (or ``start()`` and
+    ``stop()``); port 0 picks a free port (``url`` then says which)."""
 
     def __init__(self, address: str, state: WorkerState) -> None:
         self.host, self.port = parse_address(address)
@@ -170,7 +170,7 @@ class HealthServer:
         self.url: str | None = None
         self._server = AsgiServer(_app(state), name="health endpoint")
 
-    async def __aenter__(self) -> HealthServer:
+    async def start(self) -> HealthServer:
         try:
             sock = bind(self.host, self.port)
         except OSError as err:
@@ -182,10 +182,5 @@ class HealthServer:
         log.info("health endpoint on %s (/healthz, /readyz)", self.url)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def stop(self) -> None:
         await self._server.stop()

@@ -96,7 +96,7 @@ class WorkerService:
         for sig in SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
         if self.health is not None:
-            await self.health.__aenter__()
+            await self.health.start()
         return self
 
     async def __aexit__(
@@ -106,7 +106,7 @@ class WorkerService:
         tb: TracebackType | None,
     ) -> bool:
         if self.health is not None:
-            await self.health.__aexit__(exc_type, exc, tb)
+            await self.health.stop()
         _SDK_WORKER_LOG.removeFilter(_SAID_ONCE_ALREADY)
         return exc_type is not None and issubclass(exc_type, Stopped)
 
