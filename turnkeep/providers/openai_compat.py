@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from temporalio.exceptions import ApplicationError
 
@@ -24,7 +24,10 @@ from turnkeep.contract.model_io import LlmRequest
 from turnkeep.providers.errors import missing_api_key
 from turnkeep.providers.model_strings import KNOWN_MODELS, ModelRef, Reasoning
 from turnkeep.providers.model_strings import aliases as model_aliases
-from turnkeep.providers.openai import PLACEHOLDER_GENERIC_KEY, OpenAIProvider
+from turnkeep.providers.openai import OpenAIProvider, sdk_client
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
 
 
 class OpenAICompatibleProvider(OpenAIProvider):
@@ -47,9 +50,6 @@ class OpenAICompatibleProvider(OpenAIProvider):
     def __init__(self, settings: ProviderSettings | None, *, timeout: float | None = None) -> None:
         """``timeout`` fixes the per-request timeout (tests); by default it follows the
         activity's start-to-close timeout."""
-        # Here, not at the top: registering the provider must not load the SDK.
-        from openai import AsyncOpenAI
-
         settings = settings or ProviderSettings()
         key = settings.api_key.get_secret_value() if settings.api_key else None
         key = key or os.environ.get(self.key_env)
@@ -60,12 +60,10 @@ class OpenAICompatibleProvider(OpenAIProvider):
         self._timeout = timeout
         self._key = key
         self.streams = settings.streaming
-        self._client = AsyncOpenAI(
-            api_key=key or PLACEHOLDER_GENERIC_KEY,
-            base_url=self.base_url(settings),
-            max_retries=0,  # Temporal's retry policy does the retrying
-            default_headers=settings.default_headers,
-        )
+        self._client = self._sdk_client(settings, key)
+
+    def _sdk_client(self, settings: ProviderSettings, key: str) -> AsyncOpenAI:
+        return sdk_client(settings, key, self.base_url(settings))
 
     @classmethod
     def base_url(cls, settings: ProviderSettings) -> str:
