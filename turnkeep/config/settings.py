@@ -31,6 +31,7 @@ from turnkeep.contract.activity_io import (
     DEFAULT_CONTINUE_AS_NEW_BYTES,
     DEFAULT_CONTINUE_AS_NEW_EVENTS,
     HookPoint,
+    TeamKind,
 )
 from turnkeep.contract.session_io import NewMessageMode
 from turnkeep.contract.turn_io import (
@@ -562,16 +563,7 @@ class AgentOptions(_Settings):
     # fast-agent) ask their model for the next step of a plan, tasks for their `agents`, until
     # it says the objective is met or `plan_iterations` steps have run (0 or less: no bound),
     # then answer from the results. Each step is a child turn of the agent's own.
-    type: Literal[
-        "agent",
-        "chain",
-        "parallel",
-        "router",
-        "evaluator_optimizer",
-        "maker",
-        "orchestrator",
-        "iterative_planner",
-    ] = "agent"
+    type: Literal["agent", TeamKind] = "agent"
     sequence: list[str] = Field(default_factory=list)
     cumulative: bool = False
     fan_out: list[str] = Field(default_factory=list)

@@ -148,6 +148,19 @@ class ClientToolsPlan(Compact):
     timeout: float  # seconds; then the call is denied, as an approval's timeout denies
 
 
+# fast-agent's workflow agents, each run by a team of ``turnkeep.workflows.teams``: the kinds an
+# agent's ``type`` may name besides a plain ``agent``.
+TeamKind = Literal[
+    "chain",
+    "parallel",
+    "router",
+    "evaluator_optimizer",
+    "maker",
+    "orchestrator",
+    "iterative_planner",
+]
+
+
 class AgentTool(Compact):
     """An agent that another agent's model may call as a tool: a call runs its turn as a child
     workflow, on ``task_queue``, where a worker that has the agent polls (the agent's own queue
@@ -161,15 +174,7 @@ class AgentTool(Compact):
 class TeamPlan(Compact):
     """A workflow agent's steps (fast-agent's workflow agents), each run as a child turn."""
 
-    kind: Literal[
-        "chain",
-        "parallel",
-        "router",
-        "evaluator_optimizer",
-        "maker",
-        "orchestrator",
-        "iterative_planner",
-    ]
+    kind: TeamKind
     # A chain's sequence; a parallel's fan-out; a router's or a planner's agents; an
     # evaluator-optimizer's generator and evaluator; a maker's worker.
     steps: list[AgentTool]

@@ -230,6 +230,17 @@ ALIASES: Mapping[str, Mapping[str, str]] = {
     },
 }
 
+# Claude's generation with adaptive thinking, all of whose models have a 1M-token window.
+ANTHROPIC_ADAPTIVE_MODELS = (
+    "claude-sonnet-4-6",
+    "claude-sonnet-5",
+    "claude-opus-4-6",
+    "claude-opus-4-7",
+    "claude-opus-4-8",
+    "claude-opus-5",
+    "claude-fable-5",
+)
+
 # Model name -> context window (tokens): the names fast-agent gives a provider without a
 # prefix, and the windows turnkeep compacts against. A model not here (and every
 # `openrouter.`, `azure.` and `generic.` one) has no known window until the config gives one.
@@ -301,18 +312,7 @@ KNOWN_MODELS: Mapping[str, Mapping[str, int]] = {
             ),
             200_000,
         ),
-        **dict.fromkeys(
-            (
-                "claude-sonnet-4-6",
-                "claude-sonnet-5",
-                "claude-opus-4-6",
-                "claude-opus-4-7",
-                "claude-opus-4-8",
-                "claude-opus-5",
-                "claude-fable-5",
-            ),
-            1_000_000,
-        ),
+        **dict.fromkeys(ANTHROPIC_ADAPTIVE_MODELS, 1_000_000),
     },
     "deepseek": {
         "deepseek-v4-flash": 1_048_576,
@@ -344,14 +344,4 @@ KNOWN_MODELS: Mapping[str, Mapping[str, int]] = {
 ANTHROPIC_NO_THINKING = frozenset(
     {"claude-3-5-haiku", "claude-3-5-haiku-20241022", "claude-3-5-haiku-latest"}
 )
-ANTHROPIC_ADAPTIVE_THINKING = frozenset(
-    {
-        "claude-sonnet-4-6",
-        "claude-sonnet-5",
-        "claude-opus-4-6",
-        "claude-opus-4-7",
-        "claude-opus-4-8",
-        "claude-opus-5",
-        "claude-fable-5",
-    }
-)
+ANTHROPIC_ADAPTIVE_THINKING = frozenset(ANTHROPIC_ADAPTIVE_MODELS)

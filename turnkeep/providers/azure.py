@@ -9,17 +9,18 @@ the block's ``azure_deployment``, as in fast-agent. Only API-key authentication:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from turnkeep.config.settings import AzureSettings, ProviderSettings, Settings
 from turnkeep.contract.messages import Message
 from turnkeep.contract.model_io import LlmRequest
 from turnkeep.errors import config_error
 from turnkeep.fastagent.model_strings import ModelRef
-from turnkeep.providers.errors import missing_api_key
 from turnkeep.providers.openai_compat import OpenAICompatibleProvider
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
 
 # fast-agent's default.
 DEFAULT_API_VERSION = "2024-10-21"
@@ -37,20 +38,14 @@ class AzureProvider(OpenAICompatibleProvider):
     legacy_max_tokens: ClassVar[bool] = False
 
     def __init__(self, settings: ProviderSettings | None, *, timeout: float | None = None) -> None:
+        settings = settings or AzureSettings()
+        super().__init__(settings, timeout=timeout)
+        self._deployment = getattr(settings, "azure_deployment", None)
+
+    def _sdk_client(self, settings: ProviderSettings, key: str) -> AsyncOpenAI:
         from openai import AsyncAzureOpenAI
 
-        settings = settings or AzureSettings()
-        key = settings.api_key.get_secret_value() if settings.api_key else None
-        key = key or os.environ.get(self.key_env)
-        if not key:
-            raise missing_api_key(self.display_name, "azure.api_key", self.key_env)
-        self._name = self.name
-        self._generic = self.legacy_max_tokens
-        self._timeout = timeout
-        self._key = key
-        self.streams = settings.streaming
-        self._deployment = getattr(settings, "azure_deployment", None)
-        self._client = AsyncAzureOpenAI(
+        return AsyncAzureOpenAI(
             api_key=key,
             azure_endpoint=endpoint(settings),
             api_version=getattr(settings, "api_version", None) or DEFAULT_API_VERSION,

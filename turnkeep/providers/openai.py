@@ -40,6 +40,7 @@ from turnkeep.providers.stream_end import (
 from turnkeep.providers.streaming import DeltaSink, delta_sink
 
 if TYPE_CHECKING:
+    from openai import AsyncOpenAI
     from openai.types.completion_usage import CompletionUsage
 
 log = logging.getLogger(__name__)
@@ -80,9 +81,6 @@ class OpenAIProvider(ModelProvider):
     ) -> None:
         """``timeout`` fixes the per-request timeout (tests); by default it follows the
         activity's start-to-close timeout."""
-        # Here, not at the top: registering the provider must not load the SDK.
-        from openai import AsyncOpenAI
-
         settings = settings or ProviderSettings()
         self._name = "generic" if generic else "openai"
         self._generic = generic
@@ -99,12 +97,7 @@ class OpenAIProvider(ModelProvider):
             base_url = settings.base_url or os.environ.get("OPENAI_BASE_URL") or None
         self._key = key
         self.streams = settings.streaming
-        self._client = AsyncOpenAI(
-            api_key=key or PLACEHOLDER_GENERIC_KEY,
-            base_url=base_url,
-            max_retries=0,  # Temporal's retry policy does the retrying
-            default_headers=settings.default_headers,
-        )
+        self._client = sdk_client(settings, key, base_url)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OpenAIProvider:
@@ -227,6 +220,20 @@ class GenericProvider(OpenAIProvider):
     def default_model(cls, settings: Settings) -> str | None:
         del settings
         return None
+
+
+def sdk_client(settings: ProviderSettings, key: str | None, base_url: str | None) -> AsyncOpenAI:
+    """The ``openai`` SDK's client for a provider, with its retries off: Temporal's retry
+    policy does the retrying."""
+    # Here, not at the top: registering a provider must not load the SDK.
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(
+        api_key=key or PLACEHOLDER_GENERIC_KEY,
+        base_url=base_url,
+        max_retries=0,
+        default_headers=settings.default_headers,
+    )
 
 
 def generic_base_url(settings: ProviderSettings | None) -> str:

@@ -12,8 +12,9 @@ does: failures become the same classified errors (a 429 retried after its ``retr
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from temporalio.exceptions import ApplicationError
 
@@ -23,11 +24,15 @@ from turnkeep.contract.model_io import LlmRequest
 from turnkeep.fastagent.model_strings import KNOWN_MODELS, ModelRef, Reasoning
 from turnkeep.fastagent.model_strings import aliases as model_aliases
 from turnkeep.providers.errors import missing_api_key
-from turnkeep.providers.openai import PLACEHOLDER_GENERIC_KEY, OpenAIProvider
+from turnkeep.providers.openai import OpenAIProvider, sdk_client
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
 
 
 class OpenAICompatibleProvider(OpenAIProvider):
-    """One hosted OpenAI-compatible API: subclasses name it and say where it is."""
+    """One hosted OpenAI-compatible API: ``provider_class`` makes one subclass per row of
+    ``COMPATIBLE_APIS``, and Azure's is its own (``azure.py``)."""
 
     # Set by each subclass: its display name, default endpoint and fast-agent's key variable.
     display_name: ClassVar[str]
@@ -45,9 +50,6 @@ class OpenAICompatibleProvider(OpenAIProvider):
     def __init__(self, settings: ProviderSettings | None, *, timeout: float | None = None) -> None:
         """``timeout`` fixes the per-request timeout (tests); by default it follows the
         activity's start-to-close timeout."""
-        # Here, not at the top: registering the provider must not load the SDK.
-        from openai import AsyncOpenAI
-
         settings = settings or ProviderSettings()
         key = settings.api_key.get_secret_value() if settings.api_key else None
         key = key or os.environ.get(self.key_env)
@@ -58,12 +60,10 @@ class OpenAICompatibleProvider(OpenAIProvider):
         self._timeout = timeout
         self._key = key
         self.streams = settings.streaming
-        self._client = AsyncOpenAI(
-            api_key=key or PLACEHOLDER_GENERIC_KEY,
-            base_url=self.base_url(settings),
-            max_retries=0,  # Temporal's retry policy does the retrying
-            default_headers=settings.default_headers,
-        )
+        self._client = self._sdk_client(settings, key)
+
+    def _sdk_client(self, settings: ProviderSettings, key: str) -> AsyncOpenAI:
+        return sdk_client(settings, key, self.base_url(settings))
 
     @classmethod
     def base_url(cls, settings: ProviderSettings) -> str:
@@ -100,67 +100,71 @@ class OpenAICompatibleProvider(OpenAIProvider):
             ) from None
 
 
-class DeepSeekProvider(OpenAICompatibleProvider):
-    name = "deepseek"
-    display_name = "DeepSeek"
-    default_base_url = "https://api.deepseek.com"
-    key_env = "DEEPSEEK_API_KEY"
-    aliases: ClassVar[Mapping[str, str]] = model_aliases("deepseek")
-    context_windows: ClassVar[Mapping[str, int]] = KNOWN_MODELS["deepseek"]
+@dataclass(frozen=True)
+class CompatibleApi:
+    """One hosted OpenAI-compatible API: a row of ``COMPATIBLE_APIS``."""
+
+    name: str  # fast-agent's config key and model prefix
+    display_name: str
+    base_url: str  # the default endpoint, fast-agent's
+    key_env: str  # fast-agent's environment variable for the key
+    # An environment variable that overrides the default endpoint, below the config's.
+    base_url_env: str | None = None
+    # How a model string's reasoning setting is sent, when not as OpenAI's `reasoning_effort`.
+    effort: Callable[[Reasoning], str | None] | None = None
 
 
-class OpenRouterProvider(OpenAICompatibleProvider):
-    """``openrouter.<vendor>/<model>``: OpenRouter's model ids name their vendor."""
-
-    name = "openrouter"
-    display_name = "OpenRouter"
-    default_base_url = "https://openrouter.ai/api/v1"
-    key_env = "OPENROUTER_API_KEY"
-    base_url_env = "OPENROUTER_BASE_URL"
-    aliases: ClassVar[Mapping[str, str]] = {}
-    context_windows: ClassVar[Mapping[str, int]] = {}
+def groq_effort(reasoning: Reasoning) -> str | None:
+    """Groq takes only ``default`` (thinking on) or ``none``, as fast-agent sends it."""
+    off = reasoning.value is False or reasoning.value == "none"
+    return "none" if off else "default"
 
 
-class GroqProvider(OpenAICompatibleProvider):
-    name = "groq"
-    display_name = "Groq"
-    default_base_url = "https://api.groq.com/openai/v1"
-    key_env = "GROQ_API_KEY"
-    aliases: ClassVar[Mapping[str, str]] = model_aliases("groq")
-    context_windows: ClassVar[Mapping[str, int]] = KNOWN_MODELS["groq"]
-
-    @staticmethod
-    def effort(reasoning: Reasoning) -> str | None:
-        """Groq takes only ``default`` (thinking on) or ``none``, as fast-agent sends it."""
-        off = reasoning.value is False or reasoning.value == "none"
-        return "none" if off else "default"
-
-
-class XaiProvider(OpenAICompatibleProvider):
-    name = "xai"
-    display_name = "xAI"
-    default_base_url = "https://api.x.ai/v1"
-    key_env = "XAI_API_KEY"
-    aliases: ClassVar[Mapping[str, str]] = model_aliases("xai")
-    context_windows: ClassVar[Mapping[str, int]] = KNOWN_MODELS["xai"]
-
-
-class GoogleProvider(OpenAICompatibleProvider):
-    """``google.<model>`` through Google's OpenAI-compatible endpoint (fast-agent's
-    ``googleoai.`` prefix means the same here)."""
-
-    name = "google"
-    display_name = "Google"
-    default_base_url = "https://generativelanguage.googleapis.com/v1beta/openai"
-    key_env = "GOOGLE_API_KEY"
-    aliases: ClassVar[Mapping[str, str]] = model_aliases("google")
-    context_windows: ClassVar[Mapping[str, int]] = KNOWN_MODELS["google"]
+COMPATIBLE_APIS: tuple[CompatibleApi, ...] = (
+    CompatibleApi("deepseek", "DeepSeek", "https://api.deepseek.com", "DEEPSEEK_API_KEY"),
+    # `openrouter.<vendor>/<model>`: OpenRouter's model ids name their vendor.
+    CompatibleApi(
+        "openrouter",
+        "OpenRouter",
+        "https://openrouter.ai/api/v1",
+        "OPENROUTER_API_KEY",
+        base_url_env="OPENROUTER_BASE_URL",
+    ),
+    CompatibleApi(
+        "groq", "Groq", "https://api.groq.com/openai/v1", "GROQ_API_KEY", effort=groq_effort
+    ),
+    CompatibleApi("xai", "xAI", "https://api.x.ai/v1", "XAI_API_KEY"),
+    # Google's OpenAI-compatible endpoint (fast-agent's `googleoai.` prefix means the same here).
+    CompatibleApi(
+        "google",
+        "Google",
+        "https://generativelanguage.googleapis.com/v1beta/openai",
+        "GOOGLE_API_KEY",
+    ),
+)
 
 
-OPENAI_COMPATIBLE_PROVIDERS: tuple[type[OpenAICompatibleProvider], ...] = (
-    DeepSeekProvider,
-    OpenRouterProvider,
-    GroqProvider,
-    XaiProvider,
-    GoogleProvider,
+def provider_class(api: CompatibleApi) -> type[OpenAICompatibleProvider]:
+    """The provider class of one row, registered like any other provider: fast-agent's aliases
+    and known models of its name, and their context windows."""
+    namespace: dict[str, Any] = {
+        "__doc__": f"``{api.name}.<model>`` on {api.display_name}'s OpenAI-compatible API.",
+        "__module__": __name__,
+        "name": api.name,
+        "display_name": api.display_name,
+        "default_base_url": api.base_url,
+        "key_env": api.key_env,
+        "base_url_env": api.base_url_env,
+        "aliases": model_aliases(api.name),
+        "context_windows": KNOWN_MODELS.get(api.name, {}),
+    }
+    if api.effort is not None:
+        namespace["effort"] = staticmethod(api.effort)
+    class_name = f"{OpenAICompatibleProvider.__name__}[{api.name}]"
+    return type(class_name, (OpenAICompatibleProvider,), namespace)
+
+
+OPENAI_COMPATIBLE_PROVIDERS = tuple(provider_class(api) for api in COMPATIBLE_APIS)
+DeepSeekProvider, OpenRouterProvider, GroqProvider, XaiProvider, GoogleProvider = (
+    OPENAI_COMPATIBLE_PROVIDERS
 )

@@ -5,7 +5,7 @@ through a registry of ``ModelProvider`` classes.
 ``generic.<model>``, ``deepseek.``, ``openrouter.``, ``groq.``, ``xai.``, ``google.`` and
 ``azure.<model>`` name a provider and the provider's own model id; fast-agent's aliases
 (``sonnet``, ``gpt-5.5``...) and known model names (``gpt-5-mini``) name both, and a
-``?reasoning=`` setting may follow (``turnkeep.providers.model_strings``). Other providers come
+``?reasoning=`` setting may follow (``turnkeep.fastagent.model_strings``). Other providers come
 from installed packages (the ``turnkeep.providers`` entry-point group) or from the worker's
 plugin (``TurnkeepPlugin(providers=[...])``). A model string resolves to a registered provider
 or to nothing: a turn cannot make a worker load code or reach an API its operator did not
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from temporalio.exceptions import ApplicationError
 
@@ -31,7 +31,7 @@ from turnkeep.providers.openai_compat import OPENAI_COMPATIBLE_PROVIDERS
 from turnkeep.providers.passthrough import PassthroughProvider
 from turnkeep.providers.playback import PlaybackProvider
 from turnkeep.providers.prices import ModelPrice, builtin_price
-from turnkeep.support.entry_points import register_installed
+from turnkeep.support.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -50,51 +50,37 @@ BUILTIN_PROVIDERS: tuple[type[ModelProvider], ...] = (
 __all__ = ["ModelCatalog", "ModelRef", "ProviderRegistry", "installed_providers"]
 
 
-class ProviderRegistry:
+class ProviderRegistry(Registry[ModelProvider]):
     """Provider classes by name, and their aliases. Registering is all-or-nothing per class: a
     name or alias another provider has is refused, never silently taken over."""
 
-    def __init__(self, providers: Iterable[type[ModelProvider]] = ()) -> None:
-        self._providers: dict[str, type[ModelProvider]] = {}
-        self._aliases: dict[str, ModelRef] = {}
-        for provider in providers:
-            self.register(provider)
+    base = ModelProvider
+    key = "name"
+    what = "model provider"
+    share = "are named"
+    forbidden = "."
 
-    def register(self, provider: type[ModelProvider]) -> None:
-        if not (isinstance(provider, type) and issubclass(provider, ModelProvider)):
-            raise TypeError(f"{provider!r} is not a ModelProvider subclass")
-        name = getattr(provider, "name", "")
-        if not isinstance(name, str) or not name or "." in name:
-            raise ValueError(f"{provider.__name__}.name must be a non-empty string without '.'")
-        known = self._providers.get(name)
-        if known is provider:
-            return
-        if known is not None:
-            raise ValueError(
-                f"two model providers are named {name!r}: {known.__qualname__} and "
-                f"{provider.__qualname__}"
-            )
+    def __init__(self, providers: Iterable[type[ModelProvider]] = ()) -> None:
+        self._aliases: dict[str, ModelRef] = {}
+        super().__init__(providers)
+
+    def _admit(self, provider: type[ModelProvider], name: str) -> None:
         bare = {p.name for p in self if p.bare} | ({name} if provider.bare else set())
         clashes = sorted(a for a in provider.aliases if a in self._aliases or a in bare)
         if provider.bare and name in self._aliases:
             clashes.append(name)
         if clashes:
             raise ValueError(f"{provider.__qualname__}'s model string(s) {clashes} are taken")
-        self._providers[name] = provider
+        # An alias may carry a reasoning default (fast-agent's `gpt-5.5?reasoning=medium`).
+        aliases: dict[str, ModelRef] = {}
         for alias, model in provider.aliases.items():
-            # An alias may carry a reasoning default (fast-agent's `gpt-5.5?reasoning=medium`).
             model_id, reasoning, _ = split_model_string(model)
-            self._aliases[alias] = ModelRef(provider=name, name=model_id, reasoning=reasoning)
+            aliases[alias] = ModelRef(provider=name, name=model_id, reasoning=reasoning)
+        self._aliases.update(aliases)
 
     def with_providers(self, providers: Iterable[type[ModelProvider]]) -> ProviderRegistry:
         """This registry and ``providers`` (a worker's own), leaving this one unchanged."""
-        registry = ProviderRegistry(self)
-        for provider in providers:
-            registry.register(provider)
-        return registry
-
-    def __iter__(self) -> Iterator[type[ModelProvider]]:
-        return iter(self._providers.values())
+        return self.extended(providers)
 
     def resolve(self, model: str) -> ModelRef:
         """What ``model`` names, parsed as fast-agent parses it (``model_strings``): an alias
@@ -121,7 +107,7 @@ class ProviderRegistry:
                 "InvalidModel", f"Model {model!r} gives its reasoning twice (suffix and query)."
             )
         reasoning = queried or suffix or ref.reasoning
-        kinds = self._providers[ref.provider].reasoning
+        kinds = self[ref.provider].reasoning
         if reasoning is not None and reasoning.kind not in kinds:
             takes = f"only {' or '.join(sorted(kinds))} settings" if kinds else "no setting"
             raise config_error(
@@ -137,10 +123,10 @@ class ProviderRegistry:
         # fast-agent's `provider/model` first, then `provider.model`.
         for separator in ("/", "."):
             name, sep, model_id = spec.partition(separator)
-            provider = self._providers.get(PREFIX_ALIASES.get(name, name))
+            provider = self.get(PREFIX_ALIASES.get(name, name))
             if sep and provider is not None and not provider.bare and model_id:
                 return ModelRef(provider=provider.name, name=model_id)
-        provider = self._providers.get(spec)
+        provider = self.get(spec)
         if provider is not None and provider.bare:
             return ModelRef(provider=spec, name="")
         return None
@@ -151,10 +137,6 @@ class ProviderRegistry:
             return self.resolve(a) == self.resolve(b)
         except ApplicationError:
             return False
-
-    def __getitem__(self, name: str) -> type[ModelProvider]:
-        """The provider named ``name`` (a ``ModelRef.provider``)."""
-        return self._providers[name]
 
     def context_window(self, model: str) -> int | None:
         """The model's context window in tokens, as its provider knows it (None: unknown).
@@ -271,9 +253,7 @@ def installed_providers() -> ProviderRegistry:
     """The built-in providers and those of installed packages, whose distributions declare
     ``[project.entry-points."turnkeep.providers"] myllm = "mypackage.provider:MyProvider"``.
     Loaded once per process; a broken entry point stops the worker with its name."""
-    registry = ProviderRegistry(BUILTIN_PROVIDERS)
-    register_installed(registry.register, ENTRY_POINT_GROUP, "model provider")
-    return registry
+    return ProviderRegistry(BUILTIN_PROVIDERS).register_installed(ENTRY_POINT_GROUP)
 
 
 def announce_unknown_context_windows(models: dict[str, str]) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import mcp.types
@@ -15,7 +15,7 @@ import mcp.types
 from turnkeep.config.settings import McpServerSettings, Settings
 from turnkeep.contract.activity_io import TOOL_SEPARATOR
 from turnkeep.errors import known
-from turnkeep.support.entry_points import register_installed
+from turnkeep.support.registry import Registry
 from turnkeep.tools.function_tools import FunctionToolSource
 from turnkeep.tools.mcp import HttpSource, SseSource, StdioSource
 from turnkeep.tools.source import (
@@ -30,49 +30,27 @@ ENTRY_POINT_GROUP = "turnkeep.tool_sources"
 BUILTIN_TOOL_SOURCES: tuple[type[ToolSource], ...] = (StdioSource, HttpSource, SseSource)
 
 
-class ToolSourceRegistry:
+class ToolSourceRegistry(Registry[ToolSource]):
     """Tool-source classes by kind. A kind another class has is refused, never silently
     taken over."""
 
-    def __init__(self, sources: Iterable[type[ToolSource]] = ()) -> None:
-        self._kinds: dict[str, type[ToolSource]] = {}
-        for source in sources:
-            self.register(source)
-
-    def register(self, source: type[ToolSource]) -> None:
-        if not (isinstance(source, type) and issubclass(source, ToolSource)):
-            raise TypeError(f"{source!r} is not a ToolSource subclass")
-        kind = getattr(source, "kind", "")
-        if not isinstance(kind, str) or not kind:
-            raise ValueError(f"{source.__name__}.kind must be a non-empty string")
-        known_source = self._kinds.get(kind)
-        if known_source is source:
-            return
-        if known_source is not None:
-            raise ValueError(
-                f"two tool sources are of kind {kind!r}: {known_source.__qualname__} and "
-                f"{source.__qualname__}"
-            )
-        self._kinds[kind] = source
+    base = ToolSource
+    key = "kind"
+    what = "tool source"
+    share = "are of kind"
 
     def with_sources(self, sources: Iterable[type[ToolSource]]) -> ToolSourceRegistry:
         """This registry and ``sources`` (a worker's own), leaving this one unchanged."""
-        registry = ToolSourceRegistry(self)
-        for source in sources:
-            registry.register(source)
-        return registry
-
-    def __iter__(self) -> Iterator[type[ToolSource]]:
-        return iter(self._kinds.values())
+        return self.extended(sources)
 
     def build(self, name: str, config: McpServerSettings, settings: Settings) -> ToolSource:
         """Server ``name``'s source: the class of the kind its ``transport`` names."""
         kind = config.transport or "stdio"
-        source = self._kinds.get(kind)
+        source = self.get(kind)
         if source is None:
             raise ValueError(
                 f"MCP server {name!r} has transport {kind!r}, which no registered tool source "
-                f"serves (known: {known(self._kinds)})"
+                f"serves (known: {known(s.kind for s in self)})"
             )
         return source.from_config(name, config, settings)
 
@@ -82,9 +60,7 @@ def installed_tool_sources() -> ToolSourceRegistry:
     """The built-in kinds and those of installed packages, whose distributions declare
     ``[project.entry-points."turnkeep.tool_sources"] openapi = "mypackage.tools:OpenApi"``.
     Loaded once per process; a broken entry point stops the worker with its name."""
-    registry = ToolSourceRegistry(BUILTIN_TOOL_SOURCES)
-    register_installed(registry.register, ENTRY_POINT_GROUP, "tool source")
-    return registry
+    return ToolSourceRegistry(BUILTIN_TOOL_SOURCES).register_installed(ENTRY_POINT_GROUP)
 
 
 class ToolServers:
