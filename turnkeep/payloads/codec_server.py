@@ -51,8 +51,8 @@ from temporalio.api.common.v1 import Payloads
 
 from turnkeep.config.settings import EncryptionSettings
 from turnkeep.payloads.codec import EncryptionCodec, EncryptionError
-from turnkeep.payloads.storage import describe_duration
 from turnkeep.support.asgi import AsgiServer, bind, http_url
+from turnkeep.support.durations import describe_duration
 
 ALLOW_HEADERS = "Authorization, Content-Type, X-Namespace"
 ALLOW_METHODS = "POST, OPTIONS"
