@@ -41,6 +41,7 @@ from turnkeep.contract.live_io import (
 )
 from turnkeep.providers.streaming import LiveCallSink
 from turnkeep.support.asgi import AsgiServer, bind, http_url
+from turnkeep.support.sse import encode_event
 from turnkeep.worker.health import parse_address
 
 log = logging.getLogger(__name__)
@@ -92,9 +93,9 @@ class LiveCall:
             if sent < len(self.deltas):
                 batch = self.deltas[sent:]
                 sent += len(batch)
-                yield f"event: {DELTA_EVENT}\ndata: {await self.encode(batch)}\n\n".encode()
+                yield encode_event(DELTA_EVENT, await self.encode(batch))
             elif self.done:
-                yield f"event: {END_EVENT}\ndata:\n\n".encode()
+                yield encode_event(END_EVENT)
                 return
             else:
                 await asyncio.shield(waiting)
