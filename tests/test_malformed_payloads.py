@@ -40,7 +40,7 @@ from turnkeep.client.turns import get_turn
 from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.payloads.codec import ENCODING, KEY_ID
-from turnkeep.payloads.storage import LOCAL_DRIVER_NAME, LocalDirectoryDriver
+from turnkeep.payloads.storage.local import LOCAL_DRIVER_NAME, LocalDirectoryDriver
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 

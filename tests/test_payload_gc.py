@@ -36,12 +36,9 @@ from turnkeep.contract.turn_io import TurnInput
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.payloads import gc as payload_gc
 from turnkeep.payloads.gc import collect
-from turnkeep.payloads.storage import (
-    LocalDirectoryDriver,
-    MissingPayloadError,
-    PayloadExpiredError,
-    sweep,
-)
+from turnkeep.payloads.storage.errors import MissingPayloadError, PayloadExpiredError
+from turnkeep.payloads.storage.local import LocalDirectoryDriver
+from turnkeep.payloads.storage.sweep import sweep
 from turnkeep.worker.build import build_worker
 
 HOUR = 3600.0

@@ -28,15 +28,13 @@ from turnkeep.client.turns import TurnHandle, get_turn
 from turnkeep.contract.turn_io import TurnResult
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.payloads.limits import RESULT_TOO_LARGE
-from turnkeep.payloads.storage import (
-    PIECE_BYTES,
-    LocalDirectoryDriver,
+from turnkeep.payloads.storage import external_storage
+from turnkeep.payloads.storage.errors import (
     MissingPayloadError,
     PayloadStorageConfigError,
     PayloadStorageError,
-    external_storage,
-    split_pieces,
 )
+from turnkeep.payloads.storage.local import PIECE_BYTES, LocalDirectoryDriver, split_pieces
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
 from turnkeep.worker.plugin import PAYLOAD_LIMIT_BYTES, FunctionTools, TurnkeepPlugin

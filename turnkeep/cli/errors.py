@@ -32,7 +32,7 @@ from turnkeep.devserver.embedded import EmbeddedServerError
 from turnkeep.observability.search_attributes import SetupError
 from turnkeep.payloads.codec import EncryptionError
 from turnkeep.payloads.codec_server import CodecServerError
-from turnkeep.payloads.storage import PayloadStorageConfigError, PayloadStorageError
+from turnkeep.payloads.storage.errors import PayloadStorageConfigError, PayloadStorageError
 
 # Errors go to stderr whole on one line (no wrapping), so scripts can read them.
 _stderr = Console(stderr=True, highlight=False, soft_wrap=True)

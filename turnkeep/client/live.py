@@ -13,7 +13,6 @@ streaming.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import functools
 import logging
@@ -23,19 +22,12 @@ from typing import Any, Literal
 
 import httpx2
 from pydantic import BaseModel
-from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHandle
 
 from turnkeep.contract.activity_io import LLM_STEP
-from turnkeep.contract.live_io import (
-    DELTA_EVENT,
-    END_EVENT,
-    PATH_PREFIX,
-    LiveAddress,
-    LiveBatch,
-    LiveDelta,
-)
+from turnkeep.contract.live_io import DELTA_EVENT, END_EVENT, PATH_PREFIX, LiveAddress, LiveDelta
 from turnkeep.contract.messages import Message
+from turnkeep.payloads.live_batch import decode_batch
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +126,7 @@ async def read_live(
     async with contextlib.aclosing(events):
         async for event in events:
             if event.event == DELTA_EVENT:
-                for delta in await _decode(client, event.data):
+                for delta in await decode_batch(client.data_converter, event.data):
                     yield delta
             elif event.event == END_EVENT:
                 return
@@ -182,19 +174,6 @@ def live_http_client() -> httpx2.AsyncClient:
 def _tls_context() -> ssl.SSLContext:
     # The system's CAs, loaded once per process: they are most of what a new client costs.
     return ssl.create_default_context()
-
-
-async def _decode(client: Client, data: str) -> list[LiveDelta]:
-    payload = Payload()
-    payload.ParseFromString(base64.b64decode(data))
-    # The codec and payload converter alone, as the worker encoded it (a batch is never in
-    # external storage, whose decoding costs more than the rest).
-    converter = client.data_converter
-    payloads = [payload]
-    if converter.payload_codec is not None:
-        payloads = await converter.payload_codec.decode(payloads)
-    batch = converter.payload_converter.from_payloads(payloads, [LiveBatch])[0]
-    return list(batch.deltas) if isinstance(batch, LiveBatch) else []
 
 
 async def follow_live(

@@ -18,9 +18,9 @@ the expansions of the chains it has walked, in memory: the consecutive turns of 
 read each segment once.
 
 The store sits beside payload storage: with the ``local`` driver, a directory per session under
-``conversations/`` of the payload directory (``sweep_conversations`` deletes a session's
-segments once it is closed and nobody has read or written them for the retention); with
-``s3``, keys under ``conversations/`` of the bucket and prefix (a bucket lifecycle rule
+``conversations/`` of the payload directory (``turnkeep.payloads.storage.sweep`` deletes a
+session's segments once it is closed and nobody has read or written them for the retention);
+with ``s3``, keys under ``conversations/`` of the bucket and prefix (a bucket lifecycle rule
 expires them, as it does stored payloads: make it longer than your sessions last).
 """
 
@@ -31,13 +31,10 @@ import contextlib
 import hashlib
 import json
 import os
-import re
-import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,21 +50,14 @@ from turnkeep.contract.conversation import (
 )
 from turnkeep.contract.messages import Message
 from turnkeep.contract.turn_io import TurnResult
-from turnkeep.payloads.storage import (
-    LocalDirectoryDriver,
-    MissingPayloadError,
-    PayloadStorageError,
-    S3Driver,
-    SweepReport,
-    remove_if_old,
-    write_durably,
-)
+from turnkeep.payloads.storage.errors import MissingPayloadError, PayloadStorageError
+from turnkeep.payloads.storage.local import SHA256, LocalDirectoryDriver, write_durably
+from turnkeep.payloads.storage.s3 import S3Driver
 
 JSON = b"json/plain"
 SEGMENT = b"binary/turnkeep-segment"
 _EXPANDED = EXPANDED_METADATA
 _MARKER_BYTES = f'"{MARKER}"'.encode()
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 DIRECTORY = "conversations"
 # What a worker keeps of the segments it has read or written, by their messages' JSON size.
 CACHE_BYTES = 64 * 1024 * 1024
@@ -133,7 +123,7 @@ class LocalConversationStore(ConversationStore):
         self.location = f"local directory {directory}"
 
     def _path(self, owner: str, digest: str) -> Path:
-        if not _SHA256.fullmatch(digest):
+        if not SHA256.fullmatch(digest):
             # Digests come from payloads any client may send: never a path of their own.
             raise PayloadStorageError(f"not a segment digest: {digest!r}")
         return self.directory / owner_key(owner) / digest
@@ -173,7 +163,7 @@ class S3ConversationStore(ConversationStore):
         self.location = f"{driver.location} ({DIRECTORY}/)"
 
     def _key(self, owner: str, digest: str) -> str:
-        if not _SHA256.fullmatch(digest):
+        if not SHA256.fullmatch(digest):
             raise PayloadStorageError(f"not a segment digest: {digest!r}")
         return f"{DIRECTORY}/{owner_key(owner)}/{digest}"
 
@@ -523,57 +513,3 @@ def _with_ref(value: Any, siblings: dict[str, Any]) -> Any:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-# --- garbage collection (local store) -------------------------------------------------------
-
-
-def sweep_conversations(
-    directory: Path,
-    retention: timedelta,
-    *,
-    running: Collection[str],
-    dry_run: bool = False,
-) -> SweepReport:
-    """Delete the segments of every session that is not ``running`` (workflow ids) and whose
-    segments nobody has written or read for ``retention``; a running session's segments are
-    all kept, however long it has been idle (its next turn reads them)."""
-    report = SweepReport(directory)
-    keep = {owner_key(owner) for owner in running}
-    cutoff = time.time() - retention.total_seconds()
-    try:
-        sessions = list(os.scandir(directory))
-    except FileNotFoundError:
-        return report
-    for session in sessions:
-        if not session.is_dir(follow_symlinks=False):
-            continue
-        files = [e for e in os.scandir(session.path) if e.is_file(follow_symlinks=False)]
-        for entry in files:
-            path = Path(entry.path)
-            try:
-                stat = entry.stat(follow_symlinks=False)
-                old = stat.st_mtime < cutoff
-                if old and session.name in keep:
-                    report.in_use += 1
-                gone = (
-                    old
-                    and session.name not in keep
-                    and _SHA256.fullmatch(entry.name)
-                    and (dry_run or remove_if_old(path, cutoff))
-                )
-            except FileNotFoundError:
-                continue
-            except OSError as err:
-                report.errors.append(f"{path}: {err}")
-                continue
-            if gone:
-                report.removed.append(path)
-                report.removed_bytes += stat.st_size
-            else:
-                report.kept += 1
-                report.kept_bytes += stat.st_size
-        if not dry_run:
-            with contextlib.suppress(OSError):
-                os.rmdir(session.path)  # only once empty
-    return report

@@ -27,13 +27,10 @@ from temporalio.converter import (
 )
 
 from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME
-from turnkeep.payloads.conversations import DIRECTORY, sweep_conversations
-from turnkeep.payloads.storage import (
-    LocalDirectoryDriver,
-    SweepReport,
-    describe_duration,
-    sweep,
-)
+from turnkeep.payloads.conversations import DIRECTORY
+from turnkeep.payloads.storage.local import LocalDirectoryDriver
+from turnkeep.payloads.storage.sweep import SweepReport, sweep, sweep_conversations
+from turnkeep.support.durations import describe_duration
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 log = logging.getLogger(__name__)

@@ -6,17 +6,17 @@ and a random token, and heartbeats its ``LiveAddress`` (url, key, token, call in
 as its details, which only a client allowed to describe the turn's workflow reads (through the
 data converter: with encryption on, encrypted at rest and in transit). Each ``delta`` event
 holds a ``temporal.api.common.v1.Payload`` (protobuf, base64) of a ``LiveBatch``, encoded by
-the worker's payload converter and codec, so with encryption on the text travels encrypted
-with the turn's key; ``end`` closes a call's stream. A wrong or missing token, or an unknown
-key, gets 403. A stream keeps every delta of its attempt, so a watcher that connects late gets
-the text from the start; it is dropped ``LINGER_SECONDS`` after its call ends. The server
-runs in the worker's event loop, started by the first streamed model call.
+the worker's payload converter and codec (``turnkeep.payloads.live_batch``), so with
+encryption on the text travels encrypted with the turn's key; ``end`` closes a call's stream.
+A wrong or missing token, or an unknown key, gets 403. A stream keeps every delta of its
+attempt, so a watcher that connects late gets the text from the start; it is dropped
+``LINGER_SECONDS`` after its call ends. The server runs in the worker's event loop, started by
+the first streamed model call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import hmac
 import json
 import logging
@@ -31,16 +31,11 @@ from starlette.routing import Route
 from temporalio.converter import DataConverter
 
 from turnkeep.config.settings import StreamingSettings
-from turnkeep.contract.live_io import (
-    DELTA_EVENT,
-    END_EVENT,
-    PATH_PREFIX,
-    LiveAddress,
-    LiveBatch,
-    LiveDelta,
-)
+from turnkeep.contract.live_io import DELTA_EVENT, END_EVENT, PATH_PREFIX, LiveAddress, LiveDelta
+from turnkeep.payloads.live_batch import encode_batch
 from turnkeep.providers.streaming import LiveCallSink
 from turnkeep.support.asgi import AsgiServer, bind, http_url
+from turnkeep.support.sse import encode_event
 from turnkeep.worker.health import parse_address
 
 log = logging.getLogger(__name__)
@@ -92,19 +87,12 @@ class LiveCall:
             if sent < len(self.deltas):
                 batch = self.deltas[sent:]
                 sent += len(batch)
-                yield f"event: {DELTA_EVENT}\ndata: {await self.encode(batch)}\n\n".encode()
+                yield encode_event(DELTA_EVENT, await encode_batch(self.converter, batch))
             elif self.done:
-                yield f"event: {END_EVENT}\ndata:\n\n".encode()
+                yield encode_event(END_EVENT)
                 return
             else:
                 await asyncio.shield(waiting)
-
-    async def encode(self, deltas: list[LiveDelta]) -> str:
-        """A batch as the SSE data line: the Payload the worker's converter (and codec) makes."""
-        payloads = self.converter.payload_converter.to_payloads([LiveBatch(deltas=deltas)])
-        if self.converter.payload_codec is not None:
-            payloads = await self.converter.payload_codec.encode(payloads)
-        return base64.b64encode(payloads[0].SerializeToString()).decode("ascii")
 
 
 class LiveStreams:

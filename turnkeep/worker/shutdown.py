@@ -30,7 +30,7 @@ from temporalio.worker import Worker
 
 from turnkeep.config.files import ConfigError
 from turnkeep.config.settings import WorkerSettings
-from turnkeep.payloads.storage import describe_duration
+from turnkeep.support.durations import describe_duration
 from turnkeep.worker.build import TurnkeepWorkers
 from turnkeep.worker.health import HealthServer, WorkerState
 

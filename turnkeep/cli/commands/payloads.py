@@ -15,7 +15,9 @@ from turnkeep.cli.options import Address, ConfigPath, Namespace
 from turnkeep.config.files import find_config, load_settings
 from turnkeep.config.settings import DurationOrOff
 from turnkeep.payloads.gc import collect
-from turnkeep.payloads.storage import SweepReport, describe_duration, payload_directory
+from turnkeep.payloads.storage import payload_directory
+from turnkeep.payloads.storage.sweep import SweepReport
+from turnkeep.support.durations import describe_duration
 
 app = typer.Typer()
 

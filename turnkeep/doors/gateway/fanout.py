@@ -42,6 +42,7 @@ from turnkeep.doors.gateway.models import (
     TextData,
     ToolCallData,
 )
+from turnkeep.support.sse import encode_comment, encode_event
 from turnkeep.workflows import visibility
 from turnkeep.workflows.session_workflow import SessionWorkflow
 
@@ -56,7 +57,7 @@ APPROVAL_POLL_SECONDS = 0.25
 APPROVAL_POLL_MAX = 1.0
 # A comment line to every watcher this often, so proxies and clients keep idle streams open.
 PING_SECONDS = 15.0
-_PING = b": ping\r\n\r\n"
+_PING = encode_comment("ping")
 # Events sent in one write at most.
 _BATCH = 64
 # How soon a feed whose follower failed while its workflow still runs follows it again (a
@@ -77,8 +78,7 @@ class Event:
 
 
 def encode(kind: str, data: BaseModel, event_id: int | None = None) -> bytes:
-    head = f"event: {kind}\r\n" + (f"id: {event_id}\r\n" if event_id is not None else "")
-    return f"{head}data: {data.model_dump_json()}\r\n\r\n".encode()
+    return encode_event(kind, data.model_dump_json(), event_id=event_id)
 
 
 _DROPPED = Event(kind="dropped", frame=b"")
