@@ -34,12 +34,12 @@ import hmac
 import ipaddress
 import logging
 from collections.abc import Iterable
-from types import TracebackType
 
 from turnkeep.config.settings import EncryptionSettings
 from turnkeep.payloads.codec import EncryptionCodec
 from turnkeep.payloads.codec_server.app import build_app
 from turnkeep.support.asgi import AsgiServer, bind, http_url
+from turnkeep.support.lifecycle import AsyncStartStop
 
 _SESSION_LABEL = b"turnkeep codec-server session"
 
@@ -75,7 +75,7 @@ def token_digest(token: str) -> str:
     return hmac.new(token.encode(), _SESSION_LABEL, hashlib.sha256).hexdigest()
 
 
-class CodecServer:
+class CodecServer(AsyncStartStop[str]):
     """The codec server in the running event loop.
 
     ``host``/``port`` default to ``encryption.codec_server``; port 0 picks a free one.
@@ -140,14 +140,3 @@ class CodecServer:
         if server is not None:
             await server.stop()
         self.url = None
-
-    async def __aenter__(self) -> str:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
