@@ -21,8 +21,7 @@ import json
 import os
 from pathlib import Path
 
-from turnkeep.contract.activity_io import HookChange, HookContext
-from turnkeep.contract.messages import Message, StopReason
+from turnkeep import HookChange, HookContext, Message, StopReason
 
 MAX_TOOL_CALLS = int(os.environ.get("TURNKEEP_TOOL_BUDGET", "8"))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import subprocess
 import sys
 import uuid
@@ -16,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import genai_prices
 import pytest
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError as ConfigError
@@ -77,6 +79,42 @@ async def test_costs_add_up_and_an_unknown_part_stays_unknown() -> None:
     assert (Usage() + known).cost_usd == 0.5
     assert builtin_price("anthropic", "claude-haiku-4-5") is not None
     assert builtin_price("anthropic", "claude-nonesuch") is None
+
+
+async def test_list_prices_are_genai_prices_read_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    def offline(*args: object) -> None:
+        raise OSError("no network for prices")
+
+    monkeypatch.setattr(socket.socket, "connect", offline)
+    haiku = builtin_price("anthropic", "claude-haiku-4-5")
+    assert haiku is not None
+    listed = genai_prices.calc_price(
+        genai_prices.Usage(input_tokens=1), "claude-haiku-4-5", provider_id="anthropic"
+    ).model_price
+    # turnkeep's input tokens leave the cache's out; genai-prices' count them in.
+    usage = Usage(
+        input_tokens=1000, output_tokens=100, cache_read_tokens=2000, cache_write_tokens=400
+    )
+    dollars = (
+        1000 * listed.input_mtok
+        + 100 * listed.output_mtok
+        + 2000 * listed.cache_read_mtok
+        + 400 * listed.cache_write_mtok
+    )
+    assert haiku.cost(usage) == pytest.approx(float(dollars) / 1e6)
+    assert haiku.input_per_token == pytest.approx(float(listed.input_mtok) / 1e6)
+    # Sonnet 4.5 costs more a token past 200k input tokens; an estimate is at the lower price.
+    sonnet = builtin_price("anthropic", "claude-sonnet-4-5")
+    assert sonnet is not None
+    small, large = Usage(input_tokens=100_000), Usage(input_tokens=300_000)
+    assert sonnet.cost(large) > 3 * sonnet.cost(small)
+    assert sonnet.input_per_token == pytest.approx(sonnet.cost(small) / 100_000)
+    # The other providers whose model ids are their own are priced too; a deployment or a
+    # generic server's model is not, whatever its name.
+    assert builtin_price("xai", "grok-4") is not None
+    assert builtin_price("openrouter", "anthropic/claude-sonnet-4") is not None
+    assert builtin_price("azure", "gpt-4o") is None
+    assert builtin_price("generic", "gpt-4o") is None
 
 
 async def test_the_config_prices_a_model_over_the_table_and_unknown_models_cost_unknown(

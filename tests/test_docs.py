@@ -228,6 +228,7 @@ def test_the_testing_pages_examples_run(tmp_path: Path) -> None:
     assert sorted(files) == [
         "conftest.py",
         "example.py",
+        "test_offline.py",
         "test_replay.py",
         "test_researcher.py",
         "test_scripts.py",
@@ -260,7 +261,7 @@ def test_the_testing_pages_examples_run(tmp_path: Path) -> None:
         tests_out, tests_err = tests.communicate(timeout=240)
         example_out, example_err = example.communicate(timeout=240)
     assert tests.returncode == 0, tests_out + tests_err
-    assert "4 passed" in tests_out, tests_out
+    assert "5 passed" in tests_out, tests_out
     assert example.returncode == 0, example_err
     assert example_out == "Hello!\n"
 

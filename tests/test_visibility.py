@@ -58,6 +58,7 @@ from turnkeep.devserver.embedded import (
     ensure_background_server,
 )
 from turnkeep.observability.search_attributes import registration
+from turnkeep.providers.prices import builtin_price
 from turnkeep.testing import check_replay
 from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 from turnkeep.worker.build import build_worker
@@ -507,8 +508,13 @@ async def test_current_details_follow_the_turn(
             "the details show the tool being waited on",
         )
         assert text.startswith("**test** · iteration 0 of 5")
-        # Sonnet 4.5 at $3 in and $15 out per million tokens.
-        assert "tokens: 100 in, 7 out · cost: $0.0004 · last stop: `toolUse(1)`" in text
+        # Sonnet 4.5 at its list price.
+        price = builtin_price("anthropic", "claude-sonnet-4-5")
+        assert price is not None
+        cost = round(price.cost(Usage(input_tokens=100, output_tokens=7)), 6)
+        assert cost > 0
+        totals = f"tokens: 100 in, 7 out · cost: {visibility.format_usd(cost)} · last stop"
+        assert f"{totals}: `toolUse(1)`" in text
         running = await search_attributes(handle)
         expected = {
             "TurnkeepAgent": "test",
@@ -517,7 +523,7 @@ async def test_current_details_follow_the_turn(
             "TurnkeepTokens": 0,
         }
         if interval == 0:  # published after the answer, the model with it
-            expected |= {"TurnkeepModel": model, "TurnkeepTokens": 107, "TurnkeepCostUsd": 0.000405}
+            expected |= {"TurnkeepModel": model, "TurnkeepTokens": 107, "TurnkeepCostUsd": cost}
         assert running == expected
 
         gate.set()

@@ -808,8 +808,8 @@ class Settings(_SecretSettings):
     # approval policy name -> "package.module:function"; agents name one in `approval.policy`.
     approval_policies: dict[str, str] = Field(default_factory=dict)
     agents: dict[str, AgentSettings] = Field(default_factory=dict)
-    # model string -> its price (USD per million tokens), over turnkeep's own table: what a
-    # model call's `cost_usd` is worked out with. A model priced nowhere costs "unknown".
+    # model string -> its price (USD per million tokens), over the list prices (genai-prices):
+    # what a model call's `cost_usd` is worked out with. A model priced nowhere costs "unknown".
     prices: dict[str, PriceSettings] = Field(default_factory=dict)
     # How deep agents may call agents as tools (a turn a client starts is at depth 0): a call
     # that would go deeper is answered with an error instead of starting a turn. Workers of

@@ -1,30 +1,62 @@
-"""What model calls cost: a price per provider and model in US dollars per million tokens, built
-in for the models turnkeep knows and overridable in the config (``prices:``), and the cost of a
-call's ``Usage`` by it.
+"""What model calls cost: the providers' list prices from ``genai-prices``, overridable in the
+config (``prices:``), and the cost of a call's ``Usage`` by them.
 
 fast-agent reports a cost only when the provider's API does (OpenRouter); turnkeep prices each
 call itself, so a cost is there whatever the provider. A model with no price has an unknown
 cost (``None``), never zero: ``turnkeep show``, ``TurnResult.usage`` and the metrics say
-"unknown" until the config gives it one. The built-in figures are the providers' list prices
-for standard (not batch, not long-context) requests; a contract with other prices sets them in
-``prices:``.
+"unknown" until the config gives it one.
+
+The list prices are ``genai-prices``' (kept by the Pydantic team from the providers' pricing
+pages, with their changes over time and their tiers), read from the data its package ships:
+its ``UpdatePrices`` would fetch newer data over the network, and is never started, so a price
+is the same offline and moves only with the installed version. A contract with other prices
+sets them in ``prices:``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from turnkeep.contract.messages import Message, json_channel
 from turnkeep.contract.turn_io import Usage
 
+if TYPE_CHECKING:
+    import genai_prices
+
 PER_MILLION = 1_000_000
+
+# turnkeep's provider -> genai-prices' id for it: the providers whose model ids are the
+# provider's own. Not `azure` (a model id there is a deployment, named by its owner) nor
+# `generic` (any server): their models cost "unknown" until `prices:` names them.
+GENAI_PROVIDERS = {
+    "anthropic": "anthropic",
+    "openai": "openai",
+    "google": "google",
+    "deepseek": "deepseek",
+    "groq": "groq",
+    "xai": "x-ai",
+    "openrouter": "openrouter",
+}
+# The offline models cost nothing.
+OFFLINE = frozenset({"passthrough", "playback"})
+
+
+class Price(Protocol):
+    """A model's price: what a call's usage cost, and a token of input for a dollar budget's
+    estimates."""
+
+    def cost(self, usage: Usage) -> float: ...
+
+    @property
+    def input_per_token(self) -> float: ...
 
 
 @dataclass(frozen=True)
 class ModelPrice:
-    """USD per million tokens of each kind. Token counts are in Anthropic's sense (input tokens
-    exclude those read from or written to the cache: ``turnkeep.providers.openai.usage_of``)."""
+    """A flat price (the config's ``prices:``): USD per million tokens of each kind. Token
+    counts are in Anthropic's sense (input tokens exclude those read from or written to the
+    cache: ``turnkeep.providers.openai.usage_of``)."""
 
     input: float
     output: float
@@ -50,70 +82,59 @@ class ModelPrice:
 FREE = ModelPrice(input=0.0, output=0.0, cache_read=0.0, cache_write=0.0)
 
 
-def _each(names: tuple[str, ...], price: ModelPrice) -> dict[str, ModelPrice]:
-    return dict.fromkeys(names, price)
+@dataclass(frozen=True)
+class ListPrice:
+    """A model's list price in ``genai-prices``, at the time of the call (prices change on
+    dates, and some by the time of day) and by its size (some are dearer past a number of
+    input tokens)."""
+
+    provider_id: str  # genai-prices' id
+    model: str  # the provider's model id
+
+    def cost(self, usage: Usage) -> float:
+        return float(self._calc(_genai_usage(usage)).total_price)
+
+    @property
+    def input_per_token(self) -> float:
+        # One token: the price of a call below any tier's threshold.
+        return float(self._calc(_genai_usage(Usage(input_tokens=1))).input_price)
+
+    def _calc(self, usage: genai_prices.Usage) -> genai_prices.types.PriceCalculation:
+        # Imported on first use: loading the price data takes a while, and a process that
+        # never prices a call (the CLI, a turn's setup without a dollar budget) need not.
+        from genai_prices import calc_price
+
+        return calc_price(usage, self.model, provider_id=self.provider_id)
 
 
-# Provider -> the provider's model id -> price. Only models whose price is published and
-# settled; any other costs "unknown" until `prices:` names it.
-BUILTIN_PRICES: Mapping[str, Mapping[str, ModelPrice]] = {
-    # The offline models cost nothing.
-    "passthrough": {"": FREE},
-    "playback": {"": FREE},
-    "anthropic": {
-        **_each(
-            ("claude-opus-4-0", "claude-opus-4-1", "claude-opus-4-20250514"),
-            ModelPrice(15.0, 75.0, 1.5, 18.75),
-        ),
-        "claude-opus-4-5": ModelPrice(5.0, 25.0, 0.5, 6.25),
-        **_each(
-            (
-                "claude-sonnet-4-0",
-                "claude-sonnet-4-20250514",
-                "claude-sonnet-4-5",
-                "claude-sonnet-4-5-20250929",
-            ),
-            ModelPrice(3.0, 15.0, 0.3, 3.75),
-        ),
-        **_each(("claude-haiku-4-5", "claude-haiku-4-5-20251001"), ModelPrice(1.0, 5.0, 0.1, 1.25)),
-        **_each(
-            ("claude-3-5-haiku", "claude-3-5-haiku-20241022", "claude-3-5-haiku-latest"),
-            ModelPrice(0.8, 4.0, 0.08, 1.0),
-        ),
-    },
-    "openai": {
-        **_each(("gpt-4.1", "gpt-4.1-2025-04-14"), ModelPrice(2.0, 8.0, 0.5)),
-        **_each(("gpt-4.1-mini", "gpt-4.1-mini-2025-04-14"), ModelPrice(0.4, 1.6, 0.1)),
-        **_each(("gpt-4.1-nano", "gpt-4.1-nano-2025-04-14"), ModelPrice(0.1, 0.4, 0.025)),
-        **_each(("gpt-4o", "gpt-4o-2024-11-20"), ModelPrice(2.5, 10.0, 1.25)),
-        **_each(("gpt-4o-mini", "gpt-4o-mini-2024-07-18"), ModelPrice(0.15, 0.6, 0.075)),
-        **_each(("o1", "o1-2024-12-17"), ModelPrice(15.0, 60.0, 7.5)),
-        **_each(("o3", "o3-2025-04-16"), ModelPrice(2.0, 8.0, 0.5)),
-        **_each(("o3-mini", "o3-mini-2025-01-31"), ModelPrice(1.1, 4.4, 0.55)),
-        **_each(("o4-mini", "o4-mini-2025-04-16"), ModelPrice(1.1, 4.4, 0.275)),
-        **_each(("gpt-5", "gpt-5.1"), ModelPrice(1.25, 10.0, 0.125)),
-        "gpt-5-mini": ModelPrice(0.25, 2.0, 0.025),
-        **_each(("gpt-5-nano", "gpt-5-nano-2025-08-07"), ModelPrice(0.05, 0.4, 0.005)),
-    },
-    "google": {
-        "gemini-2.0-flash": ModelPrice(0.1, 0.4, 0.025),
-        "gemini-2.5-flash": ModelPrice(0.3, 2.5, 0.075),
-        "gemini-2.5-pro": ModelPrice(1.25, 10.0, 0.31),
-    },
-}
+def _genai_usage(usage: Usage) -> genai_prices.Usage:
+    """``usage`` in genai-prices' sense, whose input tokens include the cache's."""
+    from genai_prices import Usage as GenaiUsage
+
+    return GenaiUsage(
+        input_tokens=usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens,
+        output_tokens=usage.output_tokens,
+        cache_read_tokens=usage.cache_read_tokens,
+        cache_write_tokens=usage.cache_write_tokens,
+    )
 
 
-def builtin_price(provider: str, model: str) -> ModelPrice | None:
-    """turnkeep's own price of ``model`` (the provider's id) on ``provider``, if it has one."""
-    return BUILTIN_PRICES.get(provider, {}).get(model)
+def builtin_price(provider: str, model: str) -> Price | None:
+    """The list price of ``model`` (the provider's id) on ``provider``, if it has one."""
+    if provider in OFFLINE:
+        return FREE
+    provider_id = GENAI_PROVIDERS.get(provider)
+    if provider_id is None:
+        return None
+    price = ListPrice(provider_id, model)
+    try:
+        price.cost(Usage())
+    except LookupError:  # a model genai-prices does not know
+        return None
+    return price
 
 
-def cost_of(usage: Usage, price: ModelPrice | None) -> float | None:
-    """What ``usage`` cost at ``price``; None when the price is unknown."""
-    return None if price is None else price.cost(usage)
-
-
-def with_cost(answer: Message, price: ModelPrice | None) -> Message:
+def with_cost(answer: Message, price: Price | None) -> Message:
     """``answer`` with its ``usage`` channel's ``cost_usd`` (left out when the price is
     unknown, which reads back as unknown)."""
     reported = answer.channel_json("usage")

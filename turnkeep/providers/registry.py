@@ -30,7 +30,7 @@ from turnkeep.providers.openai import GenericProvider, OpenAIProvider
 from turnkeep.providers.openai_compat import OPENAI_COMPATIBLE_PROVIDERS
 from turnkeep.providers.passthrough import PassthroughProvider
 from turnkeep.providers.playback import PlaybackProvider
-from turnkeep.providers.prices import ModelPrice, builtin_price
+from turnkeep.providers.prices import ModelPrice, Price, builtin_price
 from turnkeep.support.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ class ModelCatalog:
                 price.input, price.output, price.cache_read, price.cache_write
             )
 
-    def price(self, ref: ModelRef) -> ModelPrice | None:
+    def price(self, ref: ModelRef) -> Price | None:
         """What a call of ``ref`` costs: the config's price, else turnkeep's own (None:
         unknown)."""
         return self._prices.get((ref.provider, ref.name)) or builtin_price(ref.provider, ref.name)
