@@ -34,7 +34,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.history import TurnView, read_turn
 from turnkeep.client.live import MessageEvent, StreamEvent
-from turnkeep.client.turns import get_turn, poll_query, query_retrying
+from turnkeep.client.queries import poll_query, query_retrying
+from turnkeep.client.turns import get_turn
 from turnkeep.contract.approval import (
     ALLOW_RULES_QUERY,
     REVOKE_ALLOW_UPDATE,
