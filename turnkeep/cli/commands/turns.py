@@ -30,9 +30,10 @@ from turnkeep.cli.process import (
     warn_if_unpolled,
 )
 from turnkeep.cli.render import TurnRenderer, plural, status_word
-from turnkeep.client.history import TurnView, describe_failure, read_turn
+from turnkeep.client.history import TurnView, read_turn
 from turnkeep.client.live import MessageEvent
 from turnkeep.client.sessions import SessionView, read_session
+from turnkeep.client.status import describe_failure
 from turnkeep.client.turns import TurnHandle, get_turn, start_turn
 from turnkeep.config.files import find_config, load_settings
 from turnkeep.config.settings import Settings
