@@ -19,10 +19,10 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
-from turnkeep.cli.approval_prompt import ApprovalPrompter, stdin_lines
 from turnkeep.cli.commands.turns import _default_agent
 from turnkeep.cli.console import console
 from turnkeep.cli.errors import error_text, print_error
+from turnkeep.cli.line_reader import stdin_lines
 from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import (
     note_builtin_agent,
@@ -32,6 +32,7 @@ from turnkeep.cli.process import (
 )
 from turnkeep.cli.render import TurnRenderer, plural, utc_time
 from turnkeep.cli.target import Target
+from turnkeep.cli.wait_prompt import WaitPrompter
 from turnkeep.client.live import MessageEvent
 from turnkeep.client.sessions import SessionHandle, get_session, open_session, session_state
 from turnkeep.client.turns import get_turn
@@ -152,7 +153,7 @@ async def _failure(session: SessionHandle, turn_id: str) -> WorkflowFailureError
 async def _read_line(interrupted: asyncio.Event) -> str | None:
     """The next line typed, or None at end of input or on Ctrl-C."""
     console.print("[bold]>[/] ", end="")
-    # The reader shared with the approval prompts: a line a dropped prompt was waiting for
+    # The reader shared with the prompts about waits: a line a dropped prompt was waiting for
     # comes here, not to a thread of its own.
     read = asyncio.ensure_future(stdin_lines().readline())
     interrupt = asyncio.ensure_future(interrupted.wait())
@@ -179,7 +180,7 @@ async def _print(
     (on a terminal); the index to follow on from. ``unpolled`` (the look for a worker) is
     cancelled once the turn's first message comes."""
     index = start
-    async with ApprovalPrompter.for_session(session) as approvals:
+    async with WaitPrompter.for_session(session) as approvals:
         async for event in session.stream(start, until_turn=turn):
             if unpolled is not None:
                 unpolled.cancel()

@@ -19,7 +19,6 @@ from temporalio.client import (
     WorkflowFailureError,
 )
 
-from turnkeep.cli.approval_prompt import ApprovalPrompter
 from turnkeep.cli.console import console, print_json
 from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import (
@@ -30,6 +29,7 @@ from turnkeep.cli.process import (
 )
 from turnkeep.cli.render import TurnRenderer, plural, status_word
 from turnkeep.cli.target import Target
+from turnkeep.cli.wait_prompt import WaitPrompter
 from turnkeep.client.history import TurnView, read_turn
 from turnkeep.client.live import MessageEvent
 from turnkeep.client.sessions import SessionView, read_session
@@ -164,7 +164,7 @@ async def _stream(
     interrupted = False
     beside = asyncio.ensure_future(also) if also is not None else None
     try:
-        async with ApprovalPrompter.for_turn(handle) as approvals:
+        async with WaitPrompter.for_turn(handle) as approvals:
             async for event in handle.stream_with_children(start, include_tool_results=True):
                 if beside is not None:
                     beside.cancel()  # the turn runs: a worker took it

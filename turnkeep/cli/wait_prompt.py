@@ -1,7 +1,7 @@
 """Asking the person at the terminal about what a turn waits for (tool calls awaiting approval,
 questions, client-side results, a budget), for ``turnkeep run``, ``watch`` and ``chat``.
 
-The command feeds each message it follows to an ``ApprovalPrompter``. While the turn runs, the
+The command feeds each message it follows to a ``WaitPrompter``. While the turn runs, the
 prompter asks it which calls wait for a decision (the ``pending_approvals`` query; a gated call
 waits inside the turn, so there is no message to see): often while tool calls are open, at an
 idle pace between them, when only a budget can hold the next model call. On a terminal it
@@ -22,16 +22,11 @@ import contextlib
 import getpass
 import json
 import os
-import shlex
-import subprocess
 import sys
-import tempfile
-import threading
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -41,7 +36,9 @@ from temporalio.exceptions import FailureError
 from temporalio.service import RPCError
 
 from turnkeep.cli.console import console
+from turnkeep.cli.line_reader import LineReader, stdin_lines
 from turnkeep.cli.render import _visible
+from turnkeep.cli.typed_input import field_hint, field_value, in_editor, json_object
 from turnkeep.cli.waits import describe_wait
 from turnkeep.client.sessions import SessionHandle
 from turnkeep.client.turns import TurnHandle, get_turn
@@ -66,59 +63,6 @@ _IDLE_QUERY_TIMEOUT = timedelta(seconds=2)
 _QUERY_TIMEOUT = timedelta(seconds=10)
 
 
-class LineReader:
-    """Lines typed on a stream (stdin), read in a daemon thread, one read at a time.
-
-    A read that is given up (a prompt dropped, Ctrl-C) is not lost: the next ``readline``
-    takes its line, so a later prompt never races an orphaned thread for what the person
-    types. Daemon threads, unlike ``asyncio.to_thread``'s, do not hold the process up at exit
-    while they wait for a line that never comes."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-        self._pending: asyncio.Future[str] | None = None
-
-    async def readline(self) -> str:
-        """The next line, with its newline; "" at end of input."""
-        loop = asyncio.get_running_loop()
-        if self._pending is None or self._pending.get_loop() is not loop:
-            future: asyncio.Future[str] = loop.create_future()
-            threading.Thread(
-                target=self._read, args=(loop, future), daemon=True, name="turnkeep-stdin"
-            ).start()
-            self._pending = future
-        pending = self._pending
-        # Shielded: a cancelled reader leaves the read going for the next one.
-        line = await asyncio.shield(pending)
-        if self._pending is pending:
-            self._pending = None
-        return line
-
-    def _read(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[str]) -> None:
-        try:
-            line = self._stream.readline()
-        except (OSError, ValueError):  # closed stdin
-            line = ""
-        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
-            loop.call_soon_threadsafe(_settle, future, line)
-
-
-def _settle(future: asyncio.Future[str], line: str) -> None:
-    if not future.done():
-        future.set_result(line)
-
-
-_stdin: LineReader | None = None
-
-
-def stdin_lines() -> LineReader:
-    """The process's one reader of stdin, shared by every prompt of a command."""
-    global _stdin
-    if _stdin is None:
-        _stdin = LineReader(sys.stdin)
-    return _stdin
-
-
 def local_user() -> str:
     """Who decides from this terminal, as the audit trail records it."""
     try:
@@ -130,9 +74,9 @@ def local_user() -> str:
 TurnSource = Callable[[], Awaitable[TurnHandle | None]]
 
 
-class ApprovalPrompter:
-    """Watches the turn whose messages the command follows for calls awaiting approval, and
-    asks about each once. Use as an async context manager around the following, and pass it
+class WaitPrompter:
+    """Watches the turn whose messages the command follows for what waits in it for a person
+    (a call's approval, a question, a client's result, a budget), and asks about each once. Use as an async context manager around the following, and pass it
     every message followed, before printing it (``saw``)."""
 
     def __init__(
@@ -161,14 +105,14 @@ class ApprovalPrompter:
         self.in_session = False
 
     @classmethod
-    def for_turn(cls, handle: TurnHandle, **kwargs: Any) -> ApprovalPrompter:
+    def for_turn(cls, handle: TurnHandle, **kwargs: Any) -> WaitPrompter:
         async def turn() -> TurnHandle:
             return handle
 
         return cls(turn, **kwargs)
 
     @classmethod
-    def for_session(cls, session: SessionHandle, **kwargs: Any) -> ApprovalPrompter:
+    def for_session(cls, session: SessionHandle, **kwargs: Any) -> WaitPrompter:
         """For a session's turns: whichever turn is running when a call comes up."""
 
         async def turn() -> TurnHandle | None:
@@ -179,7 +123,7 @@ class ApprovalPrompter:
         prompter.in_session = True
         return prompter
 
-    async def __aenter__(self) -> ApprovalPrompter:
+    async def __aenter__(self) -> WaitPrompter:
         # From the start: a budget can hold the turn's first model call, before any message.
         self._start()
         return self
@@ -370,7 +314,7 @@ class ApprovalPrompter:
             result: str | dict[str, Any] = line
             if schema is not None:
                 try:
-                    result = _object(line, "the result")
+                    result = json_object(line, "the result")
                 except ValueError as err:
                     self._out.print(f"[red]{escape(str(err))}[/]")
                     continue
@@ -416,12 +360,12 @@ class ApprovalPrompter:
         for name, spec in (schema.get("properties") or {}).items():
             spec = spec if isinstance(spec, dict) else {}
             while True:
-                hint = _field_hint(spec, optional=name not in required)
+                hint = field_hint(spec, optional=name not in required)
                 text = (await self._line(f"{name} ({hint}): ", handle, call)).strip()
                 if not text and name not in required:
                     break
                 try:
-                    content[name] = _field_value(spec, text)
+                    content[name] = field_value(spec, text)
                     break
                 except ValueError as err:
                     self._out.print(f"[red]{escape(str(err))}[/]")
@@ -527,12 +471,12 @@ class ApprovalPrompter:
         original = json.dumps(call.arguments, indent=2, ensure_ascii=False)
         if editor:
             # After a draft that was not a JSON object, `e` again reopens that draft.
-            text = await asyncio.to_thread(_in_editor, editor, self._draft or original)
+            text = await asyncio.to_thread(in_editor, editor, self._draft or original)
             if text is None:
                 self._out.print(f"[red]the editor {escape(editor)} failed[/]")
                 return None
             try:
-                return _object(text)
+                return json_object(text)
             except ValueError as err:
                 self._draft = text
                 self._out.print(f"[red]{escape(str(err))} (e edits it again)[/]")
@@ -544,7 +488,7 @@ class ApprovalPrompter:
             if not text.strip():
                 return None
             try:
-                return _object(text)
+                return json_object(text)
             except ValueError as err:
                 self._out.print(f"[red]{escape(str(err))}[/]")
 
@@ -660,63 +604,3 @@ async def _what_became_of(handle: TurnHandle, call: PendingCall) -> str:
         verb = "approved" if record.approved else "denied"
         return f"call {call.call_id} was {verb} elsewhere, by {_visible(record.by)}"
     return said
-
-
-def _field_hint(spec: dict[str, Any], *, optional: bool) -> str:
-    options = spec.get("enum") or [
-        o.get("const") for o in spec.get("oneOf") or spec.get("anyOf") or [] if isinstance(o, dict)
-    ]
-    kind = " | ".join(str(o) for o in options) if options else str(spec.get("type", "string"))
-    if spec.get("type") == "boolean":
-        kind = "y/n"
-    return f"{kind}{', optional' if optional else ''}"
-
-
-def _field_value(spec: dict[str, Any], text: str) -> Any:
-    """What was typed for a field, as the field's type (the turn checks it against the schema
-    too)."""
-    kind = spec.get("type")
-    if kind == "boolean":
-        if text.lower() in ("y", "yes", "true"):
-            return True
-        if text.lower() in ("n", "no", "false"):
-            return False
-        raise ValueError("answer y or n")
-    if kind == "integer":
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"{text!r} is not an integer") from None
-    if kind == "number":
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError(f"{text!r} is not a number") from None
-    if kind == "array":
-        return [part.strip() for part in text.split(",") if part.strip()]
-    return text
-
-
-def _object(text: str, what: str = "the arguments") -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as err:
-        raise ValueError(f"not JSON: {err}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{what} must be a JSON object")
-    return value
-
-
-def _in_editor(editor: str, text: str) -> str | None:
-    """``text`` as edited in ``editor`` (a command line, as ``$EDITOR`` holds); None when the
-    editor fails."""
-    with tempfile.TemporaryDirectory(prefix="turnkeep-") as folder:
-        path = Path(folder) / "arguments.json"
-        path.write_text(text + "\n", encoding="utf-8")
-        try:
-            done = subprocess.run([*shlex.split(editor), str(path)], check=False)
-        except OSError:
-            return None
-        if done.returncode != 0:
-            return None
-        return path.read_text(encoding="utf-8")
