@@ -76,8 +76,9 @@ TurnSource = Callable[[], Awaitable[TurnHandle | None]]
 
 class WaitPrompter:
     """Watches the turn whose messages the command follows for what waits in it for a person
-    (a call's approval, a question, a client's result, a budget), and asks about each once. Use as an async context manager around the following, and pass it
-    every message followed, before printing it (``saw``)."""
+    (a call's approval, a question, a client's result, a budget), and asks about each once.
+    Use as an async context manager around the following, and pass it every message
+    followed, before printing it (``saw``)."""
 
     def __init__(
         self,

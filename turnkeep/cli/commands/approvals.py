@@ -35,6 +35,15 @@ from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 app = typer.Typer()
 
+
+def _who(verb: str) -> Any:
+    """The ``--by`` option of a command that ``verb`` (decides, answers...): the name the
+    audit trail records."""
+    return typer.Option(help=f"Who {verb} (default: the user name).")
+
+
+AuditedReason = Annotated[str | None, typer.Option(help="Why (kept in the audit trail).")]
+
 AWAITING_QUERY = (
     f"WorkflowType = '{WORKFLOW_NAME}' AND ExecutionStatus = 'Running' AND "
     f"{visibility.STATUS.name} = '{visibility.TurnStatus.AWAITING_APPROVAL.value}'"
@@ -122,7 +131,7 @@ def approve(
     ],
     deny: Annotated[bool, typer.Option("--deny", help="Deny the call instead.")] = False,
     reason: Annotated[str | None, typer.Option(help="Why; the model sees it on a denial.")] = None,
-    by: Annotated[str | None, typer.Option(help="Who decides (default: the user name).")] = None,
+    by: Annotated[str | None, _who("decides")] = None,
     arguments: Annotated[
         str | None,
         typer.Option(help="Run the call with these arguments instead (a JSON object)."),
@@ -185,7 +194,7 @@ def submit(
         typer.Option("--json", help="The result as structured content (a JSON object)."),
     ] = None,
     error: Annotated[bool, typer.Option("--error", help="The result is an error.")] = False,
-    by: Annotated[str | None, typer.Option(help="Who answers (default: the user name).")] = None,
+    by: Annotated[str | None, _who("answers")] = None,
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
@@ -216,7 +225,7 @@ def revoke(
     rule_id: Annotated[
         str, typer.Argument(metavar="RULE_ID", help="The rule (`turnkeep approve --always` said).")
     ],
-    by: Annotated[str | None, typer.Option(help="Who revokes (default: the user name).")] = None,
+    by: Annotated[str | None, _who("revokes")] = None,
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
@@ -267,8 +276,8 @@ def budget(
         typer.Option("--raise", help="Raise the budget to this (tokens or USD, as the budget)."),
     ] = None,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the turn at its budget.")] = False,
-    reason: Annotated[str | None, typer.Option(help="Why (kept in the audit trail).")] = None,
-    by: Annotated[str | None, typer.Option(help="Who decides (default: the user name).")] = None,
+    reason: AuditedReason = None,
+    by: Annotated[str | None, _who("decides")] = None,
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
@@ -305,8 +314,8 @@ def answer(
     ] = None,
     decline: Annotated[bool, typer.Option("--decline", help="Decline to answer.")] = False,
     cancel: Annotated[bool, typer.Option("--cancel", help="Dismiss the request.")] = False,
-    reason: Annotated[str | None, typer.Option(help="Why (kept in the audit trail).")] = None,
-    by: Annotated[str | None, typer.Option(help="Who answers (default: the user name).")] = None,
+    reason: AuditedReason = None,
+    by: Annotated[str | None, _who("answers")] = None,
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,

@@ -25,8 +25,7 @@ from turnkeep.cli.errors import error_text, print_error
 from turnkeep.cli.line_reader import stdin_lines
 from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import (
-    note_builtin_agent,
-    refuse_unrunnable,
+    ready_to_start,
     runs_worker,
     warn_if_unpolled,
 )
@@ -67,8 +66,7 @@ def chat(
     name = agent or _default_agent(settings)
     in_process = runs_worker(address, worker)
     if session_id is None:  # a resumed session keeps its own agent
-        refuse_unrunnable(settings, name, TurnOverrides(), in_process=in_process)
-        note_builtin_agent(settings, name, in_process=in_process)
+        ready_to_start(settings, name, TurnOverrides(), in_process=in_process)
 
     async def go(client: Client, _: ServerInfo | None) -> tuple[str, int]:
         options = settings.agents.get(name)

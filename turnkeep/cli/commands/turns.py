@@ -22,8 +22,7 @@ from temporalio.client import (
 from turnkeep.cli.console import console, print_json
 from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import (
-    note_builtin_agent,
-    refuse_unrunnable,
+    ready_to_start,
     runs_worker,
     warn_if_unpolled,
 )
@@ -95,8 +94,7 @@ def run(
         max_iterations=max_iterations,
     )
     in_process = runs_worker(address, worker)
-    refuse_unrunnable(settings, turn.agent, turn.overrides(), in_process=in_process)
-    note_builtin_agent(settings, turn.agent, in_process=in_process)
+    ready_to_start(settings, turn.agent, turn.overrides(), in_process=in_process)
     task_queue = agent_task_queue(settings.task_queue, turn.agent)
 
     async def go(client: Client, embedded: ServerInfo | None) -> tuple[str, TurnResult, bool]:
