@@ -27,6 +27,9 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Target:
+    """A command's ``--address``, ``--namespace`` and ``--config``, and the settings loaded
+    from that config."""
+
     address: str | None
     namespace: str | None
     config: Path | None
