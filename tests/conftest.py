@@ -32,7 +32,8 @@ from temporalio.client import Client, WorkflowHistory
 
 from turnkeep import Settings, connect
 from turnkeep.activities.turn_setup import TurnSetupActivities, continue_as_new_plan
-from turnkeep.cli.approval_prompt import ApprovalPrompter, LineReader
+from turnkeep.cli.line_reader import LineReader
+from turnkeep.cli.wait_prompt import WaitPrompter
 from turnkeep.client.turns import TurnHandle
 from turnkeep.config.catalog import AgentCatalog
 from turnkeep.contract.conversation import EXPANDED_METADATA
@@ -145,7 +146,7 @@ async def answered_at_the_terminal(turn: TurnHandle, typed: str, by: str = "dana
     terminal about each call that waits, answered by the lines ``typed``; what the screen
     showed."""
     screen = io.StringIO()
-    prompter = ApprovalPrompter.for_turn(
+    prompter = WaitPrompter.for_turn(
         turn,
         interactive=True,
         reader=LineReader(io.StringIO(typed)),

@@ -20,7 +20,8 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from tests.mcp_servers.launch import STDIO_SCRIPT
-from turnkeep.cli.approval_prompt import PROMPT, local_user
+from turnkeep.cli.wait_prompt import local_user
+from turnkeep.cli.wait_question import PROMPT
 from turnkeep.client.sessions import get_session, read_session
 from turnkeep.client.turns import TurnHandle, get_turn
 from turnkeep.contract.messages import Message

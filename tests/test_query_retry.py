@@ -17,7 +17,7 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from turnkeep.client.turns import poll_query, query_retrying
+from turnkeep.client.queries import poll_query, query_retrying, worth_asking_again
 
 STARVED = "[TMPRL1101] Potential deadlock detected: workflow didn't yield within 2 second(s)."
 
@@ -92,3 +92,18 @@ async def test_a_caller_bounding_the_query_keeps_its_timeout() -> None:
     assert handle.asked == 1
     handle = _Handle(["timeout"])
     assert await query_retrying(handle, "q") == 7  # type: ignore[arg-type]
+
+
+def test_one_policy_says_what_is_asked_again() -> None:
+    """What every ask of a follower retries: the server giving up on the query or not holding
+    it, and a starved worker; a caller bounding the query's time keeps only the refusals that
+    came before its time ran out."""
+    gave_up = RPCError("timeout", RPCStatusCode.CANCELLED, b"")
+    busy = RPCError("busy", RPCStatusCode.RESOURCE_EXHAUSTED, b"")
+    assert worth_asking_again(gave_up) and worth_asking_again(busy)
+    assert worth_asking_again(busy, bounded=True)
+    assert not worth_asking_again(gave_up, bounded=True)
+    assert worth_asking_again(WorkflowQueryFailedError(STARVED))
+    assert not worth_asking_again(WorkflowQueryFailedError("no such query: q"))
+    assert not worth_asking_again(RPCError("gone", RPCStatusCode.NOT_FOUND, b""))
+    assert not worth_asking_again(ValueError("not a query's failure"))

@@ -18,7 +18,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHistory
 
 from tests.conftest import HarnessFactory, eventually, turnkeep, write_script
-from turnkeep.client.history import TurnStatus, view_histories
+from turnkeep.client.history import view_histories
+from turnkeep.client.status import TurnStatus
 from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.contract.messages import StopReason
 from turnkeep.contract.turn_io import RollbackState, TurnCancelledError, TurnInput, TurnResult

@@ -24,8 +24,9 @@ from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.connection import TemporalUnreachableError
-from turnkeep.client.history import TurnHistoryError, describe_failure
+from turnkeep.client.history import TurnHistoryError
 from turnkeep.client.sessions import SessionClosedError
+from turnkeep.client.status import describe_failure
 from turnkeep.client.turns import NoBudgetWait
 from turnkeep.config.files import ConfigError
 from turnkeep.devserver.embedded import EmbeddedServerError

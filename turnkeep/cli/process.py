@@ -108,6 +108,15 @@ def refuse_unrunnable(
         raise ConfigError(f"{cause}; nothing was started ({err.type})") from None
 
 
+def ready_to_start(
+    settings: Settings, agent: str, overrides: TurnOverrides, *, in_process: bool
+) -> None:
+    """What a command that starts turns of ``agent`` (``run``, ``chat``) checks and says before
+    anything starts: ``refuse_unrunnable``, then ``note_builtin_agent``."""
+    refuse_unrunnable(settings, agent, overrides, in_process=in_process)
+    note_builtin_agent(settings, agent, in_process=in_process)
+
+
 def note_builtin_agent(settings: Settings, agent: str, *, in_process: bool) -> None:
     """With no config file found, a turn on this process's worker runs the built-in agent:
     say so, once, on stderr, with the model it runs on (the one a provider's key in the

@@ -20,8 +20,9 @@ from rich.text import Text
 from temporalio.client import WorkflowExecutionStatus
 
 from turnkeep.client.children import ChildEnded, ChildStarted, ChildText, ChildTurn, TurnEvent
-from turnkeep.client.history import ActivityOutcome, ActivityTiming, TurnStatus, TurnView
+from turnkeep.client.history import ActivityOutcome, ActivityTiming, TurnView
 from turnkeep.client.live import MessageEvent, Restarted, TextDelta
+from turnkeep.client.status import TurnStatus
 from turnkeep.contract.approval import DecisionRecord
 from turnkeep.contract.messages import Message, StopReason
 from turnkeep.contract.turn_io import TurnResult, Usage

@@ -26,7 +26,13 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.converter import DataConverter, WorkflowSerializationContext
 
 from turnkeep.client.live import MessageEvent, StreamEvent, TextDelta, follow_live
-from turnkeep.client.status import TurnStatus, event_time, failure_of, ms_between
+from turnkeep.client.status import (
+    TurnStatus,
+    event_attributes,
+    event_time,
+    failure_of,
+    ms_between,
+)
 from turnkeep.contract.messages import StopReason
 from turnkeep.contract.turn_io import WORKFLOW_NAME, Usage
 from turnkeep.workflows.agent_tools import CALL_ID_CHARS
@@ -204,27 +210,12 @@ def _is_step(name: str, agent: str | None) -> bool:
 
 def _closing(event: HistoryEvent) -> tuple[int, Payloads | None, Failure | None]:
     """A closing event's initiating event, and the result or failure it carries."""
-    kind = event.event_type
-    if kind == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED:
-        done = event.child_workflow_execution_completed_event_attributes
-        return done.initiated_event_id, done.result, None
-    if kind == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_FAILED:
-        failed = event.child_workflow_execution_failed_event_attributes
-        return failed.initiated_event_id, None, failed.failure
-    if kind == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_CANCELED:
-        return (
-            event.child_workflow_execution_canceled_event_attributes.initiated_event_id,
-            None,
-            None,
-        )
-    if kind == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TERMINATED:
-        terminated = event.child_workflow_execution_terminated_event_attributes
-        return terminated.initiated_event_id, None, None
-    if kind == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TIMED_OUT:
-        timed_out = event.child_workflow_execution_timed_out_event_attributes
-        return timed_out.initiated_event_id, None, None
-    not_started = event.start_child_workflow_execution_failed_event_attributes
-    return not_started.initiated_event_id, None, None
+    attributes = event_attributes(event)
+    return (
+        attributes.initiated_event_id,
+        getattr(attributes, "result", None),
+        getattr(attributes, "failure", None),
+    )
 
 
 async def read_children(

@@ -1,11 +1,9 @@
-"""Reading a turn from its workflow history alone: no worker has to be running.
+"""Reading a turn from its workflow history alone, as ``turnkeep show`` prints it: no worker
+has to be running.
 
-The conversation is not re-derived from events. The latest run's history is replayed through
-``TurnWorkflow`` itself (``temporalio.worker.Replayer``, with the client's data converter, so
-payload storage and any codec apply), and what the run's ``TurnState`` holds when the history
-runs out is the turn: finished for a completed run, repaired for a cancelled one (replay runs
-the cancellation path), as far as it got for a running one. A continued-as-new run starts from
-the state its predecessor carried, so the latest run alone holds the whole turn.
+The turn's conversation is its latest run's state, which a replay of that run through
+``TurnWorkflow`` captures (``turnkeep.client.turn_replay``): a continued-as-new run starts
+from the state its predecessor carried, so the latest run alone holds the whole turn.
 
 Timings come from the events of every run: when each activity was scheduled, when its last
 attempt started, when it closed. Activities still in flight are filled in from the server's
@@ -16,51 +14,35 @@ close.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
-from temporalio import workflow
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent, WorkflowExecutionStartedEventAttributes
-from temporalio.bridge.proto.workflow_activation import WorkflowActivation
-from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.client import Client, WorkflowHistory
 from temporalio.converter import (
     ActivitySerializationContext,
     DataConverter,
-    SerializationContext,
-    StorageDriverStoreContext,
     WorkflowSerializationContext,
 )
-from temporalio.plugin import SimplePlugin
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import (
-    ExecuteWorkflowInput,
-    Interceptor,
-    Replayer,
-    UnsandboxedWorkflowRunner,
-    WorkflowInboundInterceptor,
-    WorkflowInstance,
-    WorkflowInstanceDetails,
-    WorkflowInterceptorClassInput,
-    WorkflowRunner,
-)
 
 from turnkeep.client.children import ChildTurn, read_children
-from turnkeep.client.status import TurnStatus, event_time, failure_of, ms_between
-from turnkeep.client.status import describe_failure as describe_failure  # where callers look
+from turnkeep.client.status import (
+    TurnStatus,
+    event_attributes,
+    event_time,
+    failure_of,
+    ms_between,
+)
+from turnkeep.client.turn_replay import replay_turn
 from turnkeep.contract.activity_io import CALL_TOOL, LLM_STEP
 from turnkeep.contract.messages import Message, StopReason
-from turnkeep.contract.turn_io import TurnInput, TurnResult
-from turnkeep.worker.replay import replay_plugin
+from turnkeep.contract.turn_io import TurnResult
 from turnkeep.workflows.agent_tools import child_id
-from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
+from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 
 class TurnHistoryError(Exception):
@@ -237,130 +219,8 @@ def _continued_to(history: WorkflowHistory) -> str | None:
     return str(last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
 
 
-# -- replaying ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Replayed:
-    turn: TurnInput | None  # the run's input
-    state: TurnState | None  # the loop's state where the history ends; None before the loop
-    failure: str | None  # why the history did not replay, if it did not
-
-
-async def _replay(client: Client, history: WorkflowHistory) -> _Replayed:
-    capture = _Capture()
-    plugin = SimplePlugin(
-        "turnkeep-read",
-        # The client's converter: whatever storage and codec it reads payloads with.
-        data_converter=client.data_converter,
-        # Unsandboxed: this replay only reads, and it skips the sandbox's per-run imports.
-        workflow_runner=_FreezingRunner(capture),
-        interceptors=[capture],
-    )
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        replayer = Replayer(
-            workflows=[],
-            plugins=[replay_plugin(storage=client.data_converter.external_storage), plugin],
-            workflow_task_executor=pool,
-        )
-        outcome = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-    failure = outcome.replay_failure
-    return _Replayed(
-        turn=capture.turn,
-        state=capture.frozen,
-        failure=f"{type(failure).__name__}: {failure}" if failure else None,
-    )
-
-
-class _Capture(Interceptor):
-    """Keeps the replayed workflow object, and a copy of its state taken when replay ends.
-
-    The copy is taken before the end-of-replay eviction: eviction cancels the workflow's
-    coroutine, and the cancellation path of ``TurnWorkflow.run`` may repair the conversation,
-    which must not show on a turn that was never cancelled."""
-
-    def __init__(self) -> None:
-        self.workflow: TurnWorkflow | None = None
-        self.turn: TurnInput | None = None
-        self.frozen: TurnState | None = None
-        self._done = False
-
-    def workflow_interceptor_class(
-        self, input: WorkflowInterceptorClassInput
-    ) -> type[WorkflowInboundInterceptor]:
-        del input
-        capture = self
-
-        class _Inbound(WorkflowInboundInterceptor):
-            async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
-                capture.workflow = workflow.instance()
-                capture.turn = _turn_input(input.args)
-                return await super().execute_workflow(input)
-
-        return _Inbound
-
-    def freeze(self) -> None:
-        if self._done:
-            return
-        self._done = True
-        state = self.workflow._state if self.workflow is not None else None
-        self.frozen = state.model_copy(deep=True) if state is not None else None
-
-
-def _turn_input(args: Sequence[Any]) -> TurnInput | None:
-    """The run's ``TurnInput``, which the SDK may hand over as plain JSON (it decodes by type
-    hints only when the run gets every argument it declares)."""
-    try:
-        return TurnInput.model_validate(args[0]) if args else None
-    except ValidationError:
-        return None  # the workflow fails on it as well, and its failure says why
-
-
-class _FreezingRunner(WorkflowRunner):
-    """The unsandboxed runner, with each instance telling ``capture`` when eviction starts."""
-
-    def __init__(self, capture: _Capture) -> None:
-        self._inner = UnsandboxedWorkflowRunner()
-        self._capture = capture
-
-    def prepare_workflow(self, defn: Any) -> None:
-        self._inner.prepare_workflow(defn)
-
-    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        return _FreezingInstance(self._inner.create_instance(det), self._capture)
-
-    def set_worker_level_failure_exception_types(
-        self, types: Sequence[type[BaseException]]
-    ) -> None:
-        self._inner.set_worker_level_failure_exception_types(types)
-
-
-class _FreezingInstance(WorkflowInstance):
-    def __init__(self, inner: WorkflowInstance, capture: _Capture) -> None:
-        self._inner = inner
-        self._capture = capture
-
-    def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
-        # Replay ends with an eviction (history exhausted, or a replay failure).
-        if any(job.HasField("remove_from_cache") for job in act.jobs):
-            self._capture.freeze()
-        return self._inner.activate(act)
-
-    def get_serialization_context(self, command_info: Any) -> SerializationContext | None:
-        return self._inner.get_serialization_context(command_info)
-
-    def get_external_store_context(self, command_info: Any) -> StorageDriverStoreContext:
-        return self._inner.get_external_store_context(command_info)
-
-    def get_info(self) -> workflow.Info:
-        return self._inner.get_info()
-
-    def get_thread_id(self) -> int | None:
-        return self._inner.get_thread_id()
-
-
 async def _add_state(client: Client, view: TurnView, history: WorkflowHistory) -> None:
-    replayed = await _replay(client, history)
+    replayed = await replay_turn(client, history)
     state = replayed.state
     turn = replayed.turn
     if turn is not None:
@@ -496,21 +356,21 @@ def _close(timing: ActivityTiming, outcome: ActivityOutcome, at: datetime) -> No
     timing.last_attempt_ms = ms_between(timing.started_at, at)
 
 
+_ACTIVITY_CLOSED = {
+    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: ActivityOutcome.COMPLETED,
+    EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: ActivityOutcome.FAILED,
+    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: ActivityOutcome.TIMED_OUT,
+    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: ActivityOutcome.CANCELLED,
+}
+
+
 def _activity_close(event: HistoryEvent) -> tuple[ActivityOutcome, int, Failure | None] | None:
-    kind = event.event_type
-    if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-        a = event.activity_task_completed_event_attributes
-        return ActivityOutcome.COMPLETED, a.scheduled_event_id, None
-    if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
-        f = event.activity_task_failed_event_attributes
-        return ActivityOutcome.FAILED, f.scheduled_event_id, f.failure
-    if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
-        t = event.activity_task_timed_out_event_attributes
-        return ActivityOutcome.TIMED_OUT, t.scheduled_event_id, t.failure
-    if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
-        c = event.activity_task_canceled_event_attributes
-        return ActivityOutcome.CANCELLED, c.scheduled_event_id, None
-    return None
+    """How an activity's closing event closed it, which activity, and its failure if any."""
+    outcome = _ACTIVITY_CLOSED.get(event.event_type)
+    if outcome is None:
+        return None
+    attributes = event_attributes(event)
+    return outcome, attributes.scheduled_event_id, getattr(attributes, "failure", None)
 
 
 def _workflow_converter(client: Client, workflow_id: str) -> DataConverter:

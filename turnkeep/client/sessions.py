@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio.client import (
     Client,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryFailedError,
@@ -34,7 +35,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.history import TurnView, read_turn
 from turnkeep.client.live import MessageEvent, StreamEvent
-from turnkeep.client.turns import get_turn, poll_query, query_retrying
+from turnkeep.client.queries import poll_query, query_retrying
+from turnkeep.client.turns import get_turn
 from turnkeep.contract.approval import (
     ALLOW_RULES_QUERY,
     REVOKE_ALLOW_UPDATE,
@@ -310,6 +312,17 @@ class SessionHandle:
     async def _running(self) -> bool:
         return (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING
 
+    async def described(self) -> WorkflowExecutionDescription | None:
+        """The session's workflow, described; None when no session has this id (no workflow
+        at all, or one of another kind)."""
+        try:
+            described = await self.handle.describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+        return described if described.workflow_type == SESSION_WORKFLOW_NAME else None
+
 
 class SessionView(BaseModel):
     """A session as its turns' histories record it: what ``turnkeep show SESSION`` prints."""
@@ -322,13 +335,8 @@ class SessionView(BaseModel):
 async def read_session(client: Client, session_id: str) -> SessionView | None:
     """The session ``session_id``, open or closed, read from its turns' histories (no worker
     needed, as for ``read_turn``); None when no session has that id."""
-    try:
-        described = await client.get_workflow_handle(session_id).describe()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
-    if described.workflow_type != SESSION_WORKFLOW_NAME:
+    described = await get_session(client, session_id).described()
+    if described is None:
         return None
     turns: list[TurnView] = []
     # Turn ids are `<session id>/turn-<n>` from 1 up: read them until one is missing (the next

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from temporalio.api.failure.v1 import Failure
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
@@ -25,6 +27,14 @@ class TurnStatus(StrEnum):
 
 def event_time(stamp: Timestamp) -> datetime:
     return stamp.ToDatetime(tzinfo=UTC)
+
+
+def event_attributes(event: HistoryEvent) -> Any:
+    """The attributes ``event`` carries, of whichever type it is: each type names its first
+    event (``scheduled_event_id``, ``initiated_event_id``) and carries a ``result`` or a
+    ``failure`` only when it has one."""
+    name = event.WhichOneof("attributes")
+    return getattr(event, name) if name else None
 
 
 def ms_between(start: datetime | None, end: datetime | None) -> float | None:

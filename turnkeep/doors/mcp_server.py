@@ -52,10 +52,11 @@ from temporalio.client import (
 from temporalio.exceptions import FailureError
 from temporalio.service import RPCError, RPCStatusCode
 
-from turnkeep.client.history import describe_failure
 from turnkeep.client.live import TextDelta
+from turnkeep.client.queries import poll_query
 from turnkeep.client.sessions import SessionClosedError, SessionHandle, open_session
-from turnkeep.client.turns import TurnHandle, get_turn, poll_query, start_turn
+from turnkeep.client.status import describe_failure
+from turnkeep.client.turns import TurnHandle, get_turn, start_turn
 from turnkeep.config.settings import Settings
 from turnkeep.contract.approval import DecisionRecord, PendingCall
 from turnkeep.contract.session_io import SessionProgress

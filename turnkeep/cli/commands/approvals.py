@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
@@ -19,21 +20,29 @@ from rich.text import Text
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console, print_json
 from turnkeep.cli.options import Address, ConfigPath, Namespace
 from turnkeep.cli.process import warn_if_unpolled
 from turnkeep.cli.render import _visible, utc_time
+from turnkeep.cli.target import Target
 from turnkeep.cli.waits import describe_wait
 from turnkeep.client.sessions import get_session
 from turnkeep.client.turns import TurnHandle, get_turn
-from turnkeep.config.files import find_config, load_settings
 from turnkeep.contract.approval import AllowRule, DecisionRecord, PendingCall
 from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME
 from turnkeep.workflows import visibility
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 app = typer.Typer()
+
+
+def _who(verb: str) -> Any:
+    """The ``--by`` option of a command that ``verb`` (decides, answers...): the name the
+    audit trail records."""
+    return typer.Option(help=f"Who {verb} (default: the user name).")
+
+
+AuditedReason = Annotated[str | None, typer.Option(help="Why (kept in the audit trail).")]
 
 AWAITING_QUERY = (
     f"WorkflowType = '{WORKFLOW_NAME}' AND ExecutionStatus = 'Running' AND "
@@ -80,15 +89,10 @@ def pending(
     """List what waits for a person or a client, in every turn: tool calls awaiting approval,
     questions awaiting an answer, client-side calls awaiting their result, budgets awaiting a
     decision; each with the command that decides it (approve, answer, submit or budget)."""
-    settings = load_settings(config)
+    target = Target.of(address, namespace, config)
     if json_out:
         console.to_stderr()
-
-    async def go() -> list[AwaitingTurn]:
-        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
-        return await awaiting_turns(client)
-
-    turns = asyncio.run(go())
+    turns = target.run(awaiting_turns)
     if json_out:
         print_json(json.dumps([turn.model_dump(mode="json") for turn in turns], indent=2))
         return
@@ -127,7 +131,7 @@ def approve(
     ],
     deny: Annotated[bool, typer.Option("--deny", help="Deny the call instead.")] = False,
     reason: Annotated[str | None, typer.Option(help="Why; the model sees it on a denial.")] = None,
-    by: Annotated[str | None, typer.Option(help="Who decides (default: the user name).")] = None,
+    by: Annotated[str | None, _who("decides")] = None,
     arguments: Annotated[
         str | None,
         typer.Option(help="Run the call with these arguments instead (a JSON object)."),
@@ -149,7 +153,7 @@ def approve(
 ) -> None:
     """Approve (or with --deny, deny) a tool call awaiting approval. A call waiting in a child
     turn (an agent the turn called as a tool) may be named with the parent turn's id."""
-    settings = load_settings(config)
+    target = Target.of(address, namespace, config)
     edited = _arguments(arguments)
     if same_arguments and always is None:
         raise typer.BadParameter("--same-arguments goes with --always")
@@ -165,7 +169,7 @@ def approve(
             remember_arguments=same_arguments,
         )
 
-    record = asyncio.run(_on_turn(workflow_id, go, address, namespace, config, settings))
+    record = _on_turn(target, workflow_id, go)
     edit = " with edited arguments" if record.arguments is not None else ""
     verb = "approved" if record.approved else "denied"
     console.print(f"{verb} call {escape(record.call_id)} ({escape(record.tool)}){edit}")
@@ -190,7 +194,7 @@ def submit(
         typer.Option("--json", help="The result as structured content (a JSON object)."),
     ] = None,
     error: Annotated[bool, typer.Option("--error", help="The result is an error.")] = False,
-    by: Annotated[str | None, typer.Option(help="Who answers (default: the user name).")] = None,
+    by: Annotated[str | None, _who("answers")] = None,
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
@@ -198,7 +202,7 @@ def submit(
     """Submit the result of a client-side tool's call (`--text` or `--json`); a tool with an
     output schema takes `--json` that matches it. To refuse the call, `turnkeep approve TURN
     CALL --deny`."""
-    settings = load_settings(config)
+    target = Target.of(address, namespace, config)
     if json_result is not None and text is None:
         result: str | dict[str, Any] = _object(json_result, "--json")
     elif text is not None and json_result is None:
@@ -211,7 +215,7 @@ def submit(
             call_id, result, is_error=error, by=by or getpass.getuser()
         )
 
-    record = asyncio.run(_on_turn(workflow_id, go, address, namespace, config, settings))
+    record = _on_turn(target, workflow_id, go)
     console.print(f"submitted the result of call {escape(record.call_id)} ({escape(record.tool)})")
 
 
@@ -221,49 +225,45 @@ def revoke(
     rule_id: Annotated[
         str, typer.Argument(metavar="RULE_ID", help="The rule (`turnkeep approve --always` said).")
     ],
-    by: Annotated[str | None, typer.Option(help="Who revokes (default: the user name).")] = None,
+    by: Annotated[str | None, _who("revokes")] = None,
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
 ) -> None:
     """Revoke an "always allow" rule of a turn, or of a session (for its later turns and the
     one running): the calls it covered wait for a person again."""
-    settings = load_settings(config)
 
-    async def go() -> AllowRule:
-        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+    async def go(client: Client) -> AllowRule:
         who = by or getpass.getuser()
         described = await client.get_workflow_handle(workflow_id).describe()
         if described.workflow_type == SESSION_WORKFLOW_NAME:
             return await get_session(client, workflow_id).revoke_allow(rule_id, by=who)
         return await get_turn(client, workflow_id).revoke_allow(rule_id, by=who)
 
-    rule = asyncio.run(go())
+    rule = Target.of(address, namespace, config).run(go)
     console.print(f"revoked rule {escape(rule.id)} ({escape(rule.tool)}): its calls wait again")
 
 
-async def _on_turn(
-    workflow_id: str,
-    act: Any,
-    address: str | None,
-    namespace: str | None,
-    config: Any,
-    settings: Any,
-) -> Any:
+def _on_turn(
+    target: Target, workflow_id: str, act: Callable[[TurnHandle], Awaitable[DecisionRecord]]
+) -> DecisionRecord:
     """``act(turn)`` on turn ``workflow_id``, warning meanwhile when no worker polls its queue
     (the turn takes the update on a worker of its queue)."""
-    client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
-    turn = get_turn(client, workflow_id)
-    queue = (await turn.handle.describe()).task_queue
-    unpolled = asyncio.ensure_future(
-        warn_if_unpolled(
-            client, queue, what="the decision", hint="start `turnkeep worker` for the turn"
+
+    async def go(client: Client) -> DecisionRecord:
+        turn = get_turn(client, workflow_id)
+        queue = (await turn.handle.describe()).task_queue
+        unpolled = asyncio.ensure_future(
+            warn_if_unpolled(
+                client, queue, what="the decision", hint="start `turnkeep worker` for the turn"
+            )
         )
-    )
-    try:
-        return await act(turn)
-    finally:
-        unpolled.cancel()
+        try:
+            return await act(turn)
+        finally:
+            unpolled.cancel()
+
+    return target.run(go)
 
 
 @app.command()
@@ -276,8 +276,8 @@ def budget(
         typer.Option("--raise", help="Raise the budget to this (tokens or USD, as the budget)."),
     ] = None,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the turn at its budget.")] = False,
-    reason: Annotated[str | None, typer.Option(help="Why (kept in the audit trail).")] = None,
-    by: Annotated[str | None, typer.Option(help="Who decides (default: the user name).")] = None,
+    reason: AuditedReason = None,
+    by: Annotated[str | None, _who("decides")] = None,
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
@@ -287,10 +287,9 @@ def budget(
         raise typer.BadParameter("give one of --raise N or --stop")
     if raise_to is not None and raise_to <= 0:
         raise typer.BadParameter(f"--raise takes the new budget, above 0; got {raise_to:g}")
-    settings = load_settings(config)
+    target = Target.of(address, namespace, config)
 
-    async def go() -> None:
-        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+    async def go(client: Client) -> None:
         turn = get_turn(client, workflow_id)
         who = by or getpass.getuser()
         if raise_to is not None:
@@ -300,7 +299,7 @@ def budget(
             await turn.stop_at_budget(by=who, reason=reason)
             console.print(f"stopped {escape(workflow_id)} at its budget")
 
-    asyncio.run(go())
+    target.run(go)
 
 
 @app.command()
@@ -315,8 +314,8 @@ def answer(
     ] = None,
     decline: Annotated[bool, typer.Option("--decline", help="Decline to answer.")] = False,
     cancel: Annotated[bool, typer.Option("--cancel", help="Dismiss the request.")] = False,
-    reason: Annotated[str | None, typer.Option(help="Why (kept in the audit trail).")] = None,
-    by: Annotated[str | None, typer.Option(help="Who answers (default: the user name).")] = None,
+    reason: AuditedReason = None,
+    by: Annotated[str | None, _who("answers")] = None,
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
@@ -326,10 +325,9 @@ def answer(
     if sum((json_content is not None, decline, cancel)) != 1:
         raise typer.BadParameter("give one of --json, --decline or --cancel")
     content = _object(json_content, "--json") if json_content is not None else None
-    settings = load_settings(config)
+    target = Target.of(address, namespace, config)
 
-    async def go() -> None:
-        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+    async def go(client: Client) -> None:
         turn = get_turn(client, workflow_id)
         record = await turn.answer_elicitation(
             call_id,
@@ -342,7 +340,7 @@ def answer(
         verb = "answered" if record.approved else ("cancelled" if cancel else "declined")
         console.print(f"{verb} {escape(record.call_id)} ({escape(record.tool)})")
 
-    asyncio.run(go())
+    target.run(go)
 
 
 def _schema_fields(schema: dict[str, Any]) -> list[str]:

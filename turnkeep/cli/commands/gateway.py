@@ -4,16 +4,19 @@ or on the embedded server."""
 
 from __future__ import annotations
 
-import asyncio
+from dataclasses import replace
 from typing import Annotated
 
 import typer
 from rich.markup import escape
+from temporalio.client import Client
 
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace, extended
-from turnkeep.cli.process import client_and_worker, until_signalled
-from turnkeep.config.files import ConfigError, load_settings
+from turnkeep.cli.process import until_signalled
+from turnkeep.cli.target import Target
+from turnkeep.config.files import ConfigError
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.doors.gateway import gateway_app
 from turnkeep.doors.gateway.auth import KeyRing, KeysFileError
 from turnkeep.doors.hosts import is_loopback
@@ -83,9 +86,9 @@ def gateway(
     (server-sent events), with an OpenAPI document at /openapi.json (docs/serving/http.md);
     over A2A at /a2a/<agent>/ and MCP at /mcp too. Every request needs a bearer key from
     gateway.keys unless --no-auth on loopback."""
-    settings = load_settings(config)
-    block = extended(settings.gateway, allowed_hosts, allowed_origins)
-    settings = settings.model_copy(update={"gateway": block})
+    target = Target.of(address, namespace, config)
+    block = extended(target.settings.gateway, allowed_hosts, allowed_origins)
+    settings = target.settings.model_copy(update={"gateway": block})
     host, port = _host_port(listen or settings.gateway.listen)
     if no_auth and not is_loopback(host):
         raise typer.BadParameter(
@@ -104,43 +107,39 @@ def gateway(
                 "gateway.keys_file), or serve loopback only with --no-auth"
             )
 
-    async def go() -> None:
-        async with client_and_worker(address, namespace, settings, config, worker=worker) as (
-            client,
-            embedded,
-        ):
+    async def go(client: Client, embedded: ServerInfo | None) -> None:
+        try:
+            app = gateway_app(
+                client,
+                settings,
+                keys=None if no_auth else keys,
+                auth=not no_auth,
+                web_ui=settings.gateway.web_ui or (embedded.ui_url if embedded else None),
+                a2a=a2a,
+                mcp=mcp,
+            )
+        except (ValueError, KeysFileError, ImportError) as err:
+            raise ConfigError(str(err)) from None
+        server = AsgiServer(app, name="gateway")
+        try:
+            sock = bind(host, port)
+        except OSError as err:
+            raise ConfigError(
+                f"the gateway cannot listen on {host}:{port}: {err.strerror}"
+            ) from None
+        # The app's lifespan runs the MCP door (its session managers), then closes it.
+        async with app.router.lifespan_context(app):
+            bound = await server.start(sock)
+            auth = "no authentication (loopback)" if no_auth else "bearer keys"
+            doors = " · MCP at /mcp" if mcp else ""
+            console.print(
+                f"gateway on [bold]{escape(http_url(host, bound))}[/] · agents: "
+                f"{escape(', '.join(settings.agents) or 'none')} · {auth}{doors}"
+            )
             try:
-                app = gateway_app(
-                    client,
-                    settings,
-                    keys=None if no_auth else keys,
-                    auth=not no_auth,
-                    web_ui=settings.gateway.web_ui or (embedded.ui_url if embedded else None),
-                    a2a=a2a,
-                    mcp=mcp,
-                )
-            except (ValueError, KeysFileError, ImportError) as err:
-                raise ConfigError(str(err)) from None
-            server = AsgiServer(app, name="gateway")
-            try:
-                sock = bind(host, port)
-            except OSError as err:
-                raise ConfigError(
-                    f"the gateway cannot listen on {host}:{port}: {err.strerror}"
-                ) from None
-            # The app's lifespan runs the MCP door (its session managers), then closes it.
-            async with app.router.lifespan_context(app):
-                bound = await server.start(sock)
-                auth = "no authentication (loopback)" if no_auth else "bearer keys"
-                doors = " · MCP at /mcp" if mcp else ""
-                console.print(
-                    f"gateway on [bold]{escape(http_url(host, bound))}[/] · agents: "
-                    f"{escape(', '.join(settings.agents) or 'none')} · {auth}{doors}"
-                )
-                try:
-                    await until_signalled()
-                finally:
-                    await app.state.gateway.hub.aclose()
-                    await server.stop()
+                await until_signalled()
+            finally:
+                await app.state.gateway.hub.aclose()
+                await server.stop()
 
-    asyncio.run(go())
+    replace(target, settings=settings).run_with_worker(go, worker=worker)

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 from typing import Annotated
 
 import typer
 from pydantic import TypeAdapter, ValidationError
 
-from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
-from turnkeep.config.files import find_config, load_settings
+from turnkeep.cli.target import Target
 from turnkeep.config.settings import DurationOrOff
 from turnkeep.payloads.gc import collect
 from turnkeep.payloads.storage import payload_directory
-from turnkeep.payloads.storage.sweep import SweepReport
 from turnkeep.support.durations import describe_duration
 
 app = typer.Typer()
@@ -39,7 +36,8 @@ def gc(
 ) -> None:
     """Delete local payload files that nobody has stored or read for payload_storage.retention
     and no running turn references (workers also do this on their own, at start and hourly)."""
-    settings = load_settings(config)
+    target = Target.of(address, namespace, config)
+    settings = target.settings
     storage = settings.payload_storage
     if storage.driver == "s3":
         console.print(
@@ -56,12 +54,8 @@ def gc(
         return
     directory = payload_directory(storage, settings.base_dir)
 
-    async def go() -> SweepReport:
-        # The server says which turns are running: their payloads stay, however old.
-        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
-        return await collect(directory, retention, client, dry_run=dry_run)
-
-    report = asyncio.run(go())
+    # The server says which turns are running: their payloads stay, however old.
+    report = target.run(lambda client: collect(directory, retention, client, dry_run=dry_run))
     if list_files:
         for path in report.removed:
             print(path)

@@ -11,12 +11,15 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
+from temporalio.client import Client
 
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace, extended
-from turnkeep.cli.process import client_and_worker, runs_worker
-from turnkeep.config.files import ConfigError, load_settings
+from turnkeep.cli.process import runs_worker
+from turnkeep.cli.target import Target
+from turnkeep.config.files import ConfigError
 from turnkeep.config.settings import ServeSettings
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.doors.hosts import is_loopback
 from turnkeep.doors.mcp_server import McpDoor
 from turnkeep.errors import known
@@ -92,7 +95,8 @@ def serve(
     every other line goes to stderr; over http the server listens on HOST:PORT/mcp."""
     if transport is Transport.stdio:
         console.to_stderr()  # stdout is the MCP client's: JSON-RPC only
-    settings = load_settings(config)
+    target = Target.of(address, namespace, config)
+    settings = target.settings
     serving = extended(settings.serve, allowed_hosts, allowed_origins)
     wanted = agents.split(",") if agents is not None else None
     in_process = runs_worker(address, worker)
@@ -105,28 +109,22 @@ def serve(
             f"(its agents: {known(settings.agents)})"
         )
 
-    async def go() -> None:
-        async with client_and_worker(address, namespace, settings, config, worker=worker) as (
-            client,
-            _,
-        ):
-            try:
-                door = McpDoor(
-                    client, settings, agents=wanted, scope=instance_scope.value, name=name
-                )
-            except ValueError as err:
-                raise ConfigError(f"cannot serve: {err}") from None
-            signals = _Signals()
-            if transport is Transport.stdio:
-                console.print(f"[dim]serving {', '.join(door.agents)} over MCP on stdio[/]")
-                # Until the client closes stdin (or stops the process with a signal).
-                await signals.until(door.server.run_stdio_async(show_banner=False))
-            else:
-                await _serve_http(door, host, port, signals, serving)
-            if in_process:
-                await signals.until(_drain(door, drain))
+    async def go(client: Client, _: ServerInfo | None) -> None:
+        try:
+            door = McpDoor(client, settings, agents=wanted, scope=instance_scope.value, name=name)
+        except ValueError as err:
+            raise ConfigError(f"cannot serve: {err}") from None
+        signals = _Signals()
+        if transport is Transport.stdio:
+            console.print(f"[dim]serving {', '.join(door.agents)} over MCP on stdio[/]")
+            # Until the client closes stdin (or stops the process with a signal).
+            await signals.until(door.server.run_stdio_async(show_banner=False))
+        else:
+            await _serve_http(door, host, port, signals, serving)
+        if in_process:
+            await signals.until(_drain(door, drain))
 
-    asyncio.run(go())
+    target.run_with_worker(go, worker=worker)
 
 
 class _Signals:

@@ -19,26 +19,25 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
-from turnkeep.cli.approval_prompt import ApprovalPrompter, stdin_lines
 from turnkeep.cli.commands.turns import _default_agent
-from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.errors import error_text, print_error
+from turnkeep.cli.line_reader import stdin_lines
 from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import (
-    client_and_worker,
-    note_builtin_agent,
-    refuse_unrunnable,
+    ready_to_start,
     runs_worker,
     warn_if_unpolled,
 )
 from turnkeep.cli.render import TurnRenderer, plural, utc_time
+from turnkeep.cli.target import Target
+from turnkeep.cli.wait_prompt import WaitPrompter
 from turnkeep.client.live import MessageEvent
 from turnkeep.client.sessions import SessionHandle, get_session, open_session, session_state
 from turnkeep.client.turns import get_turn
-from turnkeep.config.files import find_config, load_settings
-from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME
+from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME, SessionResult
 from turnkeep.contract.turn_io import TurnOverrides, agent_task_queue
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.workflows import visibility
 
 app = typer.Typer()
@@ -62,37 +61,32 @@ def chat(
     Ctrl-C at the prompt, or end of input, leaves: the session stays open, and the command
     says how to resume or close it. A turn that fails is told in an `error:` line, the
     session goes on, and the command exits with code 2 at the end."""
-    settings = load_settings(config)
+    target = Target.of(address, namespace, config)
+    settings = target.settings
     name = agent or _default_agent(settings)
     in_process = runs_worker(address, worker)
     if session_id is None:  # a resumed session keeps its own agent
-        refuse_unrunnable(settings, name, TurnOverrides(), in_process=in_process)
-        note_builtin_agent(settings, name, in_process=in_process)
+        ready_to_start(settings, name, TurnOverrides(), in_process=in_process)
 
-    async def go() -> int:
-        async with client_and_worker(address, namespace, settings, config, worker=worker) as (
+    async def go(client: Client, _: ServerInfo | None) -> tuple[str, int]:
+        options = settings.agents.get(name)
+        session = await open_session(
             client,
-            _,
-        ):
-            options = settings.agents.get(name)
-            session = await open_session(
-                client,
-                agent=name,
-                session_id=session_id,
-                task_queue=agent_task_queue(settings.task_queue, name),
-                on_new_message=options.on_new_message if options else "queue",
-            )
-            console.print(f"[bold]session[/] {session.session_id}")
-            # Where its turns wait for a worker (a resumed session keeps its own queue).
-            queue = None if in_process else (await session.handle.describe()).task_queue
-            code = await _repl(session, queue)
-        console.print(
-            f"the session stays open: resume it with `turnkeep chat --session "
-            f"{session.session_id}`, end it with `turnkeep sessions close {session.session_id}`"
+            agent=name,
+            session_id=session_id,
+            task_queue=agent_task_queue(settings.task_queue, name),
+            on_new_message=options.on_new_message if options else "queue",
         )
-        return code
+        console.print(f"[bold]session[/] {session.session_id}")
+        # Where its turns wait for a worker (a resumed session keeps its own queue).
+        queue = None if in_process else (await session.handle.describe()).task_queue
+        return session.session_id, await _repl(session, queue)
 
-    code = asyncio.run(go())
+    opened, code = target.run_with_worker(go, worker=worker)
+    console.print(
+        f"the session stays open: resume it with `turnkeep chat --session {opened}`, end it "
+        f"with `turnkeep sessions close {opened}`"
+    )
     if code:
         raise typer.Exit(code)
 
@@ -157,7 +151,7 @@ async def _failure(session: SessionHandle, turn_id: str) -> WorkflowFailureError
 async def _read_line(interrupted: asyncio.Event) -> str | None:
     """The next line typed, or None at end of input or on Ctrl-C."""
     console.print("[bold]>[/] ", end="")
-    # The reader shared with the approval prompts: a line a dropped prompt was waiting for
+    # The reader shared with the prompts about waits: a line a dropped prompt was waiting for
     # comes here, not to a thread of its own.
     read = asyncio.ensure_future(stdin_lines().readline())
     interrupt = asyncio.ensure_future(interrupted.wait())
@@ -184,7 +178,7 @@ async def _print(
     (on a terminal); the index to follow on from. ``unpolled`` (the look for a worker) is
     cancelled once the turn's first message comes."""
     index = start
-    async with ApprovalPrompter.for_session(session) as approvals:
+    async with WaitPrompter.for_session(session) as approvals:
         async for event in session.stream(start, until_turn=turn):
             if unpolled is not None:
                 unpolled.cancel()
@@ -208,13 +202,7 @@ def sessions(
     then those closed last. `turnkeep sessions close ID` closes one."""
     if ctx.invoked_subcommand is not None:
         return
-    settings = load_settings(config)
-
-    async def go() -> list[SessionRow]:
-        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
-        return await session_rows(client, limit)
-
-    rows = asyncio.run(go())
+    rows = Target.of(address, namespace, config).run(lambda client: session_rows(client, limit))
     if not rows:
         console.print("no sessions")
     for row in rows:
@@ -292,40 +280,37 @@ def close(
 ) -> None:
     """Close a session: it answers any message still queued, then ends. It stays readable
     (`turnkeep show ID`) and takes no more messages."""
-    settings = load_settings(config)
+    target = Target.of(address, namespace, config)
 
-    async def go() -> None:
-        async with client_and_worker(address, namespace, settings, config, worker=worker) as (
-            client,
-            _,
-        ):
-            session = get_session(client, session_id)
-            described = await session.handle.describe()
-            if described.workflow_type != SESSION_WORKFLOW_NAME:
-                raise typer.BadParameter(
-                    f"{session_id!r} is a {described.workflow_type}, not a session",
-                    param_hint="SESSION_ID",
-                )
-            if described.status != WorkflowExecutionStatus.RUNNING:
-                console.print(
-                    f"session {escape(session_id)} was already {session_state(described.status)}"
-                )
-                return
-            # The session ends on a worker of its queue, if there is one.
-            unpolled = asyncio.ensure_future(
-                warn_if_unpolled(
-                    client,
-                    described.task_queue,
-                    what="the session",
-                    hint="start `turnkeep worker` with its agent in its config, or --worker "
-                    "to run one here",
-                )
+    async def go(client: Client, _: ServerInfo | None) -> SessionResult | None:
+        session = get_session(client, session_id)
+        described = await session.handle.describe()
+        if described.workflow_type != SESSION_WORKFLOW_NAME:
+            raise typer.BadParameter(
+                f"{session_id!r} is a {described.workflow_type}, not a session",
+                param_hint="SESSION_ID",
             )
-            try:
-                await session.close()
-                ended = await session.result()
-            finally:
-                unpolled.cancel()
-        console.print(f"closed session {escape(session_id)} · {plural(ended.turns, 'turn')}")
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            console.print(
+                f"session {escape(session_id)} was already {session_state(described.status)}"
+            )
+            return None
+        # The session ends on a worker of its queue, if there is one.
+        unpolled = asyncio.ensure_future(
+            warn_if_unpolled(
+                client,
+                described.task_queue,
+                what="the session",
+                hint="start `turnkeep worker` with its agent in its config, or --worker "
+                "to run one here",
+            )
+        )
+        try:
+            await session.close()
+            return await session.result()
+        finally:
+            unpolled.cancel()
 
-    asyncio.run(go())
+    ended = target.run_with_worker(go, worker=worker)
+    if ended is not None:
+        console.print(f"closed session {escape(session_id)} · {plural(ended.turns, 'turn')}")

@@ -13,28 +13,27 @@ import typer
 from pydantic import ValidationError
 from rich.markup import escape
 from temporalio.client import (
+    Client,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowFailureError,
 )
 
-from turnkeep.cli.approval_prompt import ApprovalPrompter
-from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console, print_json
 from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import (
-    client_and_worker,
-    note_builtin_agent,
-    refuse_unrunnable,
+    ready_to_start,
     runs_worker,
     warn_if_unpolled,
 )
 from turnkeep.cli.render import TurnRenderer, plural, status_word
-from turnkeep.client.history import TurnView, describe_failure, read_turn
+from turnkeep.cli.target import Target
+from turnkeep.cli.wait_prompt import WaitPrompter
+from turnkeep.client.history import TurnView, read_turn
 from turnkeep.client.live import MessageEvent
 from turnkeep.client.sessions import SessionView, read_session
+from turnkeep.client.status import describe_failure
 from turnkeep.client.turns import TurnHandle, get_turn, start_turn
-from turnkeep.config.files import find_config, load_settings
 from turnkeep.config.settings import Settings
 from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME
 from turnkeep.contract.turn_io import (
@@ -76,7 +75,8 @@ def run(
     that could only fail (an empty prompt, an agent the config lacks, a model the agent does
     not allow) is refused before anything starts. With --json, stdout carries the result
     alone, with the turn's id as `turn_id`, and the streamed turn goes to stderr."""
-    settings = load_settings(config)
+    target = Target.of(address, namespace, config)
+    settings = target.settings
     if json_out:
         console.to_stderr()
     if prompt == "-":
@@ -94,27 +94,22 @@ def run(
         max_iterations=max_iterations,
     )
     in_process = runs_worker(address, worker)
-    refuse_unrunnable(settings, turn.agent, turn.overrides(), in_process=in_process)
-    note_builtin_agent(settings, turn.agent, in_process=in_process)
+    ready_to_start(settings, turn.agent, turn.overrides(), in_process=in_process)
     task_queue = agent_task_queue(settings.task_queue, turn.agent)
 
-    async def go() -> None:
-        async with client_and_worker(address, namespace, settings, config, worker=worker) as (
-            client,
-            embedded,
-        ):
-            handle = await start_turn(client, turn, workflow_id=workflow_id, task_queue=task_queue)
-            _announce(handle, embedded)
-            unpolled = None if in_process else warn_if_unpolled(client, task_queue)
-            result, interrupted = await _stream(handle, also=unpolled)
-        if json_out:
-            # The turn's id first, so a script needs nothing from stderr to follow it up.
-            out = {"turn_id": handle.workflow_id, **result.model_dump(mode="json")}
-            print_json(json.dumps(out, indent=2, ensure_ascii=False))
-        if interrupted:
-            raise typer.Exit(INTERRUPTED_EXIT)
+    async def go(client: Client, embedded: ServerInfo | None) -> tuple[str, TurnResult, bool]:
+        handle = await start_turn(client, turn, workflow_id=workflow_id, task_queue=task_queue)
+        _announce(handle, embedded)
+        unpolled = None if in_process else warn_if_unpolled(client, task_queue)
+        return handle.workflow_id, *await _stream(handle, also=unpolled)
 
-    asyncio.run(go())
+    turn_id, result, interrupted = target.run_with_worker(go, worker=worker)
+    if json_out:
+        # The turn's id first, so a script needs nothing from stderr to follow it up.
+        out = {"turn_id": turn_id, **result.model_dump(mode="json")}
+        print_json(json.dumps(out, indent=2, ensure_ascii=False))
+    if interrupted:
+        raise typer.Exit(INTERRUPTED_EXIT)
 
 
 async def _described_turn(
@@ -167,7 +162,7 @@ async def _stream(
     interrupted = False
     beside = asyncio.ensure_future(also) if also is not None else None
     try:
-        async with ApprovalPrompter.for_turn(handle) as approvals:
+        async with WaitPrompter.for_turn(handle) as approvals:
             async for event in handle.stream_with_children(start, include_tool_results=True):
                 if beside is not None:
                     beside.cancel()  # the turn runs: a worker took it
@@ -215,10 +210,8 @@ def watch(
     config: ConfigPath = None,
 ) -> None:
     """Attach to a turn started elsewhere and stream it."""
-    settings = load_settings(config)
 
-    async def go() -> None:
-        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+    async def go(client: Client) -> None:
         turn = get_turn(client, workflow_id)
         described = await _described_turn(turn)
         unpolled = None
@@ -228,7 +221,7 @@ def watch(
         if interrupted:
             raise typer.Exit(INTERRUPTED_EXIT)
 
-    asyncio.run(go())
+    Target.of(address, namespace, config).run(go)
 
 
 @app.command()
@@ -263,16 +256,15 @@ def show(
     """Print a turn from its history: messages, tool calls and results, timings, usage, stop
     reason and any repair. Running, completed, cancelled or failed; no worker needed. Given a
     session's id, print each of its turns so, open or closed."""
-    settings = load_settings(config)
+    target = Target.of(address, namespace, config)
     if json_out:
         console.to_stderr()
 
-    async def go() -> TurnView | SessionView:
-        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+    async def go(client: Client) -> TurnView | SessionView:
         session = None if run_id else await read_session(client, workflow_id)
         return session or await read_turn(client, workflow_id, run_id)
 
-    view = asyncio.run(go())
+    view = target.run(go)
     if isinstance(view, SessionView):
         _show_session(view, json_out=json_out, full=full)
         return
@@ -311,10 +303,8 @@ def cancel(
     config: ConfigPath = None,
 ) -> None:
     """Cancel a running turn; its conversation is repaired and stays readable."""
-    settings = load_settings(config)
 
-    async def go() -> None:
-        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+    async def go(client: Client) -> None:
         handle = get_turn(client, workflow_id)
         described = await _described_turn(handle, session="`turnkeep sessions close` ends one")
         if described.status != WorkflowExecutionStatus.RUNNING:
@@ -335,7 +325,7 @@ def cancel(
             unpolled.cancel()
         console.print("the turn had already ended: completed")
 
-    asyncio.run(go())
+    Target.of(address, namespace, config).run(go)
 
 
 async def _how_it_ended(turn: TurnHandle, described: WorkflowExecutionDescription) -> str:

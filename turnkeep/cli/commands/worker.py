@@ -9,13 +9,14 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from temporalio.client import Client
 
-from turnkeep.cli.connect import client_for
 from turnkeep.cli.console import console
 from turnkeep.cli.options import Address, ConfigPath, Namespace
 from turnkeep.cli.process import in_process_worker, with_streaming
+from turnkeep.cli.target import Target
 from turnkeep.client.connection import connect
-from turnkeep.config.files import find_config, load_settings
+from turnkeep.config.files import load_settings
 from turnkeep.observability.search_attributes import WANTED, Registration, register, type_name
 from turnkeep.observability.setup import start_worker_observability
 from turnkeep.worker.build import tune_garbage_collector
@@ -63,14 +64,12 @@ def setup(address: Address = None, namespace: Namespace = None, config: ConfigPa
     """Register turnkeep's search attributes (TurnkeepAgent, TurnkeepModel, TurnkeepStatus,
     TurnkeepStopReason, TurnkeepIterations, TurnkeepTokens) on the namespace, so turns can be
     filtered by them. Once per namespace; running it again changes nothing."""
-    settings = load_settings(config)
 
-    async def go() -> Registration:
-        client, _ = await client_for(address, namespace, settings, config_file=find_config(config))
+    async def go(client: Client) -> Registration:
         console.print(f"namespace [bold]{escape(client.namespace)}[/]")
         return await register(client)
 
-    found = asyncio.run(go())
+    found = Target.of(address, namespace, config).run(go)
     for name in found.present:
         verb = "added" if name in found.added else "already registered"
         console.print(f"{verb}: {name} ({type_name(WANTED[name])})")

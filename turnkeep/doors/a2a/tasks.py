@@ -19,7 +19,6 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkeep.client.sessions import SessionHandle, get_session
 from turnkeep.client.turns import TurnHandle, get_turn
 from turnkeep.contract.messages import Message as TurnMessage
-from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME
 from turnkeep.doors.a2a.follow import task_status, turn_end, waited_since, waiting_calls
 from turnkeep.doors.a2a.messages import (
     agent_message,
@@ -92,13 +91,8 @@ async def existing_session(
 ) -> tuple[SessionHandle, bool] | None:
     """The session context ``context_id`` is, and whether it runs; None if there is none."""
     session = get_session(client, session_id_for(agent, context_id))
-    try:
-        described = await session.handle.describe()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
-    if described.workflow_type != SESSION_WORKFLOW_NAME:
+    described = await session.described()
+    if described is None:
         return None
     return session, described.status == WorkflowExecutionStatus.RUNNING
 

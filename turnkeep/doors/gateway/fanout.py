@@ -28,10 +28,11 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
-from turnkeep.client.history import describe_failure
 from turnkeep.client.live import MessageEvent, Restarted, StreamEvent, TextDelta, ToolCallStart
+from turnkeep.client.queries import query_retrying
 from turnkeep.client.sessions import get_session
-from turnkeep.client.turns import get_turn, query_retrying
+from turnkeep.client.status import describe_failure
+from turnkeep.client.turns import get_turn
 from turnkeep.contract.approval import PendingCall
 from turnkeep.doors.gateway.access import Kind
 from turnkeep.doors.gateway.models import (

@@ -21,8 +21,9 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailed
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from turnkeep.client.queries import query_retrying
 from turnkeep.client.sessions import SessionClosedError, get_session, open_session
-from turnkeep.client.turns import get_turn, query_retrying, start_turn
+from turnkeep.client.turns import get_turn, start_turn
 from turnkeep.config.settings import Settings
 from turnkeep.contract.approval import PendingCall
 from turnkeep.contract.messages import Message
