@@ -22,6 +22,7 @@ from temporalio.exceptions import FailureError
 
 from turnkeep.contract.approval import CHILD_APPROVALS_SIGNAL, ChildApprovals, PendingCall
 from turnkeep.workflows.loop import TurnState
+from turnkeep.workflows.waits import pending
 
 
 def parent_turn(depth: int) -> str | None:
@@ -41,7 +42,7 @@ async def report_to_parent(state: TurnState, parent_id: str) -> None:
         await workflow.wait_condition(_changed(state, turn_id, sent))
         if state.done:
             return
-        calls = state.reported_calls(turn_id)
+        calls = pending.reported_calls(state, turn_id)
         try:
             await parent.signal(
                 CHILD_APPROVALS_SIGNAL, ChildApprovals(turn_id=turn_id, calls=calls)
@@ -53,7 +54,7 @@ async def report_to_parent(state: TurnState, parent_id: str) -> None:
 
 
 def _changed(state: TurnState, turn_id: str, sent: list[PendingCall]) -> Callable[[], bool]:
-    return lambda: state.done or state.reported_calls(turn_id) != sent
+    return lambda: state.done or pending.reported_calls(state, turn_id) != sent
 
 
 def report_problem(report: ChildApprovals, children: dict[str, str]) -> str | None:

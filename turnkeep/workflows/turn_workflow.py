@@ -76,6 +76,8 @@ from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.shared import shared
 from turnkeep.workflows.starting import handler_argument, start_arguments
 from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts, policy_request
+from turnkeep.workflows.waits import approval, client_tool, decisions, pending, sampling, server_ask
+from turnkeep.workflows.waits import budget as budgets
 
 # The error type a refused decision (or revocation) carries.
 DECISION_ERROR = "InvalidDecision"
@@ -308,13 +310,13 @@ class TurnWorkflow:
         state = self._require_state()
         budget = state.plan.budget
         assert budget is not None
-        problem = state.budget_exceeded(self._message_json.estimate_tokens(request.messages))
+        problem = budgets.exceeded(state, self._message_json.estimate_tokens(request.messages))
         if problem is None:
             return True
         if budget.on_exceeded == "stop":
-            state.stop_at_budget(problem)
+            budgets.stop(state, problem)
             return False
-        call = state.await_budget(problem, workflow.now())
+        call = budgets.hold(state, problem, workflow.now())
         self._message_json = MessageJson()  # a person may take hours (see `_approve`)
         turn_metrics.approval_requested(state.plan.agent)
         self._show(f"waiting on a budget decision: {problem}", publish=True)
@@ -327,15 +329,15 @@ class TurnWorkflow:
             )
         except TimeoutError:
             if call.call_id in state.pending_approvals:  # not decided in this same task
-                state.time_out(call.call_id, workflow.now())
+                decisions.time_out(state, call.call_id, workflow.now())
         except asyncio.CancelledError:
             turn_metrics.approval_resolved(state.plan.agent, "cancelled")
             raise
-        record = state.decision(call.call_id)
+        record = pending.decision(state, call.call_id)
         assert record is not None
         turn_metrics.approval_resolved(state.plan.agent, record.decision)
         if not record.approved:
-            state.stop_at_budget(problem, record)
+            budgets.stop(state, problem, record)
             return False
         self._show(visibility.waiting_on_model(request), publish=True)
         return True
@@ -436,7 +438,7 @@ class TurnWorkflow:
             state.on_model_answer(answer)
             return answer
 
-        state.on_team_answer(await teams.run_team(team, state.messages, run, ask))
+        state.end_with(await teams.run_team(team, state.messages, run, ask))
 
     async def _call_agent(self, call: ToolCallRequest, tool: AgentTool) -> ToolCallOutcome:
         """Run a call of one of the turn's agent tools as a child turn, and count its usage."""
@@ -474,7 +476,7 @@ class TurnWorkflow:
         state = self._require_state()
         rules = state.plan.approval
         assert rules is not None, "only calls the approval rules name are gated"
-        state.await_approval(call, workflow.now())
+        approval.hold(state, call, workflow.now())
         summary = visibility.approval_timeout_summary(call)
         record = await self._wait(call.call_id, rules.timeout, summary)
         if not record.approved:
@@ -488,7 +490,7 @@ class TurnWorkflow:
         (or denies it, or the timeout does): the same durable wait as an approval's."""
         state = self._require_state()
         assert state.plan.client_tools is not None, "only client-side calls wait for a client"
-        state.await_client_result(call, workflow.now())
+        client_tool.hold(state, call, workflow.now())
         summary = visibility.approval_timeout_summary(call)
         record = await self._wait(call.call_id, state.plan.client_tools.timeout, summary)
         submitted = state.submitted.pop(call.call_id, None)
@@ -513,12 +515,12 @@ class TurnWorkflow:
             )
         except TimeoutError:
             if wait_id in state.pending_approvals:  # not decided in this same task
-                state.time_out(wait_id, workflow.now())
+                decisions.time_out(state, wait_id, workflow.now())
         except asyncio.CancelledError:
             turn_metrics.approval_resolved(state.plan.agent, "cancelled")
             raise
         self._tools_moved(publish=True)
-        record = state.decision(wait_id)
+        record = pending.decision(state, wait_id)
         assert record is not None
         turn_metrics.approval_resolved(state.plan.agent, record.decision)
         return record
@@ -537,7 +539,7 @@ class TurnWorkflow:
             if (call.call_id, declined.digest) not in self._declined:
                 self._declined.add((call.call_id, declined.digest))
                 id = wait_id(call.call_id, declined.kind, self._next_request(call.call_id))
-                state.decline_server_request(call, id, declined, now)
+                server_ask.decline(state, call, id, declined, now)
         request = outcome.needs_input
         if request is None:
             return None
@@ -550,7 +552,7 @@ class TurnWorkflow:
         if request.kind == "elicitation":
             if plan is None or plan.elicitation != "forms":
                 refused = request.model_copy(update={"reason": "elicitation is not enabled"})
-                state.decline_server_request(call, id, refused, now)
+                server_ask.decline(state, call, id, refused, now)
                 answer = elicit_answer(request, "decline")
             else:
                 await self._wait_for_input(call, id, request)
@@ -568,11 +570,11 @@ class TurnWorkflow:
         """Hold ``call`` under ``id`` until a person answers ``request`` (the ``decide``
         update) or its timeout passes: the same durable wait as an approval's (``_approve``)."""
         state = self._require_state()
-        state.await_input(call, id, request, workflow.now())
+        server_ask.hold(state, call, id, request, workflow.now())
         self._asking[id] = call.call_id
         try:
             summary = visibility.clip(f"{request.kind} {call.name} · {id}")
-            await self._wait(id, state.input_timeout(call.name), summary)
+            await self._wait(id, server_ask.input_timeout(state, call.name), summary)
         finally:
             del self._asking[id]
 
@@ -588,16 +590,16 @@ class TurnWorkflow:
         state = self._require_state()
         if plan is None or not plan.sampling or request.sampling is None:
             refused = request.model_copy(update={"reason": "sampling is not enabled"})
-            state.decline_server_request(call, id, refused, workflow.now())
+            server_ask.decline(state, call, id, refused, workflow.now())
             return sample_refusal(request, "sampling is not enabled for this server")
         if plan.sampling_approval:
             await self._wait_for_input(call, id, request)
-            record = state.decision(id)
+            record = pending.decision(state, id)
             if record is None or not record.approved:
                 return sample_refusal(request, "sampling was not approved")
-        sampling = request.sampling
+        asked = request.sampling
         limit = state.plan.max_tokens
-        max_tokens = sampling.max_tokens
+        max_tokens = asked.max_tokens
         if limit is not None:
             max_tokens = min(max_tokens or limit, limit)
         model = plan.sampling_model or state.plan.model
@@ -606,10 +608,10 @@ class TurnWorkflow:
             agent=state.plan.agent,
             model=model,
             call_index=state.model_calls,
-            instruction=sampling.system_prompt,
-            messages=sampling.messages,
+            instruction=asked.system_prompt,
+            messages=asked.messages,
             tools=[],
-            temperature=sampling.temperature,
+            temperature=asked.temperature,
             max_tokens=max_tokens,
         )
         self._sampling_inputs[llm.call_index] = llm
@@ -617,7 +619,7 @@ class TurnWorkflow:
             answer = await actions.call_model(llm, state.plan, MessageJson())
         finally:
             del self._sampling_inputs[llm.call_index]
-        state.on_sampling(model, answer)
+        sampling.count(state, model, answer)
         if answer.stop_reason == StopReason.ERROR:
             return sample_refusal(request, answer.text)
         return sample_answer(request, answer, model)
@@ -732,20 +734,20 @@ class TurnWorkflow:
         decision = Decision.model_validate(args[0])
         # Drawn only by a decision that sets a rule: no other turn's replay sees it.
         rule_id = f"rule-{workflow.uuid4().hex[:12]}" if decision.remember else None
-        return self._require_state().decide(decision, workflow.now(), rule_id)
+        return decisions.decide(self._require_state(), decision, workflow.now(), rule_id)
 
     @decide.validator
     def _check_decide(self, *args: Any) -> None:
         decision = handler_argument(args, Decision, "decide", DECISION_ERROR)
         state = self._state
         if state is not None:
-            _route_to_child(state.call_owners(decision.call_id), decision.call_id)
+            _route_to_child(pending.call_owners(state, decision.call_id), decision.call_id)
         if state is None:
             raise _bad_decision("the turn has not reached its tool calls yet")
         # A result is checked against its tool's output schema by jsonschema, which is not
         # workflow code: imported outside the sandbox, once per worker.
         with workflow.unsafe.imports_passed_through():
-            problem = state.decision_problem(decision)
+            problem = decisions.decision_problem(state, decision)
         if problem is not None:
             raise _bad_decision(problem)
 
@@ -754,7 +756,7 @@ class TurnWorkflow:
     def revoke_allow(self, *args: Any) -> AllowRule:
         """Revoke an "always allow" rule of the turn: one argument, a ``RevokeAllow``."""
         revoke = RevokeAllow.model_validate(args[0])
-        rule = self._require_state().revoke(revoke.rule_id, revoke.by, workflow.now())
+        rule = pending.revoke(self._require_state(), revoke.rule_id, revoke.by, workflow.now())
         assert rule is not None
         return rule
 
@@ -763,7 +765,9 @@ class TurnWorkflow:
         revoke = handler_argument(args, RevokeAllow, "revoke_allow", DECISION_ERROR)
         state = self._state
         problem = (
-            "the turn has no rules yet" if state is None else state.revoke_problem(revoke.rule_id)
+            "the turn has no rules yet"
+            if state is None
+            else pending.revoke_rule_problem(state, revoke.rule_id)
         )
         if problem is not None:
             raise _bad_decision(problem)
@@ -779,7 +783,7 @@ class TurnWorkflow:
             workflow.logger.warning("ignored a session_rule_revoked signal: %s", err)
             return
         if self._state is not None and not self._state.done:
-            self._state.revoke(revoke.rule_id, revoke.by, workflow.now())
+            pending.revoke(self._state, revoke.rule_id, revoke.by, workflow.now())
 
     @workflow.query(name=ALLOW_RULES_QUERY)
     def allow_rules(self) -> list[AllowRule]:
@@ -814,7 +818,7 @@ class TurnWorkflow:
     def pending_approvals(self) -> list[PendingCall]:
         """The calls waiting for a decision, oldest first, then those waiting in the turn's
         child turns (each saying which turn and agent it is of)."""
-        return self._state.waiting_calls() if self._state else []
+        return pending.waiting_calls(self._state) if self._state else []
 
     @workflow.query(name=MODEL_INPUT_QUERY)
     def model_input(self, call_index: int, start: int = 0) -> ModelInputPage | None:

@@ -1,0 +1,67 @@
+"""A tool call the agent's approval rules hold until a person approves (perhaps with edited
+arguments, perhaps always) or denies it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from turnkeep.contract.activity_io import ToolCallRequest
+from turnkeep.contract.approval import AllowRule, Decision, DecisionRecord, PendingCall
+from turnkeep.workflows.loop import TurnState
+from turnkeep.workflows.waits import pending as waits
+from turnkeep.workflows.waits.base import Wait
+
+
+def hold(state: TurnState, call: ToolCallRequest, now: datetime) -> None:
+    """Hold ``call`` for a person's decision."""
+    waits.hold(
+        state,
+        PendingCall(call_id=call.call_id, name=call.name, arguments=call.arguments, since=now),
+    )
+
+
+class Approval(Wait):
+    kind = "approval"
+
+    def timeout(self, state: TurnState, pending: PendingCall) -> float:
+        return state.plan.approval.timeout if state.plan.approval else 0.0
+
+    def decide(
+        self,
+        state: TurnState,
+        decision: Decision,
+        pending: PendingCall,
+        now: datetime,
+        rule_id: str | None,
+    ) -> DecisionRecord:
+        """One that remembers also sets an "always allow" rule, which allows at once the
+        batch's other waiting calls it covers."""
+        edited = decision.arguments is not None and decision.arguments != pending.arguments
+        rule = None
+        if decision.remember is not None:
+            assert rule_id is not None, "a remembered decision sets a rule, with an id"
+            rule = AllowRule(
+                id=rule_id,
+                tool=pending.name,
+                arguments=(decision.arguments or pending.arguments)
+                if decision.remember_arguments
+                else None,
+                scope=decision.remember,
+                by=decision.by,
+                at=now,
+                call_id=pending.call_id,
+            )
+            state.allow_rules.append(rule)
+        record = waits.record(
+            state,
+            pending,
+            decision,
+            now,
+            original_arguments=pending.arguments if edited else None,
+            arguments=decision.arguments if edited else None,
+            rule=rule.id if rule else None,
+            remember=decision.remember,
+        )
+        if rule is not None:
+            waits.allow_waiting(state, now)
+        return record
