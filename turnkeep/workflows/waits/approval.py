@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from temporalio import workflow
+
 from turnkeep.contract.activity_io import ToolCallRequest
 from turnkeep.contract.approval import AllowRule, Decision, DecisionRecord, PendingCall
+from turnkeep.contract.messages import CallToolResult
+from turnkeep.workflows import visibility
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits import pending as waits
-from turnkeep.workflows.waits.base import Wait
+from turnkeep.workflows.waits.base import Turn, Wait
 
 
 def hold(state: TurnState, call: ToolCallRequest, now: datetime) -> None:
@@ -65,3 +69,22 @@ class Approval(Wait):
         if rule is not None:
             waits.allow_waiting(state, now)
         return record
+
+
+APPROVAL = Approval()
+
+
+async def approve(turn: Turn, call: ToolCallRequest) -> ToolCallRequest | CallToolResult:
+    """Hold ``call`` until the ``decide`` update (or the agent's timeout) settles it: the call
+    to run (perhaps with edited arguments), or the denial to answer it with."""
+    state = turn.state
+    rules = state.plan.approval
+    assert rules is not None, "only calls the approval rules name are gated"
+    hold(state, call, workflow.now())
+    summary = visibility.approval_timeout_summary(call)
+    record = await APPROVAL.wait(turn, call.call_id, rules.timeout, summary)
+    if not record.approved:
+        return record.denial()
+    if record.arguments is not None:
+        return call.model_copy(update={"arguments": record.arguments})
+    return call

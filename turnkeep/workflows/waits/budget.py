@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
+
+from temporalio import workflow
 
 from turnkeep.contract.approval import Decision, DecisionRecord, PendingCall
 from turnkeep.contract.messages import Message, StopReason, TextContent, json_channel
+from turnkeep.contract.model_io import LlmRequest, MessageJson
+from turnkeep.workflows import turn_metrics, visibility, worker_cache
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits import budget_ledger
 from turnkeep.workflows.waits import pending as waits
-from turnkeep.workflows.waits.base import Wait
+from turnkeep.workflows.waits.base import Turn, Wait
 from turnkeep.workflows.waits.budget_ledger import amount
 
 
@@ -136,6 +141,50 @@ class Budget(Wait):
             original_arguments={"limit": before} if raised else None,
             arguments={"limit": decision.limit} if raised else None,
         )
+
+
+BUDGET = Budget()
+
+
+async def within_budget(turn: Turn, request: LlmRequest) -> bool:
+    """Whether the model call ``request`` may go ahead under the turn's budget: at once, or
+    once a person raised it. Otherwise the turn has stopped with a final message: the agent
+    stops at its budget, or the person chose to, or nobody decided in time. The wait is an
+    approval's: no activity runs, the turn leaves the worker's cache."""
+    state = turn.state
+    budget = state.plan.budget
+    assert budget is not None
+    problem = exceeded(state, turn.message_json.estimate_tokens(request.messages))
+    if problem is None:
+        return True
+    if budget.on_exceeded == "stop":
+        stop(state, problem)
+        return False
+    call = hold(state, problem, workflow.now())
+    turn.message_json = MessageJson()  # a person may take hours (see `Wait.wait`)
+    turn_metrics.approval_requested(state.plan.agent)
+    turn.show(f"waiting on a budget decision: {problem}", publish=True)
+    worker_cache.leave_cache()
+    try:
+        await workflow.wait_condition(
+            lambda: call.call_id not in state.pending_approvals,
+            timeout=budget.timeout,
+            timeout_summary=visibility.clip(f"budget · {call.call_id}"),
+        )
+    except TimeoutError:
+        if call.call_id in state.pending_approvals:  # not decided in this same task
+            BUDGET.time_out(state, call.call_id, workflow.now())
+    except asyncio.CancelledError:
+        turn_metrics.approval_resolved(state.plan.agent, "cancelled")
+        raise
+    record = waits.decision(state, call.call_id)
+    assert record is not None
+    turn_metrics.approval_resolved(state.plan.agent, record.decision)
+    if not record.approved:
+        stop(state, problem, record)
+        return False
+    turn.show(visibility.waiting_on_model(request), publish=True)
+    return True
 
 
 def _stopped_by(record: DecisionRecord) -> str:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from temporalio import workflow
+
 from turnkeep.contract.activity_io import ToolCallRequest
 from turnkeep.contract.approval import Decision, DecisionRecord, PendingCall, result_problem
+from turnkeep.contract.messages import CallToolResult
+from turnkeep.workflows import visibility
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits import pending as waits
-from turnkeep.workflows.waits.base import NO_LIMIT, Wait
+from turnkeep.workflows.waits.base import NO_LIMIT, Turn, Wait
 
 
 def hold(state: TurnState, call: ToolCallRequest, now: datetime) -> None:
@@ -63,3 +67,18 @@ class ClientResult(Wait):
         if decision.result is not None and decision.decision == "approve":
             state.submitted[pending.call_id] = decision.result.as_result()
         return super().decide(state, decision, pending, now, rule_id)
+
+
+CLIENT_RESULT = ClientResult()
+
+
+async def result(turn: Turn, call: ToolCallRequest) -> CallToolResult:
+    """Hold a client-side tool's call until a client submits its result through ``decide`` (or
+    denies it, or the timeout does): the same durable wait as an approval's."""
+    state = turn.state
+    assert state.plan.client_tools is not None, "only client-side calls wait for a client"
+    hold(state, call, workflow.now())
+    summary = visibility.approval_timeout_summary(call)
+    record = await CLIENT_RESULT.wait(turn, call.call_id, state.plan.client_tools.timeout, summary)
+    submitted = state.submitted.pop(call.call_id, None)
+    return submitted if record.approved and submitted is not None else record.denial()

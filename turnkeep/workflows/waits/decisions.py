@@ -5,24 +5,18 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from turnkeep.contract.approval import (
-    TIMEOUT_DECIDER,
-    Decision,
-    DecisionRecord,
-    WaitKind,
-    format_seconds,
-)
+from turnkeep.contract.approval import Decision, DecisionRecord, WaitKind
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits import pending as waits
-from turnkeep.workflows.waits.approval import Approval
+from turnkeep.workflows.waits.approval import APPROVAL
 from turnkeep.workflows.waits.base import Wait
-from turnkeep.workflows.waits.budget import Budget
-from turnkeep.workflows.waits.client_tool import ClientResult
-from turnkeep.workflows.waits.elicitation import Elicitation
-from turnkeep.workflows.waits.sampling import Sampling
+from turnkeep.workflows.waits.budget import BUDGET
+from turnkeep.workflows.waits.client_tool import CLIENT_RESULT
+from turnkeep.workflows.waits.elicitation import ELICITATION
+from turnkeep.workflows.waits.sampling import SAMPLING
 
 KINDS: dict[WaitKind, Wait] = {
-    wait.kind: wait for wait in (Approval(), Budget(), ClientResult(), Elicitation(), Sampling())
+    wait.kind: wait for wait in (APPROVAL, BUDGET, CLIENT_RESULT, ELICITATION, SAMPLING)
 }
 
 
@@ -51,20 +45,5 @@ def decide(
 
 
 def time_out(state: TurnState, call_id: str, now: datetime) -> DecisionRecord:
-    """Settle a wait nobody decided on in time (a call is denied; a budget's wait stops the
-    turn)."""
-    pending = state.pending_approvals.pop(call_id)
-    kind = KINDS[pending.kind]
-    timeout = kind.timeout(state, pending)
-    kind.timed_out(state, pending)
-    record = DecisionRecord(
-        call_id=call_id,
-        tool=pending.name,
-        decision="timeout",
-        by=TIMEOUT_DECIDER,
-        reason=f"no decision within {format_seconds(timeout)}",
-        at=now,
-        kind=pending.kind,
-    )
-    state.decisions.append(record)
-    return record
+    """Settle a wait nobody decided on in time (``Wait.time_out``)."""
+    return KINDS[state.pending_approvals[call_id].kind].time_out(state, call_id, now)

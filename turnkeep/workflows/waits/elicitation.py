@@ -3,15 +3,21 @@ schema), declines or cancels it."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from turnkeep.contract.activity_io import ToolCallRequest
 from turnkeep.contract.approval import Decision, PendingCall
 from turnkeep.contract.server_requests import (
+    ServerAnswer,
     ServerRequest,
+    ServerRequestPlan,
     coerce_content,
     content_problem,
     elicit_answer,
 )
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.waits.server_ask import ServerAsk
+from turnkeep.workflows.waits import server_ask
+from turnkeep.workflows.waits.server_ask import AskedTurn, ServerAsk
 
 
 class Elicitation(ServerAsk):
@@ -47,3 +53,24 @@ class Elicitation(ServerAsk):
         request = state.server_asks.pop(pending.call_id)
         # Nobody answering is MCP's cancel ("dismissed without an explicit choice").
         state.server_answers[pending.call_id] = elicit_answer(request, "cancel")
+
+
+ELICITATION = Elicitation()
+
+
+async def elicit(
+    turn: AskedTurn,
+    call: ToolCallRequest,
+    wait_id: str,
+    request: ServerRequest,
+    plan: ServerRequestPlan | None,
+    now: datetime,
+) -> ServerAnswer:
+    """The answer to a server's elicitation: a person's, or the decline of a server whose
+    config does not enable forms."""
+    if plan is None or plan.elicitation != "forms":
+        refused = request.model_copy(update={"reason": "elicitation is not enabled"})
+        server_ask.decline(turn.state, call, wait_id, refused, now)
+        return elicit_answer(request, "decline")
+    await ELICITATION.ask(turn, call, wait_id, request)
+    return turn.state.server_answers.pop(wait_id)

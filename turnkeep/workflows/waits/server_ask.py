@@ -4,18 +4,50 @@ with the answer (``server_requests``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
+
+from temporalio import workflow
 
 from turnkeep.contract.activity_io import TOOL_SEPARATOR, ToolCallRequest
 from turnkeep.contract.approval import Decision, DecisionRecord, PendingCall
+from turnkeep.contract.model_io import LlmRequest
 from turnkeep.contract.server_requests import SERVER_POLICY_DECIDER, ServerRequest
+from turnkeep.workflows import visibility
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits import pending as waits
-from turnkeep.workflows.waits.base import Wait
+from turnkeep.workflows.waits.base import Turn, Wait
 
 # Seconds a server's request waits for a person when neither the server nor the agent's
 # approval rules say.
 DEFAULT_INPUT_TIMEOUT = 86400.0
+
+
+@dataclass
+class ServerAsks:
+    """What the workflow keeps of its servers' requests while it runs. Never carried over: a
+    run continues as new only between steps, with no tool call running."""
+
+    # The tool calls whose server's request waits for a person, by wait id; and the requests
+    # of the model calls made for servers' sampling requests, by call index.
+    waiting: dict[str, str] = field(default_factory=dict)
+    sampling_inputs: dict[int, LlmRequest] = field(default_factory=dict)
+    # Per tool call, how many of its server's requests were numbered, and the declined ones
+    # already recorded (by digest).
+    numbered: dict[str, int] = field(default_factory=dict)
+    declined: set[tuple[str, str]] = field(default_factory=set)
+
+    def next_number(self, call_id: str) -> int:
+        """The number of a server's next request in call ``call_id`` (1, 2...)."""
+        self.numbered[call_id] = self.numbered.get(call_id, 0) + 1
+        return self.numbered[call_id]
+
+
+class AskedTurn(Turn, Protocol):
+    """A turn whose tools' servers may ask during their calls."""
+
+    asks: ServerAsks
 
 
 def hold(
@@ -92,3 +124,18 @@ class ServerAsk(Wait):
 
     def timed_out(self, state: TurnState, pending: PendingCall) -> None:
         state.server_asks.pop(pending.call_id)
+
+    async def ask(
+        self, turn: AskedTurn, call: ToolCallRequest, wait_id: str, request: ServerRequest
+    ) -> None:
+        """Hold ``call`` under ``wait_id`` until a person answers ``request`` (the ``decide``
+        update) or its timeout passes: the same durable wait as an approval's."""
+        assert request.kind == self.kind, "a request waits as its own kind"
+        state = turn.state
+        hold(state, call, wait_id, request, workflow.now())
+        turn.asks.waiting[wait_id] = call.call_id
+        try:
+            summary = visibility.clip(f"{request.kind} {call.name} · {wait_id}")
+            await self.wait(turn, wait_id, input_timeout(state, call.name), summary)
+        finally:
+            del turn.asks.waiting[wait_id]
