@@ -12,7 +12,7 @@ documentation's *The Web UI*).
   ``TurnkeepStopReason``, ``TurnkeepIterations``, ``TurnkeepTokens``, ``TurnkeepCostUsd``).
 
 Only text and values computed from the loop's state live here, no Temporal calls, so all of it
-is testable without a server; ``TurnWorkflow._show`` publishes them. The search-attribute
+is testable without a server; ``TurnWorkflow.show`` publishes them. The search-attribute
 definitions here are the one list the embedded server, ``turnkeep setup``, the worker's
 start-up check and the workflow all use.
 """

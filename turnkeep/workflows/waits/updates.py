@@ -62,6 +62,7 @@ def revoke_allow(state: TurnState, args: Sequence[Any]) -> AllowRule:
 
 
 def check_revoke_allow(state: TurnState | None, args: Sequence[Any]) -> None:
+    """Refuse a revocation of a rule the turn does not have, or has revoked already."""
     revoke = handler_argument(args, RevokeAllow, "revoke_allow", DECISION_ERROR)
     problem = (
         "the turn has no rules yet"
