@@ -34,9 +34,10 @@ from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing.fake_api import Reply
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.testing.harness import harness
+from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts
-from turnkeep.workflows.waits import approval, decisions, pending
+from turnkeep.workflows.waits import approval, decisions
 
 pytestmark = pytest.mark.asyncio
 
@@ -131,10 +132,11 @@ async def test_rules_apply_after_the_policy_and_can_be_revoked() -> None:
     assert "w2" in allowed.answered and [(r.by, r.rule) for r in records] == [("rule:bob", "r1")]
     state.allow_rules.append(rule)
     assert (
-        pending.revoke_rule_problem(state, "r2") == "no rule 'r2' in this turn (active rules: r1)"
+        pending_calls.revoke_rule_problem(state, "r2")
+        == "no rule 'r2' in this turn (active rules: r1)"
     )
-    assert pending.revoke(state, "r1", "carol", NOW) is not None
-    assert "already revoked, by carol" in (pending.revoke_rule_problem(state, "r1") or "")
+    assert pending_calls.revoke(state, "r1", "carol", NOW) is not None
+    assert "already revoked, by carol" in (pending_calls.revoke_rule_problem(state, "r1") or "")
     call = ToolCallRequest(agent="a", call_id="w9", name="fs__write", arguments={})
     assert apply_rules(batch.model_copy(update={"gated": [call]}), state.allow_rules, [], NOW)[
         0

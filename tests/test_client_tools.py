@@ -40,8 +40,9 @@ from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.testing.harness import harness
+from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.waits import approval, client_tool, decisions, pending
+from turnkeep.workflows.waits import approval, client_tool, decisions
 
 pytestmark = pytest.mark.asyncio
 
@@ -105,7 +106,7 @@ async def test_client_side_calls_wait_for_their_client_and_need_no_approval() ->
     assert [c.call_id for c in batch.gated] == ["w"] and not batch.to_run
     assert not state.runs_every_pending_call()
     client_tool.hold(state, batch.client[0], NOW)
-    [waiting] = pending.waiting_calls(state)
+    [waiting] = pending_calls.waiting_calls(state)
     assert (waiting.kind, waiting.requested_schema) == ("client_result", PICK_SCHEMA)
 
 

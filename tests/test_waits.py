@@ -8,7 +8,7 @@ from typing import get_args
 from turnkeep.contract.activity_io import BudgetPlan
 from turnkeep.contract.approval import WaitKind
 from turnkeep.contract.turn_io import Spent
-from turnkeep.workflows.waits import budget_ledger
+from turnkeep.workflows import budget_ledger
 from turnkeep.workflows.waits.base import Wait
 from turnkeep.workflows.waits.decisions import KINDS
 

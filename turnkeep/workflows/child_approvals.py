@@ -23,8 +23,8 @@ from temporalio import workflow
 from temporalio.exceptions import FailureError
 
 from turnkeep.contract.approval import CHILD_APPROVALS_SIGNAL, ChildApprovals, PendingCall
+from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.waits import pending
 
 
 def parent_turn(depth: int) -> str | None:
@@ -44,7 +44,7 @@ async def report_to_parent(state: TurnState, parent_id: str) -> None:
         await workflow.wait_condition(_changed(state, turn_id, sent))
         if state.done:
             return
-        calls = pending.reported_calls(state, turn_id)
+        calls = pending_calls.reported_calls(state, turn_id)
         try:
             await parent.signal(
                 CHILD_APPROVALS_SIGNAL, ChildApprovals(turn_id=turn_id, calls=calls)
@@ -56,7 +56,7 @@ async def report_to_parent(state: TurnState, parent_id: str) -> None:
 
 
 def _changed(state: TurnState, turn_id: str, sent: list[PendingCall]) -> Callable[[], bool]:
-    return lambda: state.done or pending.reported_calls(state, turn_id) != sent
+    return lambda: state.done or pending_calls.reported_calls(state, turn_id) != sent
 
 
 def take_report(state: TurnState | None, args: Sequence[Any], children: dict[str, str]) -> bool:

@@ -42,9 +42,9 @@ from turnkeep.contract.turn_io import (
     TurnResult,
     Usage,
 )
+from turnkeep.workflows import budget_ledger
 from turnkeep.workflows.repair import repair_dangling_tool_calls
 from turnkeep.workflows.tool_batch import ToolBatch
-from turnkeep.workflows.waits import budget_ledger
 
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n\n"
 STRUCTURED_FINALIZATION_PROMPT = (

@@ -52,6 +52,7 @@ from turnkeep.workflows import (
     actions,
     agent_tools,
     child_approvals,
+    pending_calls,
     teams,
     turn_metrics,
     visibility,
@@ -63,7 +64,7 @@ from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.shared import shared
 from turnkeep.workflows.starting import start_arguments
 from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts, policy_request
-from turnkeep.workflows.waits import approval, client_tool, pending, server_requests, updates
+from turnkeep.workflows.waits import approval, client_tool, server_requests, updates
 from turnkeep.workflows.waits import budget as budgets
 from turnkeep.workflows.waits.server_ask import ServerAsks
 
@@ -560,7 +561,7 @@ class TurnWorkflow:
     def pending_approvals(self) -> list[PendingCall]:
         """The calls waiting for a decision, oldest first, then those waiting in the turn's
         child turns (each saying which turn and agent it is of)."""
-        return pending.waiting_calls(self._state) if self._state else []
+        return pending_calls.waiting_calls(self._state) if self._state else []
 
     @workflow.query(name=MODEL_INPUT_QUERY)
     def model_input(self, call_index: int, start: int = 0) -> ModelInputPage | None:

@@ -36,8 +36,8 @@ from turnkeep.contract.activity_io import HookPoint, ToolCallRequest
 from turnkeep.contract.approval import PendingCall
 from turnkeep.contract.messages import Message, StopReason
 from turnkeep.contract.model_io import LlmRequest
+from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.waits import pending
 
 # -- search attributes --------------------------------------------------------------------
 
@@ -88,7 +88,9 @@ def turn_status(state: TurnState) -> TurnStatus:
     if not state.done:
         # A call waiting in a child turn holds this turn up as much as one of its own.
         return (
-            TurnStatus.AWAITING_APPROVAL if pending.awaits_decision(state) else TurnStatus.RUNNING
+            TurnStatus.AWAITING_APPROVAL
+            if pending_calls.awaits_decision(state)
+            else TurnStatus.RUNNING
         )
     if state.stop_reason == StopReason.CANCELLED:
         return TurnStatus.CANCELLED
@@ -363,7 +365,7 @@ def details(state: TurnState, doing: str) -> str:
 def _awaiting(state: TurnState) -> str:
     """Which calls wait for a person's decision (in child turns too), and since when: a list
     under the totals; what servers asked during tool calls ("awaiting input") apart."""
-    waiting = pending.waiting_calls(state)
+    waiting = pending_calls.waiting_calls(state)
     if not waiting:
         return ""
     approvals = [c for c in waiting if c.kind == "approval"]

@@ -10,15 +10,14 @@ from temporalio import workflow
 from turnkeep.contract.activity_io import ToolCallRequest
 from turnkeep.contract.approval import AllowRule, Decision, DecisionRecord, PendingCall
 from turnkeep.contract.messages import CallToolResult
-from turnkeep.workflows import visibility
+from turnkeep.workflows import pending_calls, visibility
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.waits import pending as waits
 from turnkeep.workflows.waits.base import Turn, Wait
 
 
 def hold(state: TurnState, call: ToolCallRequest, now: datetime) -> None:
     """Hold ``call`` for a person's decision."""
-    waits.hold(
+    pending_calls.hold(
         state,
         PendingCall(call_id=call.call_id, name=call.name, arguments=call.arguments, since=now),
     )
@@ -56,7 +55,7 @@ class Approval(Wait):
                 call_id=pending.call_id,
             )
             state.allow_rules.append(rule)
-        record = waits.record(
+        record = pending_calls.record(
             state,
             pending,
             decision,
@@ -67,7 +66,7 @@ class Approval(Wait):
             remember=decision.remember,
         )
         if rule is not None:
-            waits.allow_waiting(state, now)
+            pending_calls.allow_waiting(state, now)
         return record
 
 

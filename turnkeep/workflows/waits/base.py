@@ -23,9 +23,8 @@ from turnkeep.contract.approval import (
     format_seconds,
 )
 from turnkeep.contract.model_io import MessageJson
-from turnkeep.workflows import turn_metrics
+from turnkeep.workflows import pending_calls, turn_metrics
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.waits import pending as waits
 
 NO_LIMIT = "a limit goes only with a budget's wait"
 
@@ -94,7 +93,7 @@ class Wait(ABC):
         """Take ``decision`` (checked by ``problem``) on ``pending``, no longer waiting;
         ``rule_id``: the id of the rule a remembered decision sets."""
         del rule_id
-        return waits.record(state, pending, decision, now)
+        return pending_calls.record(state, pending, decision, now)
 
     def timed_out(self, state: TurnState, pending: PendingCall) -> None:
         """Nobody decided on ``pending`` (no longer waiting) in time: what follows, besides the
@@ -146,7 +145,7 @@ class Wait(ABC):
             turn_metrics.approval_resolved(state.plan.agent, "cancelled")
             raise
         turn.tools_moved(publish=True)
-        record = waits.decision(state, wait_id)
+        record = pending_calls.decision(state, wait_id)
         assert record is not None
         turn_metrics.approval_resolved(state.plan.agent, record.decision)
         return record

@@ -11,12 +11,10 @@ from temporalio import workflow
 from turnkeep.contract.approval import Decision, DecisionRecord, PendingCall
 from turnkeep.contract.messages import Message, StopReason, TextContent, json_channel
 from turnkeep.contract.model_io import LlmRequest, MessageJson
-from turnkeep.workflows import turn_metrics, visibility, worker_cache
+from turnkeep.workflows import budget_ledger, pending_calls, turn_metrics, visibility, worker_cache
+from turnkeep.workflows.budget_ledger import amount
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.waits import budget_ledger
-from turnkeep.workflows.waits import pending as waits
 from turnkeep.workflows.waits.base import Turn, Wait
-from turnkeep.workflows.waits.budget_ledger import amount
 
 
 def spent(state: TurnState) -> float:
@@ -42,7 +40,7 @@ def hold(state: TurnState, problem: str, now: datetime) -> PendingCall:
     """Hold the next model call for a person's decision on the budget."""
     budget = state.plan.budget
     assert budget is not None and state.budget_limit is not None
-    return waits.hold(
+    return pending_calls.hold(
         state,
         PendingCall(
             call_id=f"budget:{state.model_calls + 1}",
@@ -133,7 +131,7 @@ class Budget(Wait):
             state.budget_raised += decision.limit - before
             state.budget_limit = decision.limit
             state.budget_passed = state.model_calls + 1
-        return waits.record(
+        return pending_calls.record(
             state,
             pending,
             decision,
@@ -177,7 +175,7 @@ async def within_budget(turn: Turn, request: LlmRequest) -> bool:
     except asyncio.CancelledError:
         turn_metrics.approval_resolved(state.plan.agent, "cancelled")
         raise
-    record = waits.decision(state, call.call_id)
+    record = pending_calls.decision(state, call.call_id)
     assert record is not None
     turn_metrics.approval_resolved(state.plan.agent, record.decision)
     if not record.approved:

@@ -9,9 +9,8 @@ from temporalio import workflow
 from turnkeep.contract.activity_io import ToolCallRequest
 from turnkeep.contract.approval import Decision, DecisionRecord, PendingCall, result_problem
 from turnkeep.contract.messages import CallToolResult
-from turnkeep.workflows import visibility
+from turnkeep.workflows import pending_calls, visibility
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.waits import pending as waits
 from turnkeep.workflows.waits.base import NO_LIMIT, Turn, Wait
 
 
@@ -19,7 +18,7 @@ def hold(state: TurnState, call: ToolCallRequest, now: datetime) -> None:
     """Hold a call of a client-side tool until a client submits its result."""
     tool = state.plan.client_tool(call.name)
     assert tool is not None, "only calls of client-side tools wait for a client"
-    waits.hold(
+    pending_calls.hold(
         state,
         PendingCall(
             call_id=call.call_id,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from turnkeep.contract.approval import Decision, DecisionRecord, WaitKind
+from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.waits import pending as waits
 from turnkeep.workflows.waits.approval import APPROVAL
 from turnkeep.workflows.waits.base import Wait
 from turnkeep.workflows.waits.budget import BUDGET
@@ -26,7 +26,7 @@ def decision_problem(state: TurnState, decision: Decision) -> str | None:
     call = decision.call_id
     if state.done:
         return f"the turn has ended ({state.stop_reason}); no call waits for a decision"
-    if call not in state.pending_approvals and waits.decision(state, call) is not None:
+    if call not in state.pending_approvals and pending_calls.decision(state, call) is not None:
         return f"call {call!r} has already been decided"
     if call not in state.pending_approvals:
         waiting = ", ".join(sorted(state.pending_approvals)) or "none"

@@ -16,9 +16,8 @@ from turnkeep.contract.server_requests import (
     sample_answer,
     sample_refusal,
 )
-from turnkeep.workflows import actions
+from turnkeep.workflows import actions, pending_calls
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.waits import pending as waits
 from turnkeep.workflows.waits import server_ask
 from turnkeep.workflows.waits.server_ask import AskedTurn, ServerAsk
 
@@ -50,7 +49,7 @@ async def sample(
         return sample_refusal(request, "sampling is not enabled for this server")
     if plan.sampling_approval:
         await SAMPLING.ask(turn, call, wait_id, request)
-        record = waits.decision(state, wait_id)
+        record = pending_calls.decision(state, wait_id)
         if record is None or not record.approved:
             return sample_refusal(request, "sampling was not approved")
     asked = request.sampling

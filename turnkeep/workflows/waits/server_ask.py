@@ -14,9 +14,8 @@ from turnkeep.contract.activity_io import TOOL_SEPARATOR, ToolCallRequest
 from turnkeep.contract.approval import Decision, DecisionRecord, PendingCall
 from turnkeep.contract.model_io import LlmRequest
 from turnkeep.contract.server_requests import SERVER_POLICY_DECIDER, ServerRequest
-from turnkeep.workflows import visibility
+from turnkeep.workflows import pending_calls, visibility
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.waits import pending as waits
 from turnkeep.workflows.waits.base import Turn, Wait
 
 # Seconds a server's request waits for a person when neither the server nor the agent's
@@ -55,7 +54,7 @@ def hold(
 ) -> None:
     """Hold ``call`` while a person answers what its server asked (``request``), under
     ``wait_id``."""
-    waits.hold(
+    pending_calls.hold(
         state,
         PendingCall(
             call_id=wait_id,
@@ -112,7 +111,7 @@ class ServerAsk(Wait):
     ) -> DecisionRecord:
         request = state.server_asks.pop(pending.call_id)
         reason = self.answer(state, pending, decision, request)
-        return waits.record(state, pending, decision, now, reason=reason)
+        return pending_calls.record(state, pending, decision, now, reason=reason)
 
     def answer(
         self, state: TurnState, pending: PendingCall, decision: Decision, request: ServerRequest

@@ -19,10 +19,10 @@ from turnkeep.contract.approval import (
     DecisionRecord,
     RevokeAllow,
 )
+from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.starting import handler_argument
 from turnkeep.workflows.waits import decisions
-from turnkeep.workflows.waits import pending as waits
 
 # The error type a refused decision (or revocation) carries.
 DECISION_ERROR = "InvalidDecision"
@@ -41,7 +41,7 @@ def check_decide(state: TurnState | None, args: Sequence[Any]) -> None:
     for a call waiting in a child turn, naming that turn."""
     decision = handler_argument(args, Decision, "decide", DECISION_ERROR)
     if state is not None:
-        _route_to_child(waits.call_owners(state, decision.call_id), decision.call_id)
+        _route_to_child(pending_calls.call_owners(state, decision.call_id), decision.call_id)
     if state is None:
         raise _bad_decision("the turn has not reached its tool calls yet")
     # A result is checked against its tool's output schema by jsonschema, which is not
@@ -56,7 +56,7 @@ def revoke_allow(state: TurnState, args: Sequence[Any]) -> AllowRule:
     """The ``revoke_allow`` update: one argument, a ``RevokeAllow`` (checked by
     ``check_revoke_allow``)."""
     revoke = RevokeAllow.model_validate(args[0])
-    rule = waits.revoke(state, revoke.rule_id, revoke.by, workflow.now())
+    rule = pending_calls.revoke(state, revoke.rule_id, revoke.by, workflow.now())
     assert rule is not None
     return rule
 
@@ -67,7 +67,7 @@ def check_revoke_allow(state: TurnState | None, args: Sequence[Any]) -> None:
     problem = (
         "the turn has no rules yet"
         if state is None
-        else waits.revoke_rule_problem(state, revoke.rule_id)
+        else pending_calls.revoke_rule_problem(state, revoke.rule_id)
     )
     if problem is not None:
         raise _bad_decision(problem)
@@ -83,7 +83,7 @@ def session_rule_revoked(state: TurnState | None, args: Sequence[Any]) -> None:
         workflow.logger.warning("ignored a session_rule_revoked signal: %s", err)
         return
     if state is not None and not state.done:
-        waits.revoke(state, revoke.rule_id, revoke.by, workflow.now())
+        pending_calls.revoke(state, revoke.rule_id, revoke.by, workflow.now())
 
 
 def _route_to_child(owners: list[str], call_id: str) -> None:
