@@ -7,6 +7,7 @@ rules only from its session. Loop control without a server, then the real dev se
 from __future__ import annotations
 
 import asyncio
+import functools
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,10 @@ from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing.fake_api import Reply
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.testing.harness import harness
+from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts
+from turnkeep.workflows.waits import approval, decisions
 
 pytestmark = pytest.mark.asyncio
 
@@ -72,7 +75,7 @@ def _state(*calls: tuple[str, dict[str, Any]], in_session: bool = False) -> Turn
         )
     )
     for call in state.tool_batch().gated:
-        state.await_approval(call, NOW)
+        approval.hold(state, call, NOW)
     return state
 
 
@@ -82,7 +85,9 @@ def _decision(call: str, **fields: Any) -> Decision:
 
 async def test_a_remembered_decision_sets_a_rule_that_allows_the_calls_it_covers() -> None:
     state = _state(("w", {"text": "a"}), ("w", {"text": "a"}), ("w", {"text": "b"}))
-    record = state.decide(_decision("w1", remember="turn", remember_arguments=True), NOW, "r1")
+    record = decisions.decide(
+        state, _decision("w1", remember="turn", remember_arguments=True), NOW, "r1"
+    )
     assert (record.rule, record.remember) == ("r1", "turn")
     [rule] = state.allow_rules
     assert (rule.tool, rule.arguments, rule.by, rule.scope) == (
@@ -101,13 +106,15 @@ async def test_a_remembered_decision_sets_a_rule_that_allows_the_calls_it_covers
 
 async def test_what_a_remembered_decision_may_not_be() -> None:
     state = _state(("w", {"text": "a"}))
-    problem = state.decision_problem
+    problem = functools.partial(decisions.decision_problem, state)
     denied = _decision("w1", decision="deny", remember="turn")
     assert "only with an approval" in (problem(denied) or "")
     assert "goes only with remember" in (problem(_decision("w1", remember_arguments=True)) or "")
     assert "no session's" in (problem(_decision("w1", remember="session")) or "")
     assert (
-        _state(("w", {}), in_session=True).decision_problem(_decision("w1", remember="session"))
+        decisions.decision_problem(
+            _state(("w", {}), in_session=True), _decision("w1", remember="session")
+        )
         is None
     )
 
@@ -124,9 +131,12 @@ async def test_rules_apply_after_the_policy_and_can_be_revoked() -> None:
     assert [c.call_id for c in allowed.to_run] == ["w1"] and not allowed.gated
     assert "w2" in allowed.answered and [(r.by, r.rule) for r in records] == [("rule:bob", "r1")]
     state.allow_rules.append(rule)
-    assert state.revoke_problem("r2") == "no rule 'r2' in this turn (active rules: r1)"
-    assert state.revoke("r1", "carol", NOW) is not None
-    assert "already revoked, by carol" in (state.revoke_problem("r1") or "")
+    assert (
+        pending_calls.revoke_rule_problem(state, "r2")
+        == "no rule 'r2' in this turn (active rules: r1)"
+    )
+    assert pending_calls.revoke(state, "r1", "carol", NOW) is not None
+    assert "already revoked, by carol" in (pending_calls.revoke_rule_problem(state, "r1") or "")
     call = ToolCallRequest(agent="a", call_id="w9", name="fs__write", arguments={})
     assert apply_rules(batch.model_copy(update={"gated": [call]}), state.allow_rules, [], NOW)[
         0

@@ -7,6 +7,7 @@ then the real dev server, worker and fake model API (and a killed worker process
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import uuid
 from datetime import UTC, datetime
@@ -39,7 +40,9 @@ from turnkeep.fastagent.app import FastAgent
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.testing.harness import harness
+from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
+from turnkeep.workflows.waits import approval, client_tool, decisions
 
 pytestmark = pytest.mark.asyncio
 
@@ -102,17 +105,17 @@ async def test_client_side_calls_wait_for_their_client_and_need_no_approval() ->
     assert [c.call_id for c in batch.client] == ["p", "q"]
     assert [c.call_id for c in batch.gated] == ["w"] and not batch.to_run
     assert not state.runs_every_pending_call()
-    state.await_client_result(batch.client[0], NOW)
-    [pending] = state.waiting_calls()
-    assert (pending.kind, pending.requested_schema) == ("client_result", PICK_SCHEMA)
+    client_tool.hold(state, batch.client[0], NOW)
+    [waiting] = pending_calls.waiting_calls(state)
+    assert (waiting.kind, waiting.requested_schema) == ("client_result", PICK_SCHEMA)
 
 
 async def test_a_result_is_checked_against_the_output_schema() -> None:
     state = _state()
     batch = state.tool_batch()
     for call in batch.client:
-        state.await_client_result(call, NOW)
-    problem = state.decision_problem
+        client_tool.hold(state, call, NOW)
+    problem = functools.partial(decisions.decision_problem, state)
     assert "structured content" in (problem(_answer("p", "red")) or "")
     assert "at color" in (problem(_answer("p", {"color": 3})) or "")
     assert "waits for its result" in (problem(_answer("p")) or "")
@@ -125,7 +128,7 @@ async def test_a_result_is_checked_against_the_output_schema() -> None:
     assert problem(Decision(call_id="p", decision="approve", by="x", result=error)) is None
     assert problem(_answer("q", "blue")) is None
     assert problem(_answer("q", decision="deny")) is None
-    record = state.decide(_answer("p", {"color": "red"}), NOW)
+    record = decisions.decide(state, _answer("p", {"color": "red"}), NOW)
     assert (record.kind, record.decision, record.by) == ("client_result", "approve", "app")
     result = state.submitted["p"]
     assert result.structured_content == {"color": "red"} and json.loads(result.text) == {
@@ -133,7 +136,7 @@ async def test_a_result_is_checked_against_the_output_schema() -> None:
     }
     assert "already been decided" in (problem(_answer("p", {"color": "red"})) or "")
     # A timed-out call is denied as an approval is, by the client tools' own timeout.
-    timed_out = state.time_out("q", NOW)
+    timed_out = decisions.time_out(state, "q", NOW)
     assert timed_out.kind == "client_result"
     assert timed_out.denial().text == "Tool call denied by timeout: no decision within 1m"
 
@@ -141,8 +144,10 @@ async def test_a_result_is_checked_against_the_output_schema() -> None:
 async def test_a_result_for_an_approval_call_is_refused() -> None:
     state = _state(approval=ApprovalPlan(tools=["fs__*"], timeout=10))
     [gated] = state.tool_batch().gated
-    state.await_approval(gated, NOW)
-    assert "not a client-side tool's" in (state.decision_problem(_answer("w", "done")) or "")
+    approval.hold(state, gated, NOW)
+    assert "not a client-side tool's" in (
+        decisions.decision_problem(state, _answer("w", "done")) or ""
+    )
 
 
 # -- declaring client tools ----------------------------------------------------------------------

@@ -46,6 +46,7 @@ from turnkeep.testing.fake_model import FakeModel
 from turnkeep.tools.protocol_era import fix_for, refused_request, with_fix
 from turnkeep.tools.server_requests import RequestBook, Suspended
 from turnkeep.workflows.loop import TurnState
+from turnkeep.workflows.waits import approval, decisions, server_ask
 
 pytestmark = pytest.mark.asyncio
 
@@ -116,7 +117,7 @@ def _waiting_state(schema: dict[str, Any] | None = SCHEMA) -> tuple[TurnState, s
     request = ServerRequest(
         kind="elicitation", digest="d", server="shows", message="Who?", requested_schema=schema
     )
-    state.await_input(call, "c1:elicit:1", request, datetime.now(UTC))
+    server_ask.hold(state, call, "c1:elicit:1", request, datetime.now(UTC))
     return state, "c1:elicit:1"
 
 
@@ -129,18 +130,19 @@ async def test_an_elicitation_is_answered_declined_cancelled_or_timed_out_withou
 ):
     state, id = _waiting_state()
     assert state.pending_approvals[id].kind == "elicitation"
-    assert state.decision_problem(_decision(decision="approve", content={"name": "A"})) == (
-        "the content does not match the requested schema: field 'seats' is required"
-    )
+    assert decisions.decision_problem(
+        state, _decision(decision="approve", content={"name": "A"})
+    ) == ("the content does not match the requested schema: field 'seats' is required")
     assert "goes only with deny" in (
-        state.decision_problem(_decision(decision="approve", content={}, cancel=True)) or ""
+        decisions.decision_problem(state, _decision(decision="approve", content={}, cancel=True))
+        or ""
     )
     assert "arguments" in (
-        state.decision_problem(_decision(decision="approve", arguments={})) or ""
+        decisions.decision_problem(state, _decision(decision="approve", arguments={})) or ""
     )
     good = _decision(decision="approve", content={"name": "A", "seats": 2.0})
-    assert state.decision_problem(good) is None
-    record = state.decide(good, datetime.now(UTC))
+    assert decisions.decision_problem(state, good) is None
+    record = decisions.decide(state, good, datetime.now(UTC))
     assert (record.kind, record.approved) == ("elicitation", True)
     # JSON's 2.0 is the integer the schema asks for.
     assert state.server_answers[id].result == {
@@ -152,18 +154,20 @@ async def test_an_elicitation_is_answered_declined_cancelled_or_timed_out_withou
         ({"decision": "deny", "cancel": True}, "cancel"),
     ):
         state, id = _waiting_state()
-        state.decide(_decision(**fields), datetime.now(UTC))
+        decisions.decide(state, _decision(**fields), datetime.now(UTC))
         assert state.server_answers[id].result == {"action": action}
     state, id = _waiting_state()
-    timed_out = state.time_out(id, datetime.now(UTC))
+    timed_out = decisions.time_out(state, id, datetime.now(UTC))
     assert (timed_out.decision, timed_out.kind) == ("timeout", "elicitation")
     assert state.server_answers[id].result == {"action": "cancel"}
     # An approval's own kind takes no content.
     state, _ = _waiting_state()
-    state.await_approval(
-        ToolCallRequest(agent="a", call_id="c2", name="x", arguments={}), datetime.now(UTC)
+    approval.hold(
+        state, ToolCallRequest(agent="a", call_id="c2", name="x", arguments={}), datetime.now(UTC)
     )
-    problem = state.decision_problem(Decision(call_id="c2", decision="approve", by="t", content={}))
+    problem = decisions.decision_problem(
+        state, Decision(call_id="c2", decision="approve", by="t", content={})
+    )
     assert problem is not None and "answer an elicitation" in problem
 
 

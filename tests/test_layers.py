@@ -142,7 +142,8 @@ CONTRACT_MODULES = [
     "model_io",
 ]
 
-# The workflow code's modules from the bottom up, likewise (a team's modules are ``teams.*``).
+# The workflow code's modules from the bottom up, likewise (a team's modules are ``teams.*``, a
+# kind of wait's ``waits.*``).
 WORKFLOW_MODULES = [
     "metrics",
     "shared",
@@ -153,9 +154,22 @@ WORKFLOW_MODULES = [
     "session_turns",
     "conversation_cache",
     "tool_batch",
+    "budget_ledger",
     "loop",
+    "pending_calls",
     "visibility",
     "actions",
+    "waits",
+    "waits.base",
+    "waits.approval",
+    "waits.budget",
+    "waits.client_tool",
+    "waits.server_ask",
+    "waits.elicitation",
+    "waits.sampling",
+    "waits.decisions",
+    "waits.server_requests",
+    "waits.updates",
     "child_turn",
     "agent_tools",
     "teams.steps",
@@ -197,11 +211,16 @@ def imported(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module)
             # `from turnkeep import cli` imports the room as surely as `import turnkeep.cli`;
-            # `from turnkeep.workflows import loop` the module.
-            modules = ("turnkeep", "turnkeep.contract", "turnkeep.fastagent", "turnkeep.workflows")
-            if node.module in modules:
-                names.update(f"{node.module}.{a.name}" for a in node.names)
+            # `from turnkeep.workflows import loop` the module, and so does
+            # `from turnkeep.workflows.waits import pending`.
+            names.update(name for a in node.names if is_module(name := f"{node.module}.{a.name}"))
     return names
+
+
+def is_module(name: str) -> bool:
+    """Whether ``name`` is one of turnkeep's modules or packages (not a name in one)."""
+    path = ROOT.parent / name.replace(".", "/")
+    return name.startswith("turnkeep.") and (path.is_dir() or path.with_suffix(".py").is_file())
 
 
 MODULES = sorted(p for p in ROOT.rglob("*.py") if p.parent != ROOT or p.stem in MAY_IMPORT)

@@ -103,7 +103,7 @@ class MessageJson:
     It trades memory for CPU: a turn cached on a worker holds its conversation's JSON next to
     the messages, where dumping the whole conversation for every model call would make a
     turn's CPU grow with the square of its length. A turn whose calls await a person's
-    decision drops it (``TurnWorkflow._approve``): it may wait for hours, and it pays one
+    decision drops it (``waits.base.Wait.wait``): it may wait for hours, and it pays one
     dump of its conversation afterwards."""
 
     def __init__(

@@ -15,12 +15,15 @@ starts are at depth 0, so their histories gain no command."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.exceptions import FailureError
 
 from turnkeep.contract.approval import CHILD_APPROVALS_SIGNAL, ChildApprovals, PendingCall
+from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
 
 
@@ -41,7 +44,7 @@ async def report_to_parent(state: TurnState, parent_id: str) -> None:
         await workflow.wait_condition(_changed(state, turn_id, sent))
         if state.done:
             return
-        calls = state.reported_calls(turn_id)
+        calls = pending_calls.reported_calls(state, turn_id)
         try:
             await parent.signal(
                 CHILD_APPROVALS_SIGNAL, ChildApprovals(turn_id=turn_id, calls=calls)
@@ -53,7 +56,30 @@ async def report_to_parent(state: TurnState, parent_id: str) -> None:
 
 
 def _changed(state: TurnState, turn_id: str, sent: list[PendingCall]) -> Callable[[], bool]:
-    return lambda: state.done or state.reported_calls(turn_id) != sent
+    return lambda: state.done or pending_calls.reported_calls(state, turn_id) != sent
+
+
+def take_report(state: TurnState | None, args: Sequence[Any], children: dict[str, str]) -> bool:
+    """The ``child_approvals`` signal: a child turn reports the calls waiting in it and below
+    it (one argument, a ``ChildApprovals``; ``children``: the running child turns, by id).
+    Whether the report was taken: a signal cannot be refused, so one that is not a report of a
+    running child is logged and ignored."""
+    try:
+        if len(args) != 1:
+            raise ValueError(f"child_approvals takes one argument; got {len(args)}")
+        report = ChildApprovals.model_validate(args[0])
+    except (ValueError, ValidationError) as err:
+        workflow.logger.warning("ignored a child_approvals signal: %s", err)
+        return False
+    problem = report_problem(report, children)
+    if state is None or state.done or problem is not None:
+        workflow.logger.warning("ignored a child_approvals signal: %s", problem or "ended")
+        return False
+    if report.calls:
+        state.descendant_approvals[report.turn_id] = report.calls
+    else:
+        state.descendant_approvals.pop(report.turn_id, None)
+    return True
 
 
 def report_problem(report: ChildApprovals, children: dict[str, str]) -> str | None:

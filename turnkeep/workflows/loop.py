@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from turnkeep.contract.activity_io import (
-    TOOL_SEPARATOR,
     HookChange,
     HookContext,
     HookPoint,
@@ -24,18 +22,7 @@ from turnkeep.contract.activity_io import (
     ToolSpec,
     TurnPlan,
 )
-from turnkeep.contract.approval import (
-    TIMEOUT_DECIDER,
-    AllowRule,
-    Decision,
-    DecisionRecord,
-    PendingCall,
-    allowed_by,
-    format_seconds,
-    result_problem,
-    revoke_problem,
-    revoked,
-)
+from turnkeep.contract.approval import AllowRule, DecisionRecord, PendingCall
 from turnkeep.contract.conversation import ConversationRef, after_turn
 from turnkeep.contract.messages import (
     CallToolResult,
@@ -46,16 +33,8 @@ from turnkeep.contract.messages import (
     json_channel,
 )
 from turnkeep.contract.model_io import LlmRequest
-from turnkeep.contract.server_requests import (
-    SERVER_POLICY_DECIDER,
-    ServerAnswer,
-    ServerRequest,
-    coerce_content,
-    content_problem,
-    elicit_answer,
-)
+from turnkeep.contract.server_requests import ServerAnswer, ServerRequest
 from turnkeep.contract.turn_io import (
-    BudgetUnit,
     HistoryChange,
     RollbackState,
     Spent,
@@ -63,12 +42,10 @@ from turnkeep.contract.turn_io import (
     TurnResult,
     Usage,
 )
+from turnkeep.workflows import budget_ledger
 from turnkeep.workflows.repair import repair_dangling_tool_calls
-from turnkeep.workflows.tool_batch import ToolBatch, covering
+from turnkeep.workflows.tool_batch import ToolBatch
 
-# Seconds a server's request waits for a person when neither the server nor the agent's
-# approval rules say.
-DEFAULT_INPUT_TIMEOUT = 86400.0
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n\n"
 STRUCTURED_FINALIZATION_PROMPT = (
     "Now produce the final answer as structured JSON matching the requested schema. "
@@ -77,7 +54,11 @@ STRUCTURED_FINALIZATION_PROMPT = (
 
 
 class TurnState(BaseModel):
-    """Everything the loop knows; a pydantic model so it can be queried and carried over."""
+    """Everything the loop knows; a pydantic model so it can be queried and carried over.
+
+    It holds what the turn waits for too (the waiting calls, the decisions, the rules, the
+    budget as it stands), which the kinds of wait in ``turnkeep.workflows.waits`` read and
+    change: what they decided is carried over with the rest."""
 
     plan: TurnPlan
     tools: list[ToolSpec] = Field(default_factory=list)
@@ -157,13 +138,7 @@ class TurnState(BaseModel):
         )
         if plan.budget is not None:
             state.session_spent = turn.session_spent if plan.budget.per == "session" else None
-            raised = state.session_spent.raised if state.session_spent else 0.0
-            # Never past the most the agent lets people raise it to.
-            ceiling = plan.budget.max_raise
-            limit = plan.budget.limit + raised
-            state.budget_limit = (
-                limit if ceiling is None else min(limit, max(ceiling, plan.budget.limit))
-            )
+            state.budget_limit = budget_ledger.opening_limit(plan.budget, state.session_spent)
         if plan.use_history and not any(m.tool_results for m in turn.messages):
             state._heal(turn.history)
         if turn.messages_segment is not None and not state.messages:
@@ -225,7 +200,7 @@ class TurnState(BaseModel):
         tools, ask for the final JSON, or stop."""
         self.model_calls += 1
         self.messages.append(assistant)
-        self._add_usage(assistant, model)
+        self.count_usage(assistant, model)
         if self.finalizing:
             # The deferred structured-output call offered no tools: it ends the turn whatever
             # it says, and calls it makes anyway are answered rather than run.
@@ -294,295 +269,7 @@ class TurnState(BaseModel):
         batch = self.tool_batch()
         return bool(batch.to_run) and not batch.answered and not batch.gated and not batch.client
 
-    # -- approvals --------------------------------------------------------------------------
-
-    def await_approval(self, call: ToolCallRequest, now: datetime) -> None:
-        self.pending_approvals[call.call_id] = PendingCall(
-            call_id=call.call_id, name=call.name, arguments=call.arguments, since=now
-        )
-
-    def await_input(
-        self, call: ToolCallRequest, wait_id: str, request: ServerRequest, now: datetime
-    ) -> None:
-        """Hold ``call`` while a person answers what its server asked (``request``), under
-        ``wait_id``."""
-        self.pending_approvals[wait_id] = PendingCall(
-            call_id=wait_id,
-            name=call.name,
-            arguments=call.arguments,
-            since=now,
-            kind=request.kind,
-            prompt=request.prompt(),
-            requested_schema=request.requested_schema,
-        )
-        self.server_asks[wait_id] = request
-
-    def decline_server_request(
-        self, call: ToolCallRequest, wait_id: str, request: ServerRequest, now: datetime
-    ) -> DecisionRecord:
-        """Record a request the agent's config declined (or cancelled) at once."""
-        record = DecisionRecord(
-            call_id=wait_id,
-            tool=call.name,
-            decision="deny",
-            by=SERVER_POLICY_DECIDER,
-            reason=request.reason or f"{request.kind} is not enabled for this server",
-            at=now,
-            kind=request.kind,
-        )
-        self.decisions.append(record)
-        return record
-
-    def on_sampling(self, model: str, answer: Message) -> None:
-        """Count a model call made for a server's sampling request (under its own model)."""
-        self._add_usage(answer, model)
-
-    def await_client_result(self, call: ToolCallRequest, now: datetime) -> None:
-        """Hold a call of a client-side tool until a client submits its result."""
-        tool = self.plan.client_tool(call.name)
-        assert tool is not None, "only calls of client-side tools wait for a client"
-        self.pending_approvals[call.call_id] = PendingCall(
-            call_id=call.call_id,
-            name=call.name,
-            arguments=call.arguments,
-            since=now,
-            kind="client_result",
-            requested_schema=tool.output_schema,
-        )
-
-    @property
-    def awaits_decision(self) -> bool:
-        """Whether a call of this turn, or of one of its child turns, waits for a person."""
-        return bool(self.pending_approvals) or any(self.descendant_approvals.values())
-
-    def waiting_calls(self) -> list[PendingCall]:
-        """The calls waiting for a decision: the turn's own, then its child turns'."""
-        descendants = [c for calls in self.descendant_approvals.values() for c in calls]
-        return [*self.pending_approvals.values(), *descendants]
-
-    def reported_calls(self, turn_id: str) -> list[PendingCall]:
-        """``waiting_calls`` as this turn, ``turn_id``, reports them to its parent turn: its own
-        calls say whose they are."""
-        own = [
-            c.model_copy(update={"turn_id": turn_id, "agent": self.plan.agent})
-            for c in self.pending_approvals.values()
-        ]
-        return [*own, *self.waiting_calls()[len(own) :]]
-
-    def call_owners(self, call_id: str) -> list[str]:
-        """The child turns (by id) in which a call ``call_id`` waits, unless it is the turn's own
-        call."""
-        if call_id in self.pending_approvals:
-            return []
-        owners = (
-            c.turn_id
-            for calls in self.descendant_approvals.values()
-            for c in calls
-            if c.call_id == call_id
-        )
-        return list(dict.fromkeys(o for o in owners if o is not None))
-
-    def decision_problem(self, decision: Decision) -> str | None:
-        """Why ``decision`` cannot be taken now, or None: the update's validator refuses it
-        with this text and the turn goes on unaffected."""
-        call = decision.call_id
-        if self.done:
-            return f"the turn has ended ({self.stop_reason}); no call waits for a decision"
-        if call not in self.pending_approvals and self.decision(call) is not None:
-            return f"call {call!r} has already been decided"
-        if call not in self.pending_approvals:
-            waiting = ", ".join(sorted(self.pending_approvals)) or "none"
-            return f"no call {call!r} is waiting for approval (waiting: {waiting})"
-        pending = self.pending_approvals[call]
-        kind = pending.kind
-        if kind == "budget":
-            return self._budget_decision_problem(decision)
-        if decision.limit is not None:
-            return "a limit goes only with a budget's wait"
-        if kind == "client_result":
-            return _client_result_problem(decision, pending)
-        if decision.result is not None:
-            return (
-                f"call {call!r} ({pending.name}) is not a client-side tool's: it is approved or "
-                "denied, not given a result"
-            )
-        if decision.arguments is not None and kind != "approval":
-            return f"arguments (an edit) go only with a tool call's approval, not {kind}"
-        if decision.arguments is not None and decision.decision != "approve":
-            return "arguments (an edit) go only with an approval"
-        if decision.remember is not None and decision.decision != "approve":
-            return "remember (always allow) goes only with an approval"
-        if decision.remember is not None and kind != "approval":
-            return f"remember (always allow) goes only with a tool call's approval, not {kind}"
-        if decision.remember_arguments and decision.remember is None:
-            return "remember_arguments goes only with remember"
-        if decision.remember == "session" and not self.in_session:
-            return "remember: session needs a session's turn; this turn is no session's"
-        if (decision.content is not None or decision.cancel) and kind != "elicitation":
-            return f"content and cancel answer an elicitation; {call!r} waits for {kind}"
-        if kind == "elicitation":
-            return self._elicitation_problem(decision)
-        return None
-
-    def _elicitation_problem(self, decision: Decision) -> str | None:
-        if decision.decision == "deny":
-            if decision.content is not None:
-                return "content goes only with an answer (approve), not with a decline or cancel"
-            return None
-        if decision.cancel:
-            return "cancel goes only with deny"
-        schema = self.pending_approvals[decision.call_id].requested_schema
-        problem = content_problem(schema, decision.content or {})
-        return f"the content does not match the requested schema: {problem}" if problem else None
-
-    def decide(
-        self, decision: Decision, now: datetime, rule_id: str | None = None
-    ) -> DecisionRecord:
-        """Record a person's decision on a waiting call (checked by ``decision_problem``). One
-        that remembers (``rule_id``: the new rule's id) also sets an "always allow" rule, which
-        allows at once the batch's other waiting calls it covers."""
-        if self.pending_approvals[decision.call_id].kind == "budget":
-            return self._decide_budget(decision, now)
-        pending = self.pending_approvals.pop(decision.call_id)
-        if pending.kind == "client_result":
-            return self._answer_client_call(decision, pending, now)
-        if pending.kind != "approval":
-            return self._answered(pending, decision, now)
-        edited = decision.arguments is not None and decision.arguments != pending.arguments
-        rule = None
-        if decision.remember is not None:
-            assert rule_id is not None, "a remembered decision sets a rule, with an id"
-            rule = AllowRule(
-                id=rule_id,
-                tool=pending.name,
-                arguments=(decision.arguments or pending.arguments)
-                if decision.remember_arguments
-                else None,
-                scope=decision.remember,
-                by=decision.by,
-                at=now,
-                call_id=pending.call_id,
-            )
-            self.allow_rules.append(rule)
-        record = self._record(
-            pending,
-            decision,
-            now,
-            original_arguments=pending.arguments if edited else None,
-            arguments=decision.arguments if edited else None,
-            rule=rule.id if rule else None,
-            remember=decision.remember,
-        )
-        if rule is not None:
-            self._allow_waiting(now)
-        return record
-
-    def _record(
-        self, pending: PendingCall, decision: Decision, now: datetime, **fields: Any
-    ) -> DecisionRecord:
-        """Record ``decision`` on the waiting call ``pending`` (``fields``: what its kind adds
-        or says otherwise)."""
-        record = DecisionRecord.model_validate(
-            {
-                "call_id": pending.call_id,
-                "tool": pending.name,
-                "decision": decision.decision,
-                "by": decision.by,
-                "reason": decision.reason,
-                "at": now,
-                "kind": pending.kind,
-                **fields,
-            }
-        )
-        self.decisions.append(record)
-        return record
-
-    def _answer_client_call(
-        self, decision: Decision, pending: PendingCall, now: datetime
-    ) -> DecisionRecord:
-        if decision.result is not None and decision.decision == "approve":
-            self.submitted[pending.call_id] = decision.result.as_result()
-        return self._record(pending, decision, now)
-
-    def _answered(self, pending: PendingCall, decision: Decision, now: datetime) -> DecisionRecord:
-        """A person's answer to what a server asked: the record, and for an elicitation the
-        answer the call's next run gives the server."""
-        request = self.server_asks.pop(pending.call_id)
-        reason = decision.reason
-        if pending.kind == "elicitation":
-            if decision.decision == "approve":
-                content = coerce_content(pending.requested_schema, decision.content or {})
-                answer = elicit_answer(request, "accept", content)
-            else:
-                answer = elicit_answer(request, "cancel" if decision.cancel else "decline")
-                reason = reason or ("cancelled" if decision.cancel else "declined")
-            self.server_answers[pending.call_id] = answer
-        return self._record(pending, decision, now, reason=reason)
-
-    def _allow_waiting(self, now: datetime) -> None:
-        """Approve the waiting calls a rule now covers, as ``apply_rules`` would have."""
-        for call in list(self.pending_approvals.values()):
-            rule = covering(self.allow_rules, call.name, call.arguments)
-            if call.kind != "approval" or rule is None:
-                continue
-            del self.pending_approvals[call.call_id]
-            self.decisions.append(allowed_by(rule, call.call_id, call.name, now))
-
-    def time_out(self, call_id: str, now: datetime) -> DecisionRecord:
-        """Deny a call nobody decided on in time (``on_timeout: deny``; a budget's wait: the
-        turn stops)."""
-        pending = self.pending_approvals.pop(call_id)
-        if pending.kind == "budget":
-            timeout = self.plan.budget.timeout if self.plan.budget else 0.0
-        elif pending.kind == "client_result" and self.plan.client_tools:
-            timeout = self.plan.client_tools.timeout
-        elif pending.kind != "approval":
-            timeout = self.input_timeout(pending.name)
-            request = self.server_asks.pop(call_id)
-            if pending.kind == "elicitation":
-                # Nobody answering is MCP's cancel ("dismissed without an explicit choice").
-                self.server_answers[call_id] = elicit_answer(request, "cancel")
-        else:
-            timeout = self.plan.approval.timeout if self.plan.approval else 0.0
-        record = DecisionRecord(
-            call_id=call_id,
-            tool=pending.name,
-            decision="timeout",
-            by=TIMEOUT_DECIDER,
-            reason=f"no decision within {format_seconds(timeout)}",
-            at=now,
-            kind=pending.kind,
-        )
-        self.decisions.append(record)
-        return record
-
-    def input_timeout(self, tool: str) -> float:
-        """Seconds what a server of ``tool`` asks may wait for a person: the server's own
-        timeout, else the agent's approval timeout, else a day."""
-        server = self.plan.server_requests.get(tool.partition(TOOL_SEPARATOR)[0])
-        if server is not None and server.elicitation_timeout is not None:
-            return server.elicitation_timeout
-        return self.plan.approval.timeout if self.plan.approval else DEFAULT_INPUT_TIMEOUT
-
-    # -- always allow -----------------------------------------------------------------------
-
-    def revoke_problem(self, rule_id: str) -> str | None:
-        if self.done:
-            return f"the turn has ended ({self.stop_reason}); its rules ended with it"
-        return revoke_problem(self.allow_rules, rule_id, "this turn")
-
-    def revoke(self, rule_id: str, by: str, now: datetime) -> AllowRule | None:
-        """Revoke a rule (checked by ``revoke_problem``; a session's revocation it relays may
-        name one the turn does not have, which changes nothing): the calls it covered wait
-        again."""
-        for i, rule in enumerate(self.allow_rules):
-            if rule.id == rule_id and rule.active:
-                self.allow_rules[i] = revoked(rule, by, now)
-                return self.allow_rules[i]
-        return None
-
-    def decision(self, call_id: str) -> DecisionRecord | None:
-        return next((r for r in reversed(self.decisions) if r.call_id == call_id), None)
+    # -- tool results and usage ----------------------------------------------------------
 
     def on_tool_results(
         self, results: dict[str, CallToolResult], timing_ms: dict[str, float]
@@ -614,10 +301,11 @@ class TurnState(BaseModel):
         """Count a workflow agent's own model call (a router's choice), kept out of the
         conversation: its answer is its agents'."""
         self.model_calls += 1
-        self._add_usage(answer)
+        self.count_usage(answer)
 
-    def on_team_answer(self, answer: Message) -> None:
-        """Record a workflow agent's answer (its steps ran as child turns): the turn ends."""
+    def end_with(self, answer: Message) -> None:
+        """End the turn with ``answer``, its final message (a workflow agent's answer, its
+        steps having run as child turns; the budget's stop)."""
         self.messages.append(answer)
         self._finish(answer.stop_reason or StopReason.END_TURN)
 
@@ -628,134 +316,6 @@ class TurnState(BaseModel):
             for model, usage in by_model.items():
                 total[model] = total.get(model, Usage()) + usage
         return total
-
-    # -- budget -----------------------------------------------------------------------------
-
-    def budget_spent(self) -> float:
-        """What counts against the budget so far, in its unit: every token (or dollar) of the
-        turn's model calls and of the agents it called as tools, and for a budget per session,
-        what the session's earlier turns spent. A dollar budget counts the priced part (the
-        worker refuses one on an agent whose own models have no price)."""
-        budget = self.plan.budget
-        if budget is None:
-            return 0.0
-        usage = self.total_usage().values()
-        earlier = self.session_spent
-        if budget.unit == "tokens":
-            return float(sum(u.tokens for u in usage) + (earlier.tokens if earlier else 0))
-        return sum(u.cost_usd or 0.0 for u in usage) + (earlier.usd if earlier else 0.0)
-
-    def budget_exceeded(self, estimated_input_tokens: int) -> str | None:
-        """Why the next model call would pass the budget, or None: what is spent has reached
-        it, or what is spent plus the next call's estimated input (its tokens, or their cost at
-        the plan's input price) is over it. The output cannot be known before the call, and a
-        call is never stopped halfway: one call may end past the budget, and the next asks."""
-        budget, limit = self.plan.budget, self.budget_limit
-        if budget is None or limit is None or self.budget_passed == self.model_calls + 1:
-            return None
-        spent = self.budget_spent()
-        said = f"spent {budget_amount(spent, budget.unit)} of {budget_amount(limit, budget.unit)}"
-        if spent >= limit:
-            return said
-        if budget.unit == "tokens":
-            upcoming = float(estimated_input_tokens)
-        else:
-            upcoming = estimated_input_tokens * (budget.input_usd_per_token or 0.0)
-        if spent + upcoming > limit:
-            about = budget_amount(upcoming, budget.unit)
-            return f"{said}; the next model call's input, about {about}, would pass it"
-        return None
-
-    def budget_call_id(self) -> str:
-        return f"budget:{self.model_calls + 1}"
-
-    def await_budget(self, problem: str, now: datetime) -> PendingCall:
-        """Hold the next model call for a person's decision on the budget."""
-        budget = self.plan.budget
-        assert budget is not None and self.budget_limit is not None
-        call = PendingCall(
-            call_id=self.budget_call_id(),
-            name="budget",
-            arguments={
-                "spent": self.budget_spent(),
-                "limit": self.budget_limit,
-                "unit": budget.unit,
-                "max_raise": budget.max_raise,
-            },
-            since=now,
-            kind="budget",
-            prompt=problem,
-        )
-        self.pending_approvals[call.call_id] = call
-        return call
-
-    def _budget_decision_problem(self, decision: Decision) -> str | None:
-        budget = self.plan.budget
-        assert budget is not None
-        if decision.arguments is not None:
-            return "a budget's wait takes a limit (the raised budget), not arguments"
-        if (
-            decision.result is not None
-            or decision.content is not None
-            or decision.cancel
-            or decision.remember is not None
-        ):
-            return (
-                "a budget's wait is decided with a limit (raise) or a denial (stop), nothing else"
-            )
-        if decision.decision == "deny":
-            return "a limit goes only with raising the budget" if decision.limit else None
-        if decision.limit is None:
-            return f"raising the budget needs a limit: the new budget, in {budget.unit}"
-        spent = self.budget_spent()
-        if decision.limit <= spent:
-            return (
-                f"a limit of {budget_amount(decision.limit, budget.unit)} is not above what is "
-                f"spent ({budget_amount(spent, budget.unit)})"
-            )
-        if budget.max_raise is not None and decision.limit > budget.max_raise:
-            return (
-                f"a limit of {budget_amount(decision.limit, budget.unit)} is above the most "
-                f"agent {self.plan.agent!r} allows ({budget_amount(budget.max_raise, budget.unit)})"
-            )
-        return None
-
-    def _decide_budget(self, decision: Decision, now: datetime) -> DecisionRecord:
-        pending = self.pending_approvals.pop(decision.call_id)
-        before = self.budget_limit or 0.0
-        raised = decision.decision == "approve" and decision.limit is not None
-        if raised and decision.limit is not None:
-            self.budget_raised += decision.limit - before
-            self.budget_limit = decision.limit
-            self.budget_passed = self.model_calls + 1
-        return self._record(
-            pending,
-            decision,
-            now,
-            original_arguments={"limit": before} if raised else None,
-            arguments={"limit": decision.limit} if raised else None,
-        )
-
-    def stop_at_budget(self, problem: str, record: DecisionRecord | None = None) -> None:
-        """End the turn before its next model call, with a final assistant message saying
-        why: the agent stops at its budget, or nobody (or a person) raised it."""
-        budget = self.plan.budget
-        why = "" if record is None else f" ({_budget_stopped_by(record)})"
-        text = f"Stopped at the budget: {problem}{why}."
-        detail = {
-            "spent": self.budget_spent(),
-            "limit": self.budget_limit,
-            "unit": budget.unit if budget else None,
-        }
-        self.messages.append(
-            Message(
-                role="assistant",
-                content=[TextContent(text=text)],
-                channels={"budget": json_channel(detail)},
-                stop_reason=StopReason.PAUSE,
-            )
-        )
-        self._finish(StopReason.PAUSE)
 
     # -- compaction -----------------------------------------------------------------------
 
@@ -913,27 +473,15 @@ class TurnState(BaseModel):
         self.done = True
         self.stop_reason = stop_reason
 
-    def _add_usage(self, assistant: Message, model: str | None = None) -> None:
+    def count_usage(self, assistant: Message, model: str | None = None) -> None:
+        """Count the usage a model's ``assistant`` answer reports (by ``model``: a fallback's, a
+        server's sampling model, else the plan's)."""
         reported = assistant.channel_json("usage")
         if reported is None:
             return
         usage = Usage.model_validate({**reported, "calls": 1})
         model = model or self.plan.model
         self.usage[model] = self.usage.get(model, Usage()) + usage
-
-
-def budget_amount(value: float, unit: BudgetUnit) -> str:
-    """``12,000 tokens``, ``1.25 USD``: an amount of a budget as a person reads it."""
-    if unit == "tokens":
-        return f"{round(value):,} tokens"
-    return f"{value:,.2f} USD" if value >= 100 else f"{value:.4g} USD"
-
-
-def _budget_stopped_by(record: DecisionRecord) -> str:
-    if record.decision == "timeout":
-        return record.reason or "no decision in time"
-    said = f": {record.reason}" if record.reason else ""
-    return f"{record.by} chose to stop{said}"
 
 
 def _merged(
@@ -945,21 +493,6 @@ def _merged(
         for model, usage in by_model.items():
             mine[model] = mine.get(model, Usage()) + usage
     return merged
-
-
-def _client_result_problem(decision: Decision, pending: PendingCall) -> str | None:
-    """Why ``decision`` does not answer ``pending``, a client-side tool's call, or None."""
-    if decision.arguments is not None:
-        return f"call {pending.call_id!r} is a client-side tool's: it takes a result, not arguments"
-    if decision.remember is not None or decision.remember_arguments:
-        return f"call {pending.call_id!r} is a client-side tool's: its client answers each call"
-    if decision.content is not None or decision.cancel:
-        return "content and cancel answer an elicitation, not a client-side tool's call"
-    if decision.decision == "deny":
-        return "a denial takes no result" if decision.result is not None else None
-    if decision.result is None:
-        return f"call {pending.call_id!r} ({pending.name}) waits for its result: submit one"
-    return result_problem(decision.result, pending.requested_schema)
 
 
 def _not_available(name: str, available: set[str]) -> str:

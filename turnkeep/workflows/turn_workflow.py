@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -31,18 +32,14 @@ from turnkeep.contract.approval import (
     ALLOW_RULES_QUERY,
     CHILD_APPROVALS_SIGNAL,
     DECIDE_UPDATE,
-    DECIDED_IN_CHILD,
     PENDING_QUERY,
     REVOKE_ALLOW_UPDATE,
     SESSION_RULE_REVOKED_SIGNAL,
     AllowRule,
-    ChildApprovals,
-    Decision,
     DecisionRecord,
     PendingCall,
-    RevokeAllow,
 )
-from turnkeep.contract.messages import CallToolResult, Message, StopReason
+from turnkeep.contract.messages import CallToolResult, Message
 from turnkeep.contract.model_io import (
     MODEL_INPUT_QUERY,
     LlmRequest,
@@ -50,21 +47,12 @@ from turnkeep.contract.model_io import (
     ModelInputPage,
     model_input_page,
 )
-from turnkeep.contract.server_requests import (
-    MAX_SERVER_REQUESTS,
-    ServerAnswer,
-    ServerRequest,
-    ServerRequestPlan,
-    elicit_answer,
-    sample_answer,
-    sample_refusal,
-    wait_id,
-)
 from turnkeep.contract.turn_io import WORKFLOW_NAME, TurnInput, TurnProgress, TurnResult
 from turnkeep.workflows import (
     actions,
     agent_tools,
     child_approvals,
+    pending_calls,
     teams,
     turn_metrics,
     visibility,
@@ -74,11 +62,12 @@ from turnkeep.workflows.agent_tools import AgentCall
 from turnkeep.workflows.conversation_cache import Conversation, conversations
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.shared import shared
-from turnkeep.workflows.starting import handler_argument, start_arguments
+from turnkeep.workflows.starting import start_arguments
 from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts, policy_request
+from turnkeep.workflows.waits import approval, client_tool, server_requests, updates
+from turnkeep.workflows.waits import budget as budgets
+from turnkeep.workflows.waits.server_ask import ServerAsks
 
-# The error type a refused decision (or revocation) carries.
-DECISION_ERROR = "InvalidDecision"
 # As in fast-agent: a failing after_tool_call (or after_turn_complete, once the answer stands)
 # is logged and ignored; any other hook failing ends the turn with an `error` message.
 _HOOKS_THAT_MAY_FAIL = (HookPoint.AFTER_TOOL_CALL, HookPoint.AFTER_TURN_COMPLETE)
@@ -114,7 +103,7 @@ class TurnWorkflow:
         # Each message's JSON, digest and size, so a model call dumps (and the compaction
         # check measures) only the messages new since the last (derived from the messages
         # alone: the same on replay).
-        self._message_json = MessageJson()
+        self.message_json = MessageJson()
         # Set once this run is about to continue as new: long-polling watchers return, and
         # ask again, which reaches the next run.
         self._continuing = False
@@ -138,14 +127,8 @@ class TurnWorkflow:
         self._team_doing: str | None = None
         # Telling the parent turn (for a turn an agent called as a tool) of waiting calls.
         self._reporter: asyncio.Task[None] | None = None
-        # The tool calls whose server's request waits for a person, by wait id; and the
-        # requests of the model calls made for servers' sampling requests, by call index.
-        self._asking: dict[str, str] = {}
-        self._sampling_inputs: dict[int, LlmRequest] = {}
-        # Per tool call, how many of its server's requests were numbered, and the declined
-        # ones already recorded (by digest).
-        self._requests: dict[str, int] = {}
-        self._declined: set[tuple[str, str]] = set()
+        # What the tools' servers asked during their calls.
+        self.asks = ServerAsks()
 
     @workflow.run
     async def run(self, *args: Any) -> TurnResult:
@@ -172,7 +155,7 @@ class TurnWorkflow:
             self._start = _Start(turn, None)
             self._state = TurnState.start(turn, plan, in_session=_in_session())
             if known is not None:
-                self._message_json = MessageJson(known.json, known.run)
+                self.message_json = MessageJson(known.json, known.run)
             # Not replayed (the SDK's workflow logger skips replay): one line per turn.
             workflow.logger.info("turn started: agent %s, model %s", turn.agent, plan.model)
         state = self._state
@@ -184,7 +167,7 @@ class TurnWorkflow:
             # each upsert is a visibility-store write.
             self._published = dict(self._start_attributes)
             self._published_at = workflow.info().start_time
-        self._show(visibility.STARTING, publish=self._publish_due())
+        self.show(visibility.STARTING, publish=self._publish_due())
         try:
             if carried is None:
                 state.tools = [shared(t) for t in await actions.list_tools(state.plan)]
@@ -211,11 +194,11 @@ class TurnWorkflow:
             # fast-agent's interrupted-tool repair; after_turn_complete never runs here.
             state.cancel(completed=self._completed)
             turn_metrics.turn_ended(state.plan.agent, str(state.stop_reason), state.iteration)
-            self._show(visibility.ended(state), publish=True)
+            self.show(visibility.ended(state), publish=True)
             await self._release_watchers()
             raise
         await self._hooks(HookPoint.AFTER_TURN_COMPLETE)
-        self._show(visibility.ended(state), publish=True)
+        self.show(visibility.ended(state), publish=True)
         await self._release_watchers()
         result = state.result()
         self._keep_conversation(result)
@@ -232,7 +215,7 @@ class TurnWorkflow:
         state = self._require_state()
         if state.history_ref is None or result.conversation is None:
             return
-        json, run = self._message_json.entries, self._message_json.run
+        json, run = self.message_json.entries, self.message_json.run
         # What the turn was handed is kept already when this worker ran the turn before.
         given = conversations.get(state.history_ref)
         if given is None or len(given.messages) != len(state.history):
@@ -276,69 +259,29 @@ class TurnWorkflow:
     async def _ask_model(self) -> None:
         state = self._require_state()
         request = state.model_request()
-        if state.plan.budget is not None and not await self._within_budget(request):
+        if state.plan.budget is not None and not await budgets.within_budget(self, request):
             return
         self._model_input = request
-        self._show(visibility.waiting_on_model(request))
+        self.show(visibility.waiting_on_model(request))
         if state.plan.fallback_models:
             answer, request = await actions.call_model_chain(
-                request, state.plan, self._message_json, self._next_model
+                request, state.plan, self.message_json, self._next_model
             )
         else:
-            answer = await actions.call_model(request, state.plan, self._message_json)
+            answer = await actions.call_model(request, state.plan, self.message_json)
         self._model_input = None  # read only while the call is in flight
         state.on_assistant(answer, request.model)
         # An outcome gets a row of its own only when the rows after it do not tell it: not a
         # toolUse answer whose every call runs as a tool activity (its `tool …` rows say it).
         if not state.runs_every_pending_call():
             self._record_outcome(visibility.outcome_summary(request, answer))
-        self._show(visibility.answered(answer), publish=self._publish_due())
+        self.show(visibility.answered(answer), publish=self._publish_due())
         await self._hooks(HookPoint.AFTER_LLM_CALL)
 
     def _next_model(self, request: LlmRequest) -> None:
         """A fallback model takes the call over: the query answers with its request now."""
         self._model_input = request
-        self._show(visibility.waiting_on_model(request))
-
-    async def _within_budget(self, request: LlmRequest) -> bool:
-        """Whether the model call ``request`` may go ahead under the turn's budget: at once,
-        or once a person raised it. Otherwise the turn has stopped with a final message: the
-        agent stops at its budget, or the person chose to, or nobody decided in time. The wait
-        is an approval's: no activity runs, the turn leaves the worker's cache."""
-        state = self._require_state()
-        budget = state.plan.budget
-        assert budget is not None
-        problem = state.budget_exceeded(self._message_json.estimate_tokens(request.messages))
-        if problem is None:
-            return True
-        if budget.on_exceeded == "stop":
-            state.stop_at_budget(problem)
-            return False
-        call = state.await_budget(problem, workflow.now())
-        self._message_json = MessageJson()  # a person may take hours (see `_approve`)
-        turn_metrics.approval_requested(state.plan.agent)
-        self._show(f"waiting on a budget decision: {problem}", publish=True)
-        worker_cache.leave_cache()
-        try:
-            await workflow.wait_condition(
-                lambda: call.call_id not in state.pending_approvals,
-                timeout=budget.timeout,
-                timeout_summary=visibility.clip(f"budget · {call.call_id}"),
-            )
-        except TimeoutError:
-            if call.call_id in state.pending_approvals:  # not decided in this same task
-                state.time_out(call.call_id, workflow.now())
-        except asyncio.CancelledError:
-            turn_metrics.approval_resolved(state.plan.agent, "cancelled")
-            raise
-        record = state.decision(call.call_id)
-        assert record is not None
-        turn_metrics.approval_resolved(state.plan.agent, record.decision)
-        if not record.approved:
-            state.stop_at_budget(problem, record)
-            return False
-        self._show(visibility.waiting_on_model(request), publish=True)
-        return True
+        self.show(visibility.waiting_on_model(request))
 
     def _record_outcome(self, summary: str) -> None:
         """Record a model call's outcome in the history, as the summary of a timer nobody
@@ -364,7 +307,7 @@ class TurnWorkflow:
         if rules is not None and rules.policy is not None and batch.gated:
             # The agent's policy decides first (one activity for the batch); only the calls
             # it asks about wait for a person.
-            self._show(f"asking approval policy `{rules.policy}`")
+            self.show(f"asking approval policy `{rules.policy}`")
             request = policy_request(rules, state.plan.agent, batch.gated)
             verdicts = await actions.approval_policy(request)
             order = list(state.messages[-1].tool_calls or {})
@@ -376,9 +319,9 @@ class TurnWorkflow:
             batch, records = apply_rules(batch, state.allow_rules, order, workflow.now())
             state.decisions.extend(records)
         self._batch_calls = batch.to_run + batch.gated + batch.client
-        self._show(self._tools_doing())
+        self.show(self._tools_doing())
         # With calls awaiting a person, the others' ends show in the details as they come.
-        refresh = self._tools_moved if batch.gated or batch.client else None
+        refresh = self.tools_moved if batch.gated or batch.client else None
         # fast-agent's max_parallel: a bound on the batch's agent calls running at once.
         bound = state.plan.max_parallel
         self._agent_slots = asyncio.Semaphore(bound) if bound else None
@@ -386,11 +329,11 @@ class TurnWorkflow:
             batch,
             state.plan,
             self._completed,
-            self._approve,
+            functools.partial(approval.approve, self),
             self._call_agent,
             refresh,
-            self._answer_server,
-            self._client_result,
+            functools.partial(server_requests.answer, self),
+            functools.partial(client_tool.result, self),
         )
         # The outcome that asked for these tools spans them in the Web UI's timeline.
         self._cancel_outcome_timers()
@@ -404,7 +347,7 @@ class TurnWorkflow:
         self._team_doing = visibility.clip(
             f"running {team.kind}: {', '.join(s.agent for s in team.steps)}"
         )
-        self._show(self._team_doing)
+        self.show(self._team_doing)
 
         async def run(
             tool: AgentTool,
@@ -436,7 +379,7 @@ class TurnWorkflow:
             state.on_model_answer(answer)
             return answer
 
-        state.on_team_answer(await teams.run_team(team, state.messages, run, ask))
+        state.end_with(await teams.run_team(team, state.messages, run, ask))
 
     async def _call_agent(self, call: ToolCallRequest, tool: AgentTool) -> ToolCallOutcome:
         """Run a call of one of the turn's agent tools as a child turn, and count its usage."""
@@ -464,163 +407,7 @@ class TurnWorkflow:
             # An ended child waits for nothing: its last report goes with it.
             del self._children[id]
             if state.descendant_approvals.pop(id, None) and not state.done:
-                self._tools_moved(publish=True)
-
-    async def _approve(self, call: ToolCallRequest) -> ToolCallRequest | CallToolResult:
-        """Hold ``call`` until the ``decide`` update (or the agent's timeout) settles it. A
-        durable wait in the workflow itself: no activity runs and no worker slot is held, the
-        worker lets the turn go from its cache while only people are awaited
-        (``_tools_moved``), and a worker or server restart replays to this same wait."""
-        state = self._require_state()
-        rules = state.plan.approval
-        assert rules is not None, "only calls the approval rules name are gated"
-        state.await_approval(call, workflow.now())
-        summary = visibility.approval_timeout_summary(call)
-        record = await self._wait(call.call_id, rules.timeout, summary)
-        if not record.approved:
-            return record.denial()
-        if record.arguments is not None:
-            return call.model_copy(update={"arguments": record.arguments})
-        return call
-
-    async def _client_result(self, call: ToolCallRequest) -> CallToolResult:
-        """Hold a client-side tool's call until a client submits its result through ``decide``
-        (or denies it, or the timeout does): the same durable wait as an approval's."""
-        state = self._require_state()
-        assert state.plan.client_tools is not None, "only client-side calls wait for a client"
-        state.await_client_result(call, workflow.now())
-        summary = visibility.approval_timeout_summary(call)
-        record = await self._wait(call.call_id, state.plan.client_tools.timeout, summary)
-        submitted = state.submitted.pop(call.call_id, None)
-        return submitted if record.approved and submitted is not None else record.denial()
-
-    async def _wait(self, wait_id: str, seconds: float, summary: str) -> DecisionRecord:
-        """Wait until what waits under ``wait_id`` in ``pending_approvals`` (a call, or what a
-        call's server asked) is decided, or ``seconds`` pass (the timer's ``summary``)."""
-        state = self._require_state()
-        # A person may take hours: meanwhile the turn keeps its conversation but not the
-        # conversation's JSON too (the next model call dumps it again).
-        self._message_json = MessageJson()
-        turn_metrics.approval_requested(state.plan.agent)
-        # Published at once, whatever the interval: an operator's query for turns awaiting
-        # approval must find this one now.
-        self._tools_moved(publish=True)
-        try:
-            await workflow.wait_condition(
-                lambda: wait_id not in state.pending_approvals,
-                timeout=seconds,
-                timeout_summary=summary,
-            )
-        except TimeoutError:
-            if wait_id in state.pending_approvals:  # not decided in this same task
-                state.time_out(wait_id, workflow.now())
-        except asyncio.CancelledError:
-            turn_metrics.approval_resolved(state.plan.agent, "cancelled")
-            raise
-        self._tools_moved(publish=True)
-        record = state.decision(wait_id)
-        assert record is not None
-        turn_metrics.approval_resolved(state.plan.agent, record.decision)
-        return record
-
-    async def _answer_server(
-        self, call: ToolCallRequest, outcome: ToolCallOutcome
-    ) -> ToolCallRequest | CallToolResult | None:
-        """Settle what ``call``'s server asked during a run: record what the run declined at
-        once, and get the answer to what it could not (a person's, for an elicitation; a model
-        call's, for sampling, after a person's approval if the server's config wants one).
-        The call then runs again with the answer (``server_requests``)."""
-        state = self._require_state()
-        now = workflow.now()
-        for declined in outcome.declined:
-            # A re-run declines the same request again: it is recorded once.
-            if (call.call_id, declined.digest) not in self._declined:
-                self._declined.add((call.call_id, declined.digest))
-                id = wait_id(call.call_id, declined.kind, self._next_request(call.call_id))
-                state.decline_server_request(call, id, declined, now)
-        request = outcome.needs_input
-        if request is None:
-            return None
-        if len(call.answers) >= MAX_SERVER_REQUESTS:
-            return CallToolResult.error(
-                f"Error: the server made more than {MAX_SERVER_REQUESTS} requests in this call"
-            )
-        plan = call.server_plan(state.plan)
-        id = wait_id(call.call_id, request.kind, self._next_request(call.call_id))
-        if request.kind == "elicitation":
-            if plan is None or plan.elicitation != "forms":
-                refused = request.model_copy(update={"reason": "elicitation is not enabled"})
-                state.decline_server_request(call, id, refused, now)
-                answer = elicit_answer(request, "decline")
-            else:
-                await self._wait_for_input(call, id, request)
-                answer = state.server_answers.pop(id)
-        else:
-            answer = await self._sample(call, id, request, plan)
-        return call.model_copy(update={"answers": [*call.answers, answer]})
-
-    def _next_request(self, call_id: str) -> int:
-        """The number of a server's next request in call ``call_id`` (1, 2...)."""
-        self._requests[call_id] = self._requests.get(call_id, 0) + 1
-        return self._requests[call_id]
-
-    async def _wait_for_input(self, call: ToolCallRequest, id: str, request: ServerRequest) -> None:
-        """Hold ``call`` under ``id`` until a person answers ``request`` (the ``decide``
-        update) or its timeout passes: the same durable wait as an approval's (``_approve``)."""
-        state = self._require_state()
-        state.await_input(call, id, request, workflow.now())
-        self._asking[id] = call.call_id
-        try:
-            summary = visibility.clip(f"{request.kind} {call.name} · {id}")
-            await self._wait(id, state.input_timeout(call.name), summary)
-        finally:
-            del self._asking[id]
-
-    async def _sample(
-        self,
-        call: ToolCallRequest,
-        id: str,
-        request: ServerRequest,
-        plan: ServerRequestPlan | None,
-    ) -> ServerAnswer:
-        """A server's sampling request as a model call of the turn (on the server's configured
-        model or the agent's), counted in the turn's usage."""
-        state = self._require_state()
-        if plan is None or not plan.sampling or request.sampling is None:
-            refused = request.model_copy(update={"reason": "sampling is not enabled"})
-            state.decline_server_request(call, id, refused, workflow.now())
-            return sample_refusal(request, "sampling is not enabled for this server")
-        if plan.sampling_approval:
-            await self._wait_for_input(call, id, request)
-            record = state.decision(id)
-            if record is None or not record.approved:
-                return sample_refusal(request, "sampling was not approved")
-        sampling = request.sampling
-        limit = state.plan.max_tokens
-        max_tokens = sampling.max_tokens
-        if limit is not None:
-            max_tokens = min(max_tokens or limit, limit)
-        model = plan.sampling_model or state.plan.model
-        state.model_calls += 1
-        llm = LlmRequest(
-            agent=state.plan.agent,
-            model=model,
-            call_index=state.model_calls,
-            instruction=sampling.system_prompt,
-            messages=sampling.messages,
-            tools=[],
-            temperature=sampling.temperature,
-            max_tokens=max_tokens,
-        )
-        self._sampling_inputs[llm.call_index] = llm
-        try:
-            answer = await actions.call_model(llm, state.plan, MessageJson())
-        finally:
-            del self._sampling_inputs[llm.call_index]
-        state.on_sampling(model, answer)
-        if answer.stop_reason == StopReason.ERROR:
-            return sample_refusal(request, answer.text)
-        return sample_answer(request, answer, model)
+                self.tools_moved(publish=True)
 
     def _tools_doing(self) -> str:
         state = self._require_state()
@@ -630,16 +417,16 @@ class TurnWorkflow:
         }
         if self._team_doing is not None and not in_children:
             return self._team_doing
-        asking = set(self._asking.values())
+        asking = set(self.asks.waiting.values())
         return visibility.tools_in_progress(
             self._batch_calls, self._completed, {*state.pending_approvals, *in_children, *asking}
         )
 
-    def _tools_moved(self, *, publish: bool = False) -> None:
+    def tools_moved(self, *, publish: bool = False) -> None:
         """A call of the batch began to wait for a person, was decided or ended: show where the
         batch is, and once nothing but people is awaited, let the worker drop this turn from its
         cache until the next event (``worker_cache``)."""
-        self._show(self._tools_doing(), publish=publish)
+        self.show(self._tools_doing(), publish=publish)
         if self.awaits_only_people():
             worker_cache.leave_cache()
 
@@ -647,7 +434,7 @@ class TurnWorkflow:
         """Whether some calls of the batch wait for a decision and every other call has ended
         (a pure read, also made after each query by the worker's ``CacheRelease``)."""
         waiting = self._state.pending_approvals if self._state else {}
-        asking = set(self._asking.values())
+        asking = set(self.asks.waiting.values())
         return bool(waiting) and all(
             c.call_id in waiting or c.call_id in asking or c.call_id in self._completed
             for c in self._batch_calls
@@ -657,10 +444,10 @@ class TurnWorkflow:
         """Summarise older exchanges when the context is near full; never breaks the loop."""
         state = self._require_state()
         # The turn's own measure: only messages new since the last check are measured.
-        cut = state.compaction_cut(self._message_json.estimate_tokens)
+        cut = state.compaction_cut(self.message_json.estimate_tokens)
         if cut is None:
             return
-        self._show(visibility.compacting(state.plan.model))
+        self.show(visibility.compacting(state.plan.model))
         try:
             summary = await actions.compact_history(state.conversation()[:cut], state.plan)
         except ActivityError as err:
@@ -673,7 +460,7 @@ class TurnWorkflow:
         """Run the agent's hooks for ``point`` as activities; none configured, none run."""
         state = self._require_state()
         for hook in state.plan.hooks.get(point, []):
-            self._show(visibility.waiting_on_hook(point, hook))
+            self.show(visibility.waiting_on_hook(point, hook))
             try:
                 change = await actions.run_hook(hook, state.hook_context(point))
             except ActivityError as err:
@@ -697,6 +484,11 @@ class TurnWorkflow:
     def _require_state(self) -> TurnState:
         assert self._state is not None, "the loop runs only after prepare_turn"
         return self._state
+
+    @property
+    def state(self) -> TurnState:
+        """The loop's state, once the turn has one (what the waits work on)."""
+        return self._require_state()
 
     # Arguments are taken as they come and checked by the validator: with a typed parameter, a
     # call missing it (or with one too many) would reach the handler as a TypeError, which
@@ -729,57 +521,27 @@ class TurnWorkflow:
     @workflow.update(name=DECIDE_UPDATE)
     def decide(self, *args: Any) -> DecisionRecord:
         """A person's decision on a call awaiting approval: one argument, a ``Decision``."""
-        decision = Decision.model_validate(args[0])
-        # Drawn only by a decision that sets a rule: no other turn's replay sees it.
-        rule_id = f"rule-{workflow.uuid4().hex[:12]}" if decision.remember else None
-        return self._require_state().decide(decision, workflow.now(), rule_id)
+        return updates.decide(self._require_state(), args)
 
     @decide.validator
     def _check_decide(self, *args: Any) -> None:
-        decision = handler_argument(args, Decision, "decide", DECISION_ERROR)
-        state = self._state
-        if state is not None:
-            _route_to_child(state.call_owners(decision.call_id), decision.call_id)
-        if state is None:
-            raise _bad_decision("the turn has not reached its tool calls yet")
-        # A result is checked against its tool's output schema by jsonschema, which is not
-        # workflow code: imported outside the sandbox, once per worker.
-        with workflow.unsafe.imports_passed_through():
-            problem = state.decision_problem(decision)
-        if problem is not None:
-            raise _bad_decision(problem)
+        updates.check_decide(self._state, args)
 
     # Sync, as decide: it only records the revocation; calls the rule covered wait from now.
     @workflow.update(name=REVOKE_ALLOW_UPDATE)
     def revoke_allow(self, *args: Any) -> AllowRule:
         """Revoke an "always allow" rule of the turn: one argument, a ``RevokeAllow``."""
-        revoke = RevokeAllow.model_validate(args[0])
-        rule = self._require_state().revoke(revoke.rule_id, revoke.by, workflow.now())
-        assert rule is not None
-        return rule
+        return updates.revoke_allow(self._require_state(), args)
 
     @revoke_allow.validator
     def _check_revoke_allow(self, *args: Any) -> None:
-        revoke = handler_argument(args, RevokeAllow, "revoke_allow", DECISION_ERROR)
-        state = self._state
-        problem = (
-            "the turn has no rules yet" if state is None else state.revoke_problem(revoke.rule_id)
-        )
-        if problem is not None:
-            raise _bad_decision(problem)
+        updates.check_revoke_allow(self._state, args)
 
     @workflow.signal(name=SESSION_RULE_REVOKED_SIGNAL)
     def session_rule_revoked(self, *args: Any) -> None:
         """The turn's session revoked one of its rules (validated there, by its update): one
-        argument, a ``RevokeAllow``. A signal cannot be refused, and any client may send one:
-        it can only make calls wait for a person again, never let one run."""
-        try:
-            revoke = RevokeAllow.model_validate(args[0] if len(args) == 1 else None)
-        except ValidationError as err:
-            workflow.logger.warning("ignored a session_rule_revoked signal: %s", err)
-            return
-        if self._state is not None and not self._state.done:
-            self._state.revoke(revoke.rule_id, revoke.by, workflow.now())
+        argument, a ``RevokeAllow``."""
+        updates.session_rule_revoked(self._state, args)
 
     @workflow.query(name=ALLOW_RULES_QUERY)
     def allow_rules(self) -> list[AllowRule]:
@@ -791,37 +553,22 @@ class TurnWorkflow:
         """A child turn (an agent call's, a workflow agent's step) reports the calls waiting
         in it and below it: one argument, a ``ChildApprovals``. A signal cannot be refused:
         one that is not a report of a running child is logged and ignored."""
-        try:
-            if len(args) != 1:
-                raise ValueError(f"child_approvals takes one argument; got {len(args)}")
-            report = ChildApprovals.model_validate(args[0])
-        except (ValueError, ValidationError) as err:
-            workflow.logger.warning("ignored a child_approvals signal: %s", err)
-            return
-        state = self._state
-        problem = child_approvals.report_problem(report, self._children)
-        if state is None or state.done or problem is not None:
-            workflow.logger.warning("ignored a child_approvals signal: %s", problem or "ended")
-            return
-        if report.calls:
-            state.descendant_approvals[report.turn_id] = report.calls
-        else:
-            state.descendant_approvals.pop(report.turn_id, None)
-        # Published at once, as for the turn's own calls: operators look for waiting turns.
-        self._tools_moved(publish=True)
+        if child_approvals.take_report(self._state, args, self._children):
+            # Published at once, as for the turn's own calls: operators look for waiting turns.
+            self.tools_moved(publish=True)
 
     @workflow.query(name=PENDING_QUERY)
     def pending_approvals(self) -> list[PendingCall]:
         """The calls waiting for a decision, oldest first, then those waiting in the turn's
         child turns (each saying which turn and agent it is of)."""
-        return self._state.waiting_calls() if self._state else []
+        return pending_calls.waiting_calls(self._state) if self._state else []
 
     @workflow.query(name=MODEL_INPUT_QUERY)
     def model_input(self, call_index: int, start: int = 0) -> ModelInputPage | None:
         """A page of the request of model call ``call_index``, while it is in flight."""
         request = self._model_input
         if request is None or request.call_index != call_index:
-            request = self._sampling_inputs.get(call_index)
+            request = self.asks.sampling_inputs.get(call_index)
         if request is None:
             return None
         return model_input_page(request, start)
@@ -857,7 +604,7 @@ class TurnWorkflow:
             return True
         return (workflow.now() - self._published_at).total_seconds() >= interval
 
-    def _show(self, doing: str, *, publish: bool = False) -> None:
+    def show(self, doing: str, *, publish: bool = False) -> None:
         """Current details for the Web UI: where the turn is, in one glance. With ``publish``,
         the search attributes too: at the start and after a model answer when due
         (``_publish_due``), and at the end, as each upsert is an event in the history (current
@@ -979,28 +726,6 @@ def _checked_start(args: Sequence[Any]) -> tuple[TurnInput, TurnState | None]:
     return start_arguments(
         args, TurnInput, TurnState, usage=_START_USAGE, error_type="InvalidTurnInput"
     )
-
-
-def _route_to_child(owners: list[str], call_id: str) -> None:
-    """Refuse a decision on a call waiting in a child turn (``owners``: those in which a call
-    with this id waits), naming the turn the client is to send it to: the child's own validator
-    then takes it, on what the child knows rather than on its last report."""
-    if len(owners) == 1:
-        raise ApplicationError(
-            f"call {call_id!r} waits in child turn {owners[0]!r}: decide it there",
-            owners[0],
-            type=DECIDED_IN_CHILD,
-            non_retryable=True,
-        )
-    if owners:
-        raise _bad_decision(
-            f"a call {call_id!r} waits in each of the child turns {', '.join(owners)}: send "
-            "the decision to the one it is for"
-        )
-
-
-def _bad_decision(message: str) -> ApplicationError:
-    return ApplicationError(message, type=DECISION_ERROR, non_retryable=True)
 
 
 def _history_full(limits: ContinueAsNewPlan) -> bool:

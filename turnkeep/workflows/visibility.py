@@ -12,7 +12,7 @@ documentation's *The Web UI*).
   ``TurnkeepStopReason``, ``TurnkeepIterations``, ``TurnkeepTokens``, ``TurnkeepCostUsd``).
 
 Only text and values computed from the loop's state live here, no Temporal calls, so all of it
-is testable without a server; ``TurnWorkflow._show`` publishes them. The search-attribute
+is testable without a server; ``TurnWorkflow.show`` publishes them. The search-attribute
 definitions here are the one list the embedded server, ``turnkeep setup``, the worker's
 start-up check and the workflow all use.
 """
@@ -36,6 +36,7 @@ from turnkeep.contract.activity_io import HookPoint, ToolCallRequest
 from turnkeep.contract.approval import PendingCall
 from turnkeep.contract.messages import Message, StopReason
 from turnkeep.contract.model_io import LlmRequest
+from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
 
 # -- search attributes --------------------------------------------------------------------
@@ -86,7 +87,11 @@ _COMPLETED = {StopReason.END_TURN, StopReason.STOP_SEQUENCE}
 def turn_status(state: TurnState) -> TurnStatus:
     if not state.done:
         # A call waiting in a child turn holds this turn up as much as one of its own.
-        return TurnStatus.AWAITING_APPROVAL if state.awaits_decision else TurnStatus.RUNNING
+        return (
+            TurnStatus.AWAITING_APPROVAL
+            if pending_calls.awaits_decision(state)
+            else TurnStatus.RUNNING
+        )
     if state.stop_reason == StopReason.CANCELLED:
         return TurnStatus.CANCELLED
     if state.stop_reason == StopReason.ERROR:
@@ -360,7 +365,7 @@ def details(state: TurnState, doing: str) -> str:
 def _awaiting(state: TurnState) -> str:
     """Which calls wait for a person's decision (in child turns too), and since when: a list
     under the totals; what servers asked during tool calls ("awaiting input") apart."""
-    waiting = state.waiting_calls()
+    waiting = pending_calls.waiting_calls(state)
     if not waiting:
         return ""
     approvals = [c for c in waiting if c.kind == "approval"]

@@ -1,0 +1,151 @@
+"""The one interface a kind of wait implements (``decisions.KINDS`` lists them), and the durable
+wait its calls wait in.
+
+A wait is a ``PendingCall`` of its kind in ``TurnState.pending_approvals``, settled by the
+``decide`` update (or its timeout): its kind says which decisions it takes, what taking one
+does, and how long it waits. The defaults are those of a wait a person approves or denies."""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from datetime import datetime
+from typing import ClassVar, Protocol
+
+from temporalio import workflow
+
+from turnkeep.contract.approval import (
+    TIMEOUT_DECIDER,
+    Decision,
+    DecisionRecord,
+    PendingCall,
+    WaitKind,
+    format_seconds,
+)
+from turnkeep.contract.model_io import MessageJson
+from turnkeep.workflows import pending_calls, turn_metrics
+from turnkeep.workflows.loop import TurnState
+
+NO_LIMIT = "a limit goes only with a budget's wait"
+
+
+class Turn(Protocol):
+    """What a wait needs of the workflow it waits in (``TurnWorkflow``)."""
+
+    # The JSON of the conversation's messages, kept between model calls.
+    message_json: MessageJson
+
+    @property
+    def state(self) -> TurnState: ...
+
+    def show(self, doing: str, *, publish: bool = False) -> None:
+        """Say in the current details (and with ``publish``, the search attributes) what the
+        turn is doing."""
+
+    def tools_moved(self, *, publish: bool = False) -> None:
+        """A call of the tool batch began to wait, was decided or ended."""
+
+
+class Wait(ABC):
+    """One kind of wait (``kind``: the ``PendingCall.kind`` of its calls)."""
+
+    kind: ClassVar[WaitKind]
+
+    @abstractmethod
+    def timeout(self, state: TurnState, pending: PendingCall) -> float:
+        """Seconds ``pending`` waits for a decision."""
+
+    def problem(self, state: TurnState, decision: Decision, pending: PendingCall) -> str | None:
+        """Why ``decision`` cannot settle ``pending``, or None: the ``decide`` update's
+        validator refuses it with this text and the turn goes on unaffected."""
+        kind, call = pending.kind, pending.call_id
+        if decision.limit is not None:
+            return NO_LIMIT
+        if decision.result is not None:
+            return (
+                f"call {call!r} ({pending.name}) is not a client-side tool's: it is approved or "
+                "denied, not given a result"
+            )
+        if decision.arguments is not None and kind != "approval":
+            return f"arguments (an edit) go only with a tool call's approval, not {kind}"
+        if decision.arguments is not None and decision.decision != "approve":
+            return "arguments (an edit) go only with an approval"
+        if decision.remember is not None and decision.decision != "approve":
+            return "remember (always allow) goes only with an approval"
+        if decision.remember is not None and kind != "approval":
+            return f"remember (always allow) goes only with a tool call's approval, not {kind}"
+        if decision.remember_arguments and decision.remember is None:
+            return "remember_arguments goes only with remember"
+        if decision.remember == "session" and not state.in_session:
+            return "remember: session needs a session's turn; this turn is no session's"
+        if (decision.content is not None or decision.cancel) and kind != "elicitation":
+            return f"content and cancel answer an elicitation; {call!r} waits for {kind}"
+        return None
+
+    def decide(
+        self,
+        state: TurnState,
+        decision: Decision,
+        pending: PendingCall,
+        now: datetime,
+        rule_id: str | None,
+    ) -> DecisionRecord:
+        """Take ``decision`` (checked by ``problem``) on ``pending``, no longer waiting;
+        ``rule_id``: the id of the rule a remembered decision sets."""
+        del rule_id
+        return pending_calls.record(state, pending, decision, now)
+
+    def timed_out(self, state: TurnState, pending: PendingCall) -> None:
+        """Nobody decided on ``pending`` (no longer waiting) in time: what follows, besides the
+        record of the timeout."""
+        del state, pending
+
+    def time_out(self, state: TurnState, call_id: str, now: datetime) -> DecisionRecord:
+        """Settle the wait ``call_id`` nobody decided on in time (a call is denied; a budget's
+        wait stops the turn)."""
+        pending = state.pending_approvals.pop(call_id)
+        timeout = self.timeout(state, pending)
+        self.timed_out(state, pending)
+        record = DecisionRecord(
+            call_id=call_id,
+            tool=pending.name,
+            decision="timeout",
+            by=TIMEOUT_DECIDER,
+            reason=f"no decision within {format_seconds(timeout)}",
+            at=now,
+            kind=pending.kind,
+        )
+        state.decisions.append(record)
+        return record
+
+    async def wait(self, turn: Turn, wait_id: str, seconds: float, summary: str) -> DecisionRecord:
+        """Wait until what waits under ``wait_id`` (a call, or what a call's server asked) is
+        decided, or ``seconds`` pass (the timer's ``summary``). A durable wait in the workflow
+        itself: no activity runs and no worker slot is held, the worker lets the turn go from
+        its cache while only people are awaited (``tools_moved``), and a worker or server
+        restart replays to this same wait."""
+        state = turn.state
+        # A person may take hours: meanwhile the turn keeps its conversation but not the
+        # conversation's JSON too (the next model call dumps it again).
+        turn.message_json = MessageJson()
+        turn_metrics.approval_requested(state.plan.agent)
+        # Published at once, whatever the interval: an operator's query for turns awaiting
+        # approval must find this one now.
+        turn.tools_moved(publish=True)
+        try:
+            await workflow.wait_condition(
+                lambda: wait_id not in state.pending_approvals,
+                timeout=seconds,
+                timeout_summary=summary,
+            )
+        except TimeoutError:
+            if wait_id in state.pending_approvals:  # not decided in this same task
+                self.time_out(state, wait_id, workflow.now())
+        except asyncio.CancelledError:
+            turn_metrics.approval_resolved(state.plan.agent, "cancelled")
+            raise
+        turn.tools_moved(publish=True)
+        record = pending_calls.decision(state, wait_id)
+        assert record is not None
+        turn_metrics.approval_resolved(state.plan.agent, record.decision)
+        return record
