@@ -212,6 +212,15 @@ def _tool_results_sent(fake: FakeModel, name: str) -> list[dict[str, Any]]:
     ]
 
 
+def pick_once(fake: FakeModel) -> None:
+    """The model asks the client for a color (call ``p1``), then answers."""
+    fake.script(
+        "app",
+        Reply.tool_calls(("p1", "client__pick_color", {"hint": "warm"})),
+        Reply.text("Red it is."),
+    )
+
+
 def _agent(fake: FakeModel, **options: Any) -> Agent:
     return Agent(
         name="app",
@@ -384,11 +393,7 @@ async def test_pending_names_submit_for_a_client_side_call_and_that_command_answ
 ) -> None:
     """`pending` names `turnkeep submit` for a client-side call (with `--json` for a tool with
     an output schema, and its fields), never `turnkeep answer`, which would refuse it."""
-    fake_model.script(
-        "app",
-        Reply.tool_calls(("p1", "client__pick_color", {"hint": "warm"})),
-        Reply.text("Red it is."),
-    )
+    pick_once(fake_model)
     async with harness(client, agents=[_agent(fake_model)], fake=fake_model) as h:
         turn = await h.start("pick a color", agent="app")
         await eventually(lambda: _waiting(turn, 1), "the client-side call waits")
