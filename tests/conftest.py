@@ -42,7 +42,7 @@ from turnkeep.providers.registry import ModelCatalog
 from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import FakeModelApi
 from turnkeep.testing.fake_model import FakeModel
-from turnkeep.testing.harness import Harness, eventually
+from turnkeep.testing.environment import Harness, eventually
 
 pytest_plugins = ["turnkeep.testing.pytest_plugin"]
 

@@ -9,9 +9,9 @@ from turnkeep.testing.fake_api import Recorded as Recorded
 from turnkeep.testing.fake_api import Reply as Reply
 from turnkeep.testing.fake_api import Tokens as Tokens
 from turnkeep.testing.fake_model import FakeModel as FakeModel
-from turnkeep.testing.harness import Harness as Harness
-from turnkeep.testing.harness import TurnkeepEnvironment as TurnkeepEnvironment
-from turnkeep.testing.harness import eventually as eventually
-from turnkeep.testing.harness import harness as harness
+from turnkeep.testing.environment import Harness as Harness
+from turnkeep.testing.environment import TurnkeepEnvironment as TurnkeepEnvironment
+from turnkeep.testing.environment import eventually as eventually
+from turnkeep.testing.environment import harness as harness
 from turnkeep.testing.replay import ReplayFailedError as ReplayFailedError
 from turnkeep.testing.replay import check_replay as check_replay

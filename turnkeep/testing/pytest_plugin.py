@@ -28,7 +28,7 @@ from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
 from turnkeep.testing.fake_api import FakeModelApi
 from turnkeep.testing.fake_model import FakeModel
-from turnkeep.testing.harness import Harness, harness
+from turnkeep.testing.environment import Harness, harness
 
 
 class WorkerFactory(Protocol):
