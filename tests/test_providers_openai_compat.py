@@ -17,8 +17,8 @@ from turnkeep.config.settings import AzureSettings, ProviderSettings, Settings
 from turnkeep.contract.messages import Message, TextContent
 from turnkeep.contract.model_io import LlmRequest
 from turnkeep.fastagent.model_strings import ModelRef, Reasoning
-from turnkeep.providers.azure import AzureProvider
 from turnkeep.providers import openai_compat
+from turnkeep.providers.azure import AzureProvider
 from turnkeep.providers.openai_compat import (
     OPENAI_COMPATIBLE_PROVIDERS,
     DeepSeekProvider,

@@ -123,7 +123,9 @@ def groq_effort(reasoning: Reasoning) -> str | None:
 
 
 COMPATIBLE_APIS: tuple[CompatibleApi, ...] = (
-    CompatibleApi("deepseek", "DeepSeekProvider", "DeepSeek", "https://api.deepseek.com", "DEEPSEEK_API_KEY"),
+    CompatibleApi(
+        "deepseek", "DeepSeekProvider", "DeepSeek", "https://api.deepseek.com", "DEEPSEEK_API_KEY"
+    ),
     # `openrouter.<vendor>/<model>`: OpenRouter's model ids name their vendor.
     CompatibleApi(
         "openrouter",
