@@ -40,9 +40,9 @@ from turnkeep.contract.conversation import EXPANDED_METADATA
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.providers.registry import ModelCatalog
 from turnkeep.testing import harness as worker_harness
+from turnkeep.testing.environment import Harness, eventually
 from turnkeep.testing.fake_api import FakeModelApi
 from turnkeep.testing.fake_model import FakeModel
-from turnkeep.testing.harness import Harness, eventually
 
 pytest_plugins = ["turnkeep.testing.pytest_plugin"]
 

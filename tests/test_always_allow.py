@@ -31,9 +31,9 @@ from turnkeep.contract.approval import (
 from turnkeep.contract.messages import Message, StopReason, ToolCall
 from turnkeep.contract.turn_io import TurnInput, TurnResult
 from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.testing.environment import harness
 from turnkeep.testing.fake_api import Reply
 from turnkeep.testing.fake_model import FakeModel
-from turnkeep.testing.harness import harness
 from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts

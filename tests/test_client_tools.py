@@ -37,9 +37,9 @@ from turnkeep.contract.messages import Message, StopReason, ToolCall
 from turnkeep.contract.turn_io import TurnInput, TurnResult
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.fastagent.app import FastAgent
+from turnkeep.testing.environment import harness
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.testing.fake_model import FakeModel
-from turnkeep.testing.harness import harness
 from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits import approval, client_tool, decisions

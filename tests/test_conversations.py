@@ -26,9 +26,10 @@ from turnkeep.contract.conversation import EXPANDED_METADATA, ConversationRef
 from turnkeep.contract.messages import Message
 from turnkeep.contract.model_io import MODEL_INPUT_PAGE_BYTES
 from turnkeep.contract.turn_io import TurnInput
-from turnkeep.payloads.conversations import DIRECTORY, owner_key
+from turnkeep.payloads.conversations import DIRECTORY
 from turnkeep.payloads.gc import collect
 from turnkeep.payloads.storage import payload_directory
+from turnkeep.payloads.storage.owners import owner_key
 from turnkeep.testing import check_replay
 from turnkeep.workflows.conversation_cache import ConversationCache
 from turnkeep.workflows.conversation_cache import conversations as conversations_cache

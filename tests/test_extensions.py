@@ -108,7 +108,7 @@ async def test_a_model_string_resolves_only_to_registered_providers(
 
 
 def test_registry_resolves_built_ins_and_refuses_clashes() -> None:
-    registry = installed_providers().with_providers([Shout])
+    registry = installed_providers().extended([Shout])
     assert registry.resolve("loud").provider == "shout"
     assert registry.resolve("sonnet").name == "claude-sonnet-5"  # fast-agent's alias table
     assert registry.context_window("shout.x") == 1_000
@@ -276,7 +276,7 @@ async def test_a_server_of_an_unregistered_kind_stops_the_worker(tmp_path: Path)
     # The pool closes every source it holds.
     pool = ToolServers(
         make_settings(tmp_path, mcp={"servers": {"die": {"transport": "dice", "args": ["1"]}}}),
-        sources=installed_tool_sources().with_sources([Dice]),
+        sources=installed_tool_sources().extended([Dice]),
     )
     die = pool.source("die")
     assert isinstance(die, Dice) and not die.closed
@@ -285,7 +285,7 @@ async def test_a_server_of_an_unregistered_kind_stops_the_worker(tmp_path: Path)
 
 
 def test_tool_source_kinds_are_registered_once() -> None:
-    registry = installed_tool_sources().with_sources([Dice])
+    registry = installed_tool_sources().extended([Dice])
     assert [source.kind for source in registry] == ["stdio", "http", "sse", "dice"]
     # Adding to a registry leaves the installed one as it was.
     assert Dice not in list(installed_tool_sources())

@@ -29,8 +29,8 @@ from turnkeep.client.turns import get_turn
 from turnkeep.contract.turn_io import TurnCancelledError
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.doors.mcp_server import TOOL_NAMES, McpDoor, mcp_server
+from turnkeep.testing.environment import harness
 from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
-from turnkeep.testing.harness import harness
 from turnkeep.worker.build import build_workers
 
 pytestmark = pytest.mark.asyncio

@@ -453,5 +453,5 @@ def test_default_directory_follows_the_state_dir(
 @pytest.mark.skipif(importlib.util.find_spec("aioboto3") is not None, reason="aioboto3 installed")
 def test_s3_without_aioboto3_says_what_to_install(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, payload_storage={"driver": "s3", "bucket": "b"})
-    with pytest.raises(PayloadStorageConfigError, match=r'pip install "temporalio\[aioboto3\]"'):
+    with pytest.raises(PayloadStorageConfigError, match=r'pip install "turnkeep\[s3\]"'):
         external_storage(settings.payload_storage)

@@ -4,6 +4,7 @@ and behind its own auth header, which the fake server checks."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -16,8 +17,10 @@ from turnkeep.config.settings import AzureSettings, ProviderSettings, Settings
 from turnkeep.contract.messages import Message, TextContent
 from turnkeep.contract.model_io import LlmRequest
 from turnkeep.fastagent.model_strings import ModelRef, Reasoning
+from turnkeep.providers import openai_compat
 from turnkeep.providers.azure import AzureProvider
 from turnkeep.providers.openai_compat import (
+    OPENAI_COMPATIBLE_PROVIDERS,
     DeepSeekProvider,
     GoogleProvider,
     GroqProvider,
@@ -57,6 +60,17 @@ ENV_KEYS = {
     AzureProvider: "AZURE_API_KEY",
 }
 ids = [p.name for p in PROVIDERS]
+
+
+@pytest.mark.parametrize("cls", OPENAI_COMPATIBLE_PROVIDERS, ids=lambda c: c.name)
+def test_each_table_class_is_named_and_bound_by_its_key(
+    cls: type[OpenAICompatibleProvider],
+) -> None:
+    """The classes made from the table read as named classes (in errors) and pickle."""
+    assert cls.__qualname__ == cls.__name__ and cls.__name__.endswith("Provider")
+    assert getattr(openai_compat, cls.__name__) is cls
+    assert pickle.loads(pickle.dumps(cls)) is cls
+    assert cls is openai_compat.PROVIDER_CLASSES[cls.name]
 
 
 @pytest.fixture(autouse=True)

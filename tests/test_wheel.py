@@ -133,7 +133,11 @@ async def test_an_app_runs_turns_from_the_wheel(
     python: Path, app: Path, worker: Path, temporal: ServerInfo, client: Client, tmp_path: Path
 ) -> None:
     env = app_env(temporal, tmp_path / "state")
-    check = "import turnkeep.in_workflow; print(turnkeep.__file__)"
+    # The lazy names read each package's stub, which the wheel must carry.
+    check = (
+        "import turnkeep.in_workflow; turnkeep.TurnInput; "
+        "import turnkeep.testing; turnkeep.testing.FakeModel; print(turnkeep.__file__)"
+    )
     imported = run(python, "-c", check, cwd=app, env=env)
     assert Path(imported.strip()).is_relative_to(python.parent.parent)
     await eventually(lambda: "polling" in worker.read_text(), "the app's worker polls")

@@ -58,7 +58,7 @@ def _short(text: str, limit: int = MAX_RESULT_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more chars)"
 
 
-def _visible(text: str) -> str:
+def visible(text: str) -> str:
     return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
@@ -128,7 +128,7 @@ class TurnRenderer:
             if not self._live_text:
                 self.console.print(Text("assistant › ", "bold green"), end="")
             self._live_text += event.text
-            self.console.print(Text(_visible(event.text)), end="", soft_wrap=True)
+            self.console.print(Text(visible(event.text)), end="", soft_wrap=True)
         elif isinstance(event, Restarted):
             if self._live_text:
                 self.console.print()
@@ -141,9 +141,9 @@ class TurnRenderer:
             if self._live_text:
                 self.console.print()
                 self._live_text = ""
-            self.console.print(Text(f"    {_visible(event.agent or '?')} › ", "green"), end="")
+            self.console.print(Text(f"    {visible(event.agent or '?')} › ", "green"), end="")
             self._child_line = event.workflow_id
-        self.console.print(Text(_visible(event.text)), end="", soft_wrap=True)
+        self.console.print(Text(visible(event.text)), end="", soft_wrap=True)
 
     def _end_child_line(self) -> None:
         if self._child_line is not None:
@@ -159,7 +159,7 @@ class TurnRenderer:
             where = f"step {child.step}"
         else:
             where = "child turn"
-        parts = [_visible(child.agent or "?"), _visible(where)]
+        parts = [visible(child.agent or "?"), visible(where)]
         if started:
             parts.append("started")
         else:
@@ -170,7 +170,7 @@ class TurnRenderer:
                 parts.append(f"for {_since(child.started_at, datetime.now(UTC))}")
             if child.stop_reason not in (None, StopReason.END_TURN, StopReason.TOOL_USE):
                 parts.append(f"stop: {child.stop_reason}")
-        parts.append(f"turn {_visible(child.workflow_id)}")
+        parts.append(f"turn {visible(child.workflow_id)}")
         if child.usage:
             parts.append(f"usage: {usage_text(child.usage)}")
         style = "red" if child.status in _FAILED else "dim"
@@ -198,11 +198,11 @@ class TurnRenderer:
             args = call.invalid_arguments or json.dumps(call.arguments, ensure_ascii=False)
             self._line(
                 ("  → ", "cyan"),
-                (_visible(call.name), "cyan"),
+                (visible(call.name), "cyan"),
                 "(",
                 self._content(args),
                 ") ",
-                (_visible(call_id), "dim"),
+                (visible(call_id), "dim"),
             )
             for child in self._children.pop(call_id, []):
                 self.child(child)
@@ -227,7 +227,7 @@ class TurnRenderer:
             style = "red" if result.is_error else "magenta"
             self._line(
                 ("  ← ", style),
-                (_visible(name), style),
+                (visible(name), style),
                 (took, "dim"),
                 ": ",
                 self._content(result.text, MAX_RESULT_CHARS),
@@ -237,8 +237,8 @@ class TurnRenderer:
         """A text from the turn as it may be printed: cut to ``limit`` with its size, unless
         ``full``, and with control characters escaped."""
         if self.full or len(text) <= limit:
-            return _visible(text)
-        return _visible(text[:limit]) + (
+            return visible(text)
+        return visible(text[:limit]) + (
             f"… [cut: {len(text):,} chars in all; `turnkeep show --full` prints them whole]"
         )
 
@@ -259,7 +259,7 @@ class TurnRenderer:
         if result.rollback:
             self.console.print(f"[bold]history repair:[/] {result.rollback}")
         for d in result.decisions:
-            self._line(("decision: ", "bold"), _visible(decision_line(d)))
+            self._line(("decision: ", "bold"), visible(decision_line(d)))
 
     # -- a turn read from its history (`turnkeep show`) ------------------------------------
 

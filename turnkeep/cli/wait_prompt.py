@@ -34,8 +34,8 @@ from temporalio.service import RPCError
 
 from turnkeep.cli.console import console
 from turnkeep.cli.line_reader import LineReader, stdin_lines
-from turnkeep.cli.render import _visible
-from turnkeep.cli.wait_question import MAX_POLL, QUERY_TIMEOUT, WaitAsker, call_key
+from turnkeep.cli.render import visible
+from turnkeep.cli.wait_question import WaitAsker, call_key
 from turnkeep.cli.waits import describe_wait
 from turnkeep.client.sessions import SessionHandle
 from turnkeep.client.turns import TurnHandle, get_turn
@@ -43,8 +43,13 @@ from turnkeep.contract.approval import PendingCall
 from turnkeep.contract.messages import Message
 
 # How often the turn is asked which calls wait: soon after the model asked for tools, then
-# less often while a long tool runs (one query a second at most).
+# less often while a long tool runs (one query a second at most; a question asked looks
+# whether its call still waits as often).
 _FIRST_POLL = 0.2
+MAX_POLL = 1.0
+# A query is answered by a worker of the turn's task queue; a busy or absent one must not
+# hold the prompt up for the server's default minute.
+QUERY_TIMEOUT = timedelta(seconds=10)
 # With no tool call open only a budget can wait (before a model call, hours at a time): asked
 # less often, and not held up long by a worker that is absent (Ctrl-C waits for the query).
 _IDLE_POLL = 2.0
@@ -217,6 +222,8 @@ class WaitPrompter:
             out=self._out,
             by=self._by,
             settled=self._settled,
+            poll=MAX_POLL,
+            query_timeout=QUERY_TIMEOUT,
             in_session=self.in_session,
         )
         try:
@@ -236,7 +243,7 @@ class WaitPrompter:
 
     def _tell(self, handle: TurnHandle, call: PendingCall) -> None:
         line = describe_wait(handle.workflow_id, call).line()
-        self._out.print(Text(_visible(line), style="yellow"), soft_wrap=True)
+        self._out.print(Text(visible(line), style="yellow"), soft_wrap=True)
 
 
 async def _pending(handle: TurnHandle, rpc_timeout: timedelta) -> list[PendingCall] | None:

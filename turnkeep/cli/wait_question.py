@@ -23,7 +23,7 @@ from temporalio.exceptions import FailureError
 from temporalio.service import RPCError
 
 from turnkeep.cli.line_reader import LineReader
-from turnkeep.cli.render import _visible
+from turnkeep.cli.render import visible
 from turnkeep.cli.typed_input import field_hint, field_value, in_editor, json_object
 from turnkeep.client.turns import TurnHandle, get_turn
 from turnkeep.contract.approval import PendingCall, RememberScope
@@ -33,18 +33,14 @@ RESULT_PROMPT = "Result (one line; empty: deny the call): "
 JSON_RESULT_PROMPT = "Result as one line of JSON (empty: deny the call): "
 ELICIT_PROMPT = "[a]nswer / [d]ecline / [c]ancel: "
 BUDGET_PROMPT = "Raise the budget to (a number; empty: stop the turn): "
-# How often a question looks whether its call still waits: one query a second at most.
-MAX_POLL = 1.0
-# A query is answered by a worker of the turn's task queue; a busy or absent one must not
-# hold the prompt up for the server's default minute.
-QUERY_TIMEOUT = timedelta(seconds=10)
 
 
 class WaitAsker:
     """Asks about one waiting call at a time (``ask``), reading the answers from ``reader``
     and showing the questions on ``out``; ``settled`` is set when the call asked about has
-    been answered meanwhile (the prompter sees its result come). ``in_session``: "always"
-    may then be for the session."""
+    been answered meanwhile (the prompter sees its result come), and every ``poll`` seconds
+    it asks the turn whether the call still waits, each query given ``query_timeout`` (the
+    prompter's pace). ``in_session``: "always" may then be for the session."""
 
     def __init__(
         self,
@@ -53,12 +49,16 @@ class WaitAsker:
         out: Console,
         by: str,
         settled: asyncio.Event,
+        poll: float,
+        query_timeout: timedelta,
         in_session: bool = False,
     ) -> None:
         self._reader = reader
         self._out = out
         self._by = by
         self._settled = settled
+        self._poll = poll
+        self._query_timeout = query_timeout
         self.in_session = in_session
         self._draft: str | None = None  # arguments being edited, not yet a JSON object
 
@@ -76,7 +76,7 @@ class WaitAsker:
         try:
             await dialogs.get(call.kind, self._ask_approval)(handle, call)
         except _NoLongerWaiting:
-            became = await _what_became_of(handle, call)
+            became = await _what_became_of(handle, call, self._query_timeout)
             self._out.print()
             self._out.print(f"[yellow]{escape(became)}[/]")
         except _EndOfInput:
@@ -141,7 +141,7 @@ class WaitAsker:
         an output schema; asked again while the turn refuses it. An empty line denies it."""
         schema = call.requested_schema
         if schema is not None:
-            self._out.print(Text(_visible("output schema: " + json.dumps(schema))))
+            self._out.print(Text(visible("output schema: " + json.dumps(schema))))
         while True:
             line = await self._line(JSON_RESULT_PROMPT if schema else RESULT_PROMPT, handle, call)
             if not line.strip():
@@ -226,7 +226,7 @@ class WaitAsker:
             cause = err.cause
             why = cause.message if isinstance(cause, FailureError) else str(cause)
             self._out.print(f"[yellow]not answered: {escape(why)}[/]")
-            return not await _still_waits(handle, call)
+            return not await _still_waits(handle, call, self._query_timeout)
         except RPCError as err:
             self._out.print(f"[yellow]not answered: {escape(err.message)}[/]")
             return True
@@ -241,8 +241,8 @@ class WaitAsker:
                 Text.assemble(
                     ("budget reached", "bold yellow"),
                     " · ",
-                    _visible(call.prompt or ""),
-                    _visible(_in_child(call)),
+                    visible(call.prompt or ""),
+                    visible(_in_child(call)),
                 )
             )
             return
@@ -252,13 +252,13 @@ class WaitAsker:
                 Text.assemble(
                     (f"{call.kind} requested", "bold yellow"),
                     " · ",
-                    (_visible(call.name), "cyan"),
+                    (visible(call.name), "cyan"),
                     " · ",
-                    (_visible(call.call_id), "dim"),
-                    _visible(_in_child(call)),
+                    (visible(call.call_id), "dim"),
+                    visible(_in_child(call)),
                 )
             )
-            self._out.print(Text(_visible(call.prompt or "")))
+            self._out.print(Text(visible(call.prompt or "")))
             return
         needed = "result needed" if call.kind == "client_result" else "approval needed"
         self._out.print()
@@ -266,14 +266,14 @@ class WaitAsker:
             Text.assemble(
                 (needed, "bold yellow"),
                 " · ",
-                (_visible(call.name), "cyan"),
+                (visible(call.name), "cyan"),
                 " · call ",
-                (_visible(call.call_id), "dim"),
-                _visible(_in_child(call)),
+                (visible(call.call_id), "dim"),
+                visible(_in_child(call)),
             )
         )
         arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False)
-        self._out.print(Text(_visible(arguments)))
+        self._out.print(Text(visible(arguments)))
 
     async def _line(self, prompt: str, handle: TurnHandle, call: PendingCall) -> str:
         """The line typed after ``prompt``, without its newline. Raises ``_NoLongerWaiting``
@@ -284,13 +284,13 @@ class WaitAsker:
         try:
             while True:
                 await asyncio.wait(
-                    {read, settled}, timeout=MAX_POLL, return_when=asyncio.FIRST_COMPLETED
+                    {read, settled}, timeout=self._poll, return_when=asyncio.FIRST_COMPLETED
                 )
                 if read.done():
                     break
                 # Between reads, not beside them: a query cancelled in flight would make the
                 # worker log a warning.
-                if settled.done() or not await _still_waits(handle, call):
+                if settled.done() or not await _still_waits(handle, call, self._query_timeout):
                     raise _NoLongerWaiting
         finally:
             read.cancel()  # the reader keeps a line being read for the next prompt
@@ -404,20 +404,20 @@ def _in_child(call: PendingCall) -> str:
     return f" · agent {call.agent or '?'} (turn {call.turn_id})"
 
 
-async def _still_waits(handle: TurnHandle, call: PendingCall) -> bool:
+async def _still_waits(handle: TurnHandle, call: PendingCall, query_timeout: timedelta) -> bool:
     try:
-        waiting = await handle.pending_approvals(rpc_timeout=QUERY_TIMEOUT)
+        waiting = await handle.pending_approvals(rpc_timeout=query_timeout)
     except RPCError:
         return True  # a busy worker is no sign of a decision
     return any(call_key(handle, c) == call_key(handle, call) for c in waiting)
 
 
-async def _what_became_of(handle: TurnHandle, call: PendingCall) -> str:
+async def _what_became_of(handle: TurnHandle, call: PendingCall, query_timeout: timedelta) -> str:
     """Why ``call`` no longer waits, as the turn records it (best effort: a line to show)."""
     said = f"call {call.call_id} no longer waits for approval"
     try:
         current = await asyncio.wait_for(
-            _owner(handle, call).current(), QUERY_TIMEOUT.total_seconds()
+            _owner(handle, call).current(), query_timeout.total_seconds()
         )
     except (RPCError, TimeoutError):
         return said
@@ -427,5 +427,5 @@ async def _what_became_of(handle: TurnHandle, call: PendingCall) -> str:
         if record.decision == "timeout":
             return f"call {call.call_id} was denied: no decision came in time"
         verb = "approved" if record.approved else "denied"
-        return f"call {call.call_id} was {verb} elsewhere, by {_visible(record.by)}"
+        return f"call {call.call_id} was {verb} elsewhere, by {visible(record.by)}"
     return said

@@ -5,7 +5,8 @@ config (``turnkeep.secrets.yaml``) is merged over it, so keys can stay out of th
 out of version control. Keys only ever live here and in the environment, never in a turn.
 
 With no ``turnkeep.yaml``, a fast-agent project's own files are found by fast-agent's names and
-rules (``find_fast_agent_config``), with its secrets file merged over them the same way.
+rules (``turnkeep.fastagent.config_files``), with its secrets file merged over them the same
+way.
 """
 
 from __future__ import annotations
@@ -21,14 +22,12 @@ from pydantic import ValidationError
 
 from turnkeep.config.problems import validation_problems, yaml_problem
 from turnkeep.config.settings import AgentSettings, Settings
+from turnkeep.fastagent import config_files as fast_agent_files
 
 CONFIG_NAME = "turnkeep.yaml"
 SECRETS_NAME = "turnkeep.secrets.yaml"
 # The one agent of a worker that finds no config file.
 BUILTIN_AGENT = "default"
-# fast-agent's names (``fast_agent.home``), preferred first; one directory may hold only one.
-FAST_AGENT_CONFIG_NAMES = ("fast-agent.yaml", "fast-agent.config.yaml", "fastagent.config.yaml")
-FAST_AGENT_SECRETS_NAMES = ("fast-agent.secrets.yaml", "fastagent.secrets.yaml")
 log = logging.getLogger(__name__)
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
 
@@ -76,44 +75,29 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def find_config(path: Path | None = None) -> Path | None:
     """An explicit path, else $TURNKEEP_CONFIG, else ./turnkeep.yaml, else fast-agent's config
-    file (``find_fast_agent_config``), else none."""
+    file (``turnkeep.fastagent.config_files``), else none."""
     if path is not None:
         return path
     if os.environ.get("TURNKEEP_CONFIG"):
         return Path(os.environ["TURNKEEP_CONFIG"])
     local = Path.cwd() / CONFIG_NAME
-    return local if local.exists() else find_fast_agent_config(Path.cwd())
-
-
-def find_fast_agent_config(cwd: Path) -> Path | None:
-    """fast-agent's config file, as fast-agent finds it: in its home ($FAST_AGENT_HOME, else
-    ./.fast-agent), then in the working directory, then in each directory above it (older
-    fast-agent releases searched upward, and projects rely on it)."""
-    cwd = cwd.resolve()
-    home = Path(os.environ.get("FAST_AGENT_HOME") or ".fast-agent").expanduser()
-    for directory in (cwd / home, cwd, *cwd.parents):
-        found = _one_of(directory, FAST_AGENT_CONFIG_NAMES)
-        if found is not None:
-            return found
-    return None
+    if local.exists():
+        return local
+    try:
+        return fast_agent_files.find_config(Path.cwd())
+    except fast_agent_files.ConfigFileClash as err:
+        raise ConfigError(str(err)) from err
 
 
 def _secrets_for(config: Path) -> Path | None:
     """The secrets file beside a config: fast-agent's names beside a fast-agent config."""
-    if config.name in FAST_AGENT_CONFIG_NAMES:
-        return _one_of(config.parent, FAST_AGENT_SECRETS_NAMES)
+    if fast_agent_files.is_config(config):
+        try:
+            return fast_agent_files.secrets_beside(config)
+        except fast_agent_files.ConfigFileClash as err:
+            raise ConfigError(str(err)) from err
     secrets = config.with_name(SECRETS_NAME)
     return secrets if secrets.exists() else None
-
-
-def _one_of(directory: Path, names: tuple[str, ...]) -> Path | None:
-    found = [directory / name for name in names if (directory / name).is_file()]
-    if len(found) > 1:
-        # fast-agent refuses this too: which one wins would be a guess.
-        raise ConfigError(
-            f"{directory} holds {', '.join(p.name for p in found)}: keep only one of them"
-        )
-    return found[0] if found else None
 
 
 def load_settings(path: Path | None = None) -> Settings:

@@ -218,7 +218,7 @@ class PayloadStorageSettings(_Settings):
     task queue must use the same storage, or one cannot read what another wrote."""
 
     # local: files in `path` (client and workers on one machine, or a shared filesystem);
-    # s3: `bucket` (needs `pip install "temporalio[aioboto3]"`); off: payloads stay inline and a
+    # s3: `bucket` (needs `pip install "turnkeep[s3]"`); off: payloads stay inline and a
     # turn whose result passes Temporal's 2 MB limit fails with an error saying so.
     driver: Literal["local", "s3", "off"] = "local"
     # Default: <state dir>/payloads, the state dir being $TURNKEEP_STATE_DIR, else

@@ -23,7 +23,6 @@ are ``scheme://host[:port]``. Both may use ``*`` wildcards (``*`` alone: any).
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
@@ -33,20 +32,11 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from turnkeep.support.loopback import is_loopback
+
 log = logging.getLogger(__name__)
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or address, without port or brackets) is this machine's."""
-    name = host.strip().lower().rstrip(".")
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def split_host(value: str, *, pattern: bool = False) -> tuple[str, int | None] | None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 from abc import ABC, abstractmethod
@@ -52,6 +51,7 @@ from turnkeep.contract.messages import Message
 from turnkeep.contract.turn_io import TurnResult
 from turnkeep.payloads.storage.errors import MissingPayloadError, PayloadStorageError
 from turnkeep.payloads.storage.local import SHA256, LocalDirectoryDriver, write_durably
+from turnkeep.payloads.storage.owners import owner_key
 from turnkeep.payloads.storage.s3 import S3Driver
 
 JSON = b"json/plain"
@@ -94,11 +94,6 @@ class _Segment:
     @property
     def size(self) -> int:
         return sum(len(text) for text in self.messages) + len(self.summary or "")
-
-
-def owner_key(owner: str) -> str:
-    """Where a session's segments go: its workflow id's SHA-256 (any string is an id)."""
-    return hashlib.sha256(owner.encode()).hexdigest()[:32]
 
 
 class ConversationStore(ABC):

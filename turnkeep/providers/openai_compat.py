@@ -105,6 +105,8 @@ class CompatibleApi:
     """One hosted OpenAI-compatible API: a row of ``COMPATIBLE_APIS``."""
 
     name: str  # fast-agent's config key and model prefix
+    # The class's name, which this module binds it to, so it pickles and reads in errors.
+    class_name: str
     display_name: str
     base_url: str  # the default endpoint, fast-agent's
     key_env: str  # fast-agent's environment variable for the key
@@ -121,22 +123,31 @@ def groq_effort(reasoning: Reasoning) -> str | None:
 
 
 COMPATIBLE_APIS: tuple[CompatibleApi, ...] = (
-    CompatibleApi("deepseek", "DeepSeek", "https://api.deepseek.com", "DEEPSEEK_API_KEY"),
+    CompatibleApi(
+        "deepseek", "DeepSeekProvider", "DeepSeek", "https://api.deepseek.com", "DEEPSEEK_API_KEY"
+    ),
     # `openrouter.<vendor>/<model>`: OpenRouter's model ids name their vendor.
     CompatibleApi(
         "openrouter",
+        "OpenRouterProvider",
         "OpenRouter",
         "https://openrouter.ai/api/v1",
         "OPENROUTER_API_KEY",
         base_url_env="OPENROUTER_BASE_URL",
     ),
     CompatibleApi(
-        "groq", "Groq", "https://api.groq.com/openai/v1", "GROQ_API_KEY", effort=groq_effort
+        "groq",
+        "GroqProvider",
+        "Groq",
+        "https://api.groq.com/openai/v1",
+        "GROQ_API_KEY",
+        effort=groq_effort,
     ),
-    CompatibleApi("xai", "xAI", "https://api.x.ai/v1", "XAI_API_KEY"),
+    CompatibleApi("xai", "XaiProvider", "xAI", "https://api.x.ai/v1", "XAI_API_KEY"),
     # Google's OpenAI-compatible endpoint (fast-agent's `googleoai.` prefix means the same here).
     CompatibleApi(
         "google",
+        "GoogleProvider",
         "Google",
         "https://generativelanguage.googleapis.com/v1beta/openai",
         "GOOGLE_API_KEY",
@@ -150,6 +161,7 @@ def provider_class(api: CompatibleApi) -> type[OpenAICompatibleProvider]:
     namespace: dict[str, Any] = {
         "__doc__": f"``{api.name}.<model>`` on {api.display_name}'s OpenAI-compatible API.",
         "__module__": __name__,
+        "__qualname__": api.class_name,
         "name": api.name,
         "display_name": api.display_name,
         "default_base_url": api.base_url,
@@ -160,11 +172,14 @@ def provider_class(api: CompatibleApi) -> type[OpenAICompatibleProvider]:
     }
     if api.effort is not None:
         namespace["effort"] = staticmethod(api.effort)
-    class_name = f"{OpenAICompatibleProvider.__name__}[{api.name}]"
-    return type(class_name, (OpenAICompatibleProvider,), namespace)
+    return type(api.class_name, (OpenAICompatibleProvider,), namespace)
 
 
-OPENAI_COMPATIBLE_PROVIDERS = tuple(provider_class(api) for api in COMPATIBLE_APIS)
-DeepSeekProvider, OpenRouterProvider, GroqProvider, XaiProvider, GoogleProvider = (
-    OPENAI_COMPATIBLE_PROVIDERS
-)
+PROVIDER_CLASSES = {api.name: provider_class(api) for api in COMPATIBLE_APIS}
+OPENAI_COMPATIBLE_PROVIDERS = tuple(PROVIDER_CLASSES.values())
+# Each class under its own name (its `class_name`), by its key, not by the table's order.
+DeepSeekProvider = PROVIDER_CLASSES["deepseek"]
+OpenRouterProvider = PROVIDER_CLASSES["openrouter"]
+GroqProvider = PROVIDER_CLASSES["groq"]
+XaiProvider = PROVIDER_CLASSES["xai"]
+GoogleProvider = PROVIDER_CLASSES["google"]

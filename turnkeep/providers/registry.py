@@ -78,10 +78,6 @@ class ProviderRegistry(Registry[ModelProvider]):
             aliases[alias] = ModelRef(provider=name, name=model_id, reasoning=reasoning)
         self._aliases.update(aliases)
 
-    def with_providers(self, providers: Iterable[type[ModelProvider]]) -> ProviderRegistry:
-        """This registry and ``providers`` (a worker's own), leaving this one unchanged."""
-        return self.extended(providers)
-
     def resolve(self, model: str) -> ModelRef:
         """What ``model`` names, parsed as fast-agent parses it (``model_strings``): an alias
         or known model name, ``provider.model`` or ``provider/model``, and its reasoning

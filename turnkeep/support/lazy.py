@@ -19,20 +19,40 @@ from typing import Any
 
 def stub_exports(spec: ModuleSpec) -> dict[str, str]:
     """Name -> the module that defines it, by the ``from module import name as name`` lines of
-    the package's stub."""
+    the package's stub. The stub is the package's only list of its names, so a stub that is
+    missing, or holds any other statement, is an ``ImportError`` that says so, not a package
+    that quietly offers fewer names."""
     import ast
 
     get_data = getattr(spec.loader, "get_data", None)
     if spec.origin is None or get_data is None:
-        raise ImportError(f"{spec.name} has no stub to read its names from")
+        raise ImportError(f"{spec.name} has no stub to read its names from", name=spec.name)
     stub = os.path.splitext(spec.origin)[0] + ".pyi"
-    tree = ast.parse(get_data(stub), stub)
-    return {
-        alias.asname or alias.name: node.module
-        for node in tree.body
-        if isinstance(node, ast.ImportFrom) and node.module and not node.level
-        for alias in node.names
-    }
+    try:
+        source = get_data(stub)
+    except OSError as exc:
+        raise ImportError(
+            f"{spec.name} lists its names in its stub {stub}, which cannot be read ({exc}): "
+            "a bundle or copy of turnkeep must ship its __init__.pyi files",
+            name=spec.name,
+            path=stub,
+        ) from exc
+    exports: dict[str, str] = {}
+    for node in ast.parse(source, stub).body:
+        if (
+            not isinstance(node, ast.ImportFrom)
+            or not node.module
+            or node.level
+            or any(alias.asname != alias.name for alias in node.names)
+        ):
+            raise ImportError(
+                f"{stub}, line {node.lineno}: a package stub holds only "
+                "`from module import name as name` lines",
+                name=spec.name,
+                path=stub,
+            )
+        exports.update({alias.name: node.module for alias in node.names})
+    return exports
 
 
 def lazy_exports(
@@ -49,10 +69,18 @@ def lazy_exports(
         return exports
 
     def __getattr__(name: str) -> Any:
+        # `hasattr` and `getattr(..., default)` swallow only AttributeError: a stub that
+        # cannot be read must not raise anything else out of here.
+        try:
+            known = names()
+        except ImportError as exc:
+            raise AttributeError(
+                f"module {spec.name!r} cannot offer {name!r}: {exc}", name=name
+            ) from exc
         if name == "__all__":
-            value: Any = sorted(names())
-        elif name in names():
-            value = getattr(importlib.import_module(names()[name]), name)
+            value: Any = sorted(known)
+        elif name in known:
+            value = getattr(importlib.import_module(known[name]), name)
         else:
             raise AttributeError(f"module {spec.name!r} has no attribute {name!r}")
         namespace[name] = value  # once: later lookups skip this function

@@ -26,9 +26,9 @@ from temporalio.client import Client
 from turnkeep.client.connection import connect
 from turnkeep.config.settings import Settings
 from turnkeep.devserver.embedded import EmbeddedServer, ServerInfo
+from turnkeep.testing.environment import Harness, harness
 from turnkeep.testing.fake_api import FakeModelApi
 from turnkeep.testing.fake_model import FakeModel
-from turnkeep.testing.harness import Harness, harness
 
 
 class WorkerFactory(Protocol):

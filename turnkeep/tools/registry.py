@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import mcp.types
@@ -38,10 +38,6 @@ class ToolSourceRegistry(Registry[ToolSource]):
     key = "kind"
     what = "tool source"
     share = "are of kind"
-
-    def with_sources(self, sources: Iterable[type[ToolSource]]) -> ToolSourceRegistry:
-        """This registry and ``sources`` (a worker's own), leaving this one unchanged."""
-        return self.extended(sources)
 
     def build(self, name: str, config: McpServerSettings, settings: Settings) -> ToolSource:
         """Server ``name``'s source: the class of the kind its ``transport`` names."""

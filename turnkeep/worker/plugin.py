@@ -144,7 +144,7 @@ class TurnkeepPlugin(SimplePlugin):
         pool = ToolServers(
             settings,
             declared.function_tools,
-            installed_tool_sources().with_sources(tool_sources),
+            installed_tool_sources().extended(tool_sources),
         )
         all_hooks = declared.hooks
         _check_names(agent_catalog, set(pool.servers), set(all_hooks))
@@ -152,7 +152,7 @@ class TurnkeepPlugin(SimplePlugin):
         policies = load_policies(agent_catalog, declared.approval_policies)
         tools = ToolActivities(agent_catalog, pool, max_result_bytes=max_result_bytes)
         # Model strings resolve to the built-in and installed providers, and these.
-        model_catalog = ModelCatalog(settings, installed_providers().with_providers(providers))
+        model_catalog = ModelCatalog(settings, installed_providers().extended(providers))
         live = LiveStreams(settings.streaming) if settings.streaming else None
         models = ModelActivities(agent_catalog, model_catalog, live)
         self._setup = TurnSetupActivities(

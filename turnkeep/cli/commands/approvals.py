@@ -23,7 +23,7 @@ from temporalio.service import RPCError
 from turnkeep.cli.console import console, print_json
 from turnkeep.cli.options import Address, ConfigPath, Namespace
 from turnkeep.cli.process import warn_if_unpolled
-from turnkeep.cli.render import _visible, utc_time
+from turnkeep.cli.render import utc_time, visible
 from turnkeep.cli.target import Target
 from turnkeep.cli.waits import describe_wait
 from turnkeep.client.sessions import get_session
@@ -112,15 +112,15 @@ def _print_wait(turn_id: str, call: PendingCall) -> None:
     budget has spent), since when, what it needs, and the command that decides it."""
     wait = describe_wait(turn_id, call)
     head = f"  waiting for {wait.kind} · {wait.what}{wait.where} · since {utc_time(call.since)}"
-    console.print(Text(_visible(head)), soft_wrap=True)
+    console.print(Text(visible(head)), soft_wrap=True)
     if call.kind != "budget":
         arguments = json.dumps(call.arguments, ensure_ascii=False)
-        console.print(Text(_visible(f"    arguments: {arguments}")), soft_wrap=True)
+        console.print(Text(visible(f"    arguments: {arguments}")), soft_wrap=True)
     if call.requested_schema:
         fields = ", ".join(_schema_fields(call.requested_schema))
         said = "answer" if call.kind == "elicitation" else "result"
-        console.print(Text(_visible(f"    {said} fields: {fields}")), soft_wrap=True)
-    console.print(Text(_visible(f"    decide with: {wait.command}")), soft_wrap=True)
+        console.print(Text(visible(f"    {said} fields: {fields}")), soft_wrap=True)
+    console.print(Text(visible(f"    decide with: {wait.command}")), soft_wrap=True)
 
 
 @app.command()

@@ -19,8 +19,8 @@ from turnkeep.config.files import ConfigError
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.doors.gateway import gateway_app
 from turnkeep.doors.gateway.auth import KeyRing, KeysFileError
-from turnkeep.doors.hosts import is_loopback
 from turnkeep.support.asgi import AsgiServer, bind, http_url
+from turnkeep.support.loopback import is_loopback
 
 app = typer.Typer()
 

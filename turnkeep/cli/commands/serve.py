@@ -20,9 +20,9 @@ from turnkeep.cli.target import Target
 from turnkeep.config.files import ConfigError
 from turnkeep.config.settings import ServeSettings
 from turnkeep.devserver.embedded import ServerInfo
-from turnkeep.doors.hosts import is_loopback
 from turnkeep.doors.mcp_server import McpDoor
 from turnkeep.errors import known
+from turnkeep.support.loopback import is_loopback
 
 app = typer.Typer()
 

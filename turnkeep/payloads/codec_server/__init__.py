@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import logging
 from collections.abc import Iterable
 
@@ -40,6 +39,7 @@ from turnkeep.payloads.codec import EncryptionCodec
 from turnkeep.payloads.codec_server.app import build_app
 from turnkeep.support.asgi import AsgiServer, bind, http_url
 from turnkeep.support.lifecycle import AsyncStartStop
+from turnkeep.support.loopback import is_loopback
 
 _SESSION_LABEL = b"turnkeep codec-server session"
 
@@ -59,15 +59,6 @@ def require_token(encryption: EncryptionSettings) -> str:
             "turnkeep.yaml as ${TURNKEEP_CODEC_TOKEN} (make one with `openssl rand -base64 32`)"
         )
     return token.get_secret_value()
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # another host name: it may resolve to anything
 
 
 def token_digest(token: str) -> str:
@@ -126,7 +117,7 @@ class CodecServer(AsyncStartStop[str]):
         self._server = AsgiServer(app, name="codec server", graceful_shutdown=2)
         await self._server.start(sock)
         self.url = http_url(self.host, port)
-        if not _loopback(self.host):
+        if not is_loopback(self.host):
             log.warning(
                 "the codec server listens on %s over plain HTTP: its token, sign-in cookies and "
                 "the payloads it decrypts cross the network unencrypted. Bind it to 127.0.0.1 "

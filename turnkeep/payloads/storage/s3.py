@@ -1,4 +1,4 @@
-"""The ``s3`` driver: the SDK's ``S3StorageDriver`` (``pip install "temporalio[aioboto3]"``) on
+"""The ``s3`` driver: the SDK's ``S3StorageDriver`` (``pip install "turnkeep[s3]"``) on
 a client opened lazily, with every key under the configured prefix. Credentials and region come
 from the usual AWS environment.
 
@@ -32,7 +32,7 @@ def s3_driver(bucket: str, prefix: str = "") -> StorageDriver:
     except ImportError as err:
         raise PayloadStorageConfigError(
             f"payload_storage.driver 's3' needs aioboto3, which is not installed ({err}): "
-            'pip install "temporalio[aioboto3]"'
+            'pip install "turnkeep[s3]"'
         ) from err
     client = _LazyS3Client(lambda: aioboto3.Session().client("s3"), new_aioboto3_client, prefix)
     return S3Driver(client, bucket)

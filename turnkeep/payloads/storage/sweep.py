@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from turnkeep.payloads.conversations import owner_key
 from turnkeep.payloads.storage.local import SHA256
+from turnkeep.payloads.storage.owners import owner_key
 
 # A writer's temporary file left for this long is a crashed write's (a write takes seconds).
 _ABANDONED_TEMP = timedelta(hours=1)
