@@ -10,7 +10,7 @@ from turnkeep.contract.approval import WaitKind
 from turnkeep.contract.turn_io import Spent
 from turnkeep.workflows import budget_ledger
 from turnkeep.workflows.waits.base import Wait
-from turnkeep.workflows.waits.decisions import KINDS
+from turnkeep.workflows.waits.kinds import KINDS
 
 
 def test_every_kind_of_wait_is_decided_by_its_own_module() -> None:

@@ -1,6 +1,6 @@
 """The budget's arithmetic: its limit at the start, what counts against it, and whether the next
 model call would pass it. Pure numbers, so the loop (which opens the ledger) and the budget's
-wait (``waits.budget``) share them."""
+wait (``waits.budget_raise``) share them."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from turnkeep.workflows.tool_batch import covering
 
 
 def hold(state: TurnState, call: PendingCall) -> PendingCall:
-    """Make ``call`` wait for a decision (``decisions.decide``, or its timeout)."""
+    """Make ``call`` wait for a decision (``kinds.decide``, or its timeout)."""
     state.pending_approvals[call.call_id] = call
     return call
 
@@ -66,7 +66,7 @@ def call_owners(state: TurnState, call_id: str) -> list[str]:
 # -- decisions --------------------------------------------------------------------------------
 
 
-def decision(state: TurnState, call_id: str) -> DecisionRecord | None:
+def last_record(state: TurnState, call_id: str) -> DecisionRecord | None:
     """The last decision taken on ``call_id``, if any."""
     return next((r for r in reversed(state.decisions) if r.call_id == call_id), None)
 
@@ -76,7 +76,7 @@ def record(
 ) -> DecisionRecord:
     """Record ``decision`` on the waiting call ``pending`` (``fields``: what its kind adds or
     says otherwise)."""
-    record = DecisionRecord.model_validate(
+    taken = DecisionRecord.model_validate(
         {
             "call_id": pending.call_id,
             "tool": pending.name,
@@ -88,8 +88,8 @@ def record(
             **fields,
         }
     )
-    state.decisions.append(record)
-    return record
+    state.decisions.append(taken)
+    return taken
 
 
 # -- always allow -----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from turnkeep.workflows.waits.server_ask import AskedTurn, ServerAsk
 
 class Elicitation(ServerAsk):
     kind = "elicitation"
+    takes_content = True
 
     def problem(self, state: TurnState, decision: Decision, pending: PendingCall) -> str | None:
         problem = super().problem(state, decision, pending)
@@ -36,20 +37,20 @@ class Elicitation(ServerAsk):
         problem = content_problem(pending.requested_schema, decision.content or {})
         return f"the content does not match the requested schema: {problem}" if problem else None
 
-    def answer(
-        self, state: TurnState, pending: PendingCall, decision: Decision, request: ServerRequest
-    ) -> str | None:
-        reason = decision.reason
+    def server_answer(
+        self, decision: Decision, pending: PendingCall, request: ServerRequest
+    ) -> ServerAnswer:
         if decision.decision == "approve":
             content = coerce_content(pending.requested_schema, decision.content or {})
-            answer = elicit_answer(request, "accept", content)
-        else:
-            answer = elicit_answer(request, "cancel" if decision.cancel else "decline")
-            reason = reason or ("cancelled" if decision.cancel else "declined")
-        state.server_answers[pending.call_id] = answer
-        return reason
+            return elicit_answer(request, "accept", content)
+        return elicit_answer(request, "cancel" if decision.cancel else "decline")
 
-    def timed_out(self, state: TurnState, pending: PendingCall) -> None:
+    def reason(self, decision: Decision) -> str | None:
+        if decision.decision == "approve":
+            return decision.reason
+        return decision.reason or ("cancelled" if decision.cancel else "declined")
+
+    def after_timeout(self, state: TurnState, pending: PendingCall) -> None:
         request = state.server_asks.pop(pending.call_id)
         # Nobody answering is MCP's cancel ("dismissed without an explicit choice").
         state.server_answers[pending.call_id] = elicit_answer(request, "cancel")

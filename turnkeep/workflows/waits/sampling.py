@@ -49,7 +49,7 @@ async def sample(
         return sample_refusal(request, "sampling is not enabled for this server")
     if plan.sampling_approval:
         await SAMPLING.ask(turn, call, wait_id, request)
-        record = pending_calls.decision(state, wait_id)
+        record = pending_calls.last_record(state, wait_id)
         if record is None or not record.approved:
             return sample_refusal(request, "sampling was not approved")
     asked = request.sampling
@@ -69,11 +69,11 @@ async def sample(
         temperature=asked.temperature,
         max_tokens=max_tokens,
     )
-    turn.asks.sampling_inputs[llm.call_index] = llm
+    turn.requests_in_flight.sampling_inputs[llm.call_index] = llm
     try:
         answer = await actions.call_model(llm, state.plan, MessageJson())
     finally:
-        del turn.asks.sampling_inputs[llm.call_index]
+        del turn.requests_in_flight.sampling_inputs[llm.call_index]
     count(state, model, answer)
     if answer.stop_reason == StopReason.ERROR:
         return sample_refusal(request, answer.text)

@@ -1,6 +1,6 @@
 """What a tool's server asks a person during the call (an MCP elicitation, or a sampling request
 its config has a person approve): the call waits under a wait id of its own, and runs again
-with the answer (``server_requests``)."""
+with the answer (``server_answers``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from temporalio import workflow
 from turnkeep.contract.activity_io import TOOL_SEPARATOR, ToolCallRequest
 from turnkeep.contract.approval import Decision, DecisionRecord, PendingCall
 from turnkeep.contract.model_io import LlmRequest
-from turnkeep.contract.server_requests import SERVER_POLICY_DECIDER, ServerRequest
+from turnkeep.contract.server_requests import SERVER_POLICY_DECIDER, ServerAnswer, ServerRequest
 from turnkeep.workflows import pending_calls, visibility
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits.base import Turn, Wait
@@ -24,7 +24,7 @@ DEFAULT_INPUT_TIMEOUT = 86400.0
 
 
 @dataclass
-class ServerAsks:
+class ServerRequestsInFlight:
     """What the workflow keeps of its servers' requests while it runs. Never carried over: a
     run continues as new only between steps, with no tool call running."""
 
@@ -46,15 +46,15 @@ class ServerAsks:
 class AskedTurn(Turn, Protocol):
     """A turn whose tools' servers may ask during their calls."""
 
-    asks: ServerAsks
+    requests_in_flight: ServerRequestsInFlight
 
 
 def hold(
     state: TurnState, call: ToolCallRequest, wait_id: str, request: ServerRequest, now: datetime
-) -> None:
+) -> PendingCall:
     """Hold ``call`` while a person answers what its server asked (``request``), under
     ``wait_id``."""
-    pending_calls.hold(
+    pending = pending_calls.hold(
         state,
         PendingCall(
             call_id=wait_id,
@@ -67,6 +67,7 @@ def hold(
         ),
     )
     state.server_asks[wait_id] = request
+    return pending
 
 
 def decline(
@@ -110,18 +111,25 @@ class ServerAsk(Wait):
         rule_id: str | None,
     ) -> DecisionRecord:
         request = state.server_asks.pop(pending.call_id)
-        reason = self.answer(state, pending, decision, request)
-        return pending_calls.record(state, pending, decision, now, reason=reason)
+        answer = self.server_answer(decision, pending, request)
+        if answer is not None:
+            state.server_answers[pending.call_id] = answer
+        return pending_calls.record(state, pending, decision, now, reason=self.reason(decision))
 
-    def answer(
-        self, state: TurnState, pending: PendingCall, decision: Decision, request: ServerRequest
-    ) -> str | None:
-        """What the server is answered, in ``state.server_answers`` for the call's next run to
-        take; the reason the record gives."""
-        del state, pending, request
+    def server_answer(
+        self, decision: Decision, pending: PendingCall, request: ServerRequest
+    ) -> ServerAnswer | None:
+        """What ``decision`` answers the server, kept in ``state.server_answers`` for the
+        call's next run to take; None: the workflow answers it itself (a sampling request's
+        model call)."""
+        del decision, pending, request
+        return None
+
+    def reason(self, decision: Decision) -> str | None:
+        """The reason the decision's record gives."""
         return decision.reason
 
-    def timed_out(self, state: TurnState, pending: PendingCall) -> None:
+    def after_timeout(self, state: TurnState, pending: PendingCall) -> None:
         state.server_asks.pop(pending.call_id)
 
     async def ask(
@@ -130,11 +138,10 @@ class ServerAsk(Wait):
         """Hold ``call`` under ``wait_id`` until a person answers ``request`` (the ``decide``
         update) or its timeout passes: the same durable wait as an approval's."""
         assert request.kind == self.kind, "a request waits as its own kind"
-        state = turn.state
-        hold(state, call, wait_id, request, workflow.now())
-        turn.asks.waiting[wait_id] = call.call_id
+        pending = hold(turn.state, call, wait_id, request, workflow.now())
+        turn.requests_in_flight.waiting[wait_id] = call.call_id
         try:
             summary = visibility.clip(f"{request.kind} {call.name} · {wait_id}")
-            await self.wait(turn, wait_id, input_timeout(state, call.name), summary)
+            await self.wait(turn, pending, summary)
         finally:
-            del turn.asks.waiting[wait_id]
+            del turn.requests_in_flight.waiting[wait_id]

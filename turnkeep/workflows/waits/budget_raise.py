@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 
 from temporalio import workflow
 
 from turnkeep.contract.approval import Decision, DecisionRecord, PendingCall
 from turnkeep.contract.messages import Message, StopReason, TextContent, json_channel
-from turnkeep.contract.model_io import LlmRequest, MessageJson
-from turnkeep.workflows import budget_ledger, pending_calls, turn_metrics, visibility, worker_cache
+from turnkeep.contract.model_io import LlmRequest
+from turnkeep.workflows import budget_ledger, pending_calls, visibility, worker_cache
 from turnkeep.workflows.budget_ledger import amount
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits.base import Turn, Wait
@@ -140,44 +139,36 @@ class Budget(Wait):
             arguments={"limit": decision.limit} if raised else None,
         )
 
+    def announce(self, turn: Turn, pending: PendingCall) -> None:
+        """No tool call waits: the turn waits before its model call, and says why."""
+        turn.show(f"waiting on a budget decision: {pending.prompt}", publish=True)
+        worker_cache.leave_cache()
+
+    def settled(self, turn: Turn) -> None:
+        """What the turn does next (stop, or the model call) says the rest."""
+        del turn
+
 
 BUDGET = Budget()
 
 
-async def within_budget(turn: Turn, request: LlmRequest) -> bool:
-    """Whether the model call ``request`` may go ahead under the turn's budget: at once, or
+async def within_budget(turn: Turn, request: LlmRequest, estimated_input_tokens: int) -> bool:
+    """Whether the model call ``request`` (of about ``estimated_input_tokens`` input tokens)
+    may go ahead under the turn's budget: at once, or
     once a person raised it. Otherwise the turn has stopped with a final message: the agent
     stops at its budget, or the person chose to, or nobody decided in time. The wait is an
     approval's: no activity runs, the turn leaves the worker's cache."""
     state = turn.state
     budget = state.plan.budget
     assert budget is not None
-    problem = exceeded(state, turn.message_json.estimate_tokens(request.messages))
+    problem = exceeded(state, estimated_input_tokens)
     if problem is None:
         return True
     if budget.on_exceeded == "stop":
         stop(state, problem)
         return False
-    call = hold(state, problem, workflow.now())
-    turn.message_json = MessageJson()  # a person may take hours (see `Wait.wait`)
-    turn_metrics.approval_requested(state.plan.agent)
-    turn.show(f"waiting on a budget decision: {problem}", publish=True)
-    worker_cache.leave_cache()
-    try:
-        await workflow.wait_condition(
-            lambda: call.call_id not in state.pending_approvals,
-            timeout=budget.timeout,
-            timeout_summary=visibility.clip(f"budget · {call.call_id}"),
-        )
-    except TimeoutError:
-        if call.call_id in state.pending_approvals:  # not decided in this same task
-            BUDGET.time_out(state, call.call_id, workflow.now())
-    except asyncio.CancelledError:
-        turn_metrics.approval_resolved(state.plan.agent, "cancelled")
-        raise
-    record = pending_calls.decision(state, call.call_id)
-    assert record is not None
-    turn_metrics.approval_resolved(state.plan.agent, record.decision)
+    pending = hold(state, problem, workflow.now())
+    record = await BUDGET.wait(turn, pending, visibility.clip(f"budget · {pending.call_id}"))
     if not record.approved:
         stop(state, problem, record)
         return False

@@ -22,9 +22,11 @@ async def answer(
     now = workflow.now()
     for declined in outcome.declined:
         # A re-run declines the same request again: it is recorded once.
-        if (call.call_id, declined.digest) not in turn.asks.declined:
-            turn.asks.declined.add((call.call_id, declined.digest))
-            id = wait_id(call.call_id, declined.kind, turn.asks.next_number(call.call_id))
+        if (call.call_id, declined.digest) not in turn.requests_in_flight.declined:
+            turn.requests_in_flight.declined.add((call.call_id, declined.digest))
+            id = wait_id(
+                call.call_id, declined.kind, turn.requests_in_flight.next_number(call.call_id)
+            )
             server_ask.decline(state, call, id, declined, now)
     request = outcome.needs_input
     if request is None:
@@ -34,7 +36,7 @@ async def answer(
             f"Error: the server made more than {MAX_SERVER_REQUESTS} requests in this call"
         )
     plan = call.server_plan(state.plan)
-    id = wait_id(call.call_id, request.kind, turn.asks.next_number(call.call_id))
+    id = wait_id(call.call_id, request.kind, turn.requests_in_flight.next_number(call.call_id))
     if request.kind == "elicitation":
         answered = await elicitation.elicit(turn, call, id, request, plan, now)
     else:
