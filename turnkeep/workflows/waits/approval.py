@@ -17,10 +17,7 @@ from turnkeep.workflows.waits.base import Turn, Wait
 
 def hold(state: TurnState, call: ToolCallRequest, now: datetime) -> PendingCall:
     """Hold ``call`` for a person's decision."""
-    return pending_calls.hold(
-        state,
-        PendingCall(call_id=call.call_id, name=call.name, arguments=call.arguments, since=now),
-    )
+    return pending_calls.hold(state, call, now)
 
 
 class Approval(Wait):
@@ -57,7 +54,7 @@ class Approval(Wait):
                 call_id=pending.call_id,
             )
             state.allow_rules.append(rule)
-        record = pending_calls.record(
+        record = pending_calls.record_decision(
             state,
             pending,
             decision,

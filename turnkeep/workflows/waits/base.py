@@ -98,7 +98,7 @@ class Wait(ABC):
         """Take ``decision`` (checked by ``problem``) on ``pending``, no longer waiting;
         ``rule_id``: the id of the rule a remembered decision sets."""
         del rule_id
-        return pending_calls.record(state, pending, decision, now)
+        return pending_calls.record_decision(state, pending, decision, now)
 
     def after_timeout(self, state: TurnState, pending: PendingCall) -> None:
         """Nobody decided on ``pending`` (no longer waiting) in time: what follows, besides the
@@ -111,17 +111,16 @@ class Wait(ABC):
         pending = state.pending_approvals.pop(call_id)
         timeout = self.timeout(state, pending)
         self.after_timeout(state, pending)
-        record = DecisionRecord(
+        return pending_calls.record(
+            state,
             call_id=call_id,
             tool=pending.name,
+            kind=pending.kind,
             decision="timeout",
             by=TIMEOUT_DECIDER,
             reason=f"no decision within {format_seconds(timeout)}",
             at=now,
-            kind=pending.kind,
         )
-        state.decisions.append(record)
-        return record
 
     def announce(self, turn: Turn, pending: PendingCall) -> None:
         """Show that ``pending`` now waits, and let the worker drop the turn from its cache

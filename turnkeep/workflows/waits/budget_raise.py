@@ -39,22 +39,23 @@ def hold(state: TurnState, problem: str, now: datetime) -> PendingCall:
     """Hold the next model call for a person's decision on the budget."""
     budget = state.plan.budget
     assert budget is not None and state.budget_limit is not None
-    return pending_calls.hold(
-        state,
-        PendingCall(
-            call_id=f"budget:{state.model_calls + 1}",
-            name="budget",
-            arguments={
-                "spent": spent(state),
-                "limit": state.budget_limit,
-                "unit": budget.unit,
-                "max_raise": budget.max_raise,
-            },
-            since=now,
-            kind="budget",
-            prompt=problem,
-        ),
+    # No tool call waits here (``pending_calls.hold``): the next model call does, under a
+    # name and arguments of its own.
+    pending = PendingCall(
+        call_id=f"budget:{state.model_calls + 1}",
+        name="budget",
+        arguments={
+            "spent": spent(state),
+            "limit": state.budget_limit,
+            "unit": budget.unit,
+            "max_raise": budget.max_raise,
+        },
+        since=now,
+        kind="budget",
+        prompt=problem,
     )
+    state.pending_approvals[pending.call_id] = pending
+    return pending
 
 
 def stop(state: TurnState, problem: str, record: DecisionRecord | None = None) -> None:
@@ -130,7 +131,7 @@ class Budget(Wait):
             state.budget_raised += decision.limit - before
             state.budget_limit = decision.limit
             state.budget_passed = state.model_calls + 1
-        return pending_calls.record(
+        return pending_calls.record_decision(
             state,
             pending,
             decision,

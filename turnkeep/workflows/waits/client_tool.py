@@ -19,15 +19,7 @@ def hold(state: TurnState, call: ToolCallRequest, now: datetime) -> PendingCall:
     tool = state.plan.client_tool(call.name)
     assert tool is not None, "only calls of client-side tools wait for a client"
     return pending_calls.hold(
-        state,
-        PendingCall(
-            call_id=call.call_id,
-            name=call.name,
-            arguments=call.arguments,
-            since=now,
-            kind="client_result",
-            requested_schema=tool.output_schema,
-        ),
+        state, call, now, kind="client_result", requested_schema=tool.output_schema
     )
 
 

@@ -56,15 +56,12 @@ def hold(
     ``wait_id``."""
     pending = pending_calls.hold(
         state,
-        PendingCall(
-            call_id=wait_id,
-            name=call.name,
-            arguments=call.arguments,
-            since=now,
-            kind=request.kind,
-            prompt=request.prompt(),
-            requested_schema=request.requested_schema,
-        ),
+        call,
+        now,
+        call_id=wait_id,
+        kind=request.kind,
+        prompt=request.prompt(),
+        requested_schema=request.requested_schema,
     )
     state.server_asks[wait_id] = request
     return pending
@@ -74,17 +71,16 @@ def decline(
     state: TurnState, call: ToolCallRequest, wait_id: str, request: ServerRequest, now: datetime
 ) -> DecisionRecord:
     """Record a request the agent's config declined (or cancelled) at once."""
-    record = DecisionRecord(
+    return pending_calls.record(
+        state,
         call_id=wait_id,
         tool=call.name,
+        kind=request.kind,
         decision="deny",
         by=SERVER_POLICY_DECIDER,
         reason=request.reason or f"{request.kind} is not enabled for this server",
         at=now,
-        kind=request.kind,
     )
-    state.decisions.append(record)
-    return record
 
 
 def input_timeout(state: TurnState, tool: str) -> float:
@@ -114,7 +110,9 @@ class ServerAsk(Wait):
         answer = self.server_answer(decision, pending, request)
         if answer is not None:
             state.server_answers[pending.call_id] = answer
-        return pending_calls.record(state, pending, decision, now, reason=self.reason(decision))
+        return pending_calls.record_decision(
+            state, pending, decision, now, reason=self.reason(decision)
+        )
 
     def server_answer(
         self, decision: Decision, pending: PendingCall, request: ServerRequest
