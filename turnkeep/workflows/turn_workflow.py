@@ -65,7 +65,7 @@ from turnkeep.workflows.shared import shared
 from turnkeep.workflows.starting import start_arguments
 from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts, policy_request
 from turnkeep.workflows.waits import approval, budget_raise, client_tool, server_answers, updates
-from turnkeep.workflows.waits.server_ask import ServerRequestsInFlight
+from turnkeep.workflows.waits.base import ServerRequestsInFlight
 
 # As in fast-agent: a failing after_tool_call (or after_turn_complete, once the answer stands)
 # is logged and ignored; any other hook failing ends the turn with an `error` message.

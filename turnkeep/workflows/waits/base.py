@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar, Protocol
 
@@ -22,14 +23,38 @@ from turnkeep.contract.approval import (
     WaitKind,
     format_seconds,
 )
+from turnkeep.contract.model_io import LlmRequest
 from turnkeep.workflows import pending_calls, turn_metrics
 from turnkeep.workflows.loop import TurnState
 
 NO_LIMIT = "a limit goes only with a budget's wait"
 
 
+@dataclass
+class ServerRequestsInFlight:
+    """What the workflow keeps of its servers' requests while it runs. Never carried over: a
+    run continues as new only between steps, with no tool call running."""
+
+    # The tool calls whose server's request waits for a person, by wait id; and the requests
+    # of the model calls made for servers' sampling requests, by call index.
+    waiting: dict[str, str] = field(default_factory=dict)
+    sampling_inputs: dict[int, LlmRequest] = field(default_factory=dict)
+    # Per tool call, how many of its server's requests were numbered, and the declined ones
+    # already recorded (by digest).
+    numbered: dict[str, int] = field(default_factory=dict)
+    declined: set[tuple[str, str]] = field(default_factory=set)
+
+    def next_number(self, call_id: str) -> int:
+        """The number of a server's next request in call ``call_id`` (1, 2...)."""
+        self.numbered[call_id] = self.numbered.get(call_id, 0) + 1
+        return self.numbered[call_id]
+
+
 class Turn(Protocol):
     """What a wait needs of the workflow it waits in (``TurnWorkflow``)."""
+
+    # What its tools' servers asked during their calls.
+    requests_in_flight: ServerRequestsInFlight
 
     @property
     def state(self) -> TurnState: ...

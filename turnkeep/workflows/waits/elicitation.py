@@ -3,7 +3,7 @@ schema), declines or cancels it."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from temporalio import workflow
 
 from turnkeep.contract.activity_io import ToolCallRequest
 from turnkeep.contract.approval import Decision, PendingCall
@@ -17,7 +17,8 @@ from turnkeep.contract.server_requests import (
 )
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits import server_ask
-from turnkeep.workflows.waits.server_ask import AskedTurn, ServerAsk
+from turnkeep.workflows.waits.base import Turn
+from turnkeep.workflows.waits.server_ask import ServerAsk
 
 
 class Elicitation(ServerAsk):
@@ -60,18 +61,17 @@ ELICITATION = Elicitation()
 
 
 async def elicit(
-    turn: AskedTurn,
+    turn: Turn,
     call: ToolCallRequest,
     wait_id: str,
     request: ServerRequest,
     plan: ServerRequestPlan | None,
-    now: datetime,
 ) -> ServerAnswer:
     """The answer to a server's elicitation: a person's, or the decline of a server whose
     config does not enable forms."""
     if plan is None or plan.elicitation != "forms":
         refused = request.model_copy(update={"reason": "elicitation is not enabled"})
-        server_ask.decline(turn.state, call, wait_id, refused, now)
+        server_ask.decline(turn.state, call, wait_id, refused, workflow.now())
         return elicit_answer(request, "decline")
     await ELICITATION.ask(turn, call, wait_id, request)
     return turn.state.server_answers.pop(wait_id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 from turnkeep.contract.activity_io import ToolCallRequest
-from turnkeep.contract.messages import Message, StopReason
+from turnkeep.contract.messages import StopReason
 from turnkeep.contract.model_io import LlmRequest, MessageJson
 from turnkeep.contract.server_requests import (
     ServerAnswer,
@@ -17,9 +17,9 @@ from turnkeep.contract.server_requests import (
     sample_refusal,
 )
 from turnkeep.workflows import actions, pending_calls
-from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits import server_ask
-from turnkeep.workflows.waits.server_ask import AskedTurn, ServerAsk
+from turnkeep.workflows.waits.base import Turn
+from turnkeep.workflows.waits.server_ask import ServerAsk
 
 
 class Sampling(ServerAsk):
@@ -29,13 +29,8 @@ class Sampling(ServerAsk):
 SAMPLING = Sampling()
 
 
-def count(state: TurnState, model: str, answer: Message) -> None:
-    """Count a model call made for a server's sampling request (under its own model)."""
-    state.count_usage(answer, model)
-
-
 async def sample(
-    turn: AskedTurn,
+    turn: Turn,
     call: ToolCallRequest,
     wait_id: str,
     request: ServerRequest,
@@ -74,7 +69,7 @@ async def sample(
         answer = await actions.call_model(llm, state.plan, MessageJson())
     finally:
         del turn.requests_in_flight.sampling_inputs[llm.call_index]
-    count(state, model, answer)
+    state.count_usage(answer, model)
     if answer.stop_reason == StopReason.ERROR:
         return sample_refusal(request, answer.text)
     return sample_answer(request, answer, model)

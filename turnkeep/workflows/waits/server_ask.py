@@ -4,15 +4,12 @@ with the answer (``server_answers``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
 
 from temporalio import workflow
 
 from turnkeep.contract.activity_io import TOOL_SEPARATOR, ToolCallRequest
 from turnkeep.contract.approval import Decision, DecisionRecord, PendingCall
-from turnkeep.contract.model_io import LlmRequest
 from turnkeep.contract.server_requests import SERVER_POLICY_DECIDER, ServerAnswer, ServerRequest
 from turnkeep.workflows import pending_calls, visibility
 from turnkeep.workflows.loop import TurnState
@@ -21,32 +18,6 @@ from turnkeep.workflows.waits.base import Turn, Wait
 # Seconds a server's request waits for a person when neither the server nor the agent's
 # approval rules say.
 DEFAULT_INPUT_TIMEOUT = 86400.0
-
-
-@dataclass
-class ServerRequestsInFlight:
-    """What the workflow keeps of its servers' requests while it runs. Never carried over: a
-    run continues as new only between steps, with no tool call running."""
-
-    # The tool calls whose server's request waits for a person, by wait id; and the requests
-    # of the model calls made for servers' sampling requests, by call index.
-    waiting: dict[str, str] = field(default_factory=dict)
-    sampling_inputs: dict[int, LlmRequest] = field(default_factory=dict)
-    # Per tool call, how many of its server's requests were numbered, and the declined ones
-    # already recorded (by digest).
-    numbered: dict[str, int] = field(default_factory=dict)
-    declined: set[tuple[str, str]] = field(default_factory=set)
-
-    def next_number(self, call_id: str) -> int:
-        """The number of a server's next request in call ``call_id`` (1, 2...)."""
-        self.numbered[call_id] = self.numbered.get(call_id, 0) + 1
-        return self.numbered[call_id]
-
-
-class AskedTurn(Turn, Protocol):
-    """A turn whose tools' servers may ask during their calls."""
-
-    requests_in_flight: ServerRequestsInFlight
 
 
 def hold(
@@ -131,7 +102,7 @@ class ServerAsk(Wait):
         state.server_asks.pop(pending.call_id)
 
     async def ask(
-        self, turn: AskedTurn, call: ToolCallRequest, wait_id: str, request: ServerRequest
+        self, turn: Turn, call: ToolCallRequest, wait_id: str, request: ServerRequest
     ) -> None:
         """Hold ``call`` under ``wait_id`` until a person answers ``request`` (the ``decide``
         update) or its timeout passes: the same durable wait as an approval's."""
