@@ -154,7 +154,7 @@ WORKFLOW_MODULES = [
     "session_turns",
     "conversation_cache",
     "tool_batch",
-    "budget_ledger",
+    "budget_math",
     "loop",
     "pending_calls",
     "visibility",
@@ -212,7 +212,7 @@ def imported(path: Path) -> set[str]:
             names.add(node.module)
             # `from turnkeep import cli` imports the room as surely as `import turnkeep.cli`;
             # `from turnkeep.workflows import loop` the module, and so does
-            # `from turnkeep.workflows.waits import pending`.
+            # `from turnkeep.workflows.waits import kinds`.
             names.update(name for a in node.names if is_module(name := f"{node.module}.{a.name}"))
     return names
 

@@ -98,7 +98,7 @@ class ParsedMessages:
         return messages
 
     def estimate_tokens(self, messages: list[Message]) -> int:
-        """``workflows.messages.estimate_tokens``, measuring each parsed message once (and,
+        """``contract.messages.estimate_tokens``, measuring each parsed message once (and,
         for a list that begins as the last one measured did, only the messages after it)."""
         last = self._estimated
         if last is not None and len(messages) >= len(last[0]) and all(map(is_, last[0], messages)):

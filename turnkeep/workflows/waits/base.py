@@ -131,8 +131,8 @@ class Wait(ABC):
         del state, pending
 
     def time_out(self, state: TurnState, call_id: str, now: datetime) -> DecisionRecord:
-        """Settle the wait ``call_id`` nobody decided on in time (a call is denied; a budget's
-        wait stops the turn)."""
+        """Settle the wait ``call_id`` nobody decided on in time: its record says so (a call is
+        then answered with a denial; after a budget's, ``within_budget`` stops the turn)."""
         pending = state.pending_approvals.pop(call_id)
         timeout = self.timeout(state, pending)
         self.after_timeout(state, pending)

@@ -10,8 +10,7 @@ from temporalio import workflow
 from turnkeep.contract.approval import Decision, DecisionRecord, PendingCall
 from turnkeep.contract.messages import Message, StopReason, TextContent, json_channel
 from turnkeep.contract.model_io import LlmRequest
-from turnkeep.workflows import budget_ledger, pending_calls, visibility, worker_cache
-from turnkeep.workflows.budget_ledger import amount
+from turnkeep.workflows import budget_math, pending_calls, visibility, worker_cache
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits.base import Turn, Wait
 
@@ -23,16 +22,16 @@ def spent(state: TurnState) -> float:
     budget = state.plan.budget
     if budget is None:
         return 0.0
-    return budget_ledger.spent(budget, state.total_usage().values(), state.session_spent)
+    return budget_math.spent(budget, state.total_usage().values(), state.session_spent)
 
 
 def exceeded(state: TurnState, estimated_input_tokens: int) -> str | None:
-    """Why the next model call would pass the budget (``budget_ledger.exceeded``), or None; the
+    """Why the next model call would pass the budget (``budget_math.exceeded``), or None; the
     call a person let through goes ahead whatever its estimate."""
     budget, limit = state.plan.budget, state.budget_limit
     if budget is None or limit is None or state.budget_passed == state.model_calls + 1:
         return None
-    return budget_ledger.exceeded(budget, limit, spent(state), estimated_input_tokens)
+    return budget_math.exceeded(budget, limit, spent(state), estimated_input_tokens)
 
 
 def hold(state: TurnState, problem: str, now: datetime) -> PendingCall:
@@ -104,15 +103,16 @@ class Budget(Wait):
         if decision.limit is None:
             return f"raising the budget needs a limit: the new budget, in {budget.unit}"
         so_far = spent(state)
+        limit = budget_math.amount(decision.limit, budget.unit)
         if decision.limit <= so_far:
             return (
-                f"a limit of {amount(decision.limit, budget.unit)} is not above what is "
-                f"spent ({amount(so_far, budget.unit)})"
+                f"a limit of {limit} is not above what is spent "
+                f"({budget_math.amount(so_far, budget.unit)})"
             )
         if budget.max_raise is not None and decision.limit > budget.max_raise:
+            most = budget_math.amount(budget.max_raise, budget.unit)
             return (
-                f"a limit of {amount(decision.limit, budget.unit)} is above the most "
-                f"agent {state.plan.agent!r} allows ({amount(budget.max_raise, budget.unit)})"
+                f"a limit of {limit} is above the most agent {state.plan.agent!r} allows ({most})"
             )
         return None
 

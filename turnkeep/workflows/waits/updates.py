@@ -40,10 +40,9 @@ def check_decide(state: TurnState | None, args: Sequence[Any]) -> None:
     """Refuse a decision that cannot be taken now (``kinds.decision_problem``), or that is
     for a call waiting in a child turn, naming that turn."""
     decision = handler_argument(args, Decision, "decide", DECISION_ERROR)
-    if state is not None:
-        _route_to_child(pending_calls.call_owners(state, decision.call_id), decision.call_id)
     if state is None:
         raise _bad_decision("the turn has not reached its tool calls yet")
+    _route_to_child(pending_calls.call_owners(state, decision.call_id), decision.call_id)
     # A result is checked against its tool's output schema by jsonschema, which is not
     # workflow code: imported outside the sandbox, once per worker.
     with workflow.unsafe.imports_passed_through():
