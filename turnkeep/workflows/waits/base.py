@@ -1,5 +1,5 @@
-"""The one interface a kind of wait implements (``kinds.KINDS`` lists them), and the durable
-wait its calls wait in.
+"""The one interface a kind of wait implements (``kinds.KINDS`` lists them), the durable wait
+its calls wait in, and what a wait needs of the workflow it waits in (``Turn``).
 
 A wait is a ``PendingCall`` of its kind in ``TurnState.pending_approvals``, settled by the
 ``decide`` update (or its timeout): its kind says which decisions it takes, what taking one
