@@ -37,7 +37,7 @@ from turnkeep.testing.fake_model import FakeModel
 from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts
-from turnkeep.workflows.waits import approval, decisions
+from turnkeep.workflows.waits import approval, kinds
 
 pytestmark = pytest.mark.asyncio
 
@@ -85,7 +85,7 @@ def _decision(call: str, **fields: Any) -> Decision:
 
 async def test_a_remembered_decision_sets_a_rule_that_allows_the_calls_it_covers() -> None:
     state = _state(("w", {"text": "a"}), ("w", {"text": "a"}), ("w", {"text": "b"}))
-    record = decisions.decide(
+    record = kinds.decide(
         state, _decision("w1", remember="turn", remember_arguments=True), NOW, "r1"
     )
     assert (record.rule, record.remember) == ("r1", "turn")
@@ -106,13 +106,13 @@ async def test_a_remembered_decision_sets_a_rule_that_allows_the_calls_it_covers
 
 async def test_what_a_remembered_decision_may_not_be() -> None:
     state = _state(("w", {"text": "a"}))
-    problem = functools.partial(decisions.decision_problem, state)
+    problem = functools.partial(kinds.decision_problem, state)
     denied = _decision("w1", decision="deny", remember="turn")
     assert "only with an approval" in (problem(denied) or "")
     assert "goes only with remember" in (problem(_decision("w1", remember_arguments=True)) or "")
     assert "no session's" in (problem(_decision("w1", remember="session")) or "")
     assert (
-        decisions.decision_problem(
+        kinds.decision_problem(
             _state(("w", {}), in_session=True), _decision("w1", remember="session")
         )
         is None

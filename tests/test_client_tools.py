@@ -42,7 +42,7 @@ from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.testing.fake_model import FakeModel
 from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.waits import approval, client_tool, decisions
+from turnkeep.workflows.waits import approval, client_tool, kinds
 
 pytestmark = pytest.mark.asyncio
 
@@ -115,7 +115,7 @@ async def test_a_result_is_checked_against_the_output_schema() -> None:
     batch = state.tool_batch()
     for call in batch.client:
         client_tool.hold(state, call, NOW)
-    problem = functools.partial(decisions.decision_problem, state)
+    problem = functools.partial(kinds.decision_problem, state)
     assert "structured content" in (problem(_answer("p", "red")) or "")
     assert "at color" in (problem(_answer("p", {"color": 3})) or "")
     assert "waits for its result" in (problem(_answer("p")) or "")
@@ -128,7 +128,7 @@ async def test_a_result_is_checked_against_the_output_schema() -> None:
     assert problem(Decision(call_id="p", decision="approve", by="x", result=error)) is None
     assert problem(_answer("q", "blue")) is None
     assert problem(_answer("q", decision="deny")) is None
-    record = decisions.decide(state, _answer("p", {"color": "red"}), NOW)
+    record = kinds.decide(state, _answer("p", {"color": "red"}), NOW)
     assert (record.kind, record.decision, record.by) == ("client_result", "approve", "app")
     result = state.submitted["p"]
     assert result.structured_content == {"color": "red"} and json.loads(result.text) == {
@@ -136,7 +136,7 @@ async def test_a_result_is_checked_against_the_output_schema() -> None:
     }
     assert "already been decided" in (problem(_answer("p", {"color": "red"})) or "")
     # A timed-out call is denied as an approval is, by the client tools' own timeout.
-    timed_out = decisions.time_out(state, "q", NOW)
+    timed_out = kinds.KINDS["client_result"].time_out(state, "q", NOW)
     assert timed_out.kind == "client_result"
     assert timed_out.denial().text == "Tool call denied by timeout: no decision within 1m"
 
@@ -145,9 +145,7 @@ async def test_a_result_for_an_approval_call_is_refused() -> None:
     state = _state(approval=ApprovalPlan(tools=["fs__*"], timeout=10))
     [gated] = state.tool_batch().gated
     approval.hold(state, gated, NOW)
-    assert "not a client-side tool's" in (
-        decisions.decision_problem(state, _answer("w", "done")) or ""
-    )
+    assert "not a client-side tool's" in (kinds.decision_problem(state, _answer("w", "done")) or "")
 
 
 # -- declaring client tools ----------------------------------------------------------------------

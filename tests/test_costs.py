@@ -47,8 +47,7 @@ from turnkeep.providers.registry import ModelCatalog
 from turnkeep.testing.fake_api import FakeModelApi, Reply, Tokens
 from turnkeep.workflows import visibility
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.waits import budget as budgets
-from turnkeep.workflows.waits import decisions
+from turnkeep.workflows.waits import budget_raise, kinds
 
 pytestmark = pytest.mark.asyncio
 
@@ -151,36 +150,36 @@ def answer(input_tokens: int, output_tokens: int, cost: float | None = None) -> 
 
 async def test_a_budget_is_passed_by_what_is_spent_or_by_the_next_calls_estimated_input() -> None:
     s = state(BudgetPlan(unit="tokens", limit=100, max_raise=500))
-    assert budgets.exceeded(s, estimated_input_tokens=50) is None
+    assert budget_raise.exceeded(s, estimated_input_tokens=50) is None
     # The estimate rule: 60 spent + about 50 more is over 100.
     s.on_assistant(answer(50, 10))
-    assert budgets.exceeded(s, 50) == (
+    assert budget_raise.exceeded(s, 50) == (
         "spent 60 tokens of 100 tokens; the next model call's input, about 50 tokens, would pass it"
     )
     # The spent rule.
     s.on_assistant(answer(40, 10))
-    assert budgets.exceeded(s, 0) == "spent 110 tokens of 100 tokens"
+    assert budget_raise.exceeded(s, 0) == "spent 110 tokens of 100 tokens"
     # A dollar budget counts the cost, and its estimate is at the plan's input price.
     usd = state(BudgetPlan(unit="usd", limit=1.0, input_usd_per_token=0.001))
     usd.on_assistant(answer(10, 10, cost=0.5))
-    assert budgets.exceeded(usd, 400) is None
-    assert budgets.exceeded(usd, 600) is not None
+    assert budget_raise.exceeded(usd, 400) is None
+    assert budget_raise.exceeded(usd, 600) is not None
     # A session's budget counts its earlier turns.
     assert state(BudgetPlan(unit="tokens", limit=100, per="session"), Spent(tokens=100))
     session = state(BudgetPlan(unit="tokens", limit=100, per="session"), Spent(tokens=100))
-    assert budgets.exceeded(session, 0) == "spent 100 tokens of 100 tokens"
+    assert budget_raise.exceeded(session, 0) == "spent 100 tokens of 100 tokens"
 
 
 async def test_budget_decisions_are_checked_and_a_raise_lets_the_call_through() -> None:
     s = state(BudgetPlan(unit="tokens", limit=100, max_raise=500))
     s.on_assistant(answer(100, 20))
-    problem = budgets.exceeded(s, 0)
+    problem = budget_raise.exceeded(s, 0)
     assert problem is not None
-    call = budgets.hold(s, problem, NOW)
+    call = budget_raise.hold(s, problem, NOW)
     assert (call.call_id, call.kind, call.prompt) == ("budget:2", "budget", problem)
 
     def refused(**decision: Any) -> str | None:
-        return decisions.decision_problem(s, Decision(call_id="budget:2", by="bo", **decision))
+        return kinds.decision_problem(s, Decision(call_id="budget:2", by="bo", **decision))
 
     assert (
         refused(decision="approve") == "raising the budget needs a limit: the new budget, in tokens"
@@ -191,7 +190,7 @@ async def test_budget_decisions_are_checked_and_a_raise_lets_the_call_through() 
     )
     assert refused(decision="approve", limit=200, arguments={}) is not None
     assert refused(decision="deny") is None and refused(decision="approve", limit=500) is None
-    record = decisions.decide(
+    record = kinds.decide(
         s, Decision(call_id="budget:2", decision="approve", by="bo", limit=300), NOW
     )
     assert (record.kind, record.arguments, record.original_arguments) == (
@@ -201,17 +200,17 @@ async def test_budget_decisions_are_checked_and_a_raise_lets_the_call_through() 
     )
     assert s.budget_limit == 300 and s.budget_raised == 200
     # The call a person let through goes ahead whatever its estimate.
-    assert budgets.exceeded(s, 10_000) is None
+    assert budget_raise.exceeded(s, 10_000) is None
     # A limit on a tool call's approval is refused.
     s.pending_approvals["t1"] = call.model_copy(update={"call_id": "t1", "kind": "approval"})
     no = Decision(call_id="t1", decision="approve", by="bo", limit=5)
-    assert decisions.decision_problem(s, no) == "a limit goes only with a budget's wait"
+    assert kinds.decision_problem(s, no) == "a limit goes only with a budget's wait"
 
 
 async def test_a_stopped_budget_ends_the_turn_with_a_clean_final_message() -> None:
     s = state(BudgetPlan(unit="tokens", limit=10, on_exceeded="stop"))
     s.on_assistant(answer(10, 10).model_copy(update={"stop_reason": StopReason.END_TURN}))
-    budgets.stop(s, budgets.exceeded(s, 0) or "")
+    budget_raise.stop(s, budget_raise.exceeded(s, 0) or "")
     result = s.result()
     assert result.stop_reason == StopReason.PAUSE and s.done
     assert result.final is not None

@@ -46,7 +46,7 @@ from turnkeep.testing.fake_model import FakeModel
 from turnkeep.tools.protocol_era import fix_for, refused_request, with_fix
 from turnkeep.tools.server_requests import RequestBook, Suspended
 from turnkeep.workflows.loop import TurnState
-from turnkeep.workflows.waits import approval, decisions, server_ask
+from turnkeep.workflows.waits import approval, kinds, server_ask
 
 pytestmark = pytest.mark.asyncio
 
@@ -130,19 +130,18 @@ async def test_an_elicitation_is_answered_declined_cancelled_or_timed_out_withou
 ):
     state, id = _waiting_state()
     assert state.pending_approvals[id].kind == "elicitation"
-    assert decisions.decision_problem(
-        state, _decision(decision="approve", content={"name": "A"})
-    ) == ("the content does not match the requested schema: field 'seats' is required")
+    assert kinds.decision_problem(state, _decision(decision="approve", content={"name": "A"})) == (
+        "the content does not match the requested schema: field 'seats' is required"
+    )
     assert "goes only with deny" in (
-        decisions.decision_problem(state, _decision(decision="approve", content={}, cancel=True))
-        or ""
+        kinds.decision_problem(state, _decision(decision="approve", content={}, cancel=True)) or ""
     )
     assert "arguments" in (
-        decisions.decision_problem(state, _decision(decision="approve", arguments={})) or ""
+        kinds.decision_problem(state, _decision(decision="approve", arguments={})) or ""
     )
     good = _decision(decision="approve", content={"name": "A", "seats": 2.0})
-    assert decisions.decision_problem(state, good) is None
-    record = decisions.decide(state, good, datetime.now(UTC))
+    assert kinds.decision_problem(state, good) is None
+    record = kinds.decide(state, good, datetime.now(UTC))
     assert (record.kind, record.approved) == ("elicitation", True)
     # JSON's 2.0 is the integer the schema asks for.
     assert state.server_answers[id].result == {
@@ -154,10 +153,10 @@ async def test_an_elicitation_is_answered_declined_cancelled_or_timed_out_withou
         ({"decision": "deny", "cancel": True}, "cancel"),
     ):
         state, id = _waiting_state()
-        decisions.decide(state, _decision(**fields), datetime.now(UTC))
+        kinds.decide(state, _decision(**fields), datetime.now(UTC))
         assert state.server_answers[id].result == {"action": action}
     state, id = _waiting_state()
-    timed_out = decisions.time_out(state, id, datetime.now(UTC))
+    timed_out = kinds.KINDS["elicitation"].time_out(state, id, datetime.now(UTC))
     assert (timed_out.decision, timed_out.kind) == ("timeout", "elicitation")
     assert state.server_answers[id].result == {"action": "cancel"}
     # An approval's own kind takes no content.
@@ -165,7 +164,7 @@ async def test_an_elicitation_is_answered_declined_cancelled_or_timed_out_withou
     approval.hold(
         state, ToolCallRequest(agent="a", call_id="c2", name="x", arguments={}), datetime.now(UTC)
     )
-    problem = decisions.decision_problem(
+    problem = kinds.decision_problem(
         state, Decision(call_id="c2", decision="approve", by="t", content={})
     )
     assert problem is not None and "answer an elicitation" in problem

@@ -154,7 +154,7 @@ WORKFLOW_MODULES = [
     "session_turns",
     "conversation_cache",
     "tool_batch",
-    "budget_ledger",
+    "budget_math",
     "loop",
     "pending_calls",
     "visibility",
@@ -162,13 +162,13 @@ WORKFLOW_MODULES = [
     "waits",
     "waits.base",
     "waits.approval",
-    "waits.budget",
+    "waits.budget_raise",
     "waits.client_tool",
     "waits.server_ask",
     "waits.elicitation",
     "waits.sampling",
-    "waits.decisions",
-    "waits.server_requests",
+    "waits.kinds",
+    "waits.server_answers",
     "waits.updates",
     "child_turn",
     "agent_tools",
@@ -212,7 +212,7 @@ def imported(path: Path) -> set[str]:
             names.add(node.module)
             # `from turnkeep import cli` imports the room as surely as `import turnkeep.cli`;
             # `from turnkeep.workflows import loop` the module, and so does
-            # `from turnkeep.workflows.waits import pending`.
+            # `from turnkeep.workflows.waits import kinds`.
             names.update(name for a in node.names if is_module(name := f"{node.module}.{a.name}"))
     return names
 

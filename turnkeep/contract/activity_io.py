@@ -46,7 +46,7 @@ class PrepareTurnRequest(Compact):
 
 
 class BudgetPlan(Compact):
-    """The turn's budget (``workflows.waits.budget`` checks it before each model call)."""
+    """The turn's budget (``workflows.waits.budget_raise`` checks it before each model call)."""
 
     unit: BudgetUnit
     limit: float  # in `unit`: the turn's, or the session's for a budget per session

@@ -59,6 +59,8 @@ WaitKind = Literal["approval", "elicitation", "sampling", "client_result", "budg
 # How long a decision is remembered ("always allow"): for the rest of the turn, or of the
 # session the turn belongs to.
 RememberScope = Literal["turn", "session"]
+# What settled a wait: a decision either way, or nobody in time.
+Decided = Literal["approve", "deny", "timeout"]
 
 
 class ApprovalPlan(Compact):
@@ -174,7 +176,7 @@ class DecisionRecord(BaseModel):
 
     call_id: str
     tool: str
-    decision: Literal["approve", "deny", "timeout"]
+    decision: Decided
     by: str
     reason: str | None = None
     at: datetime

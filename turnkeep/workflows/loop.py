@@ -42,7 +42,7 @@ from turnkeep.contract.turn_io import (
     TurnResult,
     Usage,
 )
-from turnkeep.workflows import budget_ledger
+from turnkeep.workflows import budget_math
 from turnkeep.workflows.repair import repair_dangling_tool_calls
 from turnkeep.workflows.tool_batch import ToolBatch
 
@@ -138,7 +138,7 @@ class TurnState(BaseModel):
         )
         if plan.budget is not None:
             state.session_spent = turn.session_spent if plan.budget.per == "session" else None
-            state.budget_limit = budget_ledger.opening_limit(plan.budget, state.session_spent)
+            state.budget_limit = budget_math.opening_limit(plan.budget, state.session_spent)
         if plan.use_history and not any(m.tool_results for m in turn.messages):
             state._heal(turn.history)
         if turn.messages_segment is not None and not state.messages:

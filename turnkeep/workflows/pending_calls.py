@@ -7,11 +7,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from turnkeep.contract.activity_io import ToolCallRequest
 from turnkeep.contract.approval import (
     AllowRule,
+    Decided,
     Decision,
     DecisionRecord,
     PendingCall,
+    WaitKind,
     allowed_by,
     revoke_problem,
     revoked,
@@ -22,10 +25,20 @@ from turnkeep.workflows.tool_batch import covering
 # -- waiting calls ----------------------------------------------------------------------------
 
 
-def hold(state: TurnState, call: PendingCall) -> PendingCall:
-    """Make ``call`` wait for a decision (``decisions.decide``, or its timeout)."""
-    state.pending_approvals[call.call_id] = call
-    return call
+def hold(state: TurnState, call: ToolCallRequest, now: datetime, **fields: Any) -> PendingCall:
+    """Make ``call`` wait for a decision (``kinds.decide``, or its timeout), from ``now``
+    (``fields``: what its kind adds or says otherwise, such as the id it waits under)."""
+    pending = PendingCall.model_validate(
+        {
+            "call_id": call.call_id,
+            "name": call.name,
+            "arguments": call.arguments,
+            "since": now,
+            **fields,
+        }
+    )
+    state.pending_approvals[pending.call_id] = pending
+    return pending
 
 
 def awaits_decision(state: TurnState) -> bool:
@@ -66,30 +79,49 @@ def call_owners(state: TurnState, call_id: str) -> list[str]:
 # -- decisions --------------------------------------------------------------------------------
 
 
-def decision(state: TurnState, call_id: str) -> DecisionRecord | None:
+def last_record(state: TurnState, call_id: str) -> DecisionRecord | None:
     """The last decision taken on ``call_id``, if any."""
     return next((r for r in reversed(state.decisions) if r.call_id == call_id), None)
 
 
 def record(
+    state: TurnState,
+    *,
+    call_id: str,
+    tool: str,
+    kind: WaitKind,
+    decision: Decided,
+    by: str,
+    reason: str | None,
+    at: datetime,
+    **fields: Any,
+) -> DecisionRecord:
+    """Record what settled the wait ``call_id`` (a call of ``tool``, or what its server asked):
+    a person's decision, a timeout, or the agent's config declining at once (``fields``: what
+    the kind adds, such as edited arguments)."""
+    taken = DecisionRecord(
+        call_id=call_id,
+        tool=tool,
+        kind=kind,
+        decision=decision,
+        by=by,
+        reason=reason,
+        at=at,
+        **fields,
+    )
+    state.decisions.append(taken)
+    return taken
+
+
+def record_decision(
     state: TurnState, pending: PendingCall, decision: Decision, now: datetime, **fields: Any
 ) -> DecisionRecord:
-    """Record ``decision`` on the waiting call ``pending`` (``fields``: what its kind adds or
-    says otherwise)."""
-    record = DecisionRecord.model_validate(
-        {
-            "call_id": pending.call_id,
-            "tool": pending.name,
-            "decision": decision.decision,
-            "by": decision.by,
-            "reason": decision.reason,
-            "at": now,
-            "kind": pending.kind,
-            **fields,
-        }
+    """Record a person's ``decision`` on the waiting call ``pending`` (``fields``: what its kind
+    adds or says otherwise)."""
+    said = {"decision": decision.decision, "by": decision.by, "reason": decision.reason, **fields}
+    return record(
+        state, call_id=pending.call_id, tool=pending.name, kind=pending.kind, at=now, **said
     )
-    state.decisions.append(record)
-    return record
 
 
 # -- always allow -----------------------------------------------------------------------------

@@ -64,9 +64,8 @@ from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.shared import shared
 from turnkeep.workflows.starting import start_arguments
 from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts, policy_request
-from turnkeep.workflows.waits import approval, client_tool, server_requests, updates
-from turnkeep.workflows.waits import budget as budgets
-from turnkeep.workflows.waits.server_ask import ServerAsks
+from turnkeep.workflows.waits import approval, budget_raise, client_tool, server_answers, updates
+from turnkeep.workflows.waits.base import ServerRequestsInFlight
 
 # As in fast-agent: a failing after_tool_call (or after_turn_complete, once the answer stands)
 # is logged and ignored; any other hook failing ends the turn with an `error` message.
@@ -103,7 +102,7 @@ class TurnWorkflow:
         # Each message's JSON, digest and size, so a model call dumps (and the compaction
         # check measures) only the messages new since the last (derived from the messages
         # alone: the same on replay).
-        self.message_json = MessageJson()
+        self._message_json = MessageJson()
         # Set once this run is about to continue as new: long-polling watchers return, and
         # ask again, which reaches the next run.
         self._continuing = False
@@ -128,7 +127,7 @@ class TurnWorkflow:
         # Telling the parent turn (for a turn an agent called as a tool) of waiting calls.
         self._reporter: asyncio.Task[None] | None = None
         # What the tools' servers asked during their calls.
-        self.asks = ServerAsks()
+        self.requests_in_flight = ServerRequestsInFlight()
 
     @workflow.run
     async def run(self, *args: Any) -> TurnResult:
@@ -155,7 +154,7 @@ class TurnWorkflow:
             self._start = _Start(turn, None)
             self._state = TurnState.start(turn, plan, in_session=_in_session())
             if known is not None:
-                self.message_json = MessageJson(known.json, known.run)
+                self._message_json = MessageJson(known.json, known.run)
             # Not replayed (the SDK's workflow logger skips replay): one line per turn.
             workflow.logger.info("turn started: agent %s, model %s", turn.agent, plan.model)
         state = self._state
@@ -212,10 +211,10 @@ class TurnWorkflow:
         """Leave a session's conversation, as it was handed to this turn and as the turn hands
         it back, to the worker's next turn of the session and to a replay of this one
         (``conversation_cache``)."""
-        state = self._require_state()
+        state = self.state
         if state.history_ref is None or result.conversation is None:
             return
-        json, run = self.message_json.entries, self.message_json.run
+        json, run = self._message_json.entries, self._message_json.run
         # What the turn was handed is kept already when this worker ran the turn before.
         given = conversations.get(state.history_ref)
         if given is None or len(given.messages) != len(state.history):
@@ -236,7 +235,7 @@ class TurnWorkflow:
     async def _continue_as_new_if_due(self, turn: TurnInput, *, before_tools: bool) -> None:
         """Hand the turn to a fresh run once this one's history is big enough. Called only
         between steps, with no activity in flight: whatever a step did is in ``state``."""
-        state = self._require_state()
+        state = self.state
         limits = state.plan.continue_as_new
         if self._cannot_continue or not _history_full(limits):
             return
@@ -257,18 +256,20 @@ class TurnWorkflow:
         workflow.continue_as_new(args=[turn, carried])
 
     async def _ask_model(self) -> None:
-        state = self._require_state()
+        state = self.state
         request = state.model_request()
-        if state.plan.budget is not None and not await budgets.within_budget(self, request):
+        if state.plan.budget is not None and not await budget_raise.within_budget(
+            self, request, self._message_json.estimate_tokens(request.messages)
+        ):
             return
         self._model_input = request
         self.show(visibility.waiting_on_model(request))
         if state.plan.fallback_models:
             answer, request = await actions.call_model_chain(
-                request, state.plan, self.message_json, self._next_model
+                request, state.plan, self._message_json, self._next_model
             )
         else:
-            answer = await actions.call_model(request, state.plan, self.message_json)
+            answer = await actions.call_model(request, state.plan, self._message_json)
         self._model_input = None  # read only while the call is in flight
         state.on_assistant(answer, request.model)
         # An outcome gets a row of its own only when the rows after it do not tell it: not a
@@ -300,7 +301,7 @@ class TurnWorkflow:
         self._outcome_timers = [(t, at) for t, at in self._outcome_timers if at >= length]
 
     async def _run_tools(self) -> None:
-        state = self._require_state()
+        state = self.state
         batch = state.tool_batch()
         self._completed = {}
         rules = state.plan.approval
@@ -332,7 +333,7 @@ class TurnWorkflow:
             functools.partial(approval.approve, self),
             self._call_agent,
             refresh,
-            functools.partial(server_requests.answer, self),
+            functools.partial(server_answers.answer, self),
             functools.partial(client_tool.result, self),
         )
         # The outcome that asked for these tools spans them in the Web UI's timeline.
@@ -343,7 +344,7 @@ class TurnWorkflow:
     async def _run_team(self, team: TeamPlan) -> None:
         """A workflow agent's turn: its steps, each another agent's child turn, in place of
         the model loop."""
-        state = self._require_state()
+        state = self.state
         self._team_doing = visibility.clip(
             f"running {team.kind}: {', '.join(s.agent for s in team.steps)}"
         )
@@ -383,7 +384,7 @@ class TurnWorkflow:
 
     async def _call_agent(self, call: ToolCallRequest, tool: AgentTool) -> ToolCallOutcome:
         """Run a call of one of the turn's agent tools as a child turn, and count its usage."""
-        state = self._require_state()
+        state = self.state
         started = workflow.time()
         id = agent_tools.child_id(workflow.info().workflow_id, state.model_calls, call.call_id)
         async with (
@@ -399,7 +400,7 @@ class TurnWorkflow:
     async def _child_turn(self, id: str, label: str) -> AsyncIterator[None]:
         """While child turn ``id`` runs, its reports of waiting calls are taken (``label``:
         the agent call or team step it is, shown while it waits)."""
-        state = self._require_state()
+        state = self.state
         self._children[id] = label
         try:
             yield
@@ -410,14 +411,14 @@ class TurnWorkflow:
                 self.tools_moved(publish=True)
 
     def _tools_doing(self) -> str:
-        state = self._require_state()
+        state = self.state
         # An agent call whose child turn waits for a decision awaits a person too.
         in_children = {
             self._children[id] for id, calls in state.descendant_approvals.items() if calls
         }
         if self._team_doing is not None and not in_children:
             return self._team_doing
-        asking = set(self.asks.waiting.values())
+        asking = set(self.requests_in_flight.waiting.values())
         return visibility.tools_in_progress(
             self._batch_calls, self._completed, {*state.pending_approvals, *in_children, *asking}
         )
@@ -434,7 +435,7 @@ class TurnWorkflow:
         """Whether some calls of the batch wait for a decision and every other call has ended
         (a pure read, also made after each query by the worker's ``CacheRelease``)."""
         waiting = self._state.pending_approvals if self._state else {}
-        asking = set(self.asks.waiting.values())
+        asking = set(self.requests_in_flight.waiting.values())
         return bool(waiting) and all(
             c.call_id in waiting or c.call_id in asking or c.call_id in self._completed
             for c in self._batch_calls
@@ -442,9 +443,9 @@ class TurnWorkflow:
 
     async def _maybe_compact(self) -> None:
         """Summarise older exchanges when the context is near full; never breaks the loop."""
-        state = self._require_state()
+        state = self.state
         # The turn's own measure: only messages new since the last check are measured.
-        cut = state.compaction_cut(self.message_json.estimate_tokens)
+        cut = state.compaction_cut(self._message_json.estimate_tokens)
         if cut is None:
             return
         self.show(visibility.compacting(state.plan.model))
@@ -458,7 +459,7 @@ class TurnWorkflow:
 
     async def _hooks(self, point: HookPoint) -> None:
         """Run the agent's hooks for ``point`` as activities; none configured, none run."""
-        state = self._require_state()
+        state = self.state
         for hook in state.plan.hooks.get(point, []):
             self.show(visibility.waiting_on_hook(point, hook))
             try:
@@ -481,14 +482,16 @@ class TurnWorkflow:
                 [visibility.STATUS.value_set(visibility.TurnStatus.FAILED.value)]
             )
 
-    def _require_state(self) -> TurnState:
-        assert self._state is not None, "the loop runs only after prepare_turn"
-        return self._state
-
     @property
     def state(self) -> TurnState:
         """The loop's state, once the turn has one (what the waits work on)."""
-        return self._require_state()
+        assert self._state is not None, "the loop runs only after prepare_turn"
+        return self._state
+
+    def drop_message_json(self) -> None:
+        """Let go of the conversation's JSON while a person is awaited, who may take hours: the
+        turn keeps its conversation, and the next model call dumps it again."""
+        self._message_json = MessageJson()
 
     # Arguments are taken as they come and checked by the validator: with a typed parameter, a
     # call missing it (or with one too many) would reach the handler as a TypeError, which
@@ -521,7 +524,7 @@ class TurnWorkflow:
     @workflow.update(name=DECIDE_UPDATE)
     def decide(self, *args: Any) -> DecisionRecord:
         """A person's decision on a call awaiting approval: one argument, a ``Decision``."""
-        return updates.decide(self._require_state(), args)
+        return updates.decide(self.state, args)
 
     @decide.validator
     def _check_decide(self, *args: Any) -> None:
@@ -531,7 +534,7 @@ class TurnWorkflow:
     @workflow.update(name=REVOKE_ALLOW_UPDATE)
     def revoke_allow(self, *args: Any) -> AllowRule:
         """Revoke an "always allow" rule of the turn: one argument, a ``RevokeAllow``."""
-        return updates.revoke_allow(self._require_state(), args)
+        return updates.revoke_allow(self.state, args)
 
     @revoke_allow.validator
     def _check_revoke_allow(self, *args: Any) -> None:
@@ -568,7 +571,7 @@ class TurnWorkflow:
         """A page of the request of model call ``call_index``, while it is in flight."""
         request = self._model_input
         if request is None or request.call_index != call_index:
-            request = self.asks.sampling_inputs.get(call_index)
+            request = self.requests_in_flight.sampling_inputs.get(call_index)
         if request is None:
             return None
         return model_input_page(request, start)
@@ -599,7 +602,7 @@ class TurnWorkflow:
         """Whether search attributes may be upserted before the turn ends: at most once per
         the plan's interval since the last publish (or since the start request set some), as
         each upsert is a history event and a visibility-store write."""
-        interval = self._require_state().plan.visibility.search_attribute_interval
+        interval = self.state.plan.visibility.search_attribute_interval
         if self._published_at is None or not interval:
             return True
         return (workflow.now() - self._published_at).total_seconds() >= interval

@@ -15,16 +15,15 @@ from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits.base import Turn, Wait
 
 
-def hold(state: TurnState, call: ToolCallRequest, now: datetime) -> None:
+def hold(state: TurnState, call: ToolCallRequest, now: datetime) -> PendingCall:
     """Hold ``call`` for a person's decision."""
-    pending_calls.hold(
-        state,
-        PendingCall(call_id=call.call_id, name=call.name, arguments=call.arguments, since=now),
-    )
+    return pending_calls.hold(state, call, now)
 
 
 class Approval(Wait):
     kind = "approval"
+    takes_edits = True
+    takes_remember = True
 
     def timeout(self, state: TurnState, pending: PendingCall) -> float:
         return state.plan.approval.timeout if state.plan.approval else 0.0
@@ -55,7 +54,7 @@ class Approval(Wait):
                 call_id=pending.call_id,
             )
             state.allow_rules.append(rule)
-        record = pending_calls.record(
+        record = pending_calls.record_decision(
             state,
             pending,
             decision,
@@ -77,11 +76,9 @@ async def approve(turn: Turn, call: ToolCallRequest) -> ToolCallRequest | CallTo
     """Hold ``call`` until the ``decide`` update (or the agent's timeout) settles it: the call
     to run (perhaps with edited arguments), or the denial to answer it with."""
     state = turn.state
-    rules = state.plan.approval
-    assert rules is not None, "only calls the approval rules name are gated"
-    hold(state, call, workflow.now())
-    summary = visibility.approval_timeout_summary(call)
-    record = await APPROVAL.wait(turn, call.call_id, rules.timeout, summary)
+    assert state.plan.approval is not None, "only calls the approval rules name are gated"
+    pending = hold(state, call, workflow.now())
+    record = await APPROVAL.wait(turn, pending, visibility.approval_timeout_summary(call))
     if not record.approved:
         return record.denial()
     if record.arguments is not None:

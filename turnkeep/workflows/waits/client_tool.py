@@ -14,20 +14,12 @@ from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits.base import NO_LIMIT, Turn, Wait
 
 
-def hold(state: TurnState, call: ToolCallRequest, now: datetime) -> None:
+def hold(state: TurnState, call: ToolCallRequest, now: datetime) -> PendingCall:
     """Hold a call of a client-side tool until a client submits its result."""
     tool = state.plan.client_tool(call.name)
     assert tool is not None, "only calls of client-side tools wait for a client"
-    pending_calls.hold(
-        state,
-        PendingCall(
-            call_id=call.call_id,
-            name=call.name,
-            arguments=call.arguments,
-            since=now,
-            kind="client_result",
-            requested_schema=tool.output_schema,
-        ),
+    return pending_calls.hold(
+        state, call, now, kind="client_result", requested_schema=tool.output_schema
     )
 
 
@@ -76,8 +68,7 @@ async def result(turn: Turn, call: ToolCallRequest) -> CallToolResult:
     denies it, or the timeout does): the same durable wait as an approval's."""
     state = turn.state
     assert state.plan.client_tools is not None, "only client-side calls wait for a client"
-    hold(state, call, workflow.now())
-    summary = visibility.approval_timeout_summary(call)
-    record = await CLIENT_RESULT.wait(turn, call.call_id, state.plan.client_tools.timeout, summary)
+    pending = hold(state, call, workflow.now())
+    record = await CLIENT_RESULT.wait(turn, pending, visibility.approval_timeout_summary(call))
     submitted = state.submitted.pop(call.call_id, None)
     return submitted if record.approved and submitted is not None else record.denial()

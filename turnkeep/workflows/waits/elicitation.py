@@ -3,7 +3,7 @@ schema), declines or cancels it."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from temporalio import workflow
 
 from turnkeep.contract.activity_io import ToolCallRequest
 from turnkeep.contract.approval import Decision, PendingCall
@@ -17,11 +17,13 @@ from turnkeep.contract.server_requests import (
 )
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits import server_ask
-from turnkeep.workflows.waits.server_ask import AskedTurn, ServerAsk
+from turnkeep.workflows.waits.base import Turn
+from turnkeep.workflows.waits.server_ask import ServerAsk
 
 
 class Elicitation(ServerAsk):
     kind = "elicitation"
+    takes_content = True
 
     def problem(self, state: TurnState, decision: Decision, pending: PendingCall) -> str | None:
         problem = super().problem(state, decision, pending)
@@ -36,20 +38,20 @@ class Elicitation(ServerAsk):
         problem = content_problem(pending.requested_schema, decision.content or {})
         return f"the content does not match the requested schema: {problem}" if problem else None
 
-    def answer(
-        self, state: TurnState, pending: PendingCall, decision: Decision, request: ServerRequest
-    ) -> str | None:
-        reason = decision.reason
+    def server_answer(
+        self, decision: Decision, pending: PendingCall, request: ServerRequest
+    ) -> ServerAnswer:
         if decision.decision == "approve":
             content = coerce_content(pending.requested_schema, decision.content or {})
-            answer = elicit_answer(request, "accept", content)
-        else:
-            answer = elicit_answer(request, "cancel" if decision.cancel else "decline")
-            reason = reason or ("cancelled" if decision.cancel else "declined")
-        state.server_answers[pending.call_id] = answer
-        return reason
+            return elicit_answer(request, "accept", content)
+        return elicit_answer(request, "cancel" if decision.cancel else "decline")
 
-    def timed_out(self, state: TurnState, pending: PendingCall) -> None:
+    def reason(self, decision: Decision) -> str | None:
+        if decision.decision == "approve":
+            return decision.reason
+        return decision.reason or ("cancelled" if decision.cancel else "declined")
+
+    def after_timeout(self, state: TurnState, pending: PendingCall) -> None:
         request = state.server_asks.pop(pending.call_id)
         # Nobody answering is MCP's cancel ("dismissed without an explicit choice").
         state.server_answers[pending.call_id] = elicit_answer(request, "cancel")
@@ -59,18 +61,17 @@ ELICITATION = Elicitation()
 
 
 async def elicit(
-    turn: AskedTurn,
+    turn: Turn,
     call: ToolCallRequest,
     wait_id: str,
     request: ServerRequest,
     plan: ServerRequestPlan | None,
-    now: datetime,
 ) -> ServerAnswer:
     """The answer to a server's elicitation: a person's, or the decline of a server whose
     config does not enable forms."""
     if plan is None or plan.elicitation != "forms":
         refused = request.model_copy(update={"reason": "elicitation is not enabled"})
-        server_ask.decline(turn.state, call, wait_id, refused, now)
+        server_ask.decline(turn.state, call, wait_id, refused, workflow.now())
         return elicit_answer(request, "decline")
     await ELICITATION.ask(turn, call, wait_id, request)
     return turn.state.server_answers.pop(wait_id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 from turnkeep.contract.activity_io import ToolCallRequest
-from turnkeep.contract.messages import Message, StopReason
+from turnkeep.contract.messages import StopReason
 from turnkeep.contract.model_io import LlmRequest, MessageJson
 from turnkeep.contract.server_requests import (
     ServerAnswer,
@@ -17,9 +17,9 @@ from turnkeep.contract.server_requests import (
     sample_refusal,
 )
 from turnkeep.workflows import actions, pending_calls
-from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits import server_ask
-from turnkeep.workflows.waits.server_ask import AskedTurn, ServerAsk
+from turnkeep.workflows.waits.base import Turn
+from turnkeep.workflows.waits.server_ask import ServerAsk
 
 
 class Sampling(ServerAsk):
@@ -29,13 +29,8 @@ class Sampling(ServerAsk):
 SAMPLING = Sampling()
 
 
-def count(state: TurnState, model: str, answer: Message) -> None:
-    """Count a model call made for a server's sampling request (under its own model)."""
-    state.count_usage(answer, model)
-
-
 async def sample(
-    turn: AskedTurn,
+    turn: Turn,
     call: ToolCallRequest,
     wait_id: str,
     request: ServerRequest,
@@ -49,7 +44,7 @@ async def sample(
         return sample_refusal(request, "sampling is not enabled for this server")
     if plan.sampling_approval:
         await SAMPLING.ask(turn, call, wait_id, request)
-        record = pending_calls.decision(state, wait_id)
+        record = pending_calls.last_record(state, wait_id)
         if record is None or not record.approved:
             return sample_refusal(request, "sampling was not approved")
     asked = request.sampling
@@ -69,12 +64,12 @@ async def sample(
         temperature=asked.temperature,
         max_tokens=max_tokens,
     )
-    turn.asks.sampling_inputs[llm.call_index] = llm
+    turn.requests_in_flight.sampling_inputs[llm.call_index] = llm
     try:
         answer = await actions.call_model(llm, state.plan, MessageJson())
     finally:
-        del turn.asks.sampling_inputs[llm.call_index]
-    count(state, model, answer)
+        del turn.requests_in_flight.sampling_inputs[llm.call_index]
+    state.count_usage(answer, model)
     if answer.stop_reason == StopReason.ERROR:
         return sample_refusal(request, answer.text)
     return sample_answer(request, answer, model)

@@ -1,19 +1,16 @@
 """What a tool's server asks a person during the call (an MCP elicitation, or a sampling request
 its config has a person approve): the call waits under a wait id of its own, and runs again
-with the answer (``server_requests``)."""
+with the answer (``server_answers``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
 
 from temporalio import workflow
 
 from turnkeep.contract.activity_io import TOOL_SEPARATOR, ToolCallRequest
 from turnkeep.contract.approval import Decision, DecisionRecord, PendingCall
-from turnkeep.contract.model_io import LlmRequest
-from turnkeep.contract.server_requests import SERVER_POLICY_DECIDER, ServerRequest
+from turnkeep.contract.server_requests import SERVER_POLICY_DECIDER, ServerAnswer, ServerRequest
 from turnkeep.workflows import pending_calls, visibility
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits.base import Turn, Wait
@@ -23,67 +20,38 @@ from turnkeep.workflows.waits.base import Turn, Wait
 DEFAULT_INPUT_TIMEOUT = 86400.0
 
 
-@dataclass
-class ServerAsks:
-    """What the workflow keeps of its servers' requests while it runs. Never carried over: a
-    run continues as new only between steps, with no tool call running."""
-
-    # The tool calls whose server's request waits for a person, by wait id; and the requests
-    # of the model calls made for servers' sampling requests, by call index.
-    waiting: dict[str, str] = field(default_factory=dict)
-    sampling_inputs: dict[int, LlmRequest] = field(default_factory=dict)
-    # Per tool call, how many of its server's requests were numbered, and the declined ones
-    # already recorded (by digest).
-    numbered: dict[str, int] = field(default_factory=dict)
-    declined: set[tuple[str, str]] = field(default_factory=set)
-
-    def next_number(self, call_id: str) -> int:
-        """The number of a server's next request in call ``call_id`` (1, 2...)."""
-        self.numbered[call_id] = self.numbered.get(call_id, 0) + 1
-        return self.numbered[call_id]
-
-
-class AskedTurn(Turn, Protocol):
-    """A turn whose tools' servers may ask during their calls."""
-
-    asks: ServerAsks
-
-
 def hold(
     state: TurnState, call: ToolCallRequest, wait_id: str, request: ServerRequest, now: datetime
-) -> None:
+) -> PendingCall:
     """Hold ``call`` while a person answers what its server asked (``request``), under
     ``wait_id``."""
-    pending_calls.hold(
+    pending = pending_calls.hold(
         state,
-        PendingCall(
-            call_id=wait_id,
-            name=call.name,
-            arguments=call.arguments,
-            since=now,
-            kind=request.kind,
-            prompt=request.prompt(),
-            requested_schema=request.requested_schema,
-        ),
+        call,
+        now,
+        call_id=wait_id,
+        kind=request.kind,
+        prompt=request.prompt(),
+        requested_schema=request.requested_schema,
     )
     state.server_asks[wait_id] = request
+    return pending
 
 
 def decline(
     state: TurnState, call: ToolCallRequest, wait_id: str, request: ServerRequest, now: datetime
 ) -> DecisionRecord:
     """Record a request the agent's config declined (or cancelled) at once."""
-    record = DecisionRecord(
+    return pending_calls.record(
+        state,
         call_id=wait_id,
         tool=call.name,
+        kind=request.kind,
         decision="deny",
         by=SERVER_POLICY_DECIDER,
         reason=request.reason or f"{request.kind} is not enabled for this server",
         at=now,
-        kind=request.kind,
     )
-    state.decisions.append(record)
-    return record
 
 
 def input_timeout(state: TurnState, tool: str) -> float:
@@ -110,31 +78,39 @@ class ServerAsk(Wait):
         rule_id: str | None,
     ) -> DecisionRecord:
         request = state.server_asks.pop(pending.call_id)
-        reason = self.answer(state, pending, decision, request)
-        return pending_calls.record(state, pending, decision, now, reason=reason)
+        answer = self.server_answer(decision, pending, request)
+        if answer is not None:
+            state.server_answers[pending.call_id] = answer
+        return pending_calls.record_decision(
+            state, pending, decision, now, reason=self.reason(decision)
+        )
 
-    def answer(
-        self, state: TurnState, pending: PendingCall, decision: Decision, request: ServerRequest
-    ) -> str | None:
-        """What the server is answered, in ``state.server_answers`` for the call's next run to
-        take; the reason the record gives."""
-        del state, pending, request
+    def server_answer(
+        self, decision: Decision, pending: PendingCall, request: ServerRequest
+    ) -> ServerAnswer | None:
+        """What ``decision`` answers the server, kept in ``state.server_answers`` for the
+        call's next run to take; None: the workflow answers it itself (a sampling request's
+        model call)."""
+        del decision, pending, request
+        return None
+
+    def reason(self, decision: Decision) -> str | None:
+        """The reason the decision's record gives."""
         return decision.reason
 
-    def timed_out(self, state: TurnState, pending: PendingCall) -> None:
+    def after_timeout(self, state: TurnState, pending: PendingCall) -> None:
         state.server_asks.pop(pending.call_id)
 
     async def ask(
-        self, turn: AskedTurn, call: ToolCallRequest, wait_id: str, request: ServerRequest
+        self, turn: Turn, call: ToolCallRequest, wait_id: str, request: ServerRequest
     ) -> None:
         """Hold ``call`` under ``wait_id`` until a person answers ``request`` (the ``decide``
         update) or its timeout passes: the same durable wait as an approval's."""
         assert request.kind == self.kind, "a request waits as its own kind"
-        state = turn.state
-        hold(state, call, wait_id, request, workflow.now())
-        turn.asks.waiting[wait_id] = call.call_id
+        pending = hold(turn.state, call, wait_id, request, workflow.now())
+        turn.requests_in_flight.waiting[wait_id] = call.call_id
         try:
             summary = visibility.clip(f"{request.kind} {call.name} · {wait_id}")
-            await self.wait(turn, wait_id, input_timeout(state, call.name), summary)
+            await self.wait(turn, pending, summary)
         finally:
-            del turn.asks.waiting[wait_id]
+            del turn.requests_in_flight.waiting[wait_id]

@@ -22,7 +22,7 @@ from turnkeep.contract.approval import (
 from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.starting import handler_argument
-from turnkeep.workflows.waits import decisions
+from turnkeep.workflows.waits import kinds
 
 # The error type a refused decision (or revocation) carries.
 DECISION_ERROR = "InvalidDecision"
@@ -33,21 +33,20 @@ def decide(state: TurnState, args: Sequence[Any]) -> DecisionRecord:
     decision = Decision.model_validate(args[0])
     # Drawn only by a decision that sets a rule: no other turn's replay sees it.
     rule_id = f"rule-{workflow.uuid4().hex[:12]}" if decision.remember else None
-    return decisions.decide(state, decision, workflow.now(), rule_id)
+    return kinds.decide(state, decision, workflow.now(), rule_id)
 
 
 def check_decide(state: TurnState | None, args: Sequence[Any]) -> None:
-    """Refuse a decision that cannot be taken now (``decisions.decision_problem``), or that is
+    """Refuse a decision that cannot be taken now (``kinds.decision_problem``), or that is
     for a call waiting in a child turn, naming that turn."""
     decision = handler_argument(args, Decision, "decide", DECISION_ERROR)
-    if state is not None:
-        _route_to_child(pending_calls.call_owners(state, decision.call_id), decision.call_id)
     if state is None:
         raise _bad_decision("the turn has not reached its tool calls yet")
+    _route_to_child(pending_calls.call_owners(state, decision.call_id), decision.call_id)
     # A result is checked against its tool's output schema by jsonschema, which is not
     # workflow code: imported outside the sandbox, once per worker.
     with workflow.unsafe.imports_passed_through():
-        problem = decisions.decision_problem(state, decision)
+        problem = kinds.decision_problem(state, decision)
     if problem is not None:
         raise _bad_decision(problem)
 

@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 
 from temporalio import workflow
 
 from turnkeep.contract.approval import Decision, DecisionRecord, PendingCall
 from turnkeep.contract.messages import Message, StopReason, TextContent, json_channel
-from turnkeep.contract.model_io import LlmRequest, MessageJson
-from turnkeep.workflows import budget_ledger, pending_calls, turn_metrics, visibility, worker_cache
-from turnkeep.workflows.budget_ledger import amount
+from turnkeep.contract.model_io import LlmRequest
+from turnkeep.workflows import budget_math, pending_calls, visibility, worker_cache
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits.base import Turn, Wait
 
@@ -24,38 +22,39 @@ def spent(state: TurnState) -> float:
     budget = state.plan.budget
     if budget is None:
         return 0.0
-    return budget_ledger.spent(budget, state.total_usage().values(), state.session_spent)
+    return budget_math.spent(budget, state.total_usage().values(), state.session_spent)
 
 
 def exceeded(state: TurnState, estimated_input_tokens: int) -> str | None:
-    """Why the next model call would pass the budget (``budget_ledger.exceeded``), or None; the
+    """Why the next model call would pass the budget (``budget_math.exceeded``), or None; the
     call a person let through goes ahead whatever its estimate."""
     budget, limit = state.plan.budget, state.budget_limit
     if budget is None or limit is None or state.budget_passed == state.model_calls + 1:
         return None
-    return budget_ledger.exceeded(budget, limit, spent(state), estimated_input_tokens)
+    return budget_math.exceeded(budget, limit, spent(state), estimated_input_tokens)
 
 
 def hold(state: TurnState, problem: str, now: datetime) -> PendingCall:
     """Hold the next model call for a person's decision on the budget."""
     budget = state.plan.budget
     assert budget is not None and state.budget_limit is not None
-    return pending_calls.hold(
-        state,
-        PendingCall(
-            call_id=f"budget:{state.model_calls + 1}",
-            name="budget",
-            arguments={
-                "spent": spent(state),
-                "limit": state.budget_limit,
-                "unit": budget.unit,
-                "max_raise": budget.max_raise,
-            },
-            since=now,
-            kind="budget",
-            prompt=problem,
-        ),
+    # No tool call waits here (``pending_calls.hold``): the next model call does, under a
+    # name and arguments of its own.
+    pending = PendingCall(
+        call_id=f"budget:{state.model_calls + 1}",
+        name="budget",
+        arguments={
+            "spent": spent(state),
+            "limit": state.budget_limit,
+            "unit": budget.unit,
+            "max_raise": budget.max_raise,
+        },
+        since=now,
+        kind="budget",
+        prompt=problem,
     )
+    state.pending_approvals[pending.call_id] = pending
+    return pending
 
 
 def stop(state: TurnState, problem: str, record: DecisionRecord | None = None) -> None:
@@ -104,15 +103,16 @@ class Budget(Wait):
         if decision.limit is None:
             return f"raising the budget needs a limit: the new budget, in {budget.unit}"
         so_far = spent(state)
+        limit = budget_math.amount(decision.limit, budget.unit)
         if decision.limit <= so_far:
             return (
-                f"a limit of {amount(decision.limit, budget.unit)} is not above what is "
-                f"spent ({amount(so_far, budget.unit)})"
+                f"a limit of {limit} is not above what is spent "
+                f"({budget_math.amount(so_far, budget.unit)})"
             )
         if budget.max_raise is not None and decision.limit > budget.max_raise:
+            most = budget_math.amount(budget.max_raise, budget.unit)
             return (
-                f"a limit of {amount(decision.limit, budget.unit)} is above the most "
-                f"agent {state.plan.agent!r} allows ({amount(budget.max_raise, budget.unit)})"
+                f"a limit of {limit} is above the most agent {state.plan.agent!r} allows ({most})"
             )
         return None
 
@@ -131,7 +131,7 @@ class Budget(Wait):
             state.budget_raised += decision.limit - before
             state.budget_limit = decision.limit
             state.budget_passed = state.model_calls + 1
-        return pending_calls.record(
+        return pending_calls.record_decision(
             state,
             pending,
             decision,
@@ -140,44 +140,36 @@ class Budget(Wait):
             arguments={"limit": decision.limit} if raised else None,
         )
 
+    def announce(self, turn: Turn, pending: PendingCall) -> None:
+        """No tool call waits: the turn waits before its model call, and says why."""
+        turn.show(f"waiting on a budget decision: {pending.prompt}", publish=True)
+        worker_cache.leave_cache()
+
+    def settled(self, turn: Turn) -> None:
+        """What the turn does next (stop, or the model call) says the rest."""
+        del turn
+
 
 BUDGET = Budget()
 
 
-async def within_budget(turn: Turn, request: LlmRequest) -> bool:
-    """Whether the model call ``request`` may go ahead under the turn's budget: at once, or
+async def within_budget(turn: Turn, request: LlmRequest, estimated_input_tokens: int) -> bool:
+    """Whether the model call ``request`` (of about ``estimated_input_tokens`` input tokens)
+    may go ahead under the turn's budget: at once, or
     once a person raised it. Otherwise the turn has stopped with a final message: the agent
     stops at its budget, or the person chose to, or nobody decided in time. The wait is an
     approval's: no activity runs, the turn leaves the worker's cache."""
     state = turn.state
     budget = state.plan.budget
     assert budget is not None
-    problem = exceeded(state, turn.message_json.estimate_tokens(request.messages))
+    problem = exceeded(state, estimated_input_tokens)
     if problem is None:
         return True
     if budget.on_exceeded == "stop":
         stop(state, problem)
         return False
-    call = hold(state, problem, workflow.now())
-    turn.message_json = MessageJson()  # a person may take hours (see `Wait.wait`)
-    turn_metrics.approval_requested(state.plan.agent)
-    turn.show(f"waiting on a budget decision: {problem}", publish=True)
-    worker_cache.leave_cache()
-    try:
-        await workflow.wait_condition(
-            lambda: call.call_id not in state.pending_approvals,
-            timeout=budget.timeout,
-            timeout_summary=visibility.clip(f"budget · {call.call_id}"),
-        )
-    except TimeoutError:
-        if call.call_id in state.pending_approvals:  # not decided in this same task
-            BUDGET.time_out(state, call.call_id, workflow.now())
-    except asyncio.CancelledError:
-        turn_metrics.approval_resolved(state.plan.agent, "cancelled")
-        raise
-    record = pending_calls.decision(state, call.call_id)
-    assert record is not None
-    turn_metrics.approval_resolved(state.plan.agent, record.decision)
+    pending = hold(state, problem, workflow.now())
+    record = await BUDGET.wait(turn, pending, visibility.clip(f"budget · {pending.call_id}"))
     if not record.approved:
         stop(state, problem, record)
         return False

@@ -1,5 +1,5 @@
-"""Deciding on what waits: the ``decide`` update's check, the decision, and the timeout, each
-handed to the wait's kind (``KINDS``: a new kind of wait is one module and one entry here)."""
+"""The kinds of wait (``KINDS``: a new kind of wait is one module and one entry here), and the
+``decide`` update's check and decision, each handed to the kind of what it settles."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from turnkeep.workflows import pending_calls
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.waits.approval import APPROVAL
 from turnkeep.workflows.waits.base import Wait
-from turnkeep.workflows.waits.budget import BUDGET
+from turnkeep.workflows.waits.budget_raise import BUDGET
 from turnkeep.workflows.waits.client_tool import CLIENT_RESULT
 from turnkeep.workflows.waits.elicitation import ELICITATION
 from turnkeep.workflows.waits.sampling import SAMPLING
@@ -26,7 +26,7 @@ def decision_problem(state: TurnState, decision: Decision) -> str | None:
     call = decision.call_id
     if state.done:
         return f"the turn has ended ({state.stop_reason}); no call waits for a decision"
-    if call not in state.pending_approvals and pending_calls.decision(state, call) is not None:
+    if call not in state.pending_approvals and pending_calls.last_record(state, call) is not None:
         return f"call {call!r} has already been decided"
     if call not in state.pending_approvals:
         waiting = ", ".join(sorted(state.pending_approvals)) or "none"
@@ -42,8 +42,3 @@ def decide(
     ``rule_id``: the id of the rule a remembered decision sets."""
     pending = state.pending_approvals.pop(decision.call_id)
     return KINDS[pending.kind].decide(state, decision, pending, now, rule_id)
-
-
-def time_out(state: TurnState, call_id: str, now: datetime) -> DecisionRecord:
-    """Settle a wait nobody decided on in time (``Wait.time_out``)."""
-    return KINDS[state.pending_approvals[call_id].kind].time_out(state, call_id, now)

@@ -1,6 +1,7 @@
 """The budget's arithmetic: its limit at the start, what counts against it, and whether the next
-model call would pass it. Pure numbers, so the loop (which opens the ledger) and the budget's
-wait (``waits.budget``) share them."""
+model call would pass it. Pure numbers over the plan and the usage, so the loop (which sets the
+opening limit) and the budget's wait (``waits.budget_raise``, which applies them to the turn's
+state) share them."""
 
 from __future__ import annotations
 
