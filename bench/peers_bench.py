@@ -67,7 +67,7 @@ QUEUE = "bench-peers"
 AGENT = "peers"
 PROMPT_K = re.compile(r"bench K=(\d+)")
 # A peer's subprocess may run several long turns; past this it is taken as hung.
-SUBPROCESS_SECONDS = 1800
+SUBPROCESS_SECONDS = 1200
 
 
 @dataclass(frozen=True)
@@ -272,17 +272,21 @@ def run_peer(
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
     before = fake.snapshot()
-    run = subprocess.run(
-        command,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_SECONDS,
-        check=False,
-    )
+    try:
+        run = subprocess.run(
+            command,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=SUBPROCESS_SECONDS,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return Outcome(errors={k: f"no result within {SUBPROCESS_SECONDS} s" for k in iterations})
     if run.returncode != 0 or not run.stdout.strip():
-        raise RuntimeError(f"{peer.name} exited {run.returncode}: {run.stderr[-2000:]}")
+        progress(f"peers: {peer.name} exited {run.returncode}: {run.stderr[-2000:]}")
+        return Outcome(errors={k: f"exited {run.returncode}" for k in iterations})
     result = json.loads(run.stdout.strip().splitlines()[-1])
     outcome = Outcome(
         seconds={int(k): float(v) for k, v in result["seconds"].items()},
@@ -402,7 +406,15 @@ async def peers(env: Environment, iterations: list[int], rounds: int = ROUNDS) -
                         peer = by_name[name]
                         outcome = run_peer(peer, pythons[name], fake, env.info.address, iterations)
                     out.rounds.setdefault(name, []).append(outcome)
+                    progress(f"peers: {name}: {_progress_line(outcome)}")
     return table(out, iterations, rounds)
+
+
+def _progress_line(outcome: Outcome) -> str:
+    """A round's figures as they come (a long run's partial results are in its log)."""
+    done = [f"K={k} {s * 1000 / k:.1f} ms/iteration" for k, s in outcome.seconds.items()]
+    failed = [f"K={k} failed: {e[:120]}" for k, e in outcome.errors.items()]
+    return "; ".join(done + failed)
 
 
 def _cell(results: PeerResults, peer: str, k: int) -> str:
