@@ -423,7 +423,7 @@ def _cell(results: PeerResults, peer: str, k: int) -> str:
         error = results.error(peer, k)
         return f"failed ({error[:80]})" if error else "—"
     spread = results.spread(peer, k)
-    return f"{value:.1f} ({spread[0]:.0f}–{spread[1]:.0f})" if spread else f"{value:.1f}"
+    return f"{value:.1f} ({spread[0]:.1f}–{spread[1]:.1f})" if spread else f"{value:.1f}"
 
 
 def _difference(a: float | None, b: float | None) -> str:

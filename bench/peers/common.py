@@ -78,7 +78,8 @@ def main(module: str) -> None:
                 result = await run_turn(k)
             except Exception as err:  # reported, not raised: the other K still run
                 traceback.print_exc(file=sys.stderr)
-                errors[str(k)] = f"{type(err).__name__}: {err}"[:300]
+                cause = f" ({err.__cause__})" if err.__cause__ else ""
+                errors[str(k)] = f"{type(err).__name__}: {err}{cause}"[:300]
                 continue
             seconds[str(k)] = time.perf_counter() - started
             if isinstance(result, dict):
