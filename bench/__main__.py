@@ -28,6 +28,7 @@ from bench import (
     elicitations,
     history,
     overhead,
+    peers_bench,
     recovery,
     report,
     session_storage,
@@ -57,6 +58,7 @@ SECTIONS = (
     "live",
     "gateway",
     "memory",
+    "peers",
     "flags",
 )
 OVERHEAD_MAX = 1.2
@@ -87,6 +89,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--session-turns", type=int, help="sessions: turns of the long session")
     parser.add_argument("--idle-sessions", type=int, help="sessions: idle sessions on a worker")
+    parser.add_argument(
+        "--peer-iterations",
+        help="peers: K values (default 20,100,400; --quick 20,100)",
+    )
+    parser.add_argument("--peer-rounds", type=int, help="peers: rounds (default 3)")
     return parser
 
 
@@ -153,6 +160,14 @@ async def run(args: argparse.Namespace) -> Results:
     elicitation_turns = args.elicitation_turns or (200 if quick else 1000)
     session_turns = args.session_turns or (200 if quick else 1000)
     idle_sessions = args.idle_sessions or (200 if quick else 1000)
+    peer_iterations = [
+        int(k)
+        for k in (
+            args.peer_iterations
+            or ",".join(map(str, peers_bench.QUICK_ITERATIONS if quick else peers_bench.ITERATIONS))
+        ).split(",")
+    ]
+    peer_rounds = args.peer_rounds or peers_bench.ROUNDS
     out = Results()
     agents = {Agent(k) for k in iterations} | {
         Agent(overhead.K),
@@ -244,6 +259,9 @@ async def run(args: argparse.Namespace) -> Results:
             table, _ = await worker_memory(env, fake, memory_turns)
         out.tables.append(table)
 
+    async def peers_section(env: Environment) -> None:
+        out.tables.append(await peers_bench.peers(env, peer_iterations, peer_rounds))
+
     # Memory last on the shared server: it leaves it 2,000 terminated workflows to clean up.
     sections = {
         "history": history_section,
@@ -257,6 +275,7 @@ async def run(args: argparse.Namespace) -> Results:
         "teams": teams_section,
         "live": live_section,
         "gateway": gateway_section,
+        "peers": peers_section,
         "memory": memory_section,
     }
     with tempfile.TemporaryDirectory(prefix="turnkeep-bench-") as name:
