@@ -5,19 +5,33 @@ is raised at once. So is one the server would not hold while a worker ran the wo
 
 A real worker cannot be starved on purpose without leaving it unable to evict the workflow
 (the SDK then hangs its shutdown), so the handle here is a stand-in that fails as the client
-does: with the ``WorkflowQueryFailedError`` the SDK raises for that server answer."""
+does: with the ``WorkflowQueryFailedError`` the SDK raises for that server answer. Every ask
+is bounded in time, and a follower tells a run that continued as new from the last one, on the
+real dev server."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowExecutionStatus, WorkflowQueryFailedError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import Worker
 
-from turnkeep.client.queries import poll_query, query_retrying, worth_asking_again
+from tests.rerun_workflow import RerunWorkflow
+from turnkeep.client.queries import (
+    ASK_TIMEOUT,
+    BUSY_SECONDS,
+    POLL_LAST,
+    poll_query,
+    query_retrying,
+    worth_asking_again,
+)
+from turnkeep.devserver.embedded import ServerInfo
 
 STARVED = "[TMPRL1101] Potential deadlock detected: workflow didn't yield within 2 second(s)."
 
@@ -26,6 +40,7 @@ STARVED = "[TMPRL1101] Potential deadlock detected: workflow didn't yield within
 class _Described:
     status: WorkflowExecutionStatus = WorkflowExecutionStatus.RUNNING
     history_length: int = 0
+    run_id: str = "run-1"
 
 
 @dataclass
@@ -34,13 +49,16 @@ class _Handle:
     asked: int = 0
     length: int = field(default=0)
     run_id: str | None = None
+    bounds: list[timedelta | None] = field(default_factory=list)
 
-    async def describe(self) -> _Described:
+    async def describe(self, **kwargs: Any) -> _Described:
+        self.bounds.append(kwargs.get("rpc_timeout"))
         self.length += 1  # every look sees news
         return _Described(history_length=self.length)
 
     async def query(self, *args: Any, **kwargs: Any) -> int:
         self.asked += 1
+        self.bounds.append(kwargs.get("rpc_timeout"))
         if self.failures:
             failure = self.failures.pop(0)
             if failure in _RPC:
@@ -92,6 +110,40 @@ async def test_a_caller_bounding_the_query_keeps_its_timeout() -> None:
     assert handle.asked == 1
     handle = _Handle(["timeout"])
     assert await query_retrying(handle, "q") == 7  # type: ignore[arg-type]
+
+
+async def test_no_ask_waits_forever() -> None:
+    """The SDK bounds no query, and the server can hold one for as long as it waits on a
+    workflow task: every ask a follower makes is bounded, and one that ran out is asked again."""
+    handle = _Handle(["timeout"])
+    assert await poll_query(handle, "q", lambda n: n == 7) == 7  # type: ignore[arg-type]
+    assert handle.asked == 2
+    assert handle.bounds and set(handle.bounds) == {ASK_TIMEOUT}
+    handle = _Handle(["timeout"])
+    assert await query_retrying(handle, "q") == 7  # type: ignore[arg-type]
+    assert handle.bounds == [ASK_TIMEOUT, ASK_TIMEOUT]
+
+
+async def test_a_run_that_continued_as_new_is_asked_at_the_length_the_last_was(
+    temporal: ServerInfo,
+) -> None:
+    """Each run of ``RerunWorkflow`` comes to rest at the same history length, as a session
+    between turns does: the follower, last answered by the first run at that length, still
+    asks the next run (it tells runs apart, not only lengths)."""
+    client = await Client.connect(temporal.address, namespace=temporal.namespace)
+    queue = f"rerun-{uuid.uuid4().hex[:8]}"
+    async with Worker(client, task_queue=queue, workflows=[RerunWorkflow]):
+        handle = await client.start_workflow(
+            RerunWorkflow.run, 0, id=f"rerun-{queue}", task_queue=queue
+        )
+        follower = asyncio.create_task(poll_query(handle, RerunWorkflow.number, lambda n: n > 0))
+        # The follower asks the first run, at rest, and backs off to its longest wait.
+        await asyncio.sleep(2 * BUSY_SECONDS + POLL_LAST)
+        assert not follower.done()
+        await handle.signal(RerunWorkflow.go)
+        async with asyncio.timeout(10):
+            assert await follower == 1
+        await handle.terminate()
 
 
 def test_one_policy_says_what_is_asked_again() -> None:

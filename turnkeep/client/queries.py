@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio.api.enums.v1 import PendingWorkflowTaskState
@@ -36,6 +37,11 @@ _RETRYABLE_BOUNDED_QUERY = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.RESOURCE_EX
 # A query that reached a worker too starved of CPU to answer in time: its workflow code did
 # not yield within the SDK's deadlock timeout (the SDK's error code). The next ask is answered.
 _DEADLOCK_DETECTED = "[TMPRL1101]"
+# How long one ask may take when its caller sets no bound. The SDK sets none, and the server
+# can hold a query with no deadline for as long as it waits on a workflow task (a run that has
+# just continued as new, a worker gone); an ask that ran out is asked again like one the
+# server gave up on, so a follower never waits on one ask forever.
+ASK_TIMEOUT = timedelta(seconds=30)
 
 
 # How long a follower waits between two looks that brought no news: the first wait short, as
@@ -72,8 +78,9 @@ async def query_retrying(
     """``handle.query(query, *args, **options)``, asked again after a pause (up to
     ``_QUERY_ATTEMPTS`` times) while the failure is worth it (``worth_asking_again``). A
     caller that bounds the query's time (``rpc_timeout``) has its timeout kept, not
-    multiplied."""
+    multiplied; one that does not has each ask bounded by ``ASK_TIMEOUT``."""
     bounded = options.get("rpc_timeout") is not None
+    options.setdefault("rpc_timeout", ASK_TIMEOUT)
     attempt = 1
     while True:
         try:
@@ -117,14 +124,24 @@ async def poll_query(
     go and replays its whole history to answer. The task's end shows in the next look, as the
     history grows or the workflow closes."""
     delay = POLL_FIRST
-    asked_at: int | None = None  # the history length when last asked
-    seen: int | None = None  # the history length at the last look
+    # The run and its history length when last asked, and at the last look: a run that
+    # continued as new starts its history again, and can come to rest at the very length at
+    # which its previous run was last asked (a session between turns does, run after run).
+    asked_at: tuple[str, int] | None = None
+    seen: tuple[str, int] | None = None
     clock = asyncio.get_running_loop().time
     grew_at = clock()
     while True:
-        described = await handle.describe()
-        if described.history_length != seen:
-            seen, grew_at = described.history_length, clock()
+        try:
+            described = await handle.describe(rpc_timeout=ASK_TIMEOUT)
+        except RPCError as err:
+            if not worth_asking_again(err):
+                raise
+            await asyncio.sleep(delay)
+            continue
+        look = (described.run_id, described.history_length)
+        if look != seen:
+            seen, grew_at = look, clock()
         running = described.status == WorkflowExecutionStatus.RUNNING
         # A run that continued as new is followed by the next (describe and query reach the
         # latest run, but one may close between the two), unless the handle is pinned to it.
@@ -133,10 +150,10 @@ async def poll_query(
         if running and hold and _task_running(described) and clock() - grew_at < TASK_WAIT:
             await asyncio.sleep(TASK_POLL)
             continue
-        if running and described.history_length != asked_at:
+        if running and look != asked_at:
             try:
                 answer: T = await handle.query(
-                    query, reject_condition=QueryRejectCondition.NOT_OPEN
+                    query, reject_condition=QueryRejectCondition.NOT_OPEN, rpc_timeout=ASK_TIMEOUT
                 )
             except WorkflowQueryRejectedError as err:
                 if err.status != _CONTINUED:
@@ -148,7 +165,7 @@ async def poll_query(
             else:
                 if until(answer):
                     return answer
-                asked_at = described.history_length
+                asked_at = look
                 delay = POLL_FIRST
         await asyncio.sleep(delay)
         busy = clock() - grew_at < BUSY_SECONDS
