@@ -116,7 +116,8 @@ async def test_no_ask_waits_forever() -> None:
     """The SDK bounds no query, and the server can hold one for as long as it waits on a
     workflow task: every ask a follower makes is bounded, and one that ran out is asked again."""
     handle = _Handle(["timeout"])
-    assert await poll_query(handle, "q", lambda n: n == 7) == 7  # type: ignore[arg-type]
+    found: int | None = await poll_query(handle, "q", lambda n: n == 7)  # type: ignore[arg-type]
+    assert found == 7
     assert handle.asked == 2
     assert handle.bounds and set(handle.bounds) == {ASK_TIMEOUT}
     handle = _Handle(["timeout"])
@@ -136,13 +137,17 @@ async def test_a_run_that_continued_as_new_is_asked_at_the_length_the_last_was(
         handle = await client.start_workflow(
             RerunWorkflow.run, 0, id=f"rerun-{queue}", task_queue=queue
         )
-        follower = asyncio.create_task(poll_query(handle, RerunWorkflow.number, lambda n: n > 0))
+        def continued(number: int) -> bool:
+            return number > 0
+
+        follower = asyncio.create_task(poll_query(handle, RerunWorkflow.number, continued))
         # The follower asks the first run, at rest, and backs off to its longest wait.
         await asyncio.sleep(2 * BUSY_SECONDS + POLL_LAST)
         assert not follower.done()
         await handle.signal(RerunWorkflow.go)
         async with asyncio.timeout(10):
-            assert await follower == 1
+            answer = await follower
+        assert answer == 1
         await handle.terminate()
 
 
