@@ -137,8 +137,9 @@ async def test_a_run_that_continued_as_new_is_asked_at_the_length_the_last_was(
         handle = await client.start_workflow(
             RerunWorkflow.run, 0, id=f"rerun-{queue}", task_queue=queue
         )
-        def continued(number: int) -> bool:
-            return number > 0
+
+        def continued(number: int | None) -> bool:
+            return number is not None and number > 0
 
         follower = asyncio.create_task(poll_query(handle, RerunWorkflow.number, continued))
         # The follower asks the first run, at rest, and backs off to its longest wait.
