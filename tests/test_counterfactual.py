@@ -4,6 +4,7 @@ On a real dev server, the fake model API and function tools that count their run
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ApplicationError
 
-from tests.conftest import Harness, HarnessFactory, make_settings
+from tests.conftest import Harness, HarnessFactory, eventually, make_settings
 from tests.test_codec import (
     ARGUMENT,
     RESULT,
@@ -22,7 +23,9 @@ from tests.test_codec import (
     new_key,
     worker_for,
 )
+from tests.worker_process import WorkerProcesses, effects_server, write_config
 from turnkeep.client.replays import ReplayError, replay_turn
+from turnkeep.client.turns import start_turn
 from turnkeep.contract.turn_io import WORKFLOW_NAME, ReplayOf, TurnInput, TurnResult
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing.fake_api import FakeModelApi, Reply
@@ -240,3 +243,49 @@ async def test_a_replay_of_an_encrypted_turn_stays_encrypted(
     [recorded] = [r for m in result.messages for r in (m.tool_results or {}).values()]
     assert RESULT in recorded.text
     assert_no_plaintext(history, (secret, ARGUMENT, RESULT))
+
+
+@pytest.mark.slow
+async def test_a_replay_survives_a_killed_worker(
+    client: Client, temporal: ServerInfo, fake: FakeModelApi, tmp_path: Path
+) -> None:
+    """A replay is a durable turn: its worker killed during a model call, another takes it on
+    from its history, and the source's tool still ran only once (for the source)."""
+    record = tmp_path / "record.jsonl"
+    task_queue = f"replay-{uuid.uuid4().hex[:10]}"
+    agent = {
+        "model": "anthropic.test-model",
+        "servers": ["effects"],
+        "llm_timeouts": {"start_to_close": 60, "heartbeat": 2, "max_attempts": 5},
+    }
+    config = write_config(
+        tmp_path / "turnkeep.yaml",
+        {
+            "task_queue": task_queue,
+            "mcp": {"servers": {"effects": effects_server(record)}},
+            "agents": {"test": agent},
+            "anthropic": {"api_key": "sk-test", "base_url": fake.base_url_anthropic},
+        },
+    )
+    effect = Reply.tool_calls(("c1", "effects__effect", {"tag": "a"}))
+    with WorkerProcesses(config, temporal.address, tmp_path / "logs") as workers:
+        first = await workers.start_polling(client, task_queue)
+        fake.script(effect, Reply.text("done"), api="anthropic")
+        source = await start_turn(
+            client, TurnInput(agent="test", messages=["go"]), task_queue=task_queue
+        )
+        await source.result()
+        fake.reset()
+        # The replay's second model call hangs until its worker dies; the retry is answered.
+        again = Reply.text("again")
+        fake.script(effect, Reply.delay(300, then=again), again, api="anthropic")
+        replay = await replay_turn(client, source.workflow_id, task_queue=task_queue)
+        await eventually(lambda: len(fake.requests) == 2, "the replay's second model call")
+        workers.kill(first)
+        await workers.start_polling(client, task_queue)
+        result = await asyncio.wait_for(replay.result(), 120)
+    assert result.final is not None and result.final.text == "again"
+    [recorded] = [r for m in result.messages for r in (m.tool_results or {}).values()]
+    assert not recorded.is_error
+    applied = [line for line in record.read_text().splitlines() if '"applied"' in line]
+    assert len(applied) == 1, "the tool ran for the source only"
