@@ -25,7 +25,7 @@ from tests.test_codec import (
 )
 from tests.worker_process import WorkerProcesses, effects_server, write_config
 from turnkeep.client.replays import ReplayError, replay_turn
-from turnkeep.client.turns import start_turn
+from turnkeep.client.turns import get_turn, start_turn
 from turnkeep.contract.turn_io import WORKFLOW_NAME, ReplayOf, TurnInput, TurnResult
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing.fake_api import FakeModelApi, Reply
@@ -289,3 +289,25 @@ async def test_a_replay_survives_a_killed_worker(
     assert not recorded.is_error
     applied = [line for line in record.read_text().splitlines() if '"applied"' in line]
     assert len(applied) == 1, "the tool ran for the source only"
+
+
+async def test_a_sessions_turn_replays_with_the_conversation_before_it(
+    harness: HarnessFactory, fake: FakeModelApi
+) -> None:
+    """A session's turn holds its conversation by reference: the replay gets it expanded."""
+    async with harness(TOOLS, **config(fake)) as h:
+        session = await h.session()
+        fake.script(Reply.text("Hello."), Reply.text("Paris is sunny."), api="openai")
+        await session.send("hi")
+        second = await session.send("weather in Paris?")
+        async for _ in session.messages(until_turn=second.turn):
+            pass
+        await get_turn(h.client, second.turn_id).result()
+        fake.reset()
+        fake.script(Reply.text("Sunny, I think."), api="openai")
+        replay = await replay_turn(h.client, second.turn_id, task_queue=h.task_queue)
+        result = await replay.result()
+        [body] = [r.body for r in fake.requests_for("openai")]
+    said = [m["content"] for m in body["messages"] if isinstance(m.get("content"), str)]
+    assert said[-3:] == ["hi", "Hello.", "weather in Paris?"]
+    assert result.final is not None and result.final.text == "Sunny, I think."
