@@ -71,6 +71,22 @@ def refusal(err: BaseException) -> ApplicationError:
     return cause
 
 
+async def forged_replay(
+    client: Client, task_queue: str, agent: str, source: str
+) -> ApplicationError:
+    """A replay started by hand, past ``replay_turn``'s checks: how the worker refuses it."""
+    forged = await client.start_workflow(
+        WORKFLOW_NAME,
+        TurnInput(agent=agent, messages=["x"], replay_of=ReplayOf(turn=source)),
+        id=f"forged-{uuid.uuid4().hex}",
+        task_queue=task_queue,
+        result_type=TurnResult,
+    )
+    with pytest.raises(WorkflowFailureError) as caught:
+        await forged.result()
+    return refusal(caught.value)
+
+
 async def test_recorded_calls_get_recorded_results_and_nothing_runs(
     harness: HarnessFactory, fake: FakeModelApi, client: Client
 ) -> None:
@@ -184,16 +200,7 @@ async def test_unknown_turn_running_turn_unknown_agent_and_model(
             # A client that skips replay_turn's checks meets the worker's: it reads only a
             # finished turn of one of its agents.
             for source_id, says in ((running.id, "still running"), ("nope", "no turn")):
-                forged = await client.start_workflow(
-                    WORKFLOW_NAME,
-                    TurnInput(agent="test", messages=["x"], replay_of=ReplayOf(turn=source_id)),
-                    id=f"forged-{uuid.uuid4().hex}",
-                    task_queue=h.task_queue,
-                    result_type=TurnResult,
-                )
-                with pytest.raises(WorkflowFailureError) as caught:
-                    await forged.result()
-                err = refusal(caught.value)
+                err = await forged_replay(client, h.task_queue, "test", source_id)
                 assert err.type == "ReplayRefused" and says in err.message
     finally:
         await running.terminate()
@@ -207,16 +214,7 @@ async def test_a_worker_replays_only_turns_of_its_own_agents(
     other = config(fake)
     other["agents"] = {"other": other["agents"]["test"]}
     async with harness(TOOLS, **other) as h:
-        forged = await client.start_workflow(
-            WORKFLOW_NAME,
-            TurnInput(agent="other", messages=["x"], replay_of=ReplayOf(turn=source)),
-            id=f"forged-{uuid.uuid4().hex}",
-            task_queue=h.task_queue,
-            result_type=TurnResult,
-        )
-        with pytest.raises(WorkflowFailureError) as caught:
-            await forged.result()
-    err = refusal(caught.value)
+        err = await forged_replay(client, h.task_queue, "other", source)
     assert err.type == "ReplayRefused" and "does not serve" in err.message
 
 
