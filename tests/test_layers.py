@@ -140,6 +140,7 @@ CONTRACT_MODULES = [
     "activity_io",
     "session_io",
     "model_io",
+    "replay_io",
 ]
 
 # The workflow code's modules from the bottom up, likewise (a team's modules are ``teams.*``, a
@@ -159,6 +160,7 @@ WORKFLOW_MODULES = [
     "pending_calls",
     "visibility",
     "actions",
+    "replays",
     "waits",
     "waits.base",
     "waits.approval",

@@ -14,6 +14,13 @@ from turnkeep.client.live import StreamEvent as StreamEvent
 from turnkeep.client.live import TextDelta as TextDelta
 from turnkeep.client.live import ToolCallStart as ToolCallStart
 from turnkeep.client.plugin import TurnkeepClientPlugin as TurnkeepClientPlugin
+from turnkeep.client.replays import ReplayError as ReplayError
+from turnkeep.client.replays import ReplayHandle as ReplayHandle
+from turnkeep.client.replays import ReplayReport as ReplayReport
+from turnkeep.client.replays import ReplaySide as ReplaySide
+from turnkeep.client.replays import ToolCallSummary as ToolCallSummary
+from turnkeep.client.replays import get_replay as get_replay
+from turnkeep.client.replays import replay_turn as replay_turn
 from turnkeep.client.sessions import SessionHandle as SessionHandle
 from turnkeep.client.sessions import get_session as get_session
 from turnkeep.client.sessions import open_session as open_session

@@ -488,6 +488,9 @@ class EncryptionSettings(_SecretSettings):
 
 
 ALL_OVERRIDES = frozenset(TurnOverrides.model_fields) - {"model"}
+# What only a replay may set (``turnkeep.replay_turn``), where the agent lists it: a turn
+# always takes the agent's instruction.
+REPLAY_OVERRIDES = frozenset({"instruction"})
 # What a turn may set whatever its agent lists: none of it lets a turn reach a model, server,
 # tool or hook the agent does not, or spend more (fast-agent sets them per call, `structured()`
 # and `RequestParams`).
@@ -524,6 +527,9 @@ class AgentOptions(_Settings):
     overrides: list[str] = Field(default_factory=list)
     # Model strings a turn may ask for instead of `model`.
     models: list[str] = Field(default_factory=list)
+    # Whether a replay of a recorded turn (`turnkeep replay --live-tools`) may run for real the
+    # tool calls that no recorded call matches; off, such a call gets an error result.
+    replay_live_tools: bool = False
     # Scripted assistant messages for the `playback` model (a JSON file).
     playback: Path | None = None
     compaction: CompactionSettings = Field(default_factory=CompactionSettings)
@@ -627,11 +633,10 @@ class AgentOptions(_Settings):
 
     @model_validator(mode="after")
     def _known_overrides(self) -> AgentOptions:
-        unknown = set(self.overrides) - ALL_OVERRIDES
+        known = ALL_OVERRIDES | REPLAY_OVERRIDES
+        unknown = set(self.overrides) - known
         if unknown:
-            raise ValueError(
-                f"unknown override(s) {sorted(unknown)}; choose from {sorted(ALL_OVERRIDES)}"
-            )
+            raise ValueError(f"unknown override(s) {sorted(unknown)}; choose from {sorted(known)}")
         return self
 
 

@@ -77,6 +77,23 @@ class TurnOverrides(Compact):
         return {name for name, value in self if value is not None}
 
 
+class ReplayOf(Compact):
+    """What makes a turn a counterfactual replay (``turnkeep.replay_turn``): the finished turn
+    whose input it takes and whose recorded tool results answer its calls. The worker reads
+    both from the source's own history (``replay_source``), never from the client."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The workflow id of the finished turn replayed.
+    turn: str = Field(min_length=1, max_length=1000)
+    # Run calls that no recorded call matches for real: only for an agent whose config allows
+    # it (`replay_live_tools`); otherwise such a call gets an error result.
+    live_tools: bool = False
+    # A system prompt in place of the agent's: only for an agent that lists `instruction` in
+    # its `overrides`.
+    instruction: str | None = Field(default=None, max_length=200_000)
+
+
 class TurnInput(TurnOverrides):
     """Input of ``TurnWorkflow``. Unknown keys are rejected: a turn can name an agent, never a
     command, URL or file; everything the worker may touch comes from its own configuration."""
@@ -104,6 +121,9 @@ class TurnInput(TurnOverrides):
     # A session's "always allow" rules, handed to each of its turns. Honoured only for a child
     # turn of a session (as `history_ref`): a client cannot hand a turn rules of its own.
     allow_rules: list[AllowRule] = Field(default_factory=list)
+    # Set for a counterfactual replay of a finished turn: its input (`messages`, `history`)
+    # is then the source's, as the worker reads it, whatever the client sent.
+    replay_of: ReplayOf | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -140,6 +160,7 @@ _TURN_INPUT_DEFAULTS: dict[str, Any] = {
     "budget": None,
     "session_spent": None,
     "allow_rules": [],
+    "replay_of": None,
 }
 
 _TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")

@@ -48,6 +48,8 @@ STOP_REASON = SearchAttributeKey.for_keyword("TurnkeepStopReason")
 ITERATIONS = SearchAttributeKey.for_int("TurnkeepIterations")
 TOKENS = SearchAttributeKey.for_int("TurnkeepTokens")
 COST_USD = SearchAttributeKey.for_float("TurnkeepCostUsd")
+# A counterfactual replay's source turn (its workflow id), set by the replay's starter.
+REPLAY_OF = SearchAttributeKey.for_keyword("TurnkeepReplayOf")
 
 SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[Any], ...] = (
     AGENT,
@@ -57,6 +59,7 @@ SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[Any], ...] = (
     ITERATIONS,
     TOKENS,
     COST_USD,
+    REPLAY_OF,
 )
 
 
@@ -223,6 +226,11 @@ def prompt_summary(text: str) -> str:
     if len(line) > PROMPT_SUMMARY_CHARS:
         line = line[: PROMPT_SUMMARY_CHARS - 1] + "…"
     return clip(line)
+
+
+def replay_summary(source: str, on: str) -> str:
+    """A replay's one-line summary: which turn it replays, on what model (or agent)."""
+    return clip(f"replay of {source} on {on}")
 
 
 def clip(text: str, limit: int = SUMMARY_MAX_JSON_BYTES) -> str:
