@@ -101,6 +101,8 @@ async def _outcome(activity: Awaitable[T]) -> T:
         if isinstance(err.cause, CancelledError):
             raise asyncio.CancelledError() from err
         raise
+    except CancelledError as err:  # a local activity's, unwrapped
+        raise asyncio.CancelledError() from err
 
 
 def _retry_policy(t: Timeouts) -> RetryPolicy:
@@ -139,7 +141,8 @@ async def execute_local(
     """``execute`` as a local activity: run by the worker running the workflow task, within
     it, its result recorded in a marker. Only for short steps that are safe to run again, as
     a worker that dies mid-way leaves the task to time out and another worker runs it anew.
-    ``t``'s heartbeat does not apply (a local activity has none)."""
+    ``t``'s heartbeat does not apply (a local activity has none). A failure is raised as the
+    activity raised it (an ``ApplicationError``), not wrapped in an ``ActivityError``."""
     return await _outcome(
         workflow.execute_local_activity(
             name,

@@ -670,8 +670,11 @@ def _local_setup(turn: TurnInput) -> bool:
     would otherwise be an activity round trip and a workflow task more on the calling turn's
     wait. The plan is the same either way: the same ``prepare_turn`` checks the turn against
     the worker's configuration, on the worker running the turn, and a worker that dies mid-way
-    leaves the workflow task to another worker, which runs it again (it only reads config)."""
-    return turn.depth > 0 and workflow.patched(LOCAL_SETUP_PATCH)
+    leaves the workflow task to another worker, which runs it again (it only reads config).
+    A turn a client started keeps the activity, which its history shows as a step of its own
+    (and whose failure is the turn's failure's cause)."""
+    parent = workflow.info().parent
+    return turn.depth > 0 and parent is not None and workflow.patched(LOCAL_SETUP_PATCH)
 
 
 def _in_session() -> bool:
