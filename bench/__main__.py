@@ -346,7 +346,7 @@ def main() -> None:
         table = report.targets_table(results.session_targets, "Targets (issue #23)")
         print(table.render())
     if results.team_targets:
-        print(report.targets_table(results.team_targets, "Targets (issue #33)").render())
+        print(report.targets_table(results.team_targets, "Targets (issues #33, #46)").render())
     for failure in results.failures:
         print(f"**Section failed** (traceback on stderr): {failure}\n")
     if results.failures:

@@ -6,8 +6,10 @@ them (``build_workers``: one on the parent's queue, one per agent's).
   model calls one agent whose model (``passthrough`` too) answers at once, and the floor: the
   same parent answering without a call. What a call costs is its turn's time beyond the floor's
   (the call, and the model call that reads its result); the target is the agent call's at most
-  twice the function tool's. Rounds of turns of each kind, the order reversed every other round;
-  medians of the rounds.
+  1.5 times the function tool's. In the same rounds, a chain of one step and one of
+  ``CHAIN_STEPS`` steps, each step that same instant agent: a step costs the difference over
+  the steps added, against the same function-tool call. Rounds of turns of each kind, the order
+  reversed every other round; medians of the rounds.
 - **Parallel.** One model answer calling ``PARALLEL_CALLS`` agents at once, each child's model
   the fake Anthropic API answering after ``MODEL_SECONDS``: the turn from its start request to
   its result, next to one such call alone.
@@ -38,10 +40,12 @@ from turnkeep.worker.build import build_workers
 from turnkeep.workflows.agent_tools import child_id
 
 QUEUE = "bench-teams"
-OVERHEAD_MAX = 2.0
+OVERHEAD_MAX = 1.5
+CHAIN_STEPS = 5
+CHAIN_STEP_MAX = 1.5
 PARALLEL_CALLS = 10
 MODEL_SECONDS = 1.0
-PARALLEL_WITHIN = 1.3
+PARALLEL_WITHIN = 1.15
 HISTORY_CALLS = 100
 HISTORY_MAX = 1.2
 
@@ -54,7 +58,8 @@ HISTORY_TARGET = (
     f"parent history, {HISTORY_CALLS} agent calls ≤ {HISTORY_MAX:g}× {HISTORY_CALLS} "
     "function-tool calls"
 )
-TARGETS = [OVERHEAD_TARGET, PARALLEL_TARGET, HISTORY_TARGET]
+CHAIN_TARGET = f"each step of a chain ≤ {CHAIN_STEP_MAX:g}× a function-tool call's overhead"
+TARGETS = [OVERHEAD_TARGET, CHAIN_TARGET, PARALLEL_TARGET, HISTORY_TARGET]
 
 # The parents: one for the overhead (its prompt names the call), one fanning out to the slow
 # agent, and two scripted ones of HISTORY_CALLS iterations with the same tools, so their plans
@@ -63,6 +68,8 @@ PARENT = "parent"
 FANOUT = "fanout"
 ECHO = "echo"
 SLOW = "slow"
+SHORT_CHAIN = "chain-1"
+LONG_CHAIN = f"chain-{CHAIN_STEPS}"
 BY_AGENT = f"{HISTORY_CALLS}-agent-calls"
 BY_FUNCTION = f"{HISTORY_CALLS}-function-calls"
 FUNCTION_CALL = f"***CALL_TOOL {SERVER}__line " + json.dumps({"i": 0})
@@ -95,6 +102,8 @@ def _settings(env: Environment, fake: FakeModelApi) -> Settings:
         FANOUT: {"model": "passthrough", "agents": [SLOW]},
         ECHO: {"model": "passthrough"},
         SLOW: {"model": "anthropic.test-model"},
+        SHORT_CHAIN: {"type": "chain", "sequence": [ECHO]},
+        LONG_CHAIN: {"type": "chain", "sequence": [ECHO] * CHAIN_STEPS},
         BY_AGENT: scripted(BY_AGENT, by_agent),
         BY_FUNCTION: scripted(BY_FUNCTION, by_function),
     }
@@ -121,7 +130,15 @@ async def _turn(client: Client, agent: str, prompt: str) -> tuple[float, str, Tu
 FLOOR = "floor: the parent answers, no call"
 FUNCTION = "one function-tool call"
 AGENT = "one agent call (child turn)"
-VARIANTS = {FLOOR: "report", FUNCTION: FUNCTION_CALL, AGENT: AGENT_CALL}
+CALLS = {FLOOR: "report", FUNCTION: FUNCTION_CALL, AGENT: AGENT_CALL}
+ONE_STEP = "a chain of 1 step"
+STEPS = f"a chain of {CHAIN_STEPS} steps"
+CHAINS = {ONE_STEP: SHORT_CHAIN, STEPS: LONG_CHAIN}
+# Each variant's agent and prompt.
+VARIANTS = {
+    **{variant: (PARENT, prompt) for variant, prompt in CALLS.items()},
+    **{variant: (chain, "report") for variant, chain in CHAINS.items()},
+}
 
 
 @dataclass(frozen=True)
@@ -150,6 +167,14 @@ class Overhead:
         round's own ratio divides by a difference of a few tens of ms, which noise swings)."""
         return self.extra(AGENT) / self.extra(FUNCTION)
 
+    def step(self) -> float:
+        """Seconds per chain step: the median of the rounds' differences between the long
+        chain and the short one, over the steps it adds."""
+        return statistics.median((r[STEPS] - r[ONE_STEP]) / (CHAIN_STEPS - 1) for r in self.rounds)
+
+    def step_ratio(self) -> float:
+        return self.step() / self.extra(FUNCTION)
+
 
 async def overhead(client: Client, rounds: int, turns: int) -> Overhead:
     out = []
@@ -158,7 +183,8 @@ async def overhead(client: Client, rounds: int, turns: int) -> Overhead:
         order = list(VARIANTS) if n % 2 == 0 else list(reversed(VARIANTS))
         means = {}
         for variant in order:
-            times = [(await _turn(client, PARENT, VARIANTS[variant]))[0] for _ in range(turns)]
+            agent, prompt = VARIANTS[variant]
+            times = [(await _turn(client, agent, prompt))[0] for _ in range(turns)]
             means[variant] = statistics.fmean(times)
         out.append(means)
     return Overhead(out)
@@ -170,7 +196,7 @@ def overhead_table(o: Overhead, turns: int) -> Table:
         ["turn", "ms per turn", "beyond the floor (ms)", "÷ function-tool call"],
     )
     function_extra = o.extra(FUNCTION)
-    for variant in VARIANTS:
+    for variant in CALLS:
         extra = o.extra(variant) if variant != FLOOR else 0.0
         table.add(
             variant,
@@ -178,6 +204,14 @@ def overhead_table(o: Overhead, turns: int) -> Table:
             "" if variant == FLOOR else f"{extra * 1000:.1f}",
             "" if variant == FLOOR else f"{extra / function_extra:.2f}×",
         )
+    for variant in CHAINS:
+        table.add(variant, f"{o.seconds(variant) * 1000:.1f}", "", "")
+    table.add(
+        "each chain step beyond the first",
+        "",
+        f"{o.step() * 1000:.1f}",
+        f"{o.step_ratio():.2f}×",
+    )
     table.notes.append(
         f"{len(o.rounds)} rounds of {turns} turns of each, one after another (the order reversed "
         "every other round). ms per turn: the median of the rounds' means; beyond the floor: "
@@ -185,7 +219,9 @@ def overhead_table(o: Overhead, turns: int) -> Table:
         "call that reads its result; the ratio: of those medians. The parent is the "
         "`passthrough` model. The child turn is `passthrough` too (its `prepare_turn` and one "
         "model call), started as a child workflow on the agent's own queue of the same worker "
-        "process."
+        "process. A chain step: the chain of "
+        f"{CHAIN_STEPS} steps less the chain of 1, over the {CHAIN_STEPS - 1} steps it adds "
+        "(the median of the rounds'), each step that same child turn."
     )
     return table
 
@@ -325,6 +361,11 @@ async def teams(env: Environment, quick: bool) -> tuple[list[Table], list[Target
             f"{ratio:.2f}× ({agent_ms:.1f} ms against {function_ms:.1f} ms beyond the floor; "
             f"95% interval of the median of the rounds' own ratios {low:.2f}–{high:.2f}×)",
             ratio <= OVERHEAD_MAX,
+        ),
+        Target(
+            CHAIN_TARGET,
+            f"{o.step_ratio():.2f}× ({o.step() * 1000:.1f} ms a step against {function_ms:.1f} ms)",
+            o.step_ratio() <= CHAIN_STEP_MAX,
         ),
         Target(
             PARALLEL_TARGET,

@@ -49,11 +49,17 @@ def ask(agent: str, message: str) -> str:
 
 
 def scheduled(events: list[HistoryEvent]) -> list[str]:
-    """What the run did, in order: each activity it scheduled and each child it started."""
+    """What the run did, in order: each activity it scheduled (a local one as ``local
+    <type>``, once it completed) and each child it started."""
     out = []
     for event in events:
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             out.append(event.activity_task_scheduled_event_attributes.activity_type.name)
+        elif event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            marker = event.marker_recorded_event_attributes
+            if marker.marker_name == "core_local_activity":
+                data = json.loads(marker.details["data"].payloads[0].data)
+                out.append(f"local {data['activity_type']}")
         elif event.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
             out.append(
                 "child "
@@ -143,8 +149,9 @@ async def test_a_worker_killed_while_a_child_turns_tool_runs(
     described = await client.get_workflow_handle(child).describe()
     assert described.status == WorkflowExecutionStatus.COMPLETED
     assert described.parent_id == turn.workflow_id
+    # A called agent's turn prepares in its first workflow task (a local activity).
     assert scheduled(await history(client, child)) == [
-        "prepare_turn",
+        "local prepare_turn",
         "list_tools",
         "llm_step",
         "call_tool",

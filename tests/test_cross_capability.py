@@ -300,7 +300,7 @@ async def test_a_gateway_session_crosses_every_capability_through_two_worker_kil
         *("llm_step", "call_tool", "call_tool", "llm_step"),
     ]
     assert await scheduled_by(client, clerk) == [
-        *("prepare_turn", "list_tools", "llm_step", "call_tool", "llm_step"),
+        *("local prepare_turn", "list_tools", "llm_step", "call_tool", "llm_step"),
     ]
     assert await scheduled_by(client, turn2) == ["prepare_turn", "list_tools", "llm_step"]
 

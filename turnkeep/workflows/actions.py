@@ -78,8 +78,8 @@ async def execute(
 ) -> T:
     """Schedule one of the turn's activities by name, with ``t``'s timeouts and retry policy,
     on ``task_queue`` (None: the turn's own), and await its result."""
-    try:
-        result: T = await workflow.execute_activity(
+    return await _outcome(
+        workflow.execute_activity(
             name,
             arg,
             result_type=result_type,
@@ -87,20 +87,31 @@ async def execute(
             summary=summary,
             start_to_close_timeout=timedelta(seconds=t.start_to_close),
             heartbeat_timeout=timedelta(seconds=t.heartbeat) if t.heartbeat else None,
-            retry_policy=RetryPolicy(
-                initial_interval=timedelta(seconds=t.initial_interval),
-                backoff_coefficient=t.backoff,
-                maximum_interval=timedelta(seconds=t.max_interval),
-                maximum_attempts=t.max_attempts,
-            ),
+            retry_policy=_retry_policy(t),
         )
+    )
+
+
+async def _outcome(activity: Awaitable[T]) -> T:
+    try:
+        return await activity
     except ActivityError as err:
         # A cancelled activity surfaces as an ActivityError; the loop must see a cancellation
         # (and repair the conversation), not a failure to report to the model.
         if isinstance(err.cause, CancelledError):
             raise asyncio.CancelledError() from err
         raise
-    return result
+    except CancelledError as err:  # a local activity's, unwrapped
+        raise asyncio.CancelledError() from err
+
+
+def _retry_policy(t: Timeouts) -> RetryPolicy:
+    return RetryPolicy(
+        initial_interval=timedelta(seconds=t.initial_interval),
+        backoff_coefficient=t.backoff,
+        maximum_interval=timedelta(seconds=t.max_interval),
+        maximum_attempts=t.max_attempts,
+    )
 
 
 def failure_text(err: ActivityError) -> str:
@@ -112,12 +123,36 @@ def failure_text(err: ActivityError) -> str:
     return f"{kind}: {message}" if kind else message
 
 
-async def prepare_turn(turn: TurnInput) -> TurnPlan:
+async def prepare_turn(turn: TurnInput, *, local: bool = False) -> TurnPlan:
+    """The turn's plan from the worker's ``prepare_turn``; with ``local``, run as a local
+    activity, in the workflow task that asks for it (``local_setup``)."""
     request = PrepareTurnRequest(
         agent=turn.agent, overrides=turn.overrides(), depth=turn.depth, budget=turn.budget
     )
     summary = visibility.prepare_summary(turn.agent)
+    if local:
+        return await execute_local(PREPARE_TURN, request, TurnPlan, summary, SETUP)
     return await execute(PREPARE_TURN, request, TurnPlan, summary, SETUP)
+
+
+async def execute_local(
+    name: str, arg: BaseModel, result_type: type[T], summary: str, t: Timeouts
+) -> T:
+    """``execute`` as a local activity: run by the worker running the workflow task, within
+    it, its result recorded in a marker. Only for short steps that are safe to run again, as
+    a worker that dies mid-way leaves the task to time out and another worker runs it anew.
+    ``t``'s heartbeat does not apply (a local activity has none). A failure is raised as the
+    activity raised it (an ``ApplicationError``), not wrapped in an ``ActivityError``."""
+    return await _outcome(
+        workflow.execute_local_activity(
+            name,
+            arg,
+            result_type=result_type,
+            summary=summary,
+            start_to_close_timeout=timedelta(seconds=t.start_to_close),
+            retry_policy=_retry_policy(t),
+        )
+    )
 
 
 async def list_tools(plan: TurnPlan) -> list[ToolSpec]:

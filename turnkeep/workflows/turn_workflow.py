@@ -149,7 +149,7 @@ class TurnWorkflow:
         if self._state is None:
             try:
                 # Shared with the worker's other turns of the agent (``turnkeep.workflows.shared``).
-                plan = shared(await actions.prepare_turn(turn))
+                plan = shared(await actions.prepare_turn(turn, local=_local_setup(turn)))
                 turn, known = _with_history(self._start)
                 if turn.replay_of is not None:
                     turn, plan = await self._start_replay(turn, plan)
@@ -681,6 +681,24 @@ def _start_arguments(args: Sequence[Any]) -> _Start:
     _check_owner(start.turn)
     _check_rules(start.turn)
     return start
+
+
+# Guards the local set-up of called agents' turns: those started before it replay with
+# prepare_turn as an activity.
+LOCAL_SETUP_PATCH = "local-child-setup"
+
+
+def _local_setup(turn: TurnInput) -> bool:
+    """Whether the turn's ``prepare_turn`` runs as a local activity, in its first workflow
+    task: for a turn another turn called as an agent (or ran as a team step), whose set-up
+    would otherwise be an activity round trip and a workflow task more on the calling turn's
+    wait. The plan is the same either way: the same ``prepare_turn`` checks the turn against
+    the worker's configuration, on the worker running the turn, and a worker that dies mid-way
+    leaves the workflow task to another worker, which runs it again (it only reads config).
+    A turn a client started keeps the activity, which its history shows as a step of its own
+    (and whose failure is the turn's failure's cause)."""
+    parent = workflow.info().parent
+    return turn.depth > 0 and parent is not None and workflow.patched(LOCAL_SETUP_PATCH)
 
 
 def _in_session() -> bool:
