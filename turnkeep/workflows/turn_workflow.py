@@ -683,11 +683,6 @@ def _start_arguments(args: Sequence[Any]) -> _Start:
     return start
 
 
-# Guards the local set-up of called agents' turns: those started before it replay with
-# prepare_turn as an activity.
-LOCAL_SETUP_PATCH = "local-child-setup"
-
-
 def _local_setup(turn: TurnInput) -> bool:
     """Whether the turn's ``prepare_turn`` runs as a local activity, in its first workflow
     task: for a turn another turn called as an agent (or ran as a team step), whose set-up
@@ -698,7 +693,7 @@ def _local_setup(turn: TurnInput) -> bool:
     A turn a client started keeps the activity, which its history shows as a step of its own
     (and whose failure is the turn's failure's cause)."""
     parent = workflow.info().parent
-    return turn.depth > 0 and parent is not None and workflow.patched(LOCAL_SETUP_PATCH)
+    return turn.depth > 0 and parent is not None
 
 
 def _in_session() -> bool:
