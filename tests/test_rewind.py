@@ -1,0 +1,213 @@
+"""Rewinding a session (``SessionHandle.rewind``, ``SessionWorkflow``'s ``rewind`` update,
+``turnkeep rewind``): the next turn sees the conversation as it was once turn N had ended,
+the rewound turns stay for the audit, and the session says who rewound it and when. The
+passthrough model echoes the last user message, so each turn's history shows what the session
+handed it."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from temporalio.client import WorkflowUpdateFailedError
+
+from tests.conftest import Harness, HarnessFactory, make_settings, turnkeep
+from turnkeep import open_session
+from turnkeep.client.connection import connect
+from turnkeep.client.sessions import (
+    SessionClosedError,
+    SessionHandle,
+    read_session,
+)
+from turnkeep.client.turns import get_turn
+from turnkeep.contract.messages import Message
+from turnkeep.contract.rewind import REWIND_UPDATE
+from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.worker.build import build_worker
+
+pytestmark = pytest.mark.asyncio
+
+gate = asyncio.Event()
+
+
+async def blocked(name: str) -> str:
+    """A slow tool: runs until the test opens the gate."""
+    await gate.wait()
+    return f"{name} passed"
+
+
+SLOW_CALL = '***CALL_TOOL local__blocked {"name": "slow"}'
+AGENT = {"test": {"model": "passthrough", "servers": ["local"]}}
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    gate.clear()
+
+
+async def open_on(h: Harness, **kwargs: Any) -> SessionHandle:
+    return await open_session(h.client, agent="test", task_queue=h.task_queue, **kwargs)
+
+
+def texts(messages: list[Message]) -> list[str]:
+    return [m.text for m in messages]
+
+
+async def talk(session: SessionHandle, *lines: str) -> int:
+    """Send each line and wait for its turn to end; the last turn's number."""
+    turn = 0
+    for line in lines:
+        sent = await session.send(line)
+        async for _ in session.messages((await session.progress()).count, until_turn=sent.turn):
+            pass
+        turn = sent.turn
+    return turn
+
+
+async def history_of(h: Harness, session: SessionHandle, turn: int) -> list[str]:
+    result = await get_turn(h.client, f"{session.session_id}/turn-{turn}").result()
+    return texts(result.history)
+
+
+@asynccontextmanager
+async def held(temporal: ServerInfo, tmp_path: Path) -> AsyncIterator[Harness]:
+    """A client and a worker without payload storage: the session holds its conversation
+    itself (the `client` fixture has the default storage)."""
+    settings = make_settings(tmp_path, agents=AGENT, payload_storage={"driver": "off"})
+    client = await connect(temporal.address, temporal.namespace, settings=settings)
+    task_queue = f"test-{uuid.uuid4().hex[:10]}"
+    tools = {"local": [blocked]}
+    async with build_worker(client, settings, function_tools=tools, task_queue=task_queue):
+        yield Harness(client, settings, task_queue)
+
+
+@pytest.mark.parametrize("storage", ["stored", "held"])
+async def test_the_next_turn_sees_the_conversation_of_turn_n(
+    harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path, storage: str
+) -> None:
+    if storage == "stored":
+        context = harness(agents=AGENT, function_tools={"local": [blocked]})
+    else:
+        context = held(temporal, tmp_path)
+    async with context as h:
+        session = await open_on(h)
+        await talk(session, "a", "b", "c")
+        rewind = await session.rewind(1, by="alice")
+        assert (rewind.to_turn, rewind.from_turn, rewind.by, rewind.turns) == (1, 3, "alice", 3)
+        assert rewind.at_message == 6
+        # Numbers go on counting: turn 4, never a rewound turn's id.
+        assert await talk(session, "d") == 4
+        assert await history_of(h, session, 4) == ["a", "a", "d", "d"]
+        # The transcript keeps every message, the rewound turns' too: indices stay valid.
+        transcript = texts([m async for m in session.transcript()])
+        assert transcript == ["a", "a", "b", "b", "c", "c", "d", "d"]
+        # The rewound turns' workflows stay, for the audit.
+        assert await history_of(h, session, 3) == ["a", "a", "b", "b", "c", "c"]
+        assert [r.by for r in await session.rewinds()] == ["alice"]
+        view = await read_session(h.client, session.session_id)
+        assert view is not None and len(view.turns) == 4 and view.rewinds == [rewind]
+        await session.close()
+        assert (await session.result()).rewinds == [rewind]
+        assert await session.rewinds() == [rewind]
+
+
+async def test_rewind_to_zero_twice_and_across_continue_as_new(harness: HarnessFactory) -> None:
+    async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
+        # Two turns a run: every rewind here crosses a run's boundary one way or the other.
+        session = await open_on(h, turns_per_run=2)
+        first_run = (await session.handle.describe()).run_id
+        await talk(session, "a", "b", "c")
+        assert (await session.handle.describe()).run_id != first_run
+        await session.rewind(0)
+        assert await talk(session, "d") == 4
+        assert await history_of(h, session, 4) == ["d", "d"]
+        await talk(session, "e", "f")  # turns 5 and 6
+        # Back to turn 4, from a later run: its conversation comes from the stored chain.
+        await session.rewind(4)
+        await talk(session, "g")
+        assert await history_of(h, session, 7) == ["d", "d", "g", "g"]
+        # Twice in a row, with no turn between: back to turn 7, then to 4 again.
+        await talk(session, "h")
+        await session.rewind(7)
+        await session.rewind(4)
+        await talk(session, "i")
+        assert await history_of(h, session, 9) == ["d", "d", "i", "i"]
+        rewinds = await session.rewinds()
+        assert [(r.from_turn, r.to_turn) for r in rewinds] == [(3, 0), (6, 4), (8, 7), (7, 4)]
+        transcript = texts([m async for m in session.transcript()])
+        assert transcript == [t for x in "abcdefghi" for t in (x, x)]
+        await session.close()
+        assert (await session.result()).turns == 9
+
+
+async def test_bad_rewinds_are_refused_and_the_session_goes_on(harness: HarnessFactory) -> None:
+    async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
+        session = await open_on(h)
+        await talk(session, "a", "b", "c")
+
+        async def refused(to_turn: Any) -> str:
+            with pytest.raises(WorkflowUpdateFailedError) as err:
+                await session.handle.execute_update(REWIND_UPDATE, {"to_turn": to_turn})
+            return str(err.value.cause)
+
+        assert "turn 5 is not one of this session's ended turns; its last is turn 3" in (
+            await refused(5)
+        )
+        assert "greater than or equal to 0" in await refused(-1)
+        assert "at turn 3 already" in await refused(3)
+        with pytest.raises(WorkflowUpdateFailedError) as err:
+            await session.handle.execute_update(REWIND_UPDATE, args=[1, 2])
+        assert "rewind takes one argument, a RewindRequest" in str(err.value.cause)
+        with pytest.raises(ValidationError):
+            await session.rewind(-1)
+        await session.rewind(1)
+        assert "turn 2 was itself rewound from turn 3 to turn 1" in await refused(2)
+        assert "at turn 1 already" in await refused(1)
+
+        # While a turn runs (and a message waits for the next): refused, saying what to do.
+        sent = await session.send(SLOW_CALL)
+        await session.send("queued")
+        message = await refused(0)
+        assert f"turn {sent.turn} is running: a rewind would race with it" in message
+        assert "Cancel the running turn first" in message
+        # Asked to, the rewind cancels the running turn, then the one answering the queued
+        # message, and goes back.
+        rewind = await session.rewind(0, cancel_running=True)
+        assert rewind.from_turn >= sent.turn and rewind.to_turn == 0
+        gate.set()
+        last = await talk(session, "z")
+        assert await history_of(h, session, last) == ["z", "z"]
+        await session.close()
+        await session.result()
+        with pytest.raises(SessionClosedError):
+            await session.rewind(0)
+
+
+async def test_turnkeep_rewind_and_show(
+    harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path
+) -> None:
+    async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
+        session = await open_on(h)
+        await talk(session, "a", "b")
+        done = turnkeep(
+            "rewind", session.session_id, "--to-turn", "1", temporal=temporal, cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr
+        assert f"rewound session {session.session_id} from turn 2 to turn 1" in done.stdout
+        await talk(session, "c")
+        shown = turnkeep("show", session.session_id, temporal=temporal, cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr
+        out = " ".join(shown.stdout.split())
+        assert "turn 2 was rewound from turn 2 to turn 1" in out
+        assert out.index("session rewound from turn 2 to turn 1") < out.index("turn-3")
+        again = turnkeep(
+            "rewind", session.session_id, "--to-turn", "9", temporal=temporal, cwd=tmp_path
+        )
+        assert again.returncode != 0
+        assert "turn 9 is not one of this session's ended turns" in again.stderr
