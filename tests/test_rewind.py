@@ -195,19 +195,33 @@ async def test_turnkeep_rewind_and_show(
     async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
         session = await open_on(h)
         await talk(session, "a", "b")
-        done = turnkeep(
-            "rewind", session.session_id, "--to-turn", "1", temporal=temporal, cwd=tmp_path
+        done = await asyncio.to_thread(
+            turnkeep,
+            "rewind",
+            session.session_id,
+            "--to-turn",
+            "1",
+            temporal=temporal,
+            cwd=tmp_path,
         )
         assert done.returncode == 0, done.stderr
         assert f"rewound session {session.session_id} from turn 2 to turn 1" in done.stdout
         await talk(session, "c")
-        shown = turnkeep("show", session.session_id, temporal=temporal, cwd=tmp_path)
+        shown = await asyncio.to_thread(
+            turnkeep, "show", session.session_id, temporal=temporal, cwd=tmp_path
+        )
         assert shown.returncode == 0, shown.stderr
         out = " ".join(shown.stdout.split())
         assert "turn 2 was rewound from turn 2 to turn 1" in out
         assert out.index("session rewound from turn 2 to turn 1") < out.index("turn-3")
-        again = turnkeep(
-            "rewind", session.session_id, "--to-turn", "9", temporal=temporal, cwd=tmp_path
+        again = await asyncio.to_thread(
+            turnkeep,
+            "rewind",
+            session.session_id,
+            "--to-turn",
+            "9",
+            temporal=temporal,
+            cwd=tmp_path,
         )
         assert again.returncode != 0
         assert "turn 9 is not one of this session's ended turns" in again.stderr
