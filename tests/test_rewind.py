@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from temporalio.client import WorkflowUpdateFailedError
 
 from tests.conftest import Harness, HarnessFactory, make_settings, turnkeep
+from tests.test_gateway import OTHER, PASSTHROUGH, READER, bearer, gateway
 from turnkeep import open_session
 from turnkeep.client.connection import connect
 from turnkeep.client.sessions import (
@@ -225,3 +226,34 @@ async def test_turnkeep_rewind_and_show(
         )
         assert again.returncode != 0
         assert "turn 9 is not one of this session's ended turns" in again.stderr
+
+
+async def test_the_gateway_rewinds_a_session_its_key_may_reach(harness: HarnessFactory) -> None:
+    async with (
+        harness({"local": [blocked]}, **PASSTHROUGH) as h,
+        gateway(h) as http,
+    ):
+        session = await open_on(h)
+        await talk(session, "a", "b")
+        path = f"/api/sessions/{session.session_id}/rewind"
+        # A key scoped to another agent does not reach the session; the body is checked.
+        assert (
+            await http.post(path, json={"to_turn": 1}, headers=bearer(OTHER))
+        ).status_code == 403
+        bad = await http.post(path, json={"to_turn": -1}, headers=bearer(READER))
+        assert bad.status_code == 422, bad.text
+        unknown = await http.post(path, json={"turn": 1}, headers=bearer(READER))
+        assert unknown.status_code == 422, unknown.text
+        refused = await http.post(path, json={"to_turn": 7}, headers=bearer(READER))
+        assert refused.status_code == 409
+        assert "turn 7 is not one of this session's ended turns" in refused.json()["error"]
+        done = await http.post(path, json={"to_turn": 1}, headers=bearer(READER))
+        assert done.status_code == 200, done.text
+        body = done.json()
+        assert (body["from_turn"], body["to_turn"], body["by"]) == (1 + 1, 1, "gateway key reader")
+        assert await talk(session, "c") == 3
+        assert await history_of(h, session, 3) == ["a", "a", "c", "c"]
+        await session.close()
+        await session.result()
+        ended = await http.post(path, json={"to_turn": 0}, headers=bearer(READER))
+        assert ended.status_code == 409 and "has ended" in ended.json()["error"]
