@@ -10,14 +10,16 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowUpdateFailedError
 
-from tests.conftest import Harness, HarnessFactory, make_settings, turnkeep
+from tests.conftest import Harness, HarnessFactory, eventually, make_settings, turnkeep
+from tests.test_always_allow import _agent, _asks, _waits
 from tests.test_gateway import OTHER, PASSTHROUGH, READER, bearer, gateway
 from turnkeep import open_session
 from turnkeep.client.connection import connect
@@ -28,9 +30,15 @@ from turnkeep.client.sessions import (
 )
 from turnkeep.client.turns import get_turn
 from turnkeep.contract.messages import Message
-from turnkeep.contract.rewind import REWIND_UPDATE
+from turnkeep.contract.rewind import REWIND_UPDATE, RewindRequest, TurnMark
+from turnkeep.contract.session_io import SessionState
+from turnkeep.contract.turn_io import Spent
 from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.testing import environment
+from turnkeep.testing.fake_api import Reply
+from turnkeep.testing.fake_model import FakeModel
 from turnkeep.worker.build import build_worker
+from turnkeep.workflows.session_rewind import forget_history_ends, rewind, rewind_problem
 
 pytestmark = pytest.mark.asyncio
 
@@ -257,3 +265,66 @@ async def test_the_gateway_rewinds_a_session_its_key_may_reach(harness: HarnessF
         await session.result()
         ended = await http.post(path, json={"to_turn": 0}, headers=bearer(READER))
         assert ended.status_code == 409 and "has ended" in ended.json()["error"]
+
+
+async def test_rules_set_by_rewound_turns_are_revoked(
+    client: Client, fake_model: FakeModel
+) -> None:
+    fake_model.script(
+        "app",
+        Reply.text("1"),
+        _asks("w2", "two"),
+        Reply.text("2"),
+        _asks("w3", "three"),
+        Reply.text("3"),
+    )
+    async with environment.harness(client, agents=[_agent(fake_model)], fake=fake_model) as h:
+        session = await h.session(agent="app")
+        await talk(session, "first")
+        sent = await session.send("second")
+        turn = get_turn(h.client, sent.turn_id)
+        await eventually(lambda: _waits(turn, "w2"), "w2 waits")
+        record = await turn.decide("w2", True, by="alice", remember="session")
+        await turn.result()
+        assert [r.id for r in await session.allow_rules()] == [record.rule]
+        await session.rewind(1, by="bob")
+        # The rule turn 2 set went with it: the same call waits for a person again.
+        assert await session.allow_rules() == []
+        [rule] = await session.allow_rules(include_revoked=True)
+        assert (rule.id, rule.revoked_by) == (record.rule, "rewind:bob")
+        third = await session.send("third")
+        turn = get_turn(h.client, third.turn_id)
+        await eventually(lambda: _waits(turn, "w3"), "w3 waits despite the rewound rule")
+        await turn.decide("w3", True, by="alice")
+        await turn.result()
+        await session.close()
+
+
+def _state(**fields: Any) -> SessionState:
+    return SessionState(
+        history=[Message.user("a"), Message.assistant("a"), Message.user("b")],
+        turns=2,
+        turn_ends={1: 2, 2: 3},
+        turn_marks={1: TurnMark(history_end=2), 2: TurnMark(history_end=3)},
+        **fields,
+    )
+
+
+async def test_money_spent_stays_spent_and_tokens_stay_counted() -> None:
+    spent = Spent(usd=1.5, tokens=1000)
+    state = _state(spent=spent, tokens=1234)
+    request = RewindRequest(to_turn=0, by="x")
+    assert rewind_problem(state, request, busy=None) is None
+    record = rewind(state, request, owner="s", now=datetime.now(UTC))
+    assert state.history == [] and (record.from_turn, record.to_turn) == (2, 0)
+    assert state.spent == spent and state.tokens == 1234
+
+
+async def test_a_compaction_leaves_nothing_before_it_to_go_back_to() -> None:
+    state = _state()
+    forget_history_ends(state)
+    state.turn_marks[2] = TurnMark(history_end=1)
+    problem = rewind_problem(state, RewindRequest(to_turn=1), busy=None)
+    assert problem is not None and "compacted since" in problem
+    # The empty conversation is always there to go back to.
+    assert rewind_problem(state, RewindRequest(to_turn=0), busy=None) is None
