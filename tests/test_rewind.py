@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowUpdateFailedError
 
 from tests.conftest import Harness, HarnessFactory, eventually, make_settings, turnkeep
@@ -79,6 +80,14 @@ async def talk(session: SessionHandle, *lines: str) -> int:
     return turn
 
 
+async def details(session: SessionHandle) -> str:
+    """The session's current details, read the way the Web UI reads them."""
+    metadata = await session.handle.query(
+        "__temporal_workflow_metadata", result_type=WorkflowMetadata
+    )
+    return metadata.current_details
+
+
 async def history_of(h: Harness, session: SessionHandle, turn: int) -> list[str]:
     result = await get_turn(h.client, f"{session.session_id}/turn-{turn}").result()
     return texts(result.history)
@@ -119,6 +128,8 @@ async def test_the_next_turn_sees_the_conversation_of_turn_n(
         # The rewound turns' workflows stay, for the audit.
         assert await history_of(h, session, 3) == ["a", "a", "b", "b", "c", "c"]
         assert [r.by for r in await session.rewinds()] == ["alice"]
+        # The Web UI's details for the session say so too.
+        assert "rewound from turn 3 to turn 1 by alice" in await details(session)
         view = await read_session(h.client, session.session_id)
         assert view is not None and len(view.turns) == 4 and view.rewinds == [rewind]
         await session.close()
@@ -149,6 +160,8 @@ async def test_rewind_to_zero_twice_and_across_continue_as_new(harness: HarnessF
         assert await history_of(h, session, 9) == ["d", "d", "i", "i"]
         rewinds = await session.rewinds()
         assert [(r.from_turn, r.to_turn) for r in rewinds] == [(3, 0), (6, 4), (8, 7), (7, 4)]
+        # A run continued after the rewinds still lists them in its details, the last first.
+        assert "rewound from turn 8 to turn 7" in (await details(session)).split("from turn 6")[0]
         transcript = texts([m async for m in session.transcript()])
         assert transcript == [t for x in "abcdefghi" for t in (x, x)]
         await session.close()
