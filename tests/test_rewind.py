@@ -22,7 +22,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from tests.conftest import Harness, HarnessFactory, eventually, make_settings, turnkeep
 from tests.test_always_allow import _agent, _asks, _waits
 from tests.test_gateway import OTHER, PASSTHROUGH, READER, bearer, gateway
-from turnkeep import open_session
+from tests.test_sessions import AGENT, SLOW_CALL, blocked, gate, open_on, texts
 from turnkeep.client.connection import connect
 from turnkeep.client.sessions import (
     SessionClosedError,
@@ -43,30 +43,10 @@ from turnkeep.workflows.session_rewind import forget_history_ends, rewind, rewin
 
 pytestmark = pytest.mark.asyncio
 
-gate = asyncio.Event()
-
-
-async def blocked(name: str) -> str:
-    """A slow tool: runs until the test opens the gate."""
-    await gate.wait()
-    return f"{name} passed"
-
-
-SLOW_CALL = '***CALL_TOOL local__blocked {"name": "slow"}'
-AGENT = {"test": {"model": "passthrough", "servers": ["local"]}}
-
 
 @pytest.fixture(autouse=True)
 def _reset() -> None:
     gate.clear()
-
-
-async def open_on(h: Harness, **kwargs: Any) -> SessionHandle:
-    return await open_session(h.client, agent="test", task_queue=h.task_queue, **kwargs)
-
-
-def texts(messages: list[Message]) -> list[str]:
-    return [m.text for m in messages]
 
 
 async def talk(session: SessionHandle, *lines: str) -> int:

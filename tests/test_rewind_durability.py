@@ -15,24 +15,13 @@ from temporalio.client import Client
 
 from tests.conftest import HarnessFactory, write_script
 from tests.test_replay import replays_fresh_and_recorded
+from tests.test_rewind import talk
 from tests.worker_process import WorkerProcesses, write_config
 from turnkeep import open_session
-from turnkeep.client.sessions import SessionHandle
 from turnkeep.client.turns import get_turn
 from turnkeep.devserver.embedded import ServerInfo
 
 pytestmark = pytest.mark.asyncio
-
-
-async def talk(session: SessionHandle, *lines: str) -> int:
-    """Send each line and wait for its turn to end; the last turn's number."""
-    turn = 0
-    for line in lines:
-        sent = await session.send(line)
-        async for _ in session.messages((await session.progress()).count, until_turn=sent.turn):
-            pass
-        turn = sent.turn
-    return turn
 
 
 async def test_a_rewind_survives_its_worker_being_killed(
