@@ -10,7 +10,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,11 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 
 from tests.conftest import Harness, HarnessFactory, eventually, make_settings, turnkeep
 from tests.test_always_allow import _agent, _asks, _waits
+from tests.test_conversations import _age, conversations
 from tests.test_gateway import OTHER, PASSTHROUGH, READER, bearer, gateway
 from tests.test_sessions import AGENT, SLOW_CALL, blocked, gate, open_on, texts
 from turnkeep.client.connection import connect
+from turnkeep.client.history import read_turn
 from turnkeep.client.sessions import (
     SessionClosedError,
     SessionHandle,
@@ -35,6 +37,8 @@ from turnkeep.contract.rewind import REWIND_UPDATE, RewindRequest, TurnMark
 from turnkeep.contract.session_io import SessionState
 from turnkeep.contract.turn_io import Spent
 from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.payloads.gc import collect
+from turnkeep.payloads.storage.owners import owner_key
 from turnkeep.testing import environment
 from turnkeep.testing.fake_api import Reply
 from turnkeep.testing.fake_model import FakeModel
@@ -321,3 +325,32 @@ async def test_a_compaction_leaves_nothing_before_it_to_go_back_to() -> None:
     assert problem is not None and "compacted since" in problem
     # The empty conversation is always there to go back to.
     assert rewind_problem(state, RewindRequest(to_turn=0), busy=None) is None
+
+
+async def test_a_rewind_copies_nothing_and_gc_keeps_every_turns_segments(
+    harness: HarnessFactory, client: Client
+) -> None:
+    async with harness(agents=AGENT, function_tools={"local": [blocked]}) as h:
+        session = await open_on(h)
+        await talk(session, "a", "b", "c")
+        directory = conversations(h) / owner_key(session.session_id)
+        before = sorted(directory.iterdir())
+        await session.rewind(1)
+        # By reference: the session points back at turn 1's segment, and stores nothing new.
+        assert sorted(directory.iterdir()) == before
+        await talk(session, "d")
+        segments = list(directory.iterdir())
+        _age(segments, days=30)
+        report = await collect(directory.parent.parent, timedelta(days=7), client)
+        assert not any(p in report.removed for p in segments)
+        assert all(p.exists() for p in segments)
+        # What the audit reads is all there: the rewound turn, and the session's every turn.
+        rewound = await read_turn(h.client, f"{session.session_id}/turn-3")
+        assert rewound.result is not None
+        assert texts(rewound.result.history) == ["a", "a", "b", "b", "c", "c"]
+        view = await read_session(h.client, session.session_id)
+        assert view is not None and len(view.turns) == 4
+        # And the session goes on from the rewound conversation, read back from the store.
+        await talk(session, "e")
+        assert await history_of(h, session, 5) == ["a", "a", "d", "d", "e", "e"]
+        await session.close()
