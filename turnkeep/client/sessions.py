@@ -22,8 +22,10 @@ from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
+    WorkflowFailureError,
     WorkflowHandle,
     WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import (
@@ -44,6 +46,13 @@ from turnkeep.contract.approval import (
     RevokeAllow,
 )
 from turnkeep.contract.messages import Message
+from turnkeep.contract.rewind import (
+    REWIND_BUSY,
+    REWIND_UPDATE,
+    REWINDS_QUERY,
+    Rewind,
+    RewindRequest,
+)
 from turnkeep.contract.session_io import (
     DEFAULT_TURNS_PER_RUN,
     SESSION_WORKFLOW_NAME,
@@ -74,6 +83,10 @@ async def read_transcript(
         for message in page[: None if stop is None else stop - index]:
             index += 1
             yield message
+
+
+# How often `rewind(cancel_running=True)` cancels what runs and asks again.
+_REWIND_ATTEMPTS = 5
 
 
 class SessionClosedError(RuntimeError):
@@ -288,6 +301,67 @@ class SessionHandle:
         revoke = RevokeAllow(rule_id=rule_id, by=by)
         return await self.handle.execute_update(REVOKE_ALLOW_UPDATE, revoke, result_type=AllowRule)
 
+    async def rewind(
+        self, to_turn: int, *, by: str = "unknown", cancel_running: bool = False
+    ) -> Rewind:
+        """Go back to the conversation as it was once turn ``to_turn`` had ended (0: empty):
+        the next message is answered as if the turns after it had not happened. Their
+        workflows and messages stay, for the audit; the returned ``Rewind`` (also in
+        ``rewinds()``) says who (``by``) rewound the session, when, and from which turn to which.
+
+        The session refuses (``WorkflowUpdateFailedError`` saying why) while a turn runs or a
+        message waits for one, unless ``cancel_running``: the running turn is cancelled first
+        (its conversation repaired, as any cancelled turn's) and the rewind waits for it to
+        end. It refuses a turn out of range, one a rewind took out already, or the turn it is
+        at; a session that has ended raises ``SessionClosedError``."""
+        request = RewindRequest(to_turn=to_turn, by=by)
+        # One update id per attempt's request, as for `send`: a repeat gets the first's answer.
+        update_id = uuid.uuid4().hex
+        for attempt in itertools.count(1):
+            if cancel_running:
+                await self._cancel_running()
+            try:
+                return await self.handle.execute_update(
+                    REWIND_UPDATE, request, id=update_id, result_type=Rewind
+                )
+            except WorkflowUpdateRPCTimeoutOrCancelledError as err:
+                _reraise_if_cancelled(err)
+            except WorkflowUpdateFailedError as err:
+                # A queued message's turn was starting as the last one ended: cancel it too.
+                busy = REWIND_BUSY in str(err.cause)
+                if not (cancel_running and busy and attempt < _REWIND_ATTEMPTS):
+                    raise
+                update_id = uuid.uuid4().hex
+            except RPCError as err:
+                if await self._running():
+                    raise
+                raise SessionClosedError(
+                    f"session {self.session_id!r} has ended: it cannot be rewound"
+                ) from err
+        raise AssertionError("unreachable")
+
+    async def _cancel_running(self) -> None:
+        """Cancel the running turn, if any, and wait for it to end."""
+        progress = await self.progress()
+        while progress.turn is not None:
+            await get_turn(self.client, progress.turn.workflow_id).cancel()
+            after = await self._wait(progress.count, progress.turn.workflow_id)
+            if after is None:
+                return  # the session has ended: the rewind says so
+            progress = after
+
+    async def rewinds(self) -> list[Rewind]:
+        """The session's rewinds, in order: who rewound it, when, from which turn to which."""
+        if await self._running():
+            rewinds: list[Rewind] = await query_retrying(
+                self.handle, REWINDS_QUERY, result_type=list[Rewind]
+            )
+            return rewinds
+        try:
+            return (await self.handle.result()).rewinds
+        except WorkflowFailureError:
+            return []  # ended otherwise than closed (terminated, failed): no result to read
+
     async def close(self) -> None:
         """Answer what is queued, then end the session; its result is the conversation."""
         await self.handle.execute_update(SessionWorkflow.close)
@@ -330,6 +404,7 @@ class SessionView(BaseModel):
     session_id: str
     status: str  # open, closed, or how it ended otherwise (``session_state``)
     turns: list[TurnView]
+    rewinds: list[Rewind] = []  # in order (``SessionHandle.rewinds``)
 
 
 async def read_session(client: Client, session_id: str) -> SessionView | None:
@@ -349,7 +424,21 @@ async def read_session(client: Client, session_id: str) -> SessionView | None:
             break
         if parent == session_id:
             turns.append(await read_turn(client, turn_id))
-    return SessionView(session_id=session_id, status=session_state(described.status), turns=turns)
+    try:
+        rewinds = await get_session(client, session_id).rewinds()
+    except WorkflowQueryFailedError:
+        rewinds = []  # a worker from before sessions could rewind
+    return SessionView(
+        session_id=session_id,
+        status=session_state(described.status),
+        turns=turns,
+        rewinds=rewinds,
+    )
+
+
+def turn_number(turn_id: str) -> int:
+    """The number of a session's turn, from its id (``<session id>/turn-<n>``)."""
+    return int(turn_id.rsplit("/turn-", 1)[1])
 
 
 def session_state(status: WorkflowExecutionStatus | None) -> str:

@@ -17,6 +17,7 @@ from pydantic import (
 from turnkeep.contract.approval import AllowRule
 from turnkeep.contract.conversation import ConversationRef, Messages, stores
 from turnkeep.contract.messages import Message
+from turnkeep.contract.rewind import Rewind, TurnMark
 from turnkeep.contract.turn_io import NAME_MAX_CHARS, Spent
 
 SESSION_WORKFLOW_NAME = "SessionWorkflow"
@@ -106,6 +107,12 @@ class SessionState(_ByReference):
     # The session's "always allow" rules (set by decisions remembered for the session, in its
     # turns), revoked ones kept (marked) for the audit: the active ones go to each turn.
     allow_rules: list[AllowRule] = Field(default_factory=list)
+    # By turn number, where the session stood once that turn had ended: what a rewind to it
+    # restores (``turnkeep.contract.rewind``). Turns that ended before sessions kept this are
+    # missing (a rewind to them is refused).
+    turn_marks: dict[int, TurnMark] = Field(default_factory=dict)
+    # The session's rewinds, in order, for the audit.
+    rewinds: list[Rewind] = Field(default_factory=list)
 
 
 class RunningTurn(BaseModel):
@@ -138,3 +145,4 @@ class SessionResult(_ByReference):
     turns: int
     tokens: int
     turn_ends: dict[int, int] = Field(default_factory=dict)  # as ``SessionState.turn_ends``
+    rewinds: list[Rewind] = Field(default_factory=list)  # as ``SessionState.rewinds``

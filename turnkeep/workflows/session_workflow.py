@@ -44,6 +44,7 @@ from turnkeep.contract.approval import (
 from turnkeep.contract.conversation import ConversationRef
 from turnkeep.contract.messages import Message
 from turnkeep.contract.model_io import page_end
+from turnkeep.contract.rewind import REWIND_UPDATE, REWINDS_QUERY, Rewind, RewindRequest
 from turnkeep.contract.session_io import (
     SESSION_WORKFLOW_NAME,
     RunningTurn,
@@ -53,8 +54,8 @@ from turnkeep.contract.session_io import (
     SessionResult,
     SessionState,
 )
-from turnkeep.contract.turn_io import Spent, TurnCancelledError
-from turnkeep.workflows import visibility, worker_cache
+from turnkeep.contract.turn_io import HistoryChange, Spent, TurnCancelledError
+from turnkeep.workflows import session_rewind, visibility, worker_cache
 from turnkeep.workflows.child_turn import start_child, turn_child_result
 from turnkeep.workflows.conversation_cache import conversations
 from turnkeep.workflows.session_turns import ConversationJson, TurnOutcome, decode, take_in
@@ -114,6 +115,8 @@ class SessionWorkflow:
             raise self._start
         session = self._start.session
         state = self._state
+        if state.rewinds:  # a run continued from one that rewound says so too
+            workflow.set_current_details(session_rewind.rewinds_details(state.rewinds))
         turns_this_run = 0
         while True:
             if self.idle():
@@ -151,6 +154,7 @@ class SessionWorkflow:
             turns=state.turns,
             tokens=state.tokens,
             turn_ends=state.turn_ends,
+            rewinds=state.rewinds,
         )
 
     async def _run_turn(self, session: SessionInput) -> None:
@@ -195,6 +199,8 @@ class SessionWorkflow:
             outcome = decode(result, TurnOutcome)
             if outcome.conversation is None:
                 state.history = take_in(state.history, outcome, result)
+                if outcome.history_change not in (HistoryChange.APPENDED, HistoryChange.UNCHANGED):
+                    session_rewind.forget_history_ends(state)
         except TurnCancelledError as err:
             cancelled = err
             if err.result is not None:
@@ -214,6 +220,7 @@ class SessionWorkflow:
             if outcome.allow_rules:
                 state.allow_rules = _merged_rules(state.allow_rules, outcome.allow_rules)
         state.turn_ends[state.turns] = len(state.transcript)
+        state.turn_marks[state.turns] = session_rewind.turn_mark(state)
         self._turn = None
         self._child = None
         self._turns_ended = state.turns
@@ -307,6 +314,38 @@ class SessionWorkflow:
         problem = revoke_problem(self._state.allow_rules, revoke.rule_id, "this session")
         if problem is not None:
             raise ApplicationError(problem, type="InvalidDecision", non_retryable=True)
+
+    @workflow.update(name=REWIND_UPDATE)
+    async def rewind(self, *args: Any) -> Rewind:
+        """Go back to the conversation as it was once turn ``to_turn`` had ended: one argument,
+        a ``RewindRequest`` (``session_rewind`` says what changes and what stays)."""
+        request = RewindRequest.model_validate(args[0])
+        record = session_rewind.rewind(
+            self._state, request, owner=workflow.info().workflow_id, now=workflow.now()
+        )
+        workflow.set_current_details(session_rewind.rewinds_details(self._state.rewinds))
+        return record
+
+    @rewind.validator
+    def _check_rewind(self, *args: Any) -> None:
+        request = handler_argument(args, RewindRequest, "rewind", "InvalidUpdate")
+        state = self._state
+        if state.closing or self._ended:
+            raise _invalid("the session is closed: it cannot be rewound")
+        busy = None
+        # `turns` counts a turn from before its child starts until its outcome is taken in.
+        if state.turns > self._turns_ended:
+            busy = f"turn {state.turns} is running"
+        elif state.queued:
+            busy = "a message is queued for the next turn"
+        problem = session_rewind.rewind_problem(state, request, busy=busy)
+        if problem is not None:
+            raise _invalid(f"rewind: {problem}")
+
+    @workflow.query(name=REWINDS_QUERY)
+    def rewinds(self) -> list[Rewind]:
+        """The session's rewinds, in order (who, when, from which turn to which)."""
+        return self._state.rewinds
 
     @workflow.query(name=ALLOW_RULES_QUERY)
     def allow_rules(self) -> list[AllowRule]:

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated
 
@@ -14,6 +17,7 @@ from rich.markup import escape
 from temporalio.client import (
     Client,
     WorkflowExecution,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowFailureError,
 )
@@ -35,6 +39,7 @@ from turnkeep.cli.wait_prompt import WaitPrompter
 from turnkeep.client.live import MessageEvent
 from turnkeep.client.sessions import SessionHandle, get_session, open_session, session_state
 from turnkeep.client.turns import get_turn
+from turnkeep.contract.rewind import Rewind
 from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME, SessionResult
 from turnkeep.contract.turn_io import TurnOverrides, agent_task_queue
 from turnkeep.devserver.embedded import ServerInfo
@@ -284,33 +289,93 @@ def close(
 
     async def go(client: Client, _: ServerInfo | None) -> SessionResult | None:
         session = get_session(client, session_id)
-        described = await session.handle.describe()
-        if described.workflow_type != SESSION_WORKFLOW_NAME:
-            raise typer.BadParameter(
-                f"{session_id!r} is a {described.workflow_type}, not a session",
-                param_hint="SESSION_ID",
-            )
+        described = await _session_described(session)
         if described.status != WorkflowExecutionStatus.RUNNING:
             console.print(
                 f"session {escape(session_id)} was already {session_state(described.status)}"
             )
             return None
-        # The session ends on a worker of its queue, if there is one.
-        unpolled = asyncio.ensure_future(
-            warn_if_unpolled(
-                client,
-                described.task_queue,
-                what="the session",
-                hint="start `turnkeep worker` with its agent in its config, or --worker "
-                "to run one here",
-            )
-        )
-        try:
+        async with _worker_watch(client, described):
             await session.close()
             return await session.result()
-        finally:
-            unpolled.cancel()
 
     ended = target.run_with_worker(go, worker=worker)
     if ended is not None:
         console.print(f"closed session {escape(session_id)} · {plural(ended.turns, 'turn')}")
+
+
+@app.command()
+def rewind(
+    session_id: Annotated[str, typer.Argument(metavar="SESSION_ID", help="The session (its id).")],
+    to_turn: Annotated[
+        int,
+        typer.Option(
+            "--to-turn",
+            min=0,
+            help="Go back to the conversation as it was once this turn had ended (0: empty).",
+        ),
+    ],
+    cancel_running: Annotated[
+        bool,
+        typer.Option(
+            "--cancel-running",
+            help="Cancel the running turn first (its conversation repaired), then rewind.",
+        ),
+    ] = False,
+    by: Annotated[str | None, typer.Option(help="Who rewinds (default: the user name).")] = None,
+    address: Address = None,
+    namespace: Namespace = None,
+    config: ConfigPath = None,
+    worker: InProcessWorker = None,
+) -> None:
+    """Rewind a session: its next turn sees the conversation as it was once turn --to-turn had
+    ended, as if the turns after had not happened. Their workflows and messages stay for the
+    audit (`turnkeep show SESSION_ID` marks them), turn numbers go on counting up, and money
+    spent stays spent. Refused while a turn runs, unless --cancel-running."""
+    target = Target.of(address, namespace, config)
+
+    async def go(client: Client, _: ServerInfo | None) -> Rewind:
+        session = get_session(client, session_id)
+        described = await _session_described(session)
+        async with _worker_watch(client, described):
+            return await session.rewind(
+                to_turn, by=by or getpass.getuser(), cancel_running=cancel_running
+            )
+
+    done = target.run_with_worker(go, worker=worker)
+    console.print(
+        f"rewound session {escape(session_id)} from turn {done.from_turn} to turn "
+        f"{done.to_turn}; its next turn is turn {done.turns + 1}"
+    )
+
+
+async def _session_described(session: SessionHandle) -> WorkflowExecutionDescription:
+    """The session's workflow, described; a ``BadParameter`` when the id names another kind."""
+    described = await session.handle.describe()
+    if described.workflow_type != SESSION_WORKFLOW_NAME:
+        raise typer.BadParameter(
+            f"{session.session_id!r} is a {described.workflow_type}, not a session",
+            param_hint="SESSION_ID",
+        )
+    return described
+
+
+@asynccontextmanager
+async def _worker_watch(
+    client: Client, described: WorkflowExecutionDescription
+) -> AsyncIterator[None]:
+    """While the block runs, a warning if no worker polls the session's queue: what the block
+    asks of the session is done there."""
+    unpolled = asyncio.ensure_future(
+        warn_if_unpolled(
+            client,
+            described.task_queue,
+            what="the session",
+            hint="start `turnkeep worker` with its agent in its config, or --worker "
+            "to run one here",
+        )
+    )
+    try:
+        yield
+    finally:
+        unpolled.cancel()

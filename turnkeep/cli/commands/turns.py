@@ -31,10 +31,11 @@ from turnkeep.cli.target import Target
 from turnkeep.cli.wait_prompt import WaitPrompter
 from turnkeep.client.history import TurnView, read_turn
 from turnkeep.client.live import MessageEvent
-from turnkeep.client.sessions import SessionView, read_session
+from turnkeep.client.sessions import SessionView, read_session, turn_number
 from turnkeep.client.status import describe_failure
 from turnkeep.client.turns import TurnHandle, get_turn, start_turn
 from turnkeep.config.settings import Settings
+from turnkeep.contract.rewind import Rewind, rewound
 from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME
 from turnkeep.contract.turn_io import (
     TurnCancelledError,
@@ -284,9 +285,23 @@ def _show_session(view: SessionView, *, json_out: bool, full: bool) -> None:
         f"{plural(len(view.turns), 'turn')}"
     )
     renderer = TurnRenderer(console, full=full)
+    rewinds = list(view.rewinds)
     for turn in view.turns:
+        number = turn_number(turn.workflow_id)
+        while rewinds and number > rewinds[0].turns:
+            _show_rewind(rewinds.pop(0))
         console.print()
         renderer.view(turn)
+        undone = rewound(view.rewinds, number)
+        if undone is not None:
+            console.print(f"[yellow]turn {number} was {escape(undone.describe())}[/]")
+    for rewind in rewinds:
+        _show_rewind(rewind)
+
+
+def _show_rewind(rewind: Rewind) -> None:
+    console.print()
+    console.print(f"[bold yellow]⟲ session {escape(rewind.describe())}[/]")
 
 
 # What `show --json` leaves out of a turn's result: the next turn's `history` ends with the

@@ -78,6 +78,7 @@ ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
     ("/sessions/{session_id}/messages", routes.send_message, ["POST"]),
     ("/sessions/{session_id}/events", routes.stream_session, ["GET"]),
     ("/sessions/{session_id}/close", routes.close_session, ["POST"]),
+    ("/sessions/{session_id}/rewind", routes.rewind_session, ["POST"]),
     ("/sessions/{session_id}", routes.get_session_state, ["GET"]),
 ]
 

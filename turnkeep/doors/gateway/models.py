@@ -129,6 +129,13 @@ class SessionRef(BaseModel):
     session_id: str
 
 
+class RewindSession(_Request):
+    # The turn to go back to: the conversation as it was once it had ended (0: empty).
+    to_turn: int = Field(ge=0, le=MAX_INDEX)
+    # Cancel the running turn first (its conversation repaired), rather than be refused.
+    cancel_running: bool = False
+
+
 # -- server-sent events: each event's `data` ---------------------------------------------------
 
 

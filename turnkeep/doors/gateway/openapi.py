@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from turnkeep.contract.approval import DecisionRecord
+from turnkeep.contract.rewind import Rewind
 from turnkeep.doors.gateway import models as m
 
 TITLE = "turnkeep gateway"
@@ -44,6 +45,8 @@ _MODELS: tuple[type[BaseModel], ...] = (
     m.SendMessage,
     m.MessageSent,
     m.SessionRef,
+    m.RewindSession,
+    Rewind,
     m.MessageData,
     m.TextData,
     m.ToolCallData,
@@ -311,6 +314,21 @@ def _document() -> dict[str, Any]:
                 404,
                 409,
                 504,
+                params=[session],
+            )
+        },
+        "/api/sessions/{session_id}/rewind": {
+            "post": _op(
+                "Rewind a session: its next turn sees the conversation as it was after a turn",
+                200,
+                _json(Rewind, "rewound: who, when, from which turn to which"),
+                403,
+                404,
+                409,
+                413,
+                422,
+                504,
+                body=m.RewindSession,
                 params=[session],
             )
         },

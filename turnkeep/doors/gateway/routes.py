@@ -42,6 +42,7 @@ from turnkeep.doors.gateway.models import (
     DecideCall,
     MessageSent,
     OpenSession,
+    RewindSession,
     SendMessage,
     SessionOpened,
     SessionRef,
@@ -396,6 +397,39 @@ async def close_session(request: Request) -> Response:
             raise ApiError(409, f"session {session_id!r} has already ended") from None
         raise
     return _json(SessionRef(session_id=session_id), 202)
+
+
+async def rewind_session(request: Request) -> Response:
+    """Rewind a session the key may reach (its agent's scope); recorded as the key's doing."""
+    gw = _gateway(request)
+    key = gw.key(request)
+    session_id = request.path_params["session_id"]
+    body = await read_json(request, RewindSession, gw.max_body)
+    found = await gw.access.workflow(key, "session", session_id)
+    if not found.running:
+        raise ApiError(409, f"session {session_id!r} has ended; it cannot be rewound")
+    try:
+        # Cancelling a running turn first waits for it to end: a worker's time more.
+        async with asyncio.timeout(WORKER_SECONDS * (2 if body.cancel_running else 1)):
+            rewind = await get_session(gw.client, session_id).rewind(
+                body.to_turn, by=f"gateway key {key.name}", cancel_running=body.cancel_running
+            )
+    except WorkflowUpdateFailedError as err:
+        cause = err.cause
+        why = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
+        raise ApiError(409, f"session {session_id!r} refused the rewind: {why}") from None
+    except SessionClosedError:
+        raise ApiError(409, f"session {session_id!r} has ended; it cannot be rewound") from None
+    except TimeoutError:
+        raise ApiError(504, f"no worker took the rewind of session {session_id!r}") from None
+    log.info(
+        "key %s rewound session %s from turn %d to turn %d",
+        key.name,
+        session_id,
+        rewind.from_turn,
+        rewind.to_turn,
+    )
+    return _json(rewind)
 
 
 # -- streams ----------------------------------------------------------------------------------
