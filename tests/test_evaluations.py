@@ -1,0 +1,125 @@
+"""Evaluations from history (``turnkeep.evaluate``, ``turnkeep replay --query``): recorded turns
+replayed in a batch by ``EvaluationWorkflow``, each pair compared and judged, on a real dev
+server with the offline models; the worker's checks on what a client asks."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+
+from tests.conftest import HarnessFactory, write_script
+from turnkeep.activities.evaluation import as_judgement
+from turnkeep.client.evaluations import (
+    EvaluationError,
+    evaluate,
+    evaluation_id,
+    evaluation_request,
+    write_report,
+)
+from turnkeep.contract.evaluation_io import (
+    EVALUATION_WORKFLOW,
+    EvaluationInput,
+    EvaluationPair,
+    EvaluationReport,
+    Judgement,
+    read_judgement,
+)
+from turnkeep.testing.environment import eventually
+
+CALLS: list[str] = []
+
+
+def count(label: str) -> str:
+    """Counts its calls: a replay must make none."""
+    CALLS.append(label)
+    return f"counted {label}"
+
+
+TOOLS = {"local": [count]}
+
+
+def same_answer(pair: EvaluationPair) -> Judgement:
+    """A function judge: full marks for the recorded answer."""
+    same = pair.source_final == pair.replay_final
+    return Judgement(score=1.0 if same else 0.0, reason="same" if same else "differs")
+
+
+async def broken_judge(pair: EvaluationPair) -> float:
+    raise RuntimeError("the judge fell over")
+
+
+JUDGE = f"{__name__}:same_answer"
+BROKEN = f"{__name__}:broken_judge"
+
+
+def _agent() -> str:
+    # Every test lists turns by its own agent's name: the server is shared.
+    return f"ev-{uuid.uuid4().hex[:8]}"
+
+
+def _config(agent: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "agents": {
+            agent: {"model": "passthrough", "servers": ["local"], "models": ["playback"]},
+            **extra.pop("agents", {}),
+        },
+        "judges": [JUDGE, BROKEN],
+        **extra,
+    }
+
+
+async def _recorded(h: Any, agent: str, n: int) -> list[str]:
+    ids = []
+    for i in range(n):
+        turn = await h.start(f"***CALL_TOOL local__count {json.dumps({'label': str(i)})}", agent=agent)
+        await turn.result()
+        ids.append(turn.workflow_id)
+    return ids
+
+
+async def _listed(client: Client, agent: str, n: int) -> None:
+    """Visibility catches up with the recorded turns."""
+
+    async def seen() -> bool:
+        query = f"TurnkeepAgent = '{agent}' AND ExecutionStatus = 'Completed'"
+        return (await client.count_workflows(query)).count >= n
+
+    await eventually(seen, "visibility lists the recorded turns")
+
+
+async def test_an_evaluation_replays_each_recorded_turn_without_running_tools(
+    harness: HarnessFactory, client: Client, tmp_path: Path
+) -> None:
+    agent = _agent()
+    async with harness(TOOLS, **_config(agent)) as h:
+        sources = await _recorded(h, agent, 3)
+        await _listed(client, agent, 3)
+        CALLS.clear()
+        handle = await evaluate(
+            client, f"TurnkeepAgent = '{agent}'", judge=JUDGE, task_queue=h.task_queue
+        )
+        report = await handle.report()
+    assert CALLS == []  # every call was answered from the recording
+    assert report.finished and report.summary.turns == 3 == report.summary.replayed
+    assert sorted(r.source for r in report.rows) == sorted(sources)
+    for row in report.rows:
+        assert row.status == "replayed", row.error
+        assert row.same_final, (row.source_final, row.replay_final, row.same_calls)
+        assert row.same_calls == 1 and row.new_calls == row.missing_calls == 0
+        assert row.score == 1.0 and row.reason == "same"
+        assert row.replay.startswith(f"{handle.workflow_id}/replay-")
+    assert report.summary.mean_score == 1.0 and report.summary.same_final == 3
+    json_file, csv_file = tmp_path / "r.json", tmp_path / "r.csv"
+    write_report(report, json_file)
+    write_report(report, csv_file)
+    assert EvaluationReport.model_validate_json(json_file.read_text()) == report
+    rows = list(csv.DictReader(csv_file.open()))
+    assert [r["source"] for r in rows] == [r.source for r in report.rows]
+    assert rows[0]["score"] == "1.0"
