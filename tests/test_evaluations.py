@@ -4,7 +4,6 @@ server with the offline models; the worker's checks on what a client asks."""
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import json
 import uuid
@@ -13,8 +12,11 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.worker import Worker
 
-from tests.conftest import HarnessFactory, write_script
+from tests.conftest import HarnessFactory
+from tests.crafted_workflow import CraftedWorkflow
+from tests.test_activity_checks import application_error
 from turnkeep.activities.evaluation import as_judgement
 from turnkeep.client.evaluations import (
     EvaluationError,
@@ -24,7 +26,10 @@ from turnkeep.client.evaluations import (
     write_report,
 )
 from turnkeep.contract.evaluation_io import (
+    EVALUATION_REFUSED,
     EVALUATION_WORKFLOW,
+    LIST_EVALUATION_TURNS,
+    SCORE_REPLAY,
     EvaluationInput,
     EvaluationPair,
     EvaluationReport,
@@ -78,7 +83,9 @@ def _config(agent: str, **extra: Any) -> dict[str, Any]:
 async def _recorded(h: Any, agent: str, n: int) -> list[str]:
     ids = []
     for i in range(n):
-        turn = await h.start(f"***CALL_TOOL local__count {json.dumps({'label': str(i)})}", agent=agent)
+        turn = await h.start(
+            f"***CALL_TOOL local__count {json.dumps({'label': str(i)})}", agent=agent
+        )
         await turn.result()
         ids.append(turn.workflow_id)
     return ids
@@ -123,3 +130,91 @@ async def test_an_evaluation_replays_each_recorded_turn_without_running_tools(
     rows = list(csv.DictReader(csv_file.open()))
     assert [r["source"] for r in rows] == [r.source for r in report.rows]
     assert rows[0]["score"] == "1.0"
+
+
+@pytest.mark.parametrize(
+    ("judge", "query", "said"),
+    [
+        ("tests.test_evaluations:count", "", "is not listed under `judges`"),
+        ("no-such-agent", "", "is not an agent of this worker's config"),
+        (None, "TurnkeepAgent = ", "the server refused the query"),
+    ],
+)
+async def test_what_the_worker_refuses_fails_the_evaluation_with_its_reason(
+    harness: HarnessFactory, client: Client, judge: str | None, query: str, said: str
+) -> None:
+    agent = _agent()
+    async with harness(TOOLS, **_config(agent)) as h:
+        handle = await evaluate(client, query, judge=judge, task_queue=h.task_queue)
+        with pytest.raises(EvaluationError) as caught:
+            await handle.report()
+    assert said in str(caught.value)
+    assert handle.workflow_id in str(caught.value)
+
+
+def test_a_request_out_of_bounds_is_refused_before_anything_starts() -> None:
+    with pytest.raises(EvaluationError, match="limit"):
+        evaluation_request("", limit=100_000)
+    with pytest.raises(EvaluationError, match="concurrency"):
+        evaluation_request("", concurrency=0)
+    with pytest.raises(ValueError):
+        EvaluationInput.model_validate({"query": "", "command": "rm -rf /"})
+
+
+def test_the_same_request_has_the_same_id_and_another_another() -> None:
+    first = evaluation_request("TurnkeepAgent = 'a'", model="m")
+    assert evaluation_id(first) == evaluation_id(
+        evaluation_request("TurnkeepAgent = 'a'", model="m")
+    )
+    assert evaluation_id(first) != evaluation_id(evaluation_request("TurnkeepAgent = 'a'"))
+
+
+def test_judges_answer_in_several_shapes() -> None:
+    assert as_judgement(0.5) == Judgement(score=0.5)
+    assert as_judgement(True).score == 1.0
+    assert as_judgement((0.25, "meh")) == Judgement(score=0.25, reason="meh")
+    assert as_judgement({"score": 1, "reason": "ok"}).reason == "ok"
+    with pytest.raises(ValueError, match="a judge returns"):
+        as_judgement("great")
+    with pytest.raises(ValueError):
+        as_judgement(1.5)
+
+
+def test_an_agent_judges_answer_is_read_leniently() -> None:
+    assert read_judgement('{"score": 0.8, "reason": "close"}') == Judgement(
+        score=0.8, reason="close"
+    )
+    assert read_judgement('Sure! ```json\n{"score": 1, "reason": "same"}\n```').score == 1.0
+    assert read_judgement("", structured={"score": 0, "reason": "wrong"}).score == 0.0
+    assert read_judgement("Score: 0.7 because it is close").score == 0.7
+    with pytest.raises(ValueError, match="holds no score"):
+        read_judgement("I cannot judge this")
+    with pytest.raises(ValueError, match="holds no score"):
+        read_judgement('{"score": 7}')
+
+
+@pytest.mark.parametrize("activity", [LIST_EVALUATION_TURNS, SCORE_REPLAY])
+async def test_an_evaluations_activities_run_for_an_evaluation_only(
+    harness: HarnessFactory, client: Client, activity: str
+) -> None:
+    """Any client can schedule them by name from a workflow of its own: refused, whatever the
+    request claims."""
+    agent = _agent()
+    request = {"source": "x", "replay": "y", "judge_function": JUDGE}
+    if activity == LIST_EVALUATION_TURNS:
+        request = {"query": "", "judge": JUDGE}
+    queue = f"crafted-{uuid.uuid4().hex[:10]}"
+    async with (
+        harness(TOOLS, **_config(agent)) as h,
+        Worker(client, task_queue=queue, workflows=[CraftedWorkflow]),
+    ):
+        with pytest.raises(WorkflowFailureError) as caught:
+            await client.execute_workflow(
+                CraftedWorkflow.run,
+                args=[activity, h.task_queue, request, None],
+                id=f"crafted-{uuid.uuid4().hex[:8]}",
+                task_queue=queue,
+            )
+    error = application_error(caught.value)
+    assert error.non_retryable and error.type == EVALUATION_REFUSED
+    assert f"only an {EVALUATION_WORKFLOW} runs this activity" in error.message
