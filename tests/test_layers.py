@@ -160,6 +160,7 @@ WORKFLOW_MODULES = [
     "pending_calls",
     "visibility",
     "actions",
+    "replays",
     "waits",
     "waits.base",
     "waits.approval",

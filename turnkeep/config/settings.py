@@ -487,7 +487,8 @@ class EncryptionSettings(_SecretSettings):
         return {key_id: decode_key(key_id, value) for key_id, value in self.keys.items()}
 
 
-ALL_OVERRIDES = frozenset(TurnOverrides.model_fields) - {"model"}
+# `instruction` is a replay's only (``turnkeep.replay_turn``): a turn takes the agent's.
+ALL_OVERRIDES = (frozenset(TurnOverrides.model_fields) - {"model"}) | {"instruction"}
 # What a turn may set whatever its agent lists: none of it lets a turn reach a model, server,
 # tool or hook the agent does not, or spend more (fast-agent sets them per call, `structured()`
 # and `RequestParams`).
@@ -524,6 +525,9 @@ class AgentOptions(_Settings):
     overrides: list[str] = Field(default_factory=list)
     # Model strings a turn may ask for instead of `model`.
     models: list[str] = Field(default_factory=list)
+    # Whether a replay of a recorded turn (`turnkeep replay --live-tools`) may run for real the
+    # tool calls that no recorded call matches; off, such a call gets an error result.
+    replay_live_tools: bool = False
     # Scripted assistant messages for the `playback` model (a JSON file).
     playback: Path | None = None
     compaction: CompactionSettings = Field(default_factory=CompactionSettings)

@@ -44,6 +44,7 @@ from turnkeep.activities.evaluation import EvaluationActivities
 from turnkeep.activities.hooks import Hook, HookActivities
 from turnkeep.activities.model import ModelActivities
 from turnkeep.activities.model_input import ModelInputHandoffInterceptor
+from turnkeep.activities.replay_source import ReplayActivities
 from turnkeep.activities.tools import ToolActivities, tool_result_limit
 from turnkeep.activities.turn_setup import TurnSetupActivities, continue_as_new_plan
 from turnkeep.config.agents import Agent, McpServer, declare
@@ -178,6 +179,9 @@ class TurnkeepPlugin(SimplePlugin):
             ApprovalPolicyActivities(agent_catalog, policies).approval_policy,
             # A parent workflow's `turnkeep.in_workflow.run_turn` reads a cancelled turn with it.
             read_child_turn,
+            # A counterfactual replay reads its source turn's record with it.
+            ReplayActivities(agent_catalog).replay_source,
+            # An evaluation from history lists turns, compares pairs and runs function judges.
             *_evaluation_activities(settings, agent_catalog),
         ]
 

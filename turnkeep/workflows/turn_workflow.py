@@ -27,6 +27,7 @@ from turnkeep.contract.activity_io import (
     TeamPlan,
     ToolCallOutcome,
     ToolCallRequest,
+    TurnPlan,
 )
 from turnkeep.contract.approval import (
     ALLOW_RULES_QUERY,
@@ -53,6 +54,7 @@ from turnkeep.workflows import (
     agent_tools,
     child_approvals,
     pending_calls,
+    replays,
     teams,
     turn_metrics,
     visibility,
@@ -128,6 +130,8 @@ class TurnWorkflow:
         self._reporter: asyncio.Task[None] | None = None
         # What the tools' servers asked during their calls.
         self.requests_in_flight = ServerRequestsInFlight()
+        # A counterfactual replay's recorded tool results (None: not a replay).
+        self._replay: replays.RecordedResults | None = None
 
     @workflow.run
     async def run(self, *args: Any) -> TurnResult:
@@ -147,6 +151,8 @@ class TurnWorkflow:
                 # Shared with the worker's other turns of the agent (``turnkeep.workflows.shared``).
                 plan = shared(await actions.prepare_turn(turn))
                 turn, known = _with_history(self._start)
+                if turn.replay_of is not None:
+                    turn, plan = await self._start_replay(turn, plan)
             except (ActivityError, ApplicationError):  # an unknown agent, a bad history...
                 self._failed_before_start()
                 turn_metrics.turn_ended(turn.agent, "failed", 0)
@@ -157,6 +163,8 @@ class TurnWorkflow:
                 self._message_json = MessageJson(known.json, known.run)
             # Not replayed (the SDK's workflow logger skips replay): one line per turn.
             workflow.logger.info("turn started: agent %s, model %s", turn.agent, plan.model)
+        elif turn.replay_of is not None:  # a replay's next run: its record again
+            await self._start_replay(turn, self._state.plan)
         state = self._state
         parent = child_approvals.parent_turn(turn.depth)
         if parent is not None:
@@ -206,6 +214,20 @@ class TurnWorkflow:
             "turn ended: %s after %d iteration(s)", result.stop_reason.value, result.iterations
         )
         return result
+
+    async def _start_replay(self, turn: TurnInput, plan: TurnPlan) -> tuple[TurnInput, TurnPlan]:
+        """A counterfactual replay (``replays``): the source turn's input in place of what
+        the client sent, its recorded results for the tool calls, and the instruction the
+        replay asked for, once the worker has checked them (``replay_source``)."""
+        assert turn.replay_of is not None
+        source = await replays.read_source(turn.agent, turn.replay_of)
+        self._replay = replays.RecordedResults(
+            turn.replay_of.turn, source.calls, live=source.live_tools
+        )
+        turn = turn.model_copy(update={"messages": source.messages, "history": source.history})
+        if source.instruction is not None:
+            plan = plan.model_copy(update={"instruction": source.instruction})
+        return turn, plan
 
     def _keep_conversation(self, result: TurnResult) -> None:
         """Leave a session's conversation, as it was handed to this turn and as the turn hands
@@ -303,6 +325,8 @@ class TurnWorkflow:
     async def _run_tools(self) -> None:
         state = self.state
         batch = state.tool_batch()
+        if self._replay is not None:  # recorded results answer what they can, before any gate
+            batch = self._replay.answer(batch, list(state.messages[-1].tool_calls or {}))
         self._completed = {}
         rules = state.plan.approval
         if rules is not None and rules.policy is not None and batch.gated:
