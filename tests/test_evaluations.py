@@ -14,7 +14,7 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
-from tests.conftest import HarnessFactory
+from tests.conftest import HarnessFactory, write_script
 from tests.crafted_workflow import CraftedWorkflow
 from tests.test_activity_checks import application_error
 from turnkeep.activities.evaluation import as_judgement
@@ -218,3 +218,69 @@ async def test_an_evaluations_activities_run_for_an_evaluation_only(
     error = application_error(caught.value)
     assert error.non_retryable and error.type == EVALUATION_REFUSED
     assert f"only an {EVALUATION_WORKFLOW} runs this activity" in error.message
+
+
+async def test_an_agent_judges_each_pair_and_another_model_answers_otherwise(
+    harness: HarnessFactory, client: Client, tmp_path: Path
+) -> None:
+    agent = _agent()
+    replies = write_script(tmp_path / "replies.json", "a different answer")
+    verdict = write_script(tmp_path / "judge.json", '{"score": 0.25, "reason": "it differs"}')
+    config = _config(
+        agent,
+        agents={"judge": {"model": "playback", "playback": str(verdict)}},
+    )
+    config["agents"][agent]["playback"] = str(replies)
+    async with harness(TOOLS, **config) as h:
+        sources = await _recorded(h, agent, 2)
+        await _listed(client, agent, 2)
+        query = f"TurnkeepAgent = '{agent}'"
+        judged = await evaluate(
+            client, query, model="playback", judge="judge", task_queue=h.task_queue
+        )
+        report = await judged.report()
+        broken = await (
+            await evaluate(client, query, judge=BROKEN, limit=1, task_queue=h.task_queue)
+        ).report()
+        # Again, over the same query: the replays and judges of the evaluations above are
+        # turns of the agents too, but not recorded turns to evaluate.
+        again = await (
+            await evaluate(client, query, concurrency=1, task_queue=h.task_queue)
+        ).report()
+    assert [r.source for r in report.rows] == sources[::-1]  # newest first
+    for row in report.rows:
+        assert row.status == "replayed" and not row.same_final
+        assert (
+            row.replay_final == "a different answer"
+            and row.source_final == f"counted {sources.index(row.source)}"
+        )
+        assert (row.same_calls, row.new_calls, row.missing_calls) == (0, 0, 1)
+        assert row.score == 0.25 and row.reason == "it differs"
+    assert report.summary.mean_score == 0.25 and report.summary.same_final == 0
+    [row] = broken.rows
+    assert row.score is None and row.judge_error == "RuntimeError: the judge fell over"
+    assert broken.summary.judge_errors == 1
+    assert sorted(r.source for r in again.rows) == sorted(sources)
+    assert again.summary.skipped >= 3  # the replays of the first two evaluations at least
+
+
+async def test_running_the_same_evaluation_again_attaches_to_it(
+    harness: HarnessFactory, client: Client
+) -> None:
+    agent = _agent()
+    async with harness(TOOLS, **_config(agent)) as h:
+        await _recorded(h, agent, 1)
+        await _listed(client, agent, 1)
+        query = f"TurnkeepAgent = '{agent}'"
+        first = await evaluate(client, query, task_queue=h.task_queue)
+        done = await first.report()
+        second = await evaluate(client, query, task_queue=h.task_queue)
+        assert second.workflow_id == first.workflow_id
+        assert await second.report() == done
+        assert (await second.progress()).finished
+        fresh = await evaluate(client, query, task_queue=h.task_queue, fresh=True)
+        again = await fresh.report()
+    assert fresh.workflow_id == first.workflow_id
+    assert [r.source for r in again.rows] == [r.source for r in done.rows]
+    runs = [e async for e in client.list_workflows(f"WorkflowId = '{first.workflow_id}'")]
+    assert len(runs) == 2
