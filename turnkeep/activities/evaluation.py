@@ -27,6 +27,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from turnkeep.activities.heartbeat import heartbeating
 from turnkeep.config.catalog import AgentCatalog
 from turnkeep.contract.evaluation_io import (
     EVALUATION_REFUSED,
@@ -108,6 +109,11 @@ class EvaluationActivities:
     @activity.defn(name=SCORE_REPLAY)
     async def score_replay(self, request: ScoreRequest) -> ScoredPair:
         _require_evaluation()
+        # A judge may take its time: the beats tell Temporal soon when the worker running it
+        # died, so another worker scores the pair without waiting out the whole timeout.
+        return await heartbeating(self._score(request))
+
+    async def _score(self, request: ScoreRequest) -> ScoredPair:
         if request.judge_function is not None:
             self._judge(request.judge_function)
         client = activity.client()

@@ -42,8 +42,9 @@ from turnkeep.workflows import actions, visibility
 # Listing reads visibility, page by page: quick, retried for a busy server.
 _LIST = Timeouts(start_to_close=120.0, heartbeat=None, max_attempts=5)
 # Comparing reads two closed turns' results, and runs the function judge (the worker owner's
-# code) once: a judge that raises is recorded in the row, not retried.
-_SCORE = Timeouts(start_to_close=300.0, heartbeat=None, max_attempts=5)
+# code): a judge that raises is recorded in the row, not retried; a worker that dies is
+# noticed by the missing heartbeats.
+_SCORE = Timeouts(start_to_close=300.0, heartbeat=10.0, max_attempts=5)
 
 
 @workflow.defn(name=EVALUATION_WORKFLOW)
