@@ -36,6 +36,7 @@ from turnkeep.contract.evaluation_io import (
     Judgement,
     read_judgement,
 )
+from turnkeep.testing import EvaluationFailedError, assert_replays
 from turnkeep.testing.environment import eventually
 
 CALLS: list[str] = []
@@ -284,3 +285,28 @@ async def test_running_the_same_evaluation_again_attaches_to_it(
     assert [r.source for r in again.rows] == [r.source for r in done.rows]
     runs = [e async for e in client.list_workflows(f"WorkflowId = '{first.workflow_id}'")]
     assert len(runs) == 2
+
+
+async def test_recorded_turns_as_a_regression_suite(
+    harness: HarnessFactory, client: Client, tmp_path: Path
+) -> None:
+    agent = _agent()
+    config = _config(agent)
+    config["agents"][agent]["playback"] = str(write_script(tmp_path / "p.json", "changed"))
+    async with harness(TOOLS, **config) as h:
+        await _recorded(h, agent, 2)
+        await _listed(client, agent, 2)
+        query = f"TurnkeepAgent = '{agent}'"
+        CALLS.clear()
+        passed = await assert_replays(
+            client, query, task_queue=h.task_queue, same_final=True, judge=JUDGE, min_score=1
+        )
+        with pytest.raises(EvaluationFailedError) as caught:
+            await assert_replays(
+                client, query, task_queue=h.task_queue, model="playback", same_final=True
+            )
+        with pytest.raises(EvaluationFailedError, match="matched 0 turn"):
+            await assert_replays(client, "TurnkeepAgent = 'nobody'", task_queue=h.task_queue)
+    assert CALLS == [] and passed.summary.replayed == 2
+    failed = caught.value
+    assert len(failed.failures) == 2 and "answered 'changed', recorded 'counted" in str(failed)
