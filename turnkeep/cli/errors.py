@@ -25,6 +25,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.connection import TemporalUnreachableError
 from turnkeep.client.history import TurnHistoryError
+from turnkeep.client.replays import ReplayError
 from turnkeep.client.sessions import SessionClosedError
 from turnkeep.client.status import describe_failure
 from turnkeep.client.turns import NoBudgetWait
@@ -53,6 +54,8 @@ _USER_ERRORS: tuple[type[Exception], ...] = (
     CodecServerError,
     TemporalUnreachableError,
     TurnHistoryError,
+    # `turnkeep replay` of an unknown turn, or one that has not completed.
+    ReplayError,
     SetupError,
     SessionClosedError,
     # `turnkeep budget` on a turn that is not waiting at its budget.

@@ -132,11 +132,11 @@ async def replay_turn(
     ``live_tools`` and an agent whose config sets `replay_live_tools`, runs for real.
     ``task_queue``: as for ``start_turn``. Raises ``ReplayError`` for an unknown turn or one
     that has not completed."""
-    source_input = await _source_input(client, turn_id)
-    name = agent or source_input.agent
+    source = await source_input(client, turn_id)
+    name = agent or source.agent
     turn = TurnInput(
         agent=name,
-        messages=source_input.messages,
+        messages=source.messages,
         model=model,
         replay_of=ReplayOf(turn=turn_id, live_tools=live_tools, instruction=instruction),
     )
@@ -226,7 +226,7 @@ def _side(
     )
 
 
-async def _source_input(client: Client, turn_id: str) -> TurnInput:
+async def source_input(client: Client, turn_id: str) -> TurnInput:
     """The input of the finished turn ``turn_id`` (its agent and messages), read from the start
     of its latest run; ``ReplayError`` when there is no such finished turn."""
     handle = client.get_workflow_handle(turn_id)
