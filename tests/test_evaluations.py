@@ -4,6 +4,7 @@ server with the offline models; the worker's checks on what a client asks."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import uuid
@@ -14,7 +15,7 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
-from tests.conftest import HarnessFactory, write_script
+from tests.conftest import HarnessFactory, turnkeep, write_script
 from tests.crafted_workflow import CraftedWorkflow
 from tests.test_activity_checks import application_error
 from turnkeep.activities.evaluation import as_judgement
@@ -36,6 +37,7 @@ from turnkeep.contract.evaluation_io import (
     Judgement,
     read_judgement,
 )
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing import EvaluationFailedError, assert_replays
 from turnkeep.testing.environment import eventually
 
@@ -310,3 +312,35 @@ async def test_recorded_turns_as_a_regression_suite(
     assert CALLS == [] and passed.summary.replayed == 2
     failed = caught.value
     assert len(failed.failures) == 2 and "answered 'changed', recorded 'counted" in str(failed)
+
+
+@pytest.mark.slow
+async def test_the_cli_prints_the_table_and_writes_the_report(
+    harness: HarnessFactory, client: Client, temporal: ServerInfo, tmp_path: Path
+) -> None:
+    agent = _agent()
+    async with harness(TOOLS, **_config(agent)) as h:
+        sources = await _recorded(h, agent, 2)
+        await _listed(client, agent, 2)
+        config = tmp_path / "turnkeep.yaml"
+        config.write_text(json.dumps({"task_queue": h.task_queue, **_config(agent)}))
+        query = f"TurnkeepAgent = '{agent}'"
+        args = ["replay", "--query", query, "--judge", JUDGE, "--config", str(config)]
+        ran = await asyncio.to_thread(
+            turnkeep, *args, "--report", str(tmp_path / "out.csv"), temporal=temporal, cwd=tmp_path
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert "2 turns: 2 replayed, 0 failed, 2 with the same final answer" in ran.stdout
+        assert "mean score 1.00 over 2 scored pairs" in ran.stdout
+        assert all(source in ran.stdout for source in sources)
+        rows = list(csv.DictReader((tmp_path / "out.csv").open()))
+        assert sorted(r["source"] for r in rows) == sorted(sources)
+        # The same command again attaches to the evaluation it started: no replay again.
+        again = await asyncio.to_thread(turnkeep, *args, "--json", temporal=temporal, cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        report = EvaluationReport.model_validate_json(again.stdout)
+        assert sorted(r.replay for r in report.rows) == sorted(r["replay"] for r in rows)
+    both = turnkeep("replay", "turn-x", "--query", "", temporal=temporal, cwd=tmp_path)
+    assert both.returncode != 0 and "give a TURN or --query, not both" in both.stderr
+    live = turnkeep("replay", "--query", "", "--live-tools", temporal=temporal, cwd=tmp_path)
+    assert "an evaluation never runs tools live" in live.stderr

@@ -59,6 +59,34 @@ Fresh = Annotated[
     ),
 ]
 
+
+def asked(
+    turn_id: str | None,
+    query: str | None,
+    *,
+    live_tools: bool,
+    judge: str | None,
+    report: Path | None,
+) -> bool:
+    """Whether ``replay`` was asked for an evaluation (``--query``) rather than one TURN;
+    ``typer.BadParameter`` for options that go with the other form, or for neither form."""
+    if query is None:
+        if turn_id is None:
+            raise typer.BadParameter("give the TURN to replay, or --query", param_hint="TURN")
+        for given, name in ((judge, "--judge"), (report, "--report")):
+            if given is not None:
+                raise typer.BadParameter(f"{name} goes with --query", param_hint=name)
+        return False
+    if turn_id is not None:
+        raise typer.BadParameter("give a TURN or --query, not both", param_hint="--query")
+    if live_tools:
+        raise typer.BadParameter(
+            "an evaluation never runs tools live: --live-tools is for one TURN",
+            param_hint="--live-tools",
+        )
+    return True
+
+
 # How often the running evaluation's progress is read while the command waits.
 _PROGRESS_EVERY = 2.0
 
