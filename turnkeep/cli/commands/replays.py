@@ -30,7 +30,7 @@ app = typer.Typer()
 @app.command()
 def replay(
     turn_id: Annotated[
-        str | None, typer.Argument(metavar="[TURN]", help="The finished turn's id.")
+        str | None, typer.Argument(metavar="TURN", help="The finished turn's id.")
     ] = None,
     model: Annotated[
         str | None, typer.Option(help="Model to replay on (one the agent allows).")
@@ -72,7 +72,9 @@ def replay(
 ) -> None:
     """Replay a finished turn on another model or prompt without running its tools again:
     each tool call that matches one the turn made (name and arguments) gets its recorded
-    result; the report sets the two side by side."""
+    result; the report sets the two side by side. With --query instead of a TURN, replay every
+    completed turn a visibility query matches, as one durable evaluation: each pair compared,
+    scored by the --judge, in a table and a --report (JSON or CSV)."""
     if agent is not None and instruction is not None:
         raise typer.BadParameter("give --agent or --instruction, not both", param_hint="--agent")
     target = Target.of(address, namespace, config)
