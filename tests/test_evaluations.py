@@ -23,7 +23,7 @@ from turnkeep.client.evaluations import (
     EvaluationError,
     evaluate,
     evaluation_id,
-    evaluation_request,
+    evaluation_input,
     write_report,
 )
 from turnkeep.contract.evaluation_io import (
@@ -157,19 +157,19 @@ async def test_what_the_worker_refuses_fails_the_evaluation_with_its_reason(
 
 def test_a_request_out_of_bounds_is_refused_before_anything_starts() -> None:
     with pytest.raises(EvaluationError, match="limit"):
-        evaluation_request("", limit=100_000)
+        evaluation_input(limit=100_000)
     with pytest.raises(EvaluationError, match="concurrency"):
-        evaluation_request("", concurrency=0)
+        evaluation_input(concurrency=0)
     with pytest.raises(ValueError):
         EvaluationInput.model_validate({"query": "", "command": "rm -rf /"})
 
 
 def test_the_same_request_has_the_same_id_and_another_another() -> None:
-    first = evaluation_request("TurnkeepAgent = 'a'", model="m")
+    first = evaluation_input(query="TurnkeepAgent = 'a'", model="m")
     assert evaluation_id(first) == evaluation_id(
-        evaluation_request("TurnkeepAgent = 'a'", model="m")
+        evaluation_input(query="TurnkeepAgent = 'a'", model="m")
     )
-    assert evaluation_id(first) != evaluation_id(evaluation_request("TurnkeepAgent = 'a'"))
+    assert evaluation_id(first) != evaluation_id(evaluation_input(query="TurnkeepAgent = 'a'"))
 
 
 def test_judges_answer_in_several_shapes() -> None:

@@ -52,6 +52,7 @@ from turnkeep.contract.replay_io import call_key, recorded_calls
 from turnkeep.contract.turn_io import WORKFLOW_NAME, TurnResult
 from turnkeep.errors import config_error, known, require_workflow
 from turnkeep.observability.search_attributes import present_search_attributes
+from turnkeep.support.describe import described
 from turnkeep.workflows import visibility
 
 # A function judge: the pair in, a Judgement (or a score, or a dict of one) out; sync or async.
@@ -289,27 +290,19 @@ def _duration_ms(described: WorkflowExecutionDescription) -> float | None:
 
 
 async def _describe(handle: WorkflowHandle[Any, TurnResult]) -> WorkflowExecutionDescription:
-    try:
-        described = await handle.describe()
-    except RPCError as err:
-        if err.status != RPCStatusCode.NOT_FOUND:
-            raise
-        raise _refused(f"no turn with workflow id {handle.id!r}") from None
-    if described.workflow_type != WORKFLOW_NAME:
-        raise _refused(f"{handle.id!r} is a {described.workflow_type} workflow, not a turn")
-    if described.status != WorkflowExecutionStatus.COMPLETED:
+    found = await described(handle)
+    if found is None:
+        raise _refused(f"no turn with workflow id {handle.id!r}")
+    if found.workflow_type != WORKFLOW_NAME:
+        raise _refused(f"{handle.id!r} is a {found.workflow_type} workflow, not a turn")
+    if found.status != WorkflowExecutionStatus.COMPLETED:
         raise _refused(f"turn {handle.id!r} did not complete")
-    return described
+    return found
 
 
 async def _workflow_type(workflow_id: str) -> str | None:
-    try:
-        described = await activity.client().get_workflow_handle(workflow_id).describe()
-    except RPCError as err:
-        if err.status != RPCStatusCode.NOT_FOUND:
-            raise
-        return None
-    return described.workflow_type
+    found = await described(activity.client().get_workflow_handle(workflow_id))
+    return None if found is None else found.workflow_type
 
 
 def _require_evaluation() -> None:

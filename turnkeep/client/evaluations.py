@@ -22,7 +22,6 @@ from temporalio.client import (
     WorkflowHandle,
 )
 from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.queries import query_retrying
 from turnkeep.client.status import describe_failure
@@ -33,6 +32,7 @@ from turnkeep.contract.evaluation_io import (
     EvaluationReport,
 )
 from turnkeep.contract.turn_io import DEFAULT_TASK_QUEUE
+from turnkeep.support.describe import described
 from turnkeep.workflows import visibility
 
 
@@ -69,27 +69,11 @@ class EvaluationHandle:
             ) from None
 
 
-def evaluation_request(
-    query: str = "",
-    *,
-    model: str | None = None,
-    agent: str | None = None,
-    instruction: str | None = None,
-    judge: str | None = None,
-    limit: int = 100,
-    concurrency: int = 4,
-) -> EvaluationInput:
-    """The evaluation's input, checked: ``EvaluationError`` saying what is out of bounds."""
+def evaluation_input(**fields: Any) -> EvaluationInput:
+    """The evaluation's input (``EvaluationInput``'s fields), checked: ``EvaluationError``
+    saying what is out of bounds."""
     try:
-        return EvaluationInput(
-            query=query,
-            model=model,
-            agent=agent,
-            instruction=instruction,
-            judge=judge,
-            limit=limit,
-            concurrency=concurrency,
-        )
+        return EvaluationInput(**fields)
     except ValidationError as err:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
@@ -127,8 +111,8 @@ async def evaluate(
     The workflow id is ``workflow_id``, else ``evaluation_id`` of the request: an evaluation
     running or completed under it is attached to, not started again (``fresh``: start a new
     run even over a completed one). ``task_queue``: the worker's (``turnkeep`` by default)."""
-    request = evaluation_request(
-        query,
+    request = evaluation_input(
+        query=query,
         model=model,
         agent=agent,
         instruction=instruction,
@@ -136,6 +120,20 @@ async def evaluate(
         limit=limit,
         concurrency=concurrency,
     )
+    return await start_evaluation(
+        client, request, workflow_id=workflow_id, task_queue=task_queue, fresh=fresh
+    )
+
+
+async def start_evaluation(
+    client: Client,
+    request: EvaluationInput,
+    *,
+    workflow_id: str | None = None,
+    task_queue: str | None = None,
+    fresh: bool = False,
+) -> EvaluationHandle:
+    """``evaluate`` with its input made already (``evaluation_input``)."""
     id = workflow_id or evaluation_id(request)
     existing = await _status(client, id)
     if existing == WorkflowExecutionStatus.RUNNING or (
@@ -161,17 +159,12 @@ def get_evaluation(client: Client, workflow_id: str) -> EvaluationHandle:
 
 
 async def _status(client: Client, workflow_id: str) -> WorkflowExecutionStatus | None:
-    try:
-        described = await client.get_workflow_handle(workflow_id).describe()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
-    if described.workflow_type != EVALUATION_WORKFLOW:
+    found = await described(client.get_workflow_handle(workflow_id))
+    if found is not None and found.workflow_type != EVALUATION_WORKFLOW:
         raise EvaluationError(
-            f"{workflow_id!r} is a {described.workflow_type} workflow, not an evaluation"
+            f"{workflow_id!r} is a {found.workflow_type} workflow, not an evaluation"
         )
-    return described.status
+    return None if found is None else found.status
 
 
 # The report's columns: a row's fields, in order.

@@ -9,10 +9,11 @@ that needs no network (``playback``, ``passthrough``, a ``FakeModel``) it runs o
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from temporalio.client import Client
 
-from turnkeep.client.evaluations import evaluate
+from turnkeep.client.evaluations import evaluation_input, start_evaluation
 from turnkeep.contract.evaluation_io import EvaluatedTurn, EvaluationReport
 
 
@@ -34,31 +35,21 @@ async def assert_replays(
     query: str = "",
     *,
     task_queue: str,
-    model: str | None = None,
-    agent: str | None = None,
-    instruction: str | None = None,
-    judge: str | None = None,
     min_score: float | None = None,
     same_final: bool = False,
-    limit: int = 100,
-    concurrency: int = 4,
     at_least: int = 1,
+    **options: Any,
 ) -> EvaluationReport:
     """Replay the completed turns ``query`` matches on the worker polling ``task_queue`` (a
-    ``Harness``'s), as ``turnkeep.evaluate`` does, and return the report; raise
+    ``Harness``'s), as ``turnkeep.evaluate`` does with ``options`` (``model``, ``agent``,
+    ``instruction``, ``judge``, ``limit``, ``concurrency``), and return the report; raise
     ``EvaluationFailedError`` naming every turn whose replay failed, whose final answer differs
     from the recording's (with ``same_final``), whose judge failed, or whose score is below
     ``min_score``; and when fewer than ``at_least`` turns matched (a query that matches
     nothing passes no test). Each call is a new evaluation: nothing is attached to."""
-    handle = await evaluate(
+    handle = await start_evaluation(
         client,
-        query,
-        model=model,
-        agent=agent,
-        instruction=instruction,
-        judge=judge,
-        limit=limit,
-        concurrency=concurrency,
+        evaluation_input(query=query, **options),
         workflow_id=f"eval-test-{uuid.uuid4().hex[:12]}",
         task_queue=task_queue,
     )

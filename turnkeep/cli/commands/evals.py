@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -17,8 +17,8 @@ from turnkeep.cli.render import plural
 from turnkeep.cli.target import Target
 from turnkeep.client.evaluations import (
     EvaluationHandle,
-    evaluate,
-    evaluation_request,
+    evaluation_input,
+    start_evaluation,
     write_report,
 )
 from turnkeep.contract.evaluation_io import MAX_CONCURRENCY, MAX_EVALUATION_TURNS, EvaluationReport
@@ -93,45 +93,25 @@ _PROGRESS_EVERY = 2.0
 
 def run_evaluation(
     target: Target,
-    query: str,
     *,
-    model: str | None,
-    agent: str | None,
-    instruction: str | None,
-    judge: str | None,
-    limit: int,
-    concurrency: int,
     report_file: Path | None,
     workflow_id: str | None,
     fresh: bool,
     json_out: bool,
     worker: bool | None,
+    **fields: Any,
 ) -> None:
-    """Start (or attach to) the evaluation, follow it, print its table and write its report.
-    A request out of bounds is refused before anything connects. ``worker``: ``--worker``, as
-    for ``replay TURN``."""
-    evaluation_request(
-        query,
-        model=model,
-        agent=agent,
-        instruction=instruction,
-        judge=judge,
-        limit=limit,
-        concurrency=concurrency,
-    )
+    """Start (or attach to) the evaluation that ``fields`` (``EvaluationInput``'s) ask for,
+    follow it, print its table and write its report. A request out of bounds is refused
+    before anything connects. ``worker``: ``--worker``, as for ``replay TURN``."""
+    request = evaluation_input(**fields)
     if json_out:
         console.to_stderr()
 
     async def go(client: Client, _: ServerInfo | None) -> EvaluationReport:
-        handle = await evaluate(
+        handle = await start_evaluation(
             client,
-            query,
-            model=model,
-            agent=agent,
-            instruction=instruction,
-            judge=judge,
-            limit=limit,
-            concurrency=concurrency,
+            request,
             workflow_id=workflow_id,
             task_queue=target.settings.task_queue,
             fresh=fresh,

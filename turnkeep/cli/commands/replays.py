@@ -81,11 +81,11 @@ def replay(
     if evals.asked(turn_id, query, live_tools=live_tools, judge=judge, report=report_file):
         evals.run_evaluation(
             target,
-            query or "",
+            query=query or "",
+            judge=judge,
             model=model,
             agent=agent,
             instruction=instruction.read_text(encoding="utf-8") if instruction else None,
-            judge=judge,
             limit=limit,
             concurrency=concurrency,
             report_file=report_file,
