@@ -30,6 +30,7 @@ from bench import (
     overhead,
     peers_bench,
     recovery,
+    replay,
     report,
     session_storage,
     sessions,
@@ -59,6 +60,7 @@ SECTIONS = (
     "gateway",
     "memory",
     "peers",
+    "replay",
     "flags",
 )
 OVERHEAD_MAX = 1.2
@@ -174,6 +176,7 @@ async def run(args: argparse.Namespace) -> Results:
         Agent(overhead.K, "line"),
         Agent(overhead.K, "blob_async"),
         Agent(throughput.ITERATIONS),
+        replay.AGENT,
     }
 
     async def history_section(env: Environment) -> None:
@@ -262,6 +265,9 @@ async def run(args: argparse.Namespace) -> Results:
     async def peers_section(env: Environment) -> None:
         out.tables.append(await peers_bench.peers(env, peer_iterations, peer_rounds))
 
+    async def replay_section(env: Environment) -> None:
+        out.tables.append(await replay.replays(env, 3 if quick else 10))
+
     # Memory last on the shared server: it leaves it 2,000 terminated workflows to clean up.
     sections = {
         "history": history_section,
@@ -276,6 +282,7 @@ async def run(args: argparse.Namespace) -> Results:
         "live": live_section,
         "gateway": gateway_section,
         "peers": peers_section,
+        "replay": replay_section,
         "memory": memory_section,
     }
     with tempfile.TemporaryDirectory(prefix="turnkeep-bench-") as name:

@@ -4,6 +4,7 @@ On a real dev server, the fake model API and function tools that count their run
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ApplicationError
 
-from tests.conftest import Harness, HarnessFactory, make_settings
+from tests.conftest import Harness, HarnessFactory, eventually, make_settings
 from tests.test_codec import (
     ARGUMENT,
     RESULT,
@@ -22,7 +23,9 @@ from tests.test_codec import (
     new_key,
     worker_for,
 )
+from tests.worker_process import WorkerProcesses, effects_server, write_config
 from turnkeep.client.replays import ReplayError, replay_turn
+from turnkeep.client.turns import get_turn, start_turn
 from turnkeep.contract.turn_io import WORKFLOW_NAME, ReplayOf, TurnInput, TurnResult
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing.fake_api import FakeModelApi, Reply
@@ -66,6 +69,22 @@ def refusal(err: BaseException) -> ApplicationError:
         cause = cause.__cause__
     assert isinstance(cause, ApplicationError)
     return cause
+
+
+async def forged_replay(
+    client: Client, task_queue: str, agent: str, source: str
+) -> ApplicationError:
+    """A replay started by hand, past ``replay_turn``'s checks: how the worker refuses it."""
+    forged = await client.start_workflow(
+        WORKFLOW_NAME,
+        TurnInput(agent=agent, messages=["x"], replay_of=ReplayOf(turn=source)),
+        id=f"forged-{uuid.uuid4().hex}",
+        task_queue=task_queue,
+        result_type=TurnResult,
+    )
+    with pytest.raises(WorkflowFailureError) as caught:
+        await forged.result()
+    return refusal(caught.value)
 
 
 async def test_recorded_calls_get_recorded_results_and_nothing_runs(
@@ -181,16 +200,7 @@ async def test_unknown_turn_running_turn_unknown_agent_and_model(
             # A client that skips replay_turn's checks meets the worker's: it reads only a
             # finished turn of one of its agents.
             for source_id, says in ((running.id, "still running"), ("nope", "no turn")):
-                forged = await client.start_workflow(
-                    WORKFLOW_NAME,
-                    TurnInput(agent="test", messages=["x"], replay_of=ReplayOf(turn=source_id)),
-                    id=f"forged-{uuid.uuid4().hex}",
-                    task_queue=h.task_queue,
-                    result_type=TurnResult,
-                )
-                with pytest.raises(WorkflowFailureError) as caught:
-                    await forged.result()
-                err = refusal(caught.value)
+                err = await forged_replay(client, h.task_queue, "test", source_id)
                 assert err.type == "ReplayRefused" and says in err.message
     finally:
         await running.terminate()
@@ -204,16 +214,7 @@ async def test_a_worker_replays_only_turns_of_its_own_agents(
     other = config(fake)
     other["agents"] = {"other": other["agents"]["test"]}
     async with harness(TOOLS, **other) as h:
-        forged = await client.start_workflow(
-            WORKFLOW_NAME,
-            TurnInput(agent="other", messages=["x"], replay_of=ReplayOf(turn=source)),
-            id=f"forged-{uuid.uuid4().hex}",
-            task_queue=h.task_queue,
-            result_type=TurnResult,
-        )
-        with pytest.raises(WorkflowFailureError) as caught:
-            await forged.result()
-    err = refusal(caught.value)
+        err = await forged_replay(client, h.task_queue, "other", source)
     assert err.type == "ReplayRefused" and "does not serve" in err.message
 
 
@@ -240,3 +241,71 @@ async def test_a_replay_of_an_encrypted_turn_stays_encrypted(
     [recorded] = [r for m in result.messages for r in (m.tool_results or {}).values()]
     assert RESULT in recorded.text
     assert_no_plaintext(history, (secret, ARGUMENT, RESULT))
+
+
+@pytest.mark.slow
+async def test_a_replay_survives_a_killed_worker(
+    client: Client, temporal: ServerInfo, fake: FakeModelApi, tmp_path: Path
+) -> None:
+    """A replay is a durable turn: its worker killed during a model call, another takes it on
+    from its history, and the source's tool still ran only once (for the source)."""
+    record = tmp_path / "record.jsonl"
+    task_queue = f"replay-{uuid.uuid4().hex[:10]}"
+    agent = {
+        "model": "anthropic.test-model",
+        "servers": ["effects"],
+        "llm_timeouts": {"start_to_close": 60, "heartbeat": 2, "max_attempts": 5},
+    }
+    config = write_config(
+        tmp_path / "turnkeep.yaml",
+        {
+            "task_queue": task_queue,
+            "mcp": {"servers": {"effects": effects_server(record)}},
+            "agents": {"test": agent},
+            "anthropic": {"api_key": "sk-test", "base_url": fake.base_url_anthropic},
+        },
+    )
+    effect = Reply.tool_calls(("c1", "effects__effect", {"tag": "a"}))
+    with WorkerProcesses(config, temporal.address, tmp_path / "logs") as workers:
+        first = await workers.start_polling(client, task_queue)
+        fake.script(effect, Reply.text("done"), api="anthropic")
+        source = await start_turn(
+            client, TurnInput(agent="test", messages=["go"]), task_queue=task_queue
+        )
+        await source.result()
+        fake.reset()
+        # The replay's second model call hangs until its worker dies; the retry is answered.
+        again = Reply.text("again")
+        fake.script(effect, Reply.delay(300, then=again), again, api="anthropic")
+        replay = await replay_turn(client, source.workflow_id, task_queue=task_queue)
+        await eventually(lambda: len(fake.requests) == 2, "the replay's second model call")
+        workers.kill(first)
+        await workers.start_polling(client, task_queue)
+        result = await asyncio.wait_for(replay.result(), 120)
+    assert result.final is not None and result.final.text == "again"
+    [recorded] = [r for m in result.messages for r in (m.tool_results or {}).values()]
+    assert not recorded.is_error
+    applied = [line for line in record.read_text().splitlines() if '"applied"' in line]
+    assert len(applied) == 1, "the tool ran for the source only"
+
+
+async def test_a_sessions_turn_replays_with_the_conversation_before_it(
+    harness: HarnessFactory, fake: FakeModelApi
+) -> None:
+    """A session's turn holds its conversation by reference: the replay gets it expanded."""
+    async with harness(TOOLS, **config(fake)) as h:
+        session = await h.session()
+        fake.script(Reply.text("Hello."), Reply.text("Paris is sunny."), api="openai")
+        await session.send("hi")
+        second = await session.send("weather in Paris?")
+        async for _ in session.messages(until_turn=second.turn):
+            pass
+        await get_turn(h.client, second.turn_id).result()
+        fake.reset()
+        fake.script(Reply.text("Sunny, I think."), api="openai")
+        replay = await replay_turn(h.client, second.turn_id, task_queue=h.task_queue)
+        result = await replay.result()
+        [body] = [r.body for r in fake.requests_for("openai")]
+    said = [m["content"] for m in body["messages"] if isinstance(m.get("content"), str)]
+    assert said[-3:] == ["hi", "Hello.", "weather in Paris?"]
+    assert result.final is not None and result.final.text == "Sunny, I think."
