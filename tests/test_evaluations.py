@@ -344,3 +344,34 @@ async def test_the_cli_prints_the_table_and_writes_the_report(
     assert both.returncode != 0 and "give a TURN or --query, not both" in both.stderr
     live = turnkeep("replay", "--query", "", "--live-tools", temporal=temporal, cwd=tmp_path)
     assert "an evaluation never runs tools live" in live.stderr
+
+
+async def test_the_recorded_model_answers_a_replay_as_the_recording_did(
+    harness: HarnessFactory, client: Client, tmp_path: Path
+) -> None:
+    """Where the model is unchanged, a regression runs on its recorded answers: no model and
+    no tool is called, whatever the agent's model would say today."""
+    agent = _agent()
+    script = tmp_path / "answers.json"
+    call = {"tool_calls": {"c1": {"name": "local__count", "arguments": {"label": "x"}}}}
+    write_script(script, call, "as recorded")
+    config = _config(agent)
+    config["agents"][agent].update(model="playback", playback=str(script), models=["recorded"])
+    async with harness(TOOLS, **config) as h:
+        source = await h.run("go", agent=agent)
+        assert source.final is not None and source.final.text == "as recorded"
+        await _listed(client, agent, 1)
+        write_script(script, "the model changed its mind")
+        CALLS.clear()
+        query = f"TurnkeepAgent = '{agent}'"
+        report = await assert_replays(
+            client, query, task_queue=h.task_queue, model="recorded", same_final=True
+        )
+        with pytest.raises(EvaluationFailedError, match="the model changed its mind"):
+            await assert_replays(client, query, task_queue=h.task_queue, same_final=True)
+        plain = await h.run("hello", agent=agent, model="recorded")
+    assert CALLS == []
+    [row] = report.rows
+    assert (row.same_calls, row.new_calls, row.missing_calls) == (1, 0, 0)
+    assert plain.stop_reason == "error" and plain.final is not None
+    assert "answers only a replay" in plain.final.text
