@@ -2,10 +2,11 @@
 through a registry of ``ModelProvider`` classes.
 
 ``passthrough``, ``playback`` and ``recorded`` (a replay's recorded answers) are offline;
-``anthropic.<model>``, ``openai.<model>``, ``generic.<model>``, ``deepseek.``, ``openrouter.``, ``groq.``, ``xai.``, ``google.`` and
-``azure.<model>`` name a provider and the provider's own model id; fast-agent's aliases
-(``sonnet``, ``gpt-5.5``...) and known model names (``gpt-5-mini``) name both, and a
-``?reasoning=`` setting may follow (``turnkeep.fastagent.model_strings``). Other providers come
+``anthropic.<model>``, ``openai.<model>``, ``generic.<model>``, ``deepseek.``,
+``openrouter.``, ``groq.``, ``xai.``, ``google.`` and ``azure.<model>`` name a provider and
+the provider's own model id; fast-agent's aliases (``sonnet``, ``gpt-5.5``...) and known
+model names (``gpt-5-mini``) name both, and a ``?reasoning=`` setting may follow
+(``turnkeep.fastagent.model_strings``). Other providers come
 from installed packages (the ``turnkeep.providers`` entry-point group) or from the worker's
 plugin (``TurnkeepPlugin(providers=[...])``). A model string resolves to a registered provider
 or to nothing: a turn cannot make a worker load code or reach an API its operator did not
