@@ -26,9 +26,13 @@ from tests.test_codec import (
 from tests.worker_process import WorkerProcesses, effects_server, write_config
 from turnkeep.client.replays import ReplayError, replay_turn
 from turnkeep.client.turns import get_turn, start_turn
+from turnkeep.contract.activity_io import ToolCallRequest
+from turnkeep.contract.messages import CallToolResult, TextContent
+from turnkeep.contract.replay_io import RecordedCall
 from turnkeep.contract.turn_io import WORKFLOW_NAME, ReplayOf, TurnInput, TurnResult
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing.fake_api import FakeModelApi, Reply
+from turnkeep.workflows.replays import RecordedResults
 
 MODEL = "openai.test-model"
 OTHER = "openai.other-model"
@@ -309,3 +313,23 @@ async def test_a_sessions_turn_replays_with_the_conversation_before_it(
     said = [m["content"] for m in body["messages"] if isinstance(m.get("content"), str)]
     assert said[-3:] == ["hi", "Hello.", "weather in Paris?"]
     assert result.final is not None and result.final.text == "Sunny, I think."
+
+
+def test_a_call_made_again_gets_the_recorded_results_in_order_then_the_last() -> None:
+    calls = [
+        RecordedCall(
+            name="t",
+            arguments={"a": 1, "b": 2},
+            result=CallToolResult(content=[TextContent(text="one")]),
+        ),
+        RecordedCall(
+            name="t",
+            arguments={"b": 2, "a": 1},
+            result=CallToolResult(content=[TextContent(text="two")]),
+        ),
+    ]
+    recorded = RecordedResults("src", calls, live=False)
+    asked = ToolCallRequest(agent="x", call_id="c", name="t", arguments={"a": 1, "b": 2})
+    taken = [recorded.take(asked) for _ in range(3)]
+    assert [r.text if r else None for r in taken] == ["one", "two", "two"]
+    assert recorded.take(asked.model_copy(update={"arguments": {"a": 2}})) is None

@@ -487,8 +487,10 @@ class EncryptionSettings(_SecretSettings):
         return {key_id: decode_key(key_id, value) for key_id, value in self.keys.items()}
 
 
-# `instruction` is a replay's only (``turnkeep.replay_turn``): a turn takes the agent's.
-ALL_OVERRIDES = (frozenset(TurnOverrides.model_fields) - {"model"}) | {"instruction"}
+ALL_OVERRIDES = frozenset(TurnOverrides.model_fields) - {"model"}
+# What only a replay may set (``turnkeep.replay_turn``), where the agent lists it: a turn
+# always takes the agent's instruction.
+REPLAY_OVERRIDES = frozenset({"instruction"})
 # What a turn may set whatever its agent lists: none of it lets a turn reach a model, server,
 # tool or hook the agent does not, or spend more (fast-agent sets them per call, `structured()`
 # and `RequestParams`).
@@ -631,11 +633,10 @@ class AgentOptions(_Settings):
 
     @model_validator(mode="after")
     def _known_overrides(self) -> AgentOptions:
-        unknown = set(self.overrides) - ALL_OVERRIDES
+        known = ALL_OVERRIDES | REPLAY_OVERRIDES
+        unknown = set(self.overrides) - known
         if unknown:
-            raise ValueError(
-                f"unknown override(s) {sorted(unknown)}; choose from {sorted(ALL_OVERRIDES)}"
-            )
+            raise ValueError(f"unknown override(s) {sorted(unknown)}; choose from {sorted(known)}")
         return self
 
 

@@ -153,11 +153,18 @@ def print_report(report: ReplayReport) -> None:
         console.print(f"[bold]{title} tool calls[/] ({len(calls)})")
         for call in calls:
             console.print(f"  {escape(call.name)} {escape(_args(call.arguments))}")
+            if calls is report.new_calls and call.result is not None:
+                # Whether it ran live or got the error a call with no recorded result gets.
+                console.print(f"    → {escape(_clipped(call.result))}")
 
 
 def _args(arguments: dict[str, object]) -> str:
-    text = json.dumps(arguments, ensure_ascii=False, sort_keys=True)
-    return text if len(text) <= 120 else text[:119] + "…"
+    return _clipped(json.dumps(arguments, ensure_ascii=False, sort_keys=True))
+
+
+def _clipped(text: str, limit: int = 120) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _cost(side: ReplaySide) -> str:
