@@ -375,3 +375,16 @@ async def test_the_recorded_model_answers_a_replay_as_the_recording_did(
     assert (row.same_calls, row.new_calls, row.missing_calls) == (1, 0, 0)
     assert plain.stop_reason == "error" and plain.final is not None
     assert "answers only a replay" in plain.final.text
+
+
+@pytest.mark.parametrize("bad", [{"query": "", "command": "rm -rf /"}, {"limit": 10**6}, "x"])
+async def test_a_bad_start_fails_the_evaluation_at_once(
+    harness: HarnessFactory, client: Client, bad: Any
+) -> None:
+    """Any client can start the workflow with anything: it fails, it does not hang."""
+    async with harness(TOOLS, **_config(_agent())) as h:
+        handle = await client.start_workflow(
+            EVALUATION_WORKFLOW, bad, id=f"eval-bad-{uuid.uuid4().hex[:8]}", task_queue=h.task_queue
+        )
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 20)

@@ -12,6 +12,7 @@ The ``report`` query answers with the rows so far."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RawValue, SearchAttributePair, TypedSearchAttributes
@@ -56,7 +57,19 @@ class EvaluationWorkflow:
         self._finished = False
 
     @workflow.run
-    async def run(self, request: EvaluationInput) -> EvaluationReport:
+    async def run(self, *args: Any) -> EvaluationReport:
+        # Any client may start it with anything: a start that is not one EvaluationInput
+        # fails the evaluation at once, rather than its workflow task for ever.
+        try:
+            [raw] = args
+            request = EvaluationInput.model_validate(raw)
+        except (ValueError, TypeError) as err:
+            why = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ApplicationError(
+                f"not an evaluation's input (one EvaluationInput): {clip(why, 300)}",
+                type=EVALUATION_REFUSED,
+                non_retryable=True,
+            ) from None
         self._request = request
         try:
             self._plan = await actions.execute(
