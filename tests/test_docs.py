@@ -232,6 +232,7 @@ def test_the_testing_pages_examples_run(tmp_path: Path) -> None:
         "test_replay.py",
         "test_researcher.py",
         "test_scripts.py",
+        "test_support_regressions.py",
     ]
     for name, code in files.items():
         (tmp_path / name).write_text(code, encoding="utf-8")
@@ -261,7 +262,7 @@ def test_the_testing_pages_examples_run(tmp_path: Path) -> None:
         tests_out, tests_err = tests.communicate(timeout=240)
         example_out, example_err = example.communicate(timeout=240)
     assert tests.returncode == 0, tests_out + tests_err
-    assert "5 passed" in tests_out, tests_out
+    assert "6 passed" in tests_out, tests_out
     assert example.returncode == 0, example_err
     assert example_out == "Hello!\n"
 

@@ -141,6 +141,7 @@ CONTRACT_MODULES = [
     "session_io",
     "model_io",
     "replay_io",
+    "evaluation_io",
 ]
 
 # The workflow code's modules from the bottom up, likewise (a team's modules are ``teams.*``, a
@@ -185,6 +186,7 @@ WORKFLOW_MODULES = [
     "child_approvals",
     "turn_workflow",
     "session_workflow",
+    "evaluation",
 ]
 
 

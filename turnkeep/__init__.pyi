@@ -8,6 +8,10 @@ from turnkeep.client.children import ChildStarted as ChildStarted
 from turnkeep.client.children import ChildText as ChildText
 from turnkeep.client.children import ChildTurn as ChildTurn
 from turnkeep.client.connection import connect as connect
+from turnkeep.client.evaluations import EvaluationError as EvaluationError
+from turnkeep.client.evaluations import EvaluationHandle as EvaluationHandle
+from turnkeep.client.evaluations import evaluate as evaluate
+from turnkeep.client.evaluations import get_evaluation as get_evaluation
 from turnkeep.client.live import MessageEvent as MessageEvent
 from turnkeep.client.live import Restarted as Restarted
 from turnkeep.client.live import StreamEvent as StreamEvent
@@ -39,6 +43,11 @@ from turnkeep.contract.activity_io import HookPoint as HookPoint
 from turnkeep.contract.approval import ApprovalPolicy as ApprovalPolicy
 from turnkeep.contract.approval import ApprovalRequest as ApprovalRequest
 from turnkeep.contract.approval import PolicyDecision as PolicyDecision
+from turnkeep.contract.evaluation_io import EvaluatedTurn as EvaluatedTurn
+from turnkeep.contract.evaluation_io import EvaluationPair as EvaluationPair
+from turnkeep.contract.evaluation_io import EvaluationReport as EvaluationReport
+from turnkeep.contract.evaluation_io import EvaluationSummary as EvaluationSummary
+from turnkeep.contract.evaluation_io import Judgement as Judgement
 from turnkeep.contract.messages import Message as Message
 from turnkeep.contract.messages import StopReason as StopReason
 from turnkeep.contract.turn_io import TurnCancelledError as TurnCancelledError

@@ -812,6 +812,9 @@ class Settings(_SecretSettings):
     hooks: dict[str, str] = Field(default_factory=dict)
     # approval policy name -> "package.module:function"; agents name one in `approval.policy`.
     approval_policies: dict[str, str] = Field(default_factory=dict)
+    # "package.module:function" import paths an evaluation may name as its judge
+    # (`turnkeep replay --query ... --judge`): a client names one, never imports one.
+    judges: list[str] = Field(default_factory=list)
     agents: dict[str, AgentSettings] = Field(default_factory=dict)
     # model string -> its price (USD per million tokens), over the list prices (genai-prices):
     # what a model call's `cost_usd` is worked out with. A model priced nowhere costs "unknown".

@@ -39,7 +39,7 @@ GENAI_PROVIDERS = {
     "openrouter": "openrouter",
 }
 # The offline models cost nothing.
-OFFLINE = frozenset({"passthrough", "playback"})
+OFFLINE = frozenset({"passthrough", "playback", "recorded"})
 
 
 class Price(Protocol):

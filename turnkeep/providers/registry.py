@@ -1,11 +1,12 @@
 """Model strings → providers (the documentation's *Models*), the way fast-agent spells them,
 through a registry of ``ModelProvider`` classes.
 
-``passthrough`` and ``playback`` are offline; ``anthropic.<model>``, ``openai.<model>``,
-``generic.<model>``, ``deepseek.``, ``openrouter.``, ``groq.``, ``xai.``, ``google.`` and
-``azure.<model>`` name a provider and the provider's own model id; fast-agent's aliases
-(``sonnet``, ``gpt-5.5``...) and known model names (``gpt-5-mini``) name both, and a
-``?reasoning=`` setting may follow (``turnkeep.fastagent.model_strings``). Other providers come
+``passthrough``, ``playback`` and ``recorded`` (a replay's recorded answers) are offline;
+``anthropic.<model>``, ``openai.<model>``, ``generic.<model>``, ``deepseek.``,
+``openrouter.``, ``groq.``, ``xai.``, ``google.`` and ``azure.<model>`` name a provider and
+the provider's own model id; fast-agent's aliases (``sonnet``, ``gpt-5.5``...) and known
+model names (``gpt-5-mini``) name both, and a ``?reasoning=`` setting may follow
+(``turnkeep.fastagent.model_strings``). Other providers come
 from installed packages (the ``turnkeep.providers`` entry-point group) or from the worker's
 plugin (``TurnkeepPlugin(providers=[...])``). A model string resolves to a registered provider
 or to nothing: a turn cannot make a worker load code or reach an API its operator did not
@@ -31,6 +32,7 @@ from turnkeep.providers.openai_compat import OPENAI_COMPATIBLE_PROVIDERS
 from turnkeep.providers.passthrough import PassthroughProvider
 from turnkeep.providers.playback import PlaybackProvider
 from turnkeep.providers.prices import ModelPrice, Price, builtin_price
+from turnkeep.providers.recorded import RecordedProvider
 from turnkeep.support.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,7 @@ ENTRY_POINT_GROUP = "turnkeep.providers"
 BUILTIN_PROVIDERS: tuple[type[ModelProvider], ...] = (
     PassthroughProvider,
     PlaybackProvider,
+    RecordedProvider,
     AnthropicProvider,
     OpenAIProvider,
     GenericProvider,

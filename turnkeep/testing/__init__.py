@@ -12,6 +12,8 @@
 - ``turnkeep.testing.pytest_plugin``: the same as pytest fixtures.
 - ``check_replay``: recorded histories against the current workflow code, in the strict
   sandbox.
+- ``assert_replays``: recorded turns as a regression suite: replayed (tools answered from the
+  recording), compared and judged, failing the test with ``EvaluationFailedError``.
 - ``eventually``: a bounded wait for state a test cannot await.
 
 The names are listed once, in this package's stub (``__init__.pyi``), and imported on first

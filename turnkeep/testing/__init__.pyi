@@ -8,6 +8,8 @@ from turnkeep.testing.environment import Harness as Harness
 from turnkeep.testing.environment import TurnkeepEnvironment as TurnkeepEnvironment
 from turnkeep.testing.environment import eventually as eventually
 from turnkeep.testing.environment import harness as harness
+from turnkeep.testing.evaluations import EvaluationFailedError as EvaluationFailedError
+from turnkeep.testing.evaluations import assert_replays as assert_replays
 from turnkeep.testing.fake_api import FakeModelApi as FakeModelApi
 from turnkeep.testing.fake_api import Recorded as Recorded
 from turnkeep.testing.fake_api import Reply as Reply

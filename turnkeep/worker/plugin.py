@@ -40,6 +40,7 @@ from temporalio.worker import (
 
 from turnkeep.activities.approval_policy import ApprovalPolicyActivities, load_policies
 from turnkeep.activities.child_turn import read_child_turn
+from turnkeep.activities.evaluation import EvaluationActivities
 from turnkeep.activities.hooks import Hook, HookActivities
 from turnkeep.activities.model import ModelActivities
 from turnkeep.activities.model_input import ModelInputHandoffInterceptor
@@ -73,6 +74,7 @@ from turnkeep.tools.source import ToolSource
 from turnkeep.worker.cache_release import CacheRelease
 from turnkeep.worker.live_server import LiveStreams
 from turnkeep.worker.runner import with_passthrough
+from turnkeep.workflows.evaluation import EvaluationWorkflow
 from turnkeep.workflows.session_workflow import SessionWorkflow
 from turnkeep.workflows.turn_workflow import TurnWorkflow
 
@@ -179,6 +181,8 @@ class TurnkeepPlugin(SimplePlugin):
             read_child_turn,
             # A counterfactual replay reads its source turn's record with it.
             ReplayActivities(agent_catalog).replay_source,
+            # An evaluation from history lists turns, compares pairs and runs function judges.
+            *_evaluation_activities(settings, agent_catalog),
         ]
 
         # The agents whose turns this plugin serves (each on its own task queue, with
@@ -208,7 +212,7 @@ class TurnkeepPlugin(SimplePlugin):
             "turnkeep",
             data_converter=self._converter,
             # A session runs its turns as children, on the worker's task queue by default.
-            workflows=[TurnWorkflow, SessionWorkflow],
+            workflows=[TurnWorkflow, SessionWorkflow, EvaluationWorkflow],
             activities=activities,
             workflow_runner=with_passthrough,
             interceptors=interceptors,
@@ -292,6 +296,14 @@ def _check_tool_result_limit(limit: int | None, storage: ExternalStorage | None)
             f"may not pass {ceiling:,} bytes (Temporal's 2 MB payload limit less room for its "
             "envelope): lower it, or turn payload_storage on"
         )
+
+
+def _evaluation_activities(settings: Settings, agents: AgentCatalog) -> list[Callable[..., Any]]:
+    """An evaluation's activities, with the judges the config lists imported now: a judge
+    that cannot be imported stops the worker at its start, not an evaluation later."""
+    judges = {path: import_callable(path, settings.base_dir) for path in settings.judges}
+    evaluation = EvaluationActivities(agents, judges)
+    return [evaluation.list_evaluation_turns, evaluation.score_replay]
 
 
 def _check_names(agents: AgentCatalog, servers: set[str], hooks: set[str]) -> None:

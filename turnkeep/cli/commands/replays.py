@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from temporalio.client import Client
 
+from turnkeep.cli.commands import evals
 from turnkeep.cli.console import console, print_json
 from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
 from turnkeep.cli.process import ready_to_start, runs_worker, warn_if_unpolled
@@ -28,7 +29,9 @@ app = typer.Typer()
 
 @app.command()
 def replay(
-    turn_id: Annotated[str, typer.Argument(metavar="TURN", help="The finished turn's id.")],
+    turn_id: Annotated[
+        str | None, typer.Argument(metavar="TURN", help="The finished turn's id.")
+    ] = None,
     model: Annotated[
         str | None, typer.Option(help="Model to replay on (one the agent allows).")
     ] = None,
@@ -60,13 +63,39 @@ def replay(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the report (ReplayReport) as JSON.")
     ] = False,
+    query: evals.Query = None,
+    judge: evals.Judge = None,
+    limit: evals.Limit = 100,
+    concurrency: evals.Concurrency = 4,
+    report_file: evals.ReportFile = None,
+    fresh: evals.Fresh = False,
 ) -> None:
     """Replay a finished turn on another model or prompt without running its tools again:
     each tool call that matches one the turn made (name and arguments) gets its recorded
-    result; the report sets the two side by side."""
+    result; the report sets the two side by side. With --query instead of a TURN, replay every
+    completed turn a visibility query matches, as one durable evaluation: each pair compared,
+    scored by the --judge, in a table and a --report (JSON or CSV)."""
     if agent is not None and instruction is not None:
         raise typer.BadParameter("give --agent or --instruction, not both", param_hint="--agent")
     target = Target.of(address, namespace, config)
+    if evals.asked(turn_id, query, live_tools=live_tools, judge=judge, report=report_file):
+        evals.run_evaluation(
+            target,
+            query=query or "",
+            judge=judge,
+            model=model,
+            agent=agent,
+            instruction=instruction.read_text(encoding="utf-8") if instruction else None,
+            limit=limit,
+            concurrency=concurrency,
+            report_file=report_file,
+            workflow_id=workflow_id,
+            fresh=fresh,
+            json_out=json_out,
+            worker=worker,
+        )
+        return
+    assert turn_id is not None  # `asked` refuses neither form
     settings = target.settings
     if json_out:
         console.to_stderr()
