@@ -138,6 +138,7 @@ CONTRACT_MODULES = [
     "server_requests",
     "turn_io",
     "activity_io",
+    "rewind",
     "session_io",
     "model_io",
     "replay_io",
@@ -185,6 +186,7 @@ WORKFLOW_MODULES = [
     "teams",
     "child_approvals",
     "turn_workflow",
+    "session_rewind",
     "session_workflow",
     "evaluation",
 ]
