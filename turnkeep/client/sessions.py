@@ -105,8 +105,23 @@ async def open_session(
         turns_per_run=turns_per_run,
         on_new_message=on_new_message,
     )
-    present = await present_search_attributes(client)
     workflow_id = session_id or f"session-{agent}-{uuid.uuid4().hex[:12]}"
+    return await start_session(client, session, workflow_id=workflow_id, task_queue=task_queue)
+
+
+async def start_session(
+    client: Client,
+    session: SessionInput,
+    *,
+    workflow_id: str,
+    task_queue: str | None = None,
+    summary: str | None = None,
+    fork_of: str | None = None,
+) -> SessionHandle:
+    """Start the session ``session`` as ``workflow_id`` (``open_session``; a fork names its
+    source in ``fork_of``, ``TurnkeepForkOf``), or attach to it if it runs."""
+    agent = session.agent
+    present = await present_search_attributes(client)
     try:
         handle = await client.start_workflow(
             SESSION_WORKFLOW_NAME,
@@ -114,8 +129,8 @@ async def open_session(
             id=workflow_id,
             task_queue=task_queue or agent_task_queue(DEFAULT_TASK_QUEUE, agent),
             result_type=SessionResult,
-            static_summary=f"session with {agent}",
-            search_attributes=visibility.start_search_attributes(agent, present),
+            static_summary=summary or f"session with {agent}",
+            search_attributes=visibility.start_search_attributes(agent, present, fork_of=fork_of),
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
         )
@@ -287,6 +302,32 @@ class SessionHandle:
             return await get_turn(self.client, running.workflow_id).revoke_allow(rule_id, by=by)
         revoke = RevokeAllow(rule_id=rule_id, by=by)
         return await self.handle.execute_update(REVOKE_ALLOW_UPDATE, revoke, result_type=AllowRule)
+
+    async def fork(
+        self,
+        at: int,
+        *,
+        agent: str | None = None,
+        model: str | None = None,
+        message: str | Message | None = None,
+        session_id: str | None = None,
+        task_queue: str | None = None,
+    ) -> SessionHandle:
+        """A new session whose conversation is this one's first ``at`` messages (counted from
+        1, as ``turnkeep show`` prints them), then ``message`` if given; this one is untouched.
+        ``turnkeep.client.forks.fork`` says more."""
+        from turnkeep.client.forks import fork
+
+        return await fork(
+            self.client,
+            self.session_id,
+            at=at,
+            agent=agent,
+            model=model,
+            message=message,
+            session_id=session_id,
+            task_queue=task_queue,
+        )
 
     async def close(self) -> None:
         """Answer what is queued, then end the session; its result is the conversation."""
