@@ -5,26 +5,33 @@ and each turn's history shows what the fork started from."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
 from tests.conftest import Harness, HarnessFactory, eventually, history_text, make_settings
-from turnkeep.client.connection import connect
-from turnkeep.devserver.embedded import ServerInfo
-from turnkeep.worker.build import build_worker
 from tests.test_conversations import _age, conversations, talk
+from turnkeep.client.connection import connect
 from turnkeep.client.forks import ForkError, fork
-from turnkeep.client.sessions import SessionHandle, open_session
+from turnkeep.client.sessions import SessionHandle, get_session, open_session
 from turnkeep.client.turns import get_turn, start_turn
 from turnkeep.contract.conversation import ConversationRef
 from turnkeep.contract.messages import Message
 from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME, ForkOrigin, SessionInput
 from turnkeep.contract.turn_io import TurnInput
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.payloads.gc import collect
 from turnkeep.payloads.storage.owners import owner_key
+from turnkeep.worker.build import build_worker
 from turnkeep.workflows import visibility
 from turnkeep.workflows.repair import INTERRUPTED_TEXT
 
@@ -264,3 +271,53 @@ async def test_gc_keeps_a_running_forks_source_segments(
             return not any(p.exists() for p in theirs)
 
         await eventually(swept, "both closed, the source's segments were swept")
+
+
+def cli(
+    temporal: ServerInfo, cwd: Path, *args: str, lines: str = ""
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "turnkeep.cli", *args],
+        input=lines,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+async def test_the_fork_command(temporal: ServerInfo, client: Client, tmp_path: Path) -> None:
+    config = {
+        "task_queue": f"fork-{uuid.uuid4().hex[:8]}",
+        "agents": {"test": {"model": "passthrough"}},
+    }
+    (tmp_path / "turnkeep.yaml").write_text(json.dumps(config), encoding="utf-8")
+    done = await asyncio.to_thread(
+        cli, temporal, tmp_path, "chat", "--agent", "test", "--worker", lines="one\ntwo\n"
+    )
+    assert done.returncode == 0, done.stderr
+    [source] = re.findall(r"^session (session-test-\S+)$", done.stdout, re.M)
+    done = await asyncio.to_thread(
+        cli, temporal, tmp_path, "fork", source, "--at", "2", "--message", "again", "--worker"
+    )
+    assert done.returncode == 0, done.stderr
+    [forked] = re.findall(
+        rf"^session (\S+) · forked from {source} at message 2$", done.stdout, re.M
+    )
+    assert "again" in done.stdout and f"turnkeep chat --session {forked}" in done.stdout
+    turn = await get_turn(client, f"{forked}/turn-1").result()
+    assert texts(turn.history) == ["one", "one", "again", "again"]
+    # Mistakes, in one line each, with nothing started.
+    for args, said in [
+        (["nope", "--at", "1"], "no turn or session 'nope' to fork"),
+        ([source, "--at", "9"], "--at must be from 1 to 4; got 9"),
+        ([source, "--at", "1", "--agent", "ghost"], "no agent 'ghost'"),
+        ([source, "--at", "1", "--model", "nonesuch.model"], "nothing was started"),
+    ]:
+        done = await asyncio.to_thread(cli, temporal, tmp_path, "fork", *args)
+        assert done.returncode != 0 and said in done.stderr, (args, done.stderr)
+    for session_id in (source, forked):
+        await get_session(client, session_id).handle.terminate()

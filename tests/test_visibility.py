@@ -254,6 +254,7 @@ def test_search_attribute_definitions_for_the_dev_server() -> None:
         "TurnkeepIterations": "Int",
         "TurnkeepTokens": "Int",
         "TurnkeepCostUsd": "Double",
+        "TurnkeepForkOf": "Keyword",
     }
     argv = build_argv(Path("temporal"), port=1, ui_port=None, search_attributes=types)
     assert "TurnkeepIterations=Int" in argv

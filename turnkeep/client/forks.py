@@ -17,8 +17,13 @@ as cancellation closes one: each call answered as interrupted.
 
 from __future__ import annotations
 
+import sys
 import uuid
+from collections.abc import Sequence
+from typing import cast
 
+from pydantic import BaseModel
+from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -31,6 +36,7 @@ from turnkeep.contract.turn_io import TurnInput
 from turnkeep.payloads.conversations import ConversationCodec
 from turnkeep.workflows import visibility
 from turnkeep.workflows.repair import repair_dangling_tool_calls
+from turnkeep.workflows.session_turns import TurnOutcome
 from turnkeep.workflows.session_workflow import SessionWorkflow
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
@@ -56,7 +62,7 @@ async def fork(
     source is untouched. Raises ``ForkError`` for an unknown source or an ``at`` out of range."""
     if at < 1:
         raise ForkError(f"--at counts messages from 1 (the first message); got {at}")
-    described = await _described(client, source)
+    described = await described_source(client, source)
     source_agent = await agent_of(client, described)
     agent = agent or source_agent
     if not agent:
@@ -104,7 +110,8 @@ async def agent_of(client: Client, described: WorkflowExecutionDescription) -> s
     return None
 
 
-async def _described(client: Client, source: str) -> WorkflowExecutionDescription:
+async def described_source(client: Client, source: str) -> WorkflowExecutionDescription:
+    """The turn or session ``source``, described; ``ForkError`` when there is none."""
     try:
         described = await client.get_workflow_handle(source).describe()
     except RPCError as err:
@@ -143,46 +150,66 @@ async def _session_prefix(
 async def _stored_conversation(
     client: Client, described: WorkflowExecutionDescription
 ) -> ConversationRef | None:
+    """Where a session's conversation is stored, from Temporal's record of it (no worker
+    needed): a closed session's result, else its current run's last ended turn, else what the
+    run started from; asked of the session itself only after a cancelled turn, whose repaired
+    conversation its history does not hold."""
     handle = client.get_workflow_handle(described.id)
     if described.status == WorkflowExecutionStatus.COMPLETED:
         return (await SessionHandle(handle, client).result()).conversation
+    last: Payload | None = None
+    started: Sequence[Payload] = ()
+    async for event in handle.fetch_history_events():
+        if event.HasField("workflow_execution_started_event_attributes"):
+            started = event.workflow_execution_started_event_attributes.input.payloads
+        elif event.HasField("child_workflow_execution_completed_event_attributes"):
+            payloads = event.child_workflow_execution_completed_event_attributes.result.payloads
+            last = payloads[0] if payloads else None
+        elif event.HasField("child_workflow_execution_canceled_event_attributes"):
+            last = None
+            started = ()
+    if last is not None:
+        [outcome] = await client.data_converter.decode([last], [TurnOutcome])
+        return cast(TurnOutcome, outcome).conversation
+    if len(started) == 2:  # a run continued as new: the state it carried
+        [state] = await client.data_converter.decode(started[1:], [_CarriedRef])
+        return cast(_CarriedRef, state).conversation
+    if len(started) == 1:  # a fork's first run, or a session with no turn yet
+        [session] = await client.data_converter.decode(started, [_CarriedRef])
+        return cast(_CarriedRef, session).conversation
     ref: ConversationRef | None = await handle.query(SessionWorkflow.conversation)
     return ref
+
+
+class _CarriedRef(BaseModel):
+    """The one field of a session's start input or carried state that a fork reads."""
+
+    conversation: ConversationRef | None = None
 
 
 async def _turn_prefix(
     client: Client, described: WorkflowExecutionDescription, at: int, fork_id: str
 ) -> tuple[ForkOrigin, list[Message], ConversationRef | None]:
-    """A session's turn is forked as its session, at the same message; any other turn, as
-    the history it was given and its first ``at`` messages."""
-    parent = described.parent_id
-    turn = described.id.rsplit("/turn-", 1)
-    if parent and len(turn) == 2 and turn[0] == parent and turn[1].isdigit():
-        session = await _described(client, parent)
-        if session.workflow_type == SESSION_WORKFLOW_NAME:
-            start = await _turn_start(client, parent, int(turn[1]))
-            if start is not None:
-                _, messages, ref = await _session_prefix(client, session, start + at, fork_id)
-                return ForkOrigin(source=described.id, at=at), messages, ref
+    """The history a turn was given, then its first ``at`` messages: by reference when the
+    turn is a session's whose conversation is stored (its session's transcript, up to the
+    turn's end, ends with the turn's messages), else the messages themselves."""
     result = await get_turn(client, described.id).current()
     if result is None:
         raise ForkError(f"turn {described.id!r} has no messages yet to fork")
     own = result.messages
     _check_range(described.id, at, len(own))
+    origin = ForkOrigin(source=described.id, at=at)
+    codec = client.data_converter.payload_codec
+    if result.conversation is not None and isinstance(codec, ConversationCodec):
+        whole = await codec.prefix(result.conversation, sys.maxsize)
+        prefix = await codec.prefix(result.conversation, len(whole.texts) - len(own) + at)
+        last = prefix.last()
+        tail = _repair([last] if last is not None else [])
+        return origin, [], await codec.store_fork(prefix, fork_id, tail)
     history = result.history
     before = history[: len(history) - len(own)] if history[-len(own) :] == own else history
     messages = [*before, *own[:at]]
-    return ForkOrigin(source=described.id, at=at), messages + _repair(messages), None
-
-
-async def _turn_start(client: Client, session_id: str, turn: int) -> int | None:
-    """Where in its session's transcript turn ``turn`` begins (None if the session does not
-    know: a turn it skipped)."""
-    if turn == 1:
-        return 0
-    handle = client.get_workflow_handle(session_id)
-    end: int | None = await handle.query(SessionWorkflow.turn_end, turn - 1)
-    return end
+    return origin, messages + _repair(messages), None
 
 
 def _check_range(source: str, at: int, count: int) -> None:
