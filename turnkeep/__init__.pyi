@@ -8,6 +8,7 @@ from turnkeep.client.children import ChildStarted as ChildStarted
 from turnkeep.client.children import ChildText as ChildText
 from turnkeep.client.children import ChildTurn as ChildTurn
 from turnkeep.client.connection import connect as connect
+from turnkeep.client.forks import ForkError as ForkError
 from turnkeep.client.live import MessageEvent as MessageEvent
 from turnkeep.client.live import Restarted as Restarted
 from turnkeep.client.live import StreamEvent as StreamEvent
