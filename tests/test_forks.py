@@ -20,6 +20,7 @@ from temporalio.client import Client, WorkflowFailureError
 
 from tests.conftest import Harness, HarnessFactory, eventually, history_text, make_settings
 from tests.test_conversations import _age, conversations, talk
+from tests.test_gateway import ADMIN, OTHER, PASSTHROUGH, READER, bearer, gateway
 from turnkeep.client.connection import connect
 from turnkeep.client.forks import ForkError, fork
 from turnkeep.client.sessions import SessionHandle, get_session, open_session
@@ -321,3 +322,49 @@ async def test_the_fork_command(temporal: ServerInfo, client: Client, tmp_path: 
         assert done.returncode != 0 and said in done.stderr, (args, done.stderr)
     for session_id in (source, forked):
         await get_session(client, session_id).handle.terminate()
+
+
+async def test_the_gateway_forks_turns_and_sessions_for_keys_that_reach_both_agents(
+    harness: HarnessFactory,
+) -> None:
+    """A key scoped to agents forks only a source of an agent it reaches, into an agent it
+    reaches; bad requests get one-line errors."""
+    async with harness(TOOLS, **PASSTHROUGH) as h, gateway(h) as http:
+        source = await open_session(h.client, agent="test", task_queue=h.task_queue)
+        await talk(source, "one", "two")
+        base = f"/api/sessions/{source.session_id}/fork"
+        # `reader` reaches `test` only: not into `other`; `other` cannot read a `test` session.
+        into_other = {"at": 2, "agent": "other"}
+        denied = await http.post(base, json=into_other, headers=bearer(READER))
+        assert denied.status_code == 403 and "agent 'other'" in denied.json()["error"]
+        denied = await http.post(base, json={"at": 2}, headers=bearer(OTHER))
+        assert denied.status_code == 403
+        for body, status, said in [
+            ({"at": 0}, 422, "at"),
+            ({"at": 9}, 422, "must be from 1 to 4; got 9"),
+            ({"at": 1, "agent": "ghost"}, 404, "no agent named 'ghost'"),
+            ({"at": 1, "history": []}, 422, "history"),
+        ]:
+            answer = await http.post(base, json=body, headers=bearer(READER))
+            assert answer.status_code == status and said in answer.json()["error"], answer.text
+        missing = await http.post("/api/sessions/nope/fork", json={"at": 1}, headers=bearer(ADMIN))
+        assert missing.status_code == 404
+        # Allowed: a session's fork, with a message, and a turn's.
+        made = await http.post(base, json={"at": 3, "text": "three"}, headers=bearer(READER))
+        assert made.status_code == 201, made.text
+        assert made.json()["fork_of"] == f"{source.session_id}@3"
+        forked = get_session(h.client, made.json()["session_id"])
+        assert texts([m async for m in forked.messages(0, until_turn=1)])[:3] == [
+            "one",
+            "one",
+            "two",
+        ]
+        turn_fork = await http.post(
+            f"/api/turns/{source.session_id}/turn-2/fork",
+            json={"at": 1, "agent": "other"},
+            headers=bearer(ADMIN),
+        )
+        assert turn_fork.status_code == 201, turn_fork.text
+        assert turn_fork.json()["fork_of"] == f"{source.session_id}/turn-2@1"
+        for session_id in (source.session_id, made.json()["session_id"]):
+            await get_session(h.client, session_id).close()
