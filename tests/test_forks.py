@@ -19,6 +19,7 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError
 
 from tests.conftest import Harness, HarnessFactory, eventually, history_text, make_settings
+from tests.test_codec import encryption, new_key, worker_for
 from tests.test_conversations import _age, conversations, talk
 from tests.test_gateway import ADMIN, OTHER, PASSTHROUGH, READER, bearer, gateway
 from turnkeep.client.connection import connect
@@ -368,3 +369,28 @@ async def test_the_gateway_forks_turns_and_sessions_for_keys_that_reach_both_age
         assert turn_fork.json()["fork_of"] == f"{source.session_id}/turn-2@1"
         for session_id in (source.session_id, made.json()["session_id"]):
             await get_session(h.client, session_id).close()
+
+
+async def test_a_fork_of_an_encrypted_conversation_stays_encrypted(
+    temporal: ServerInfo, tmp_path: Path
+) -> None:
+    store = tmp_path / "payloads"
+    settings = make_settings(
+        tmp_path,
+        agents={"test": {"model": "passthrough"}},
+        encryption=encryption("k1", k1=new_key()),
+        payload_storage={"path": str(store)},
+    )
+    async with worker_for(temporal, settings) as h:
+        source = await open_session(h.client, agent="test", task_queue=h.task_queue)
+        secret = f"secret-otter-{uuid.uuid4().hex}"
+        await talk(source, secret, "two")
+        # A cut mid-turn: the fork's own segment holds a message of the source's.
+        forked = await source.fork(3, task_queue=h.task_queue)
+        assert texts(await first_turn(h, forked, "more"))[:3] == [secret, secret, "two"]
+        mine = conversations(h) / owner_key(forked.session_id)
+        files = [p for p in mine.iterdir() if p.name != "forked-from"]
+        assert files and not any(b"two" in p.read_bytes() for p in files)
+        assert not any(secret.encode() in p.read_bytes() for p in store.rglob("*") if p.is_file())
+        for session in (source, forked):
+            await session.close()
