@@ -192,6 +192,7 @@ def _fork_op(source: dict[str, Any]) -> dict[str, Any]:
         400,
         403,
         404,
+        409,
         413,
         422,
         504,

@@ -420,6 +420,8 @@ async def _fork(request: Request, kind: Kind, source: str) -> Response:
     found = await gw.access.workflow(key, kind, source)
     agent = body.agent or found.agent
     gw.access.agent(key, agent)
+    if body.text is not None and not body.text.strip():
+        raise ApiError(422, "text: the message is empty")
     # A model the agent does not allow is refused by the fork's first turn, as any turn's
     # (prepare_turn checks it against the worker's config).
     try:
@@ -436,6 +438,10 @@ async def _fork(request: Request, kind: Kind, source: str) -> Response:
             )
     except ForkError as err:
         raise ApiError(422, str(err)) from None
+    except WorkflowUpdateFailedError as err:  # the fork refused the message
+        cause = err.cause
+        why = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
+        raise ApiError(409, f"the fork refused the message: {why}") from None
     except TimeoutError:
         raise ApiError(504, f"no worker answered for {kind} {source!r}") from None
     log.info("key %s forked %s %s at %d", key.name, kind, source, body.at)
