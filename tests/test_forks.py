@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import subprocess
-import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -18,10 +15,18 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
-from tests.conftest import Harness, HarnessFactory, eventually, history_text, make_settings
+from tests.conftest import (
+    Harness,
+    HarnessFactory,
+    eventually,
+    history_text,
+    make_settings,
+    turnkeep,
+)
 from tests.test_codec import encryption, new_key, worker_for
 from tests.test_conversations import _age, conversations, talk
 from tests.test_gateway import ADMIN, OTHER, PASSTHROUGH, READER, bearer, gateway
+from tests.test_sessions import chat
 from turnkeep.client.connection import connect
 from turnkeep.client.forks import ForkError, fork
 from turnkeep.client.sessions import SessionHandle, get_session, open_session
@@ -275,36 +280,16 @@ async def test_gc_keeps_a_running_forks_source_segments(
         await eventually(swept, "both closed, the source's segments were swept")
 
 
-def cli(
-    temporal: ServerInfo, cwd: Path, *args: str, lines: str = ""
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TEMPORAL_ADDRESS": temporal.address, "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "turnkeep.cli", *args],
-        input=lines,
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-
-
 async def test_the_fork_command(temporal: ServerInfo, client: Client, tmp_path: Path) -> None:
     config = {
         "task_queue": f"fork-{uuid.uuid4().hex[:8]}",
         "agents": {"test": {"model": "passthrough"}},
     }
     (tmp_path / "turnkeep.yaml").write_text(json.dumps(config), encoding="utf-8")
-    done = await asyncio.to_thread(
-        cli, temporal, tmp_path, "chat", "--agent", "test", "--worker", lines="one\ntwo\n"
-    )
-    assert done.returncode == 0, done.stderr
-    [source] = re.findall(r"^session (session-test-\S+)$", done.stdout, re.M)
-    done = await asyncio.to_thread(
-        cli, temporal, tmp_path, "fork", source, "--at", "2", "--message", "again", "--worker"
-    )
+    out = await asyncio.to_thread(chat, temporal, tmp_path, "one\ntwo\n")
+    [source] = re.findall(r"^session (session-test-\S+)$", out, re.M)
+    fork_args = ("fork", source, "--at", "2", "--message", "again", "--worker")
+    done = await asyncio.to_thread(turnkeep, *fork_args, temporal=temporal, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     [forked] = re.findall(
         rf"^session (\S+) · forked from {source} at message 2$", done.stdout, re.M
@@ -319,7 +304,7 @@ async def test_the_fork_command(temporal: ServerInfo, client: Client, tmp_path: 
         ([source, "--at", "1", "--agent", "ghost"], "no agent 'ghost'"),
         ([source, "--at", "1", "--model", "nonesuch.model"], "nothing was started"),
     ]:
-        done = await asyncio.to_thread(cli, temporal, tmp_path, "fork", *args)
+        done = await asyncio.to_thread(turnkeep, "fork", *args, temporal=temporal, cwd=tmp_path)
         assert done.returncode != 0 and said in done.stderr, (args, done.stderr)
     for session_id in (source, forked):
         await get_session(client, session_id).handle.terminate()

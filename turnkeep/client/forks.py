@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 import uuid
 from collections.abc import Sequence
-from typing import cast
+from typing import TypedDict, Unpack, cast
 
 from pydantic import BaseModel
 from temporalio.api.common.v1 import Payload
@@ -45,21 +45,26 @@ class ForkError(ValueError):
     """A fork that cannot be made: no such source, a message index out of its range."""
 
 
+class ForkOptions(TypedDict, total=False):
+    """What a fork may be given besides its source and ``at``: its ``agent`` (by default the
+    source's) and the ``model`` of its turns (where the agent's config lets a turn choose), a
+    ``message`` to send it at once, its ``session_id`` and ``task_queue`` (by default as
+    ``open_session``'s)."""
+
+    agent: str | None
+    model: str | None
+    message: str | Message | None
+    session_id: str | None
+    task_queue: str | None
+
+
 async def fork(
-    client: Client,
-    source: str,
-    *,
-    at: int,
-    agent: str | None = None,
-    model: str | None = None,
-    message: str | Message | None = None,
-    session_id: str | None = None,
-    task_queue: str | None = None,
+    client: Client, source: str, *, at: int, **options: Unpack[ForkOptions]
 ) -> SessionHandle:
     """Start a session whose conversation is the first ``at`` messages of ``source`` (a
-    session's id or a turn's), with ``agent`` (by default the source's) and ``model`` for its
-    turns (where the agent's config lets a turn choose), then send it ``message`` if given. The
-    source is untouched. Raises ``ForkError`` for an unknown source or an ``at`` out of range."""
+    session's id or a turn's), then send it ``message`` if given (``ForkOptions``). The source
+    is untouched. Raises ``ForkError`` for an unknown source or an ``at`` out of range."""
+    agent, model = options.get("agent"), options.get("model")
     if at < 1:
         raise ForkError(f"--at counts messages from 1 (the first message); got {at}")
     described = await described_source(client, source)
@@ -67,7 +72,7 @@ async def fork(
     agent = agent or source_agent
     if not agent:
         raise ForkError(f"{source!r} names no agent: give the fork's agent")
-    fork_id = session_id or f"session-{agent}-{uuid.uuid4().hex[:12]}"
+    fork_id = options.get("session_id") or f"session-{agent}-{uuid.uuid4().hex[:12]}"
     if described.workflow_type == SESSION_WORKFLOW_NAME:
         origin, messages, ref = await _session_prefix(client, described, at, fork_id)
     else:
@@ -79,10 +84,11 @@ async def fork(
         client,
         session,
         workflow_id=fork_id,
-        task_queue=task_queue,
+        task_queue=options.get("task_queue"),
         summary=visibility.fork_summary(origin.source, origin.at, agent),
         fork_of=visibility.fork_of(origin.source, origin.at),
     )
+    message = options.get("message")
     if message is not None:
         await handle.send(message)
     return handle

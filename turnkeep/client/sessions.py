@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from temporalio.client import (
@@ -57,6 +57,11 @@ from turnkeep.contract.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
 from turnkeep.observability.search_attributes import present_search_attributes
 from turnkeep.workflows import visibility
 from turnkeep.workflows.session_workflow import SessionWorkflow
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from turnkeep.client.forks import ForkOptions
 
 
 async def read_transcript(
@@ -303,31 +308,14 @@ class SessionHandle:
         revoke = RevokeAllow(rule_id=rule_id, by=by)
         return await self.handle.execute_update(REVOKE_ALLOW_UPDATE, revoke, result_type=AllowRule)
 
-    async def fork(
-        self,
-        at: int,
-        *,
-        agent: str | None = None,
-        model: str | None = None,
-        message: str | Message | None = None,
-        session_id: str | None = None,
-        task_queue: str | None = None,
-    ) -> SessionHandle:
+    async def fork(self, at: int, **options: Unpack[ForkOptions]) -> SessionHandle:
         """A new session whose conversation is this one's first ``at`` messages (counted from
         1, as ``turnkeep show`` prints them), then ``message`` if given; this one is untouched.
-        ``turnkeep.client.forks.fork`` says more."""
+        ``options``: ``agent``, ``model``, ``message``, ``session_id``, ``task_queue``
+        (``turnkeep.client.forks.ForkOptions``)."""
         from turnkeep.client.forks import fork
 
-        return await fork(
-            self.client,
-            self.session_id,
-            at=at,
-            agent=agent,
-            model=model,
-            message=message,
-            session_id=session_id,
-            task_queue=task_queue,
-        )
+        return await fork(self.client, self.session_id, at=at, **options)
 
     async def close(self) -> None:
         """Answer what is queued, then end the session; its result is the conversation."""

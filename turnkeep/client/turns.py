@@ -58,6 +58,9 @@ from turnkeep.workflows import visibility
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
 if TYPE_CHECKING:
+    from typing import Unpack
+
+    from turnkeep.client.forks import ForkOptions
     from turnkeep.client.sessions import SessionHandle
 
 
@@ -228,31 +231,14 @@ class TurnHandle:
     async def cancel(self) -> None:
         await self.handle.cancel()
 
-    async def fork(
-        self,
-        at: int,
-        *,
-        agent: str | None = None,
-        model: str | None = None,
-        message: str | Message | None = None,
-        session_id: str | None = None,
-        task_queue: str | None = None,
-    ) -> SessionHandle:
+    async def fork(self, at: int, **options: Unpack[ForkOptions]) -> SessionHandle:
         """A new session whose conversation is this turn's up to its ``at``-th message
         (counted from 1 as ``turnkeep show`` prints the turn; a session's turn is forked as
-        its session at that message), then ``message`` if given; the turn is untouched."""
+        its session at that message), then ``message`` if given; the turn is untouched.
+        ``options`` as for ``SessionHandle.fork``."""
         from turnkeep.client.forks import fork
 
-        return await fork(
-            self.client,
-            self.workflow_id,
-            at=at,
-            agent=agent,
-            model=model,
-            message=message,
-            session_id=session_id,
-            task_queue=task_queue,
-        )
+        return await fork(self.client, self.workflow_id, at=at, **options)
 
     async def decide(
         self,
