@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from temporalio.client import Client
 
-from turnkeep.cli.commands.sessions import _failure, _print
+from turnkeep.cli.commands.sessions import _failure, _print, left_open
 from turnkeep.cli.console import console
 from turnkeep.cli.errors import error_text, print_error
 from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
@@ -89,10 +89,4 @@ def fork_command(
             return forked.session_id, 2
         return forked.session_id, 0
 
-    forked, code = target.run_with_worker(go, worker=worker)
-    console.print(
-        f"go on with `turnkeep chat --session {forked}`, end it with "
-        f"`turnkeep sessions close {forked}`"
-    )
-    if code:
-        raise typer.Exit(code)
+    left_open(*target.run_with_worker(go, worker=worker))
