@@ -26,6 +26,7 @@ from pathlib import Path
 from bench import (
     approvals,
     elicitations,
+    forks,
     history,
     overhead,
     peers_bench,
@@ -55,6 +56,7 @@ SECTIONS = (
     "elicitations",
     "sessions",
     "storage",
+    "fork",
     "teams",
     "live",
     "gateway",
@@ -232,6 +234,11 @@ async def run(args: argparse.Namespace) -> Results:
         out.tables.append(table)
         out.session_targets += targets
 
+    async def fork_section(env: Environment) -> None:
+        table, targets = await forks.fork_bench(env, session_turns)
+        out.tables.append(table)
+        out.session_targets += targets
+
     async def storage_section(env: Environment) -> None:
         table, targets = await session_storage.large(env)
         out.tables.append(table)
@@ -278,6 +285,7 @@ async def run(args: argparse.Namespace) -> Results:
         "elicitations": elicitations_section,
         "sessions": sessions_section,
         "storage": storage_section,
+        "fork": fork_section,
         "teams": teams_section,
         "live": live_section,
         "gateway": gateway_section,

@@ -154,6 +154,7 @@ WORKFLOW_MODULES = [
     "worker_cache",
     "turn_metrics",
     "repair",
+    "session_fork",
     "session_turns",
     "conversation_cache",
     "tool_batch",

@@ -255,6 +255,7 @@ def test_search_attribute_definitions_for_the_dev_server() -> None:
         "TurnkeepTokens": "Int",
         "TurnkeepCostUsd": "Double",
         "TurnkeepReplayOf": "Keyword",
+        "TurnkeepForkOf": "Keyword",
     }
     argv = build_argv(Path("temporal"), port=1, ui_port=None, search_attributes=types)
     assert "TurnkeepIterations=Int" in argv

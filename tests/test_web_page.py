@@ -250,3 +250,29 @@ async def test_a_reload_resumes_the_chat(
     third = fake.requests_for("openai")[2].body["messages"]
     said = [str(m.get("content")) for m in third if m["role"] != "system"]
     assert "First question." in said[0] and "The first answer: 4." in said[3], said
+
+
+async def test_fork_from_here_opens_a_chat_with_the_conversation_up_to_that_message(
+    harness: HarnessFactory, fake: FakeModelApi, browser: BrowserContext
+) -> None:
+    fake.script(
+        Reply.text("The first answer."),
+        Reply.text("Another answer."),
+        api="openai",
+    )
+    async with page_on_gateway(harness, fake, browser) as (_h, page):
+        await new_chat(page)
+        await send(page, "First question.")
+        await expect(answer_texts(page)).to_have_text(["The first answer."])
+        source = page.url
+        await page.get_by_role("button", name="Fork from message 1").click()
+        await expect(page).not_to_have_url(source)
+        await expect(page).to_have_url(re.compile(r"/#session=[^&]+$"))
+        # The fork holds the question, not the answer, and answers anew.
+        await expect(transcript(page)).to_contain_text("First question.")
+        await expect(answer_texts(page)).to_have_count(0)
+        await send(page, "Answer again.")
+        await expect(answer_texts(page)).to_have_text(["Another answer."])
+    second = fake.requests_for("openai")[1].body["messages"]
+    said = [str(m.get("content")) for m in second if m["role"] != "system"]
+    assert "First question." in said[0] and "The first answer." not in " ".join(said), said

@@ -12,6 +12,7 @@ from turnkeep.client.evaluations import EvaluationError as EvaluationError
 from turnkeep.client.evaluations import EvaluationHandle as EvaluationHandle
 from turnkeep.client.evaluations import evaluate as evaluate
 from turnkeep.client.evaluations import get_evaluation as get_evaluation
+from turnkeep.client.forks import ForkError as ForkError
 from turnkeep.client.live import MessageEvent as MessageEvent
 from turnkeep.client.live import Restarted as Restarted
 from turnkeep.client.live import StreamEvent as StreamEvent

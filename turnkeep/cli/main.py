@@ -23,6 +23,7 @@ from temporalio.exceptions import ApplicationError, CancelledError
 
 from turnkeep.cli.commands import (
     approvals,
+    forks,
     gateway,
     payloads,
     replays,
@@ -56,7 +57,7 @@ def _reflowed(group: typer.Typer) -> typer.Typer:
 
 
 # Without a name, each group's commands become top-level commands, listed in this order.
-for group in (turns, replays, sessions, approvals, payloads, worker, server, serve, gateway):
+for group in (turns, replays, sessions, forks, approvals, payloads, worker, server, serve, gateway):
     app.add_typer(_reflowed(group.app))
 app.add_typer(_reflowed(sessions.sessions_app), name="sessions")
 

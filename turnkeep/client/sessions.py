@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from temporalio.client import (
@@ -66,6 +66,11 @@ from turnkeep.contract.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
 from turnkeep.observability.search_attributes import present_search_attributes
 from turnkeep.workflows import visibility
 from turnkeep.workflows.session_workflow import SessionWorkflow
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from turnkeep.client.forks import ForkOptions
 
 
 async def read_transcript(
@@ -118,8 +123,23 @@ async def open_session(
         turns_per_run=turns_per_run,
         on_new_message=on_new_message,
     )
-    present = await present_search_attributes(client)
     workflow_id = session_id or f"session-{agent}-{uuid.uuid4().hex[:12]}"
+    return await start_session(client, session, workflow_id=workflow_id, task_queue=task_queue)
+
+
+async def start_session(
+    client: Client,
+    session: SessionInput,
+    *,
+    workflow_id: str,
+    task_queue: str | None = None,
+    summary: str | None = None,
+    fork_of: str | None = None,
+) -> SessionHandle:
+    """Start the session ``session`` as ``workflow_id`` (``open_session``; a fork names its
+    source in ``fork_of``, ``TurnkeepForkOf``), or attach to it if it runs."""
+    agent = session.agent
+    present = await present_search_attributes(client)
     try:
         handle = await client.start_workflow(
             SESSION_WORKFLOW_NAME,
@@ -127,8 +147,8 @@ async def open_session(
             id=workflow_id,
             task_queue=task_queue or agent_task_queue(DEFAULT_TASK_QUEUE, agent),
             result_type=SessionResult,
-            static_summary=f"session with {agent}",
-            search_attributes=visibility.start_search_attributes(agent, present),
+            static_summary=summary or f"session with {agent}",
+            search_attributes=visibility.start_search_attributes(agent, present, fork_of=fork_of),
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
         )
@@ -361,6 +381,15 @@ class SessionHandle:
             return (await self.handle.result()).rewinds
         except WorkflowFailureError:
             return []  # ended otherwise than closed (terminated, failed): no result to read
+
+    async def fork(self, at: int, **options: Unpack[ForkOptions]) -> SessionHandle:
+        """A new session whose conversation is this one's first ``at`` messages (counted from
+        1, as ``turnkeep show`` prints them), then ``message`` if given; this one is untouched.
+        ``options``: ``agent``, ``model``, ``message``, ``session_id``, ``task_queue``
+        (``turnkeep.client.forks.ForkOptions``)."""
+        from turnkeep.client.forks import fork
+
+        return await fork(self.client, self.session_id, at=at, **options)
 
     async def close(self) -> None:
         """Answer what is queued, then end the session; its result is the conversation."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temporalio.client import (
     Client,
@@ -56,6 +56,12 @@ from turnkeep.observability.search_attributes import present_search_attributes
 from turnkeep.payloads.conversations import with_history
 from turnkeep.workflows import visibility
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from turnkeep.client.forks import ForkOptions
+    from turnkeep.client.sessions import SessionHandle
 
 
 def summarize(turn: TurnInput) -> str:
@@ -224,6 +230,15 @@ class TurnHandle:
 
     async def cancel(self) -> None:
         await self.handle.cancel()
+
+    async def fork(self, at: int, **options: Unpack[ForkOptions]) -> SessionHandle:
+        """A new session whose conversation is this turn's up to its ``at``-th message
+        (counted from 1 as ``turnkeep show`` prints the turn; a session's turn is forked as
+        its session at that message), then ``message`` if given; the turn is untouched.
+        ``options`` as for ``SessionHandle.fork``."""
+        from turnkeep.client.forks import fork
+
+        return await fork(self.client, self.workflow_id, at=at, **options)
 
     async def decide(
         self,

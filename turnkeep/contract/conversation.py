@@ -212,10 +212,18 @@ def _marker(value: Any, kind: Kind) -> dict[str, Any] | None:
 
 
 def segment_digest(
-    parent: str | None, prev: str | None, messages: Sequence[str], summary: str | None = None
+    parent: str | None,
+    prev: str | None,
+    messages: Sequence[str],
+    summary: str | None = None,
+    base: tuple[str, str] | None = None,
 ) -> str:
-    """The SHA-256 of a segment: its pointers, each message's own SHA-256 and its summary's."""
+    """The SHA-256 of a segment: its pointers, each message's own SHA-256 and its summary's
+    (and, for a fork's first segment, the conversation it goes on from: ``base``)."""
     parts = [parent or "", prev or "", _sha256(summary) if summary else "", *map(_sha256, messages)]
+    if base is not None:
+        # Only a fork's segment has one: every other segment's digest stays what it was.
+        parts.append(f"base:{base[0]}\x00{base[1]}")
     return _sha256("\n".join(parts))
 
 

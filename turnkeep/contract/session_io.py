@@ -32,10 +32,21 @@ DEFAULT_TURNS_PER_RUN = 50
 NewMessageMode = Literal["queue", "interrupt"]
 
 
+class ForkOrigin(BaseModel):
+    """Where a forked session came from: the session (or turn) it was forked from, and how many
+    of that conversation's messages it starts with (``TurnkeepForkOf`` says the same)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(min_length=1, max_length=1_000)
+    at: int = Field(ge=1)
+
+
 class SessionInput(BaseModel):
     """Input of ``SessionWorkflow``. Any client may start one: it names an agent (which each
     turn's ``prepare_turn`` checks against the worker's configuration) and its own limits,
-    never anything the worker would run."""
+    never anything the worker would run. A fork also starts with a conversation (messages
+    only: no rules, no budget spent, nothing a turn's start would not accept from a client)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -49,6 +60,27 @@ class SessionInput(BaseModel):
     # The agent's `on_new_message`, passed in by whoever opens the session: the workflow
     # cannot read the worker's config. Either mode only affects this session's own turns.
     on_new_message: NewMessageMode = "queue"
+    # Each turn's model, where the agent's config allows a turn to choose (``TurnInput.model``).
+    model: str | None = Field(default=None, max_length=NAME_MAX_CHARS)
+    # A fork's origin, and the conversation it starts with: by reference once stored
+    # (``conversation``, which must be this session's own: ``fork_prefix``), else its messages.
+    fork: ForkOrigin | None = None
+    transcript: Messages = Field(default_factory=list)
+    conversation: ConversationRef | None = None
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        # A session that is not a fork writes what it wrote before these fields; a fork's
+        # stored conversation is written as a reference (the codec expands it for the worker).
+        ref = self.conversation if stores(info) else None
+        data = handler(self.model_copy(update={"transcript": []}) if ref is not None else self)
+        if isinstance(data, dict):
+            for name in ("model", "fork", "transcript", "conversation"):
+                if not data.get(name):
+                    data.pop(name, None)
+            if ref is not None:
+                data["transcript"] = ref.transcript_marker()
+        return data
 
 
 class _ByReference(BaseModel):

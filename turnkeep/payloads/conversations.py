@@ -47,12 +47,13 @@ from turnkeep.contract.conversation import (
     ConversationRef,
     segment_digest,
 )
-from turnkeep.contract.messages import Message
+from turnkeep.contract.messages import Message, message_json
 from turnkeep.contract.turn_io import TurnResult
 from turnkeep.payloads.storage.errors import MissingPayloadError, PayloadStorageError
 from turnkeep.payloads.storage.local import SHA256, LocalDirectoryDriver, write_durably
 from turnkeep.payloads.storage.owners import owner_key
 from turnkeep.payloads.storage.s3 import S3Driver
+from turnkeep.payloads.storage.sweep import BASES
 
 JSON = b"json/plain"
 SEGMENT = b"binary/turnkeep-segment"
@@ -66,6 +67,20 @@ _PLACES = frozenset({"messages", "history", "transcript"})
 _ANCHORS = ("history_ref", "conversation")
 # Expansions of chains kept, each a tuple of references to the cached messages' JSON.
 CHAINS = 64
+
+
+@dataclass(frozen=True)
+class ConversationPrefix:
+    """The first messages of a stored transcript (``ConversationCodec.prefix``), as their JSON,
+    and the longest run of whole segments among them a fork can go on from by reference:
+    ``shared``, the last of them (its session and digest), which holds ``shared_count``."""
+
+    texts: tuple[str, ...]
+    shared: tuple[str, str] | None
+    shared_count: int
+
+    def last(self) -> Message | None:
+        return Message.model_validate_json(self.texts[-1]) if self.texts else None
 
 
 async def with_history(codec: PayloadCodec | None, result: TurnResult) -> TurnResult:
@@ -86,10 +101,13 @@ class _Segment:
     prev: str | None
     messages: tuple[str, ...]
     summary: str | None
+    # A fork's first segment: the session and segment whose chain it goes on from (both its
+    # history and its transcript), shared by reference rather than copied (``fork_prefix``).
+    base: tuple[str, str] | None = None
 
     @property
     def digest(self) -> str:
-        return segment_digest(self.parent, self.prev, self.messages, self.summary)
+        return segment_digest(self.parent, self.prev, self.messages, self.summary, self.base)
 
     @property
     def size(self) -> int:
@@ -107,6 +125,12 @@ class ConversationStore(ABC):
     @abstractmethod
     async def get(self, owner: str, digest: str) -> bytes:
         """The segment's bytes; ``MissingSegmentError`` when it is not there."""
+
+    async def note_base(self, owner: str, base: str) -> None:
+        """Record that ``owner``'s conversation goes on from ``base``'s (a fork), for a
+        garbage collector that must keep ``base``'s segments while ``owner`` runs. Nothing by
+        default: a bucket's lifecycle rule expires objects by age alone."""
+        del owner, base
 
 
 class LocalConversationStore(ConversationStore):
@@ -128,6 +152,15 @@ class LocalConversationStore(ConversationStore):
 
     async def get(self, owner: str, digest: str) -> bytes:
         return await asyncio.to_thread(self._read, self._path(owner, digest))
+
+    async def note_base(self, owner: str, base: str) -> None:
+        await asyncio.to_thread(self._note, owner_key(owner), owner_key(base))
+
+    def _note(self, owner: str, base: str) -> None:
+        path = self.directory / owner / BASES
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as file:  # one line per base; a fork has one
+            file.write(base + "\n")
 
     def _write(self, path: Path, data: bytes) -> None:
         if path.exists():
@@ -233,6 +266,10 @@ class ConversationCodec(PayloadCodec):
         )
         if segment.digest != digest:
             raise PayloadStorageError(f"segment {digest} does not match its messages")
+        await self._put(owner, segment)
+
+    async def _put(self, owner: str, segment: _Segment) -> None:
+        digest = segment.digest
         if (owner, digest) in self._segments:
             return  # written by this process already
         data = Payload(metadata={"encoding": SEGMENT}, data=_segment_bytes(segment))
@@ -305,6 +342,51 @@ class ConversationCodec(PayloadCodec):
             out.metadata[_EXPANDED] = _dumps(spans).encode()
         return out
 
+    # -- forks -------------------------------------------------------------------------------
+
+    async def prefix(self, ref: ConversationRef, count: int) -> ConversationPrefix:
+        """The first ``count`` messages of the transcript ``ref`` names (fewer if it has
+        fewer), and which of its segments a fork of them can share. A segment is shared only
+        if every one before it, and itself, extends the history as it extends the transcript
+        (no compaction, no turn without history): the history of a fork that goes on from it
+        is then exactly those messages."""
+        segments: list[_Segment] = []
+        places: list[tuple[str, str]] = []
+        owner, digest = ref.owner, ref.transcript
+        while digest is not None:
+            segment = await self._segment(owner, digest)
+            segments.append(segment)
+            places.append((owner, digest))
+            digest = segment.prev
+            if digest is None and segment.base is not None:
+                owner, digest = segment.base
+        segments.reverse()
+        places.reverse()
+        texts: list[str] = []
+        shared, shared_count, sharing = None, 0, True
+        for segment, place in zip(segments, places, strict=True):
+            if len(texts) + len(segment.messages) > count:
+                texts += segment.messages[: count - len(texts)]
+                break
+            texts += segment.messages
+            sharing = sharing and segment.parent == segment.prev and segment.summary is None
+            if sharing:
+                shared, shared_count = place, len(texts)
+        return ConversationPrefix(tuple(texts), shared, shared_count)
+
+    async def store_fork(
+        self, prefix: ConversationPrefix, owner: str, tail: Sequence[Message] = ()
+    ) -> ConversationRef:
+        """The conversation of session ``owner`` (a fork) made of ``prefix`` then ``tail``: one
+        new segment, holding the messages after the shared ones, on from them by reference.
+        What it stores is the size of that segment, whatever the source's length."""
+        texts = (*prefix.texts[prefix.shared_count :], *(message_json(m) for m in tail))
+        segment = _Segment(None, None, texts, None, prefix.shared)
+        await self._put(owner, segment)
+        if prefix.shared is not None and prefix.shared[0] != owner:
+            await self.store.note_base(owner, prefix.shared[0])
+        return ConversationRef(owner=owner, head=segment.digest, transcript=segment.digest)
+
     async def history(self, ref: ConversationRef) -> list[Message]:
         """The history ``ref`` names, as messages (a client reading a session's turn, whose
         result hands its history back by reference)."""
@@ -329,15 +411,18 @@ class ConversationCodec(PayloadCodec):
         walked: list[_Segment] = []
         base: tuple[str, ...] = ()
         digest: str | None = head
+        at = owner  # whose segments: a fork's chain goes on in its source's
         while digest is not None:
-            cached = self._chains.get((owner, digest, pointer))
+            cached = self._chains.get((at, digest, pointer))
             if cached is not None:
-                self._chains.move_to_end((owner, digest, pointer))
+                self._chains.move_to_end((at, digest, pointer))
                 base = cached
                 break
-            segment = await self._segment(owner, digest)
+            segment = await self._segment(at, digest)
             walked.append(segment)
             digest = segment.parent if pointer == "parent" else segment.prev
+            if digest is None and segment.base is not None:
+                at, digest = segment.base
         chain = base + tuple(text for segment in reversed(walked) for text in segment.messages)
         self._chains[(owner, head, pointer)] = chain
         while len(self._chains) > CHAINS:
@@ -382,6 +467,8 @@ def _segment_bytes(segment: _Segment) -> bytes:
         header["prev"] = segment.prev
     if segment.summary is not None:
         header["summary"] = segment.summary
+    if segment.base is not None:
+        header["base"] = list(segment.base)
     return "\n".join([_dumps(header), *segment.messages]).encode()
 
 
@@ -391,7 +478,14 @@ def _read_segment(stored: Payload) -> _Segment:
     header, *texts = stored.data.decode().split("\n")
     body = json.loads(header)
     prev = body["prev"] if "prev" in body else body.get("parent")
-    return _Segment(body.get("parent"), prev, tuple(texts), body.get("summary"))
+    base = body.get("base")
+    return _Segment(
+        body.get("parent"),
+        prev,
+        tuple(texts),
+        body.get("summary"),
+        (str(base[0]), str(base[1])) if isinstance(base, list) and len(base) == 2 else None,
+    )
 
 
 def _marked(payload: Payload) -> bool:

@@ -64,6 +64,7 @@ class ConversationJson:
         ref: ConversationRef | None = None,
         spent: Spent | None = None,
         rules: list[AllowRule] | None = None,
+        model: str | None = None,
     ) -> RawValue:
         """A ``TurnInput`` for ``agent`` answering ``messages`` after the conversation: by
         reference when it is stored (``ref``; the data converter expands it), else
@@ -73,6 +74,8 @@ class ConversationJson:
         start of the child and in the turn's own start."""
         # A budget per session: what the earlier turns spent (only once a turn said so).
         extra = "" if spent is None else f',"session_spent":{spent.model_dump_json()}'
+        if model is not None:  # a session that names one (a fork's `--model`)
+            extra += f',"model":{json.dumps(model)}'
         # Only when the session has some: the turns of a session without rules are as before.
         allow = (
             f',"allow_rules":[{",".join(r.model_dump_json(exclude_defaults=True) for r in rules)}]'

@@ -58,6 +58,7 @@ from turnkeep.contract.turn_io import HistoryChange, Spent, TurnCancelledError
 from turnkeep.workflows import session_rewind, visibility, worker_cache
 from turnkeep.workflows.child_turn import start_child, turn_child_result
 from turnkeep.workflows.conversation_cache import conversations
+from turnkeep.workflows.session_fork import forked_state, without_conversation
 from turnkeep.workflows.session_turns import ConversationJson, TurnOutcome, decode, take_in
 from turnkeep.workflows.starting import handler_argument, start_arguments
 
@@ -77,14 +78,17 @@ class SessionWorkflow:
     @workflow.init
     def __init__(self, *args: Any) -> None:
         self._start: _Start | ApplicationError
+        forked: SessionState | None = None
         try:
             self._start = _start_arguments(args)
+            if self._start.carried is None:
+                forked = forked_state(self._start.session)
         except ApplicationError as err:
             self._start = err
         self._state = (
             self._start.carried
             if isinstance(self._start, _Start) and self._start.carried
-            else SessionState()
+            else forked or SessionState()
         )
         self._turn: RunningTurn | None = None
         # The conversation's JSON, message by message, from which each turn's input is written.
@@ -143,7 +147,7 @@ class SessionWorkflow:
                 if state.conversation is not None:
                     # For the next run, if this worker runs it (``conversation_cache``).
                     conversations.put(state.conversation, state.transcript, kind="transcript")
-                workflow.continue_as_new(args=[session, self._state])
+                workflow.continue_as_new(args=[without_conversation(session), self._state])
         self._ended = True
         self._publish(visibility.TurnStatus.COMPLETED)
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -175,6 +179,7 @@ class SessionWorkflow:
             ref,
             state.spent,
             rules,
+            session.model,
         )
         while True:
             try:
@@ -397,6 +402,12 @@ class SessionWorkflow:
         """The transcript's length once turn ``turn`` had ended; None for a turn that has not
         ended (or that the session does not know the end of: ``SessionState.turn_ends``)."""
         return self._state.turn_ends.get(turn)
+
+    @workflow.query
+    def conversation(self) -> ConversationRef | None:
+        """Where the session's conversation is stored (None while it is not): what a fork of it
+        goes on from by reference (``turnkeep.client.forks``)."""
+        return self._state.conversation
 
     @workflow.query
     def progress(self) -> SessionProgress:

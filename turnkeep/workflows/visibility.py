@@ -50,6 +50,8 @@ TOKENS = SearchAttributeKey.for_int("TurnkeepTokens")
 COST_USD = SearchAttributeKey.for_float("TurnkeepCostUsd")
 # A counterfactual replay's source turn (its workflow id), set by the replay's starter.
 REPLAY_OF = SearchAttributeKey.for_keyword("TurnkeepReplayOf")
+# A forked session's source and the message it was forked at: `<source id>@<n>` (``fork_of``).
+FORK_OF = SearchAttributeKey.for_keyword("TurnkeepForkOf")
 
 SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[Any], ...] = (
     AGENT,
@@ -60,6 +62,7 @@ SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[Any], ...] = (
     TOKENS,
     COST_USD,
     REPLAY_OF,
+    FORK_OF,
 )
 
 
@@ -156,17 +159,31 @@ def starting_values(agent: str) -> SearchAttributeValues:
     }
 
 
-def start_search_attributes(agent: str, allowed: Iterable[str]) -> TypedSearchAttributes:
-    """``starting_values`` as a start request sets them, for the ``allowed`` attributes only
-    (a start naming an unregistered one is refused)."""
+def start_search_attributes(
+    agent: str, allowed: Iterable[str], *, fork_of: str | None = None
+) -> TypedSearchAttributes:
+    """``starting_values`` as a start request sets them (with ``TurnkeepForkOf`` for a fork),
+    for the ``allowed`` attributes only (a start naming an unregistered one is refused)."""
     allowed = set(allowed)
+    values: SearchAttributeValues = {**starting_values(agent), FORK_OF.name: fork_of}
     return TypedSearchAttributes(
         [
             SearchAttributePair(_KEYS[name], value)
-            for name, value in starting_values(agent).items()
-            if name in allowed
+            for name, value in values.items()
+            if name in allowed and value is not None
         ]
     )
+
+
+def fork_of(source: str, at: int) -> str:
+    """``TurnkeepForkOf``'s value: the source's id and how many of its messages the fork took
+    (``TurnkeepForkOf STARTS_WITH 'session-demo-1@'`` finds a session's forks)."""
+    return f"{source}@{at}"
+
+
+def fork_summary(source: str, at: int, agent: str) -> str:
+    """A fork's summary in the Web UI."""
+    return clip(f"session with {agent}, forked from {source} at message {at}")
 
 
 def published_values(attributes: TypedSearchAttributes) -> SearchAttributeValues:

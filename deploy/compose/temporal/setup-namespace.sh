@@ -7,7 +7,7 @@ set -eu
 
 : "${TEMPORAL_ADDRESS:?}" "${TEMPORAL_NAMESPACE:?}"
 RETENTION="${NAMESPACE_RETENTION:-168h}"
-SEARCH_ATTRIBUTES="TurnkeepAgent=Keyword TurnkeepModel=Keyword TurnkeepStatus=Keyword TurnkeepStopReason=Keyword TurnkeepIterations=Int TurnkeepTokens=Int TurnkeepCostUsd=Double TurnkeepReplayOf=Keyword"
+SEARCH_ATTRIBUTES="TurnkeepAgent=Keyword TurnkeepModel=Keyword TurnkeepStatus=Keyword TurnkeepStopReason=Keyword TurnkeepIterations=Int TurnkeepTokens=Int TurnkeepCostUsd=Double TurnkeepReplayOf=Keyword TurnkeepForkOf=Keyword"
 
 attempt=0
 until temporal operator cluster health >/dev/null 2>&1; do

@@ -87,10 +87,14 @@ def chat(
         queue = None if in_process else (await session.handle.describe()).task_queue
         return session.session_id, await _repl(session, queue)
 
-    opened, code = target.run_with_worker(go, worker=worker)
+    left_open(*target.run_with_worker(go, worker=worker))
+
+
+def left_open(session_id: str, code: int) -> None:
+    """Say how to go on with the open session ``session_id``, then exit with ``code``."""
     console.print(
-        f"the session stays open: resume it with `turnkeep chat --session {opened}`, end it "
-        f"with `turnkeep sessions close {opened}`"
+        f"the session stays open: resume it with `turnkeep chat --session {session_id}`, end "
+        f"it with `turnkeep sessions close {session_id}`"
     )
     if code:
         raise typer.Exit(code)

@@ -13,9 +13,9 @@ from typing import Literal
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from turnkeep.client.forks import agent_of as start_agent
 from turnkeep.config.settings import Settings
-from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME, SessionInput
-from turnkeep.contract.turn_io import TurnInput
+from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME
 from turnkeep.doors.gateway.auth import ApiKey
 from turnkeep.doors.gateway.errors import ApiError
 from turnkeep.workflows import visibility
@@ -23,10 +23,6 @@ from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
 Kind = Literal["turn", "session"]
 _TYPES: dict[Kind, str] = {"turn": WORKFLOW_NAME, "session": SESSION_WORKFLOW_NAME}
-_INPUTS: dict[Kind, type[TurnInput] | type[SessionInput]] = {
-    "turn": TurnInput,
-    "session": SessionInput,
-}
 # Workflow ids whose agent is remembered (it never changes): a watcher's reconnect or a page's
 # polling costs one describe, not a history read too.
 _AGENTS_KEPT = 10_000
@@ -109,20 +105,9 @@ class Access:
         if known is not None:
             return known
         # A namespace without turnkeep's search attributes: the agent its start input named.
-        handle = self.client.get_workflow_handle(described.id)
-        async for event in handle.fetch_history_events(page_size=1):
-            payloads = event.workflow_execution_started_event_attributes.input.payloads
-            if not payloads:
-                return None
-            try:
-                decoded = await self.client.data_converter.decode(payloads[:1], [_INPUTS[kind]])
-            except Exception:  # not a turnkeep input: nobody's agent
-                return None
-            found = getattr(decoded[0], "agent", None)
-            if not isinstance(found, str):
-                return None
+        found = await start_agent(self.client, described)
+        if found is not None:
             self._agents[described.id] = found
             while len(self._agents) > _AGENTS_KEPT:
                 self._agents.popitem(last=False)
-            return found
-        return None
+        return found

@@ -59,7 +59,7 @@ class _TurnIdConvertor(PathConvertor):
     that ends as another turn route does. ``GET /api/turns/<id>/cancel`` is then that route
     with the wrong method (405, with ``Allow``), not the state of a turn named ``<id>/cancel``."""
 
-    regex = r"(?!.*/(?:cancel|events|approvals(?:/[^/]*)?)$).*"
+    regex = r"(?!.*/(?:cancel|events|fork|approvals(?:/[^/]*)?)$).*"
 
 
 register_url_convertor("turnkeep_turn", _TurnIdConvertor())
@@ -70,6 +70,7 @@ ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
     # Turn ids may hold '/' (a session's turn: `<session>/turn-2`): the longer paths first.
     ("/turns/{turn_id:path}/events", routes.stream_turn, ["GET"]),
     ("/turns/{turn_id:path}/cancel", routes.cancel_turn, ["POST"]),
+    ("/turns/{turn_id:path}/fork", routes.fork_turn, ["POST"]),
     ("/turns/{turn_id:path}/approvals/{call_id}", routes.decide, ["POST"]),
     ("/turns/{turn_id:path}/approvals", routes.turn_approvals, ["GET"]),
     ("/turns/{turn_id:turnkeep_turn}", routes.get_turn_state, ["GET"]),
@@ -79,6 +80,7 @@ ROUTES: list[tuple[str, Callable[[Request], Any], list[str]]] = [
     ("/sessions/{session_id}/events", routes.stream_session, ["GET"]),
     ("/sessions/{session_id}/close", routes.close_session, ["POST"]),
     ("/sessions/{session_id}/rewind", routes.rewind_session, ["POST"]),
+    ("/sessions/{session_id}/fork", routes.fork_session, ["POST"]),
     ("/sessions/{session_id}", routes.get_session_state, ["GET"]),
 ]
 

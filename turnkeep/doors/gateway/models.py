@@ -136,6 +136,23 @@ class RewindSession(_Request):
     cancel_running: bool = False
 
 
+class Fork(_Request):
+    """A new session from a turn's or a session's first ``at`` messages (counted from 1, as
+    ``turnkeep show`` prints them), with ``agent`` (default: the source's) and ``model`` for
+    its turns, then ``text`` sent to it if given."""
+
+    at: int = Field(ge=1, le=MAX_INDEX)
+    agent: str | None = Field(default=None, min_length=1, max_length=_NAME_CHARS)
+    model: str | None = Field(default=None, min_length=1, max_length=_NAME_CHARS)
+    text: str | None = Field(default=None, min_length=1)
+
+
+class Forked(BaseModel):
+    session_id: str
+    fork_of: str  # `<source id>@<at>`, as its `TurnkeepForkOf` search attribute
+    web_ui: str | None = None
+
+
 # -- server-sent events: each event's `data` ---------------------------------------------------
 
 

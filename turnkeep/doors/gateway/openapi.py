@@ -47,6 +47,8 @@ _MODELS: tuple[type[BaseModel], ...] = (
     m.SessionRef,
     m.RewindSession,
     Rewind,
+    m.Fork,
+    m.Forked,
     m.MessageData,
     m.TextData,
     m.ToolCallData,
@@ -185,6 +187,23 @@ def _discriminators_required(node: Any, schemas: dict[str, Any]) -> None:
             _discriminators_required(value, schemas)
 
 
+def _fork_op(source: dict[str, Any]) -> dict[str, Any]:
+    return _op(
+        "Fork: a new session from the first messages of this one",
+        201,
+        _json(m.Forked, "the fork, started"),
+        400,
+        403,
+        404,
+        409,
+        413,
+        422,
+        504,
+        body=m.Fork,
+        params=[source],
+    )
+
+
 @functools.cache
 def _document() -> dict[str, Any]:
     _, schemas = models_json_schema(
@@ -305,6 +324,8 @@ def _document() -> dict[str, Any]:
                 "Follow a session", 200, _SSE, 400, 403, 404, 503, params=[session, *_RESUME]
             )
         },
+        "/api/turns/{turn_id}/fork": {"post": _fork_op(turn)},
+        "/api/sessions/{session_id}/fork": {"post": _fork_op(session)},
         "/api/sessions/{session_id}/close": {
             "post": _op(
                 "Close a session (what is queued is answered first)",

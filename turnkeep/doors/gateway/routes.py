@@ -21,6 +21,7 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailed
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from turnkeep.client.forks import ForkError, fork
 from turnkeep.client.queries import query_retrying
 from turnkeep.client.sessions import SessionClosedError, get_session, open_session
 from turnkeep.client.turns import get_turn, start_turn
@@ -28,7 +29,7 @@ from turnkeep.config.settings import Settings
 from turnkeep.contract.approval import PendingCall
 from turnkeep.contract.messages import Message
 from turnkeep.contract.turn_io import TurnInput
-from turnkeep.doors.gateway.access import Access
+from turnkeep.doors.gateway.access import Access, Kind
 from turnkeep.doors.gateway.auth import ALL_AGENTS, ApiKey, KeyRing
 from turnkeep.doors.gateway.errors import ApiError
 from turnkeep.doors.gateway.fanout import Hub, TooManyWatchers, turn_outcome
@@ -40,6 +41,8 @@ from turnkeep.doors.gateway.models import (
     Approval,
     ApprovalList,
     DecideCall,
+    Fork,
+    Forked,
     MessageSent,
     OpenSession,
     RewindSession,
@@ -430,6 +433,57 @@ async def rewind_session(request: Request) -> Response:
         rewind.to_turn,
     )
     return _json(rewind)
+
+
+# -- forks ------------------------------------------------------------------------------------
+
+
+async def fork_turn(request: Request) -> Response:
+    return await _fork(request, "turn", request.path_params["turn_id"])
+
+
+async def fork_session(request: Request) -> Response:
+    return await _fork(request, "session", request.path_params["session_id"])
+
+
+async def _fork(request: Request, kind: Kind, source: str) -> Response:
+    """A fork reads its source and starts into its agent: the key must reach both."""
+    gw = _gateway(request)
+    key = gw.key(request)
+    body = await read_json(request, Fork, gw.max_body)
+    found = await gw.access.workflow(key, kind, source)
+    agent = body.agent or found.agent
+    gw.access.agent(key, agent)
+    if body.text is not None and not body.text.strip():
+        raise ApiError(422, "text: the message is empty")
+    # A model the agent does not allow is refused by the fork's first turn, as any turn's
+    # (prepare_turn checks it against the worker's config).
+    try:
+        async with asyncio.timeout(WORKER_SECONDS):
+            forked = await fork(
+                gw.client,
+                source,
+                at=body.at,
+                agent=agent,
+                model=body.model,
+                message=body.text,
+                session_id=f"session-{agent}-{uuid.uuid4().hex[:12]}",
+                task_queue=gw.task_queue(agent),
+            )
+    except ForkError as err:
+        raise ApiError(422, str(err)) from None
+    except WorkflowUpdateFailedError as err:  # the fork refused the message
+        cause = err.cause
+        why = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
+        raise ApiError(409, f"the fork refused the message: {why}") from None
+    except TimeoutError:
+        raise ApiError(504, f"no worker answered for {kind} {source!r}") from None
+    log.info("key %s forked %s %s at %d", key.name, kind, source, body.at)
+    fork_of = visibility.fork_of(source, body.at)
+    answer = Forked(
+        session_id=forked.session_id, fork_of=fork_of, web_ui=gw.web_link(forked.session_id)
+    )
+    return _json(answer, 201)
 
 
 # -- streams ----------------------------------------------------------------------------------

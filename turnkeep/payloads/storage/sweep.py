@@ -123,7 +123,7 @@ def sweep_conversations(
     segments nobody has written or read for ``retention``; a running session's segments are
     all kept, however long it has been idle (its next turn reads them)."""
     report = SweepReport(directory)
-    keep = {owner_key(owner) for owner in running}
+    keep = with_bases(directory, {owner_key(owner) for owner in running})
     cutoff = time.time() - retention.total_seconds()
     try:
         sessions = list(os.scandir(directory))
@@ -150,6 +150,28 @@ def sweep_conversations(
             with contextlib.suppress(OSError):
                 os.rmdir(session.path)  # only once empty
     return report
+
+
+# The file in a session's directory that names the sessions its conversation goes on from (a
+# fork's source: ``turnkeep.payloads.conversations.BASES``), one directory name a line.
+BASES = "forked-from"
+
+
+def with_bases(directory: Path, keep: set[str]) -> set[str]:
+    """``keep`` (sessions' directory names) with every session whose segments a kept one's
+    conversation goes on from, and theirs in turn: a running fork reads its source's segments,
+    however long ago the source closed."""
+    todo = list(keep)
+    while todo:
+        try:
+            lines = (directory / todo.pop() / BASES).read_text().split()
+        except OSError:
+            continue  # no fork (or unreadable: nothing more to keep)
+        for base in lines:
+            if base not in keep and re.fullmatch(r"[0-9a-f]{32}", base):
+                keep.add(base)
+                todo.append(base)
+    return keep
 
 
 def _sweep_files(

@@ -426,8 +426,33 @@ function addMessage(index, message, turnId) {
     clearLive();
     state.busy = message.stop_reason === "toolUse";
   }
-  transcript.append(renderMessage(message));
+  const item = renderMessage(message);
+  item.append(forkButton(index));
+  transcript.append(item);
   scrollToEnd();
+}
+
+// "Fork from here": a new chat whose conversation is this one's up to and with this message
+// (POST /api/sessions/{id}/fork, counted from 1); the page then opens it.
+function forkButton(index) {
+  const button = element("button", "fork", "Fork from here");
+  button.type = "button";
+  button.setAttribute("aria-label", `Fork from message ${index + 1}`);
+  button.addEventListener("click", async () => {
+    if (!state.session) return;
+    button.disabled = true;
+    try {
+      const path = `/api/sessions/${segment(state.session.id)}/fork`;
+      const data = await api("POST", path, { at: index + 1 });
+      clearAlert();
+      location.hash = `session=${encodeURIComponent(data.session_id)}`;
+    } catch (error) {
+      showAlert(`Could not fork the chat: ${error.message}`);
+    } finally {
+      button.disabled = false;
+    }
+  });
+  return button;
 }
 
 function renderMessage(message) {
