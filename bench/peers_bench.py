@@ -510,8 +510,13 @@ def table(results: PeerResults, iterations: list[int], rounds: int) -> Table:
         f"its thread's CPU time per request (reading, parsing, answering), at each K "
         f"({', '.join(map(str, iterations))}). turnkeep's worker shares "
         "this process (and its GIL) with the fake server; the peers' workers are processes of "
-        "their own. Versions: "
-        + "; ".join(f"{LABELS[name]}: {v}" for name, v in results.versions.items())
-        + "."
+        "their own."
+        + (
+            " Versions: "
+            + "; ".join(f"{LABELS[name]}: {v}" for name, v in results.versions.items())
+            + "."
+            if results.versions
+            else ""
+        )
     )
     return out
