@@ -98,6 +98,11 @@ def _parser() -> argparse.ArgumentParser:
         help="peers: K values (default 20,100,400; --quick 20,100)",
     )
     parser.add_argument("--peer-rounds", type=int, help="peers: rounds (default 3)")
+    parser.add_argument(
+        "--peers",
+        help="peers: the lines to run, comma-separated (turnkeep, pydantic-ai, openai-agents, "
+        "fast-agent; default all)",
+    )
     return parser
 
 
@@ -270,7 +275,8 @@ async def run(args: argparse.Namespace) -> Results:
         out.tables.append(table)
 
     async def peers_section(env: Environment) -> None:
-        out.tables.append(await peers_bench.peers(env, peer_iterations, peer_rounds))
+        only = set(args.peers.split(",")) if args.peers else None
+        out.tables.append(await peers_bench.peers(env, peer_iterations, peer_rounds, only))
 
     async def replay_section(env: Environment) -> None:
         out.tables.append(await replay.replays(env, 3 if quick else 10))

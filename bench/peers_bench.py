@@ -374,20 +374,30 @@ class PeerResults:
         return next((o.errors[k] for o in self.rounds.get(peer, []) if k in o.errors), None)
 
 
-async def peers(env: Environment, iterations: list[int], rounds: int = ROUNDS) -> Table:
-    pythons = {p.name: ensure_venv(p) for p in PEERS}
+VERSIONS = {
+    "pydantic-ai": ["pydantic-ai-slim", "temporalio", "openai"],
+    "openai-agents": ["openai-agents", "temporalio", "temporalio-openai-agents", "openai"],
+    "fast-agent": ["fast-agent-mcp", "openai"],
+}
+
+
+async def peers(
+    env: Environment,
+    iterations: list[int],
+    rounds: int = ROUNDS,
+    only: set[str] | None = None,
+) -> Table:
+    """The section; ``only`` names the lines to run (``turnkeep`` and peers' names), all by
+    default: turnkeep alone needs none of the peers' venvs."""
+    chosen = [p for p in PEERS if only is None or p.name in only]
+    pythons = {p.name: ensure_venv(p) for p in chosen}
     out = PeerResults()
-    out.versions = {
-        "pydantic-ai": installed_versions(
-            pythons["pydantic-ai"], ["pydantic-ai-slim", "temporalio", "openai"]
-        ),
-        "openai-agents": installed_versions(
-            pythons["openai-agents"],
-            ["openai-agents", "temporalio", "temporalio-openai-agents", "openai"],
-        ),
-        "fast-agent": installed_versions(pythons["fast-agent"], ["fast-agent-mcp", "openai"]),
-    }
-    order = [TURNKEEP, *(p.name for p in PEERS)]
+    out.versions = {p.name: installed_versions(pythons[p.name], VERSIONS[p.name]) for p in chosen}
+    order = [
+        name for name in (TURNKEEP, *(p.name for p in PEERS)) if name == TURNKEEP or name in pythons
+    ]
+    if only is not None and TURNKEEP not in only:
+        order.remove(TURNKEEP)
     by_name = {p.name: p for p in PEERS}
     fake = TimedFakeApi(respond=respond)
     with fake:
@@ -500,8 +510,13 @@ def table(results: PeerResults, iterations: list[int], rounds: int) -> Table:
         f"its thread's CPU time per request (reading, parsing, answering), at each K "
         f"({', '.join(map(str, iterations))}). turnkeep's worker shares "
         "this process (and its GIL) with the fake server; the peers' workers are processes of "
-        "their own. Versions: "
-        + "; ".join(f"{LABELS[name]}: {v}" for name, v in results.versions.items())
-        + "."
+        "their own."
+        + (
+            " Versions: "
+            + "; ".join(f"{LABELS[name]}: {v}" for name, v in results.versions.items())
+            + "."
+            if results.versions
+            else ""
+        )
     )
     return out

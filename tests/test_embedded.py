@@ -61,6 +61,8 @@ def test_fast_flags_only_when_asked(tmp_path: Path) -> None:
         "history.transferProcessorMaxPollRPS=1000",
         "history.timerProcessorMaxPollRPS=1000",
         'history.timerProcessorMaxTimeShift="10ms"',
+        "system.enableActivityEagerExecution=true",
+        "system.enableEagerWorkflowStart=true",
     ]
     assert _pragmas(fast) == ["journal_mode=WAL", "synchronous=NORMAL"]
     assert _dynamic_config(slow) == [] and _pragmas(slow) == []

@@ -53,10 +53,17 @@ START_ATTEMPTS = 2
 # The history service polls its task queues at 20 RPS per shard and may fire a timer up to a
 # second late by default; that is where most of a dev server's per-step latency comes from.
 # The values are harmless on a single-user dev server.
+# The eager dispatches: an activity scheduled on the worker's own task queue comes back in
+# the reply to the workflow task that scheduled it, and a turn started by a client with a worker
+# in its process starts there (``start_turn``'s ``request_eager_start``), each without a trip
+# through matching. The CLI's dev server already turns both on, the server's defaults are off:
+# named here so no CLI version can take them away (docs/operations/worker.md for clusters).
 FAST_DYNAMIC_CONFIG = (
     "history.transferProcessorMaxPollRPS=1000",
     "history.timerProcessorMaxPollRPS=1000",
     'history.timerProcessorMaxTimeShift="10ms"',
+    "system.enableActivityEagerExecution=true",
+    "system.enableEagerWorkflowStart=true",
 )
 # WAL + synchronous=NORMAL stays durable when the process is killed (only an OS crash or power
 # loss can drop the last commits) and avoids an fsync per transaction.

@@ -113,7 +113,7 @@ class OpenAIProvider(ModelProvider):
 
     async def complete_model(self, request: LlmRequest, model: ModelRef) -> Message:
         timeout = self._timeout or request_timeout()
-        params = request_params(request, model.name, generic=self._generic)
+        params = sdk_arguments(request_params(request, model.name, generic=self._generic))
         if model.reasoning is not None and (effort := self.effort(model.reasoning)):
             params["reasoning_effort"] = effort
         sink = delta_sink() if self.streams else None
@@ -278,6 +278,20 @@ def request_params(request: LlmRequest, model_name: str, *, generic: bool) -> di
             },
         }
     return params
+
+
+def sdk_arguments(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` as the SDK's ``create`` takes them, the conversation in ``extra_body``.
+
+    ``create`` walks its arguments against their typed-dict annotations (``async_maybe_transform``,
+    for the few fields it renames or re-encodes) before it serialises them; for the messages
+    that is a copy of every one, with a round of type inspection per key, on every call. A
+    conversation of hundreds of messages made that the largest cost of a long turn's model call,
+    growing with each iteration. No message field is renamed or re-encoded (the chat message
+    types declare no ``PropertyInfo``), so the messages go as built: ``extra_body`` is merged
+    into the request's JSON after the walk, replacing the empty list given to ``create``."""
+    messages = params.pop("messages")
+    return {**params, "messages": [], "extra_body": {"messages": messages}}
 
 
 def to_openai(request: LlmRequest) -> list[dict[str, Any]]:
