@@ -291,7 +291,8 @@ def sdk_arguments(params: dict[str, Any]) -> dict[str, Any]:
     types declare no ``PropertyInfo``), so the messages go as built: ``extra_body`` is merged
     into the request's JSON after the walk, replacing the empty list given to ``create``."""
     messages = params.pop("messages")
-    return {**params, "messages": [], "extra_body": {"messages": messages}}
+    extra = {**params.get("extra_body", {}), "messages": messages}
+    return {**params, "messages": [], "extra_body": extra}
 
 
 def to_openai(request: LlmRequest) -> list[dict[str, Any]]:
