@@ -16,6 +16,7 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from tests.conftest import Harness, eventually, make_settings
+from turnkeep.client.history import ActivityOutcome, read_turn
 from turnkeep.client.turns import get_turn
 from turnkeep.config.settings import Settings
 from turnkeep.contract.activity_io import TurnPlan
@@ -131,6 +132,29 @@ async def _offered_tools(h: Harness, workflow_id: str) -> list[dict[str, Any]]:
             plan = TurnPlan.model_validate_json(payload.data)
             return [tool.spec.model_dump() for tool in plan.agent_tools]
     raise AssertionError("no prepare_turn result")
+
+
+async def test_show_lists_a_called_agents_local_prepare_turn(h: Harness) -> None:
+    """A called agent's prepare_turn runs as a local activity (a marker in its history, no
+    activity events): `show` lists it all the same, completed, timed and marked local; the
+    parent's activities, ordinary ones, keep the JSON they always had."""
+    turn = await h.start(ask(("ny", "status")))
+    result = await turn.result()
+    [call_id] = result.messages[1].tool_calls or {}
+    child = await read_turn(h.client, child_id(turn.workflow_id, 1, call_id))
+
+    [setup] = [a for a in child.activities if a.activity == "prepare_turn"]
+    assert setup.local and setup.outcome == ActivityOutcome.COMPLETED
+    assert setup.attempts == 1 and setup.failure is None
+    assert setup.closed_at is not None and setup.total_ms is not None and setup.total_ms >= 0
+    assert setup.label == "prepare_turn (local)"
+    assert child.activities.index(setup) == 0  # before the child's model call
+    dumped = json.loads(child.model_dump_json())["activities"][0]
+    assert dumped["local"] is True and dumped["outcome"] == "completed"
+
+    parent = json.loads((await read_turn(h.client, turn.workflow_id)).model_dump_json())
+    assert parent["activities"][0]["activity"] == "prepare_turn"
+    assert all("local" not in a for a in parent["activities"])
 
 
 async def test_a_child_that_stops_without_an_answer_is_an_error_result(

@@ -324,6 +324,8 @@ class TurnRenderer:
             # `attempts` is the attempt waiting to start (0 when the server has not said).
             attempt = f"attempt {timing.attempts} " if timing.attempts else ""
             doing = f"{attempt}waiting for a worker"
+            if timing.local:  # its own worker retries it once its backoff timer fires
+                doing = f"attempt {timing.attempts} failed, waiting to retry"
         else:
             started = timing.started_at or timing.scheduled_at
             doing = f"attempt {max(timing.attempts, 1)} running for {_since(started, now)}"

@@ -6,9 +6,9 @@ The turn's conversation is its latest run's state, which a replay of that run th
 from the state its predecessor carried, so the latest run alone holds the whole turn.
 
 Timings come from the events of every run: when each activity was scheduled, when its last
-attempt started, when it closed. Activities still in flight are filled in from the server's
-description of the run (attempt, last failure), which is where Temporal keeps them until they
-close.
+attempt started, when it closed; a local activity's from the marker Core records when it ends.
+Activities still in flight are filled in from the server's description of the run (attempt,
+last failure), which is where Temporal keeps them until they close.
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
+from json import JSONDecodeError
+from typing import Any
 
+from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel, Field, ValidationError
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.api.failure.v1 import Failure
@@ -78,6 +81,10 @@ class ActivityTiming(BaseModel):
     # The last attempt alone: its start -> closed.
     last_attempt_ms: float | None = None
     failure: str | None = None  # why it failed, or the last attempt's failure while retrying
+    # Run by the workflow's own worker within its workflow task (a called agent's
+    # prepare_turn): its history has a marker, no scheduled or started event. In JSON only
+    # when true, so the JSON of every other activity stays as it was.
+    local: bool = Field(default=False, exclude_if=lambda local: not local)
 
     @property
     def label(self) -> str:
@@ -85,7 +92,7 @@ class ActivityTiming(BaseModel):
             return f"llm #{self.call_index}"
         if self.tool is not None:
             return f"tool {self.tool} · {self.call_id}"
-        return self.activity
+        return f"{self.activity} (local)" if self.local else self.activity
 
 
 class RunInfo(BaseModel):
@@ -307,7 +314,8 @@ async def _failure(client: Client, history: WorkflowHistory) -> str | None:
 
 async def _activities(client: Client, history: WorkflowHistory) -> list[ActivityTiming]:
     """The run's activities in the order it scheduled them, timed by their events."""
-    timings: dict[int, ActivityTiming] = {}  # by the scheduled event's id
+    timings: dict[int, ActivityTiming] = {}  # by the scheduled event's id (a local one's marker)
+    local: dict[str, int] = {}  # a local activity's id -> its first marker's event id
     for event in history.events:
         kind = event.event_type
         at = event_time(event.event_time)
@@ -333,6 +341,8 @@ async def _activities(client: Client, history: WorkflowHistory) -> list[Activity
             # confirm), so for the turn this is where the activity ended.
             cancel = event.activity_task_cancel_requested_event_attributes
             _close(timings[cancel.scheduled_event_id], ActivityOutcome.CANCELLED, at)
+        elif kind == EventType.EVENT_TYPE_MARKER_RECORDED:
+            await _local_activity(client, history, event, timings, local)
         elif (closed := _activity_close(event)) is not None:
             outcome, scheduled_event_id, failure = closed
             timing = timings[scheduled_event_id]
@@ -345,6 +355,90 @@ async def _activities(client: Client, history: WorkflowHistory) -> list[Activity
         if run_closed is not None and timing.closed_at is None:
             _close(timing, ActivityOutcome.ABANDONED, run_closed)
     return list(timings.values())
+
+
+# The marker Temporal's Core SDK records for each local activity attempt that ends.
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
+
+
+class _MarkerTime(BaseModel):
+    """A protobuf timestamp as Core writes it in JSON."""
+
+    seconds: int = 0
+    nanos: int = 0
+
+    def at(self) -> datetime:
+        return event_time(Timestamp(seconds=self.seconds, nanos=self.nanos))
+
+
+class _LocalActivityMarker(BaseModel):
+    """The marker's ``data`` detail: Core's ``LocalActivityMarkerData``, as JSON. Core writes
+    it itself (no codec touches it); the activity's result and failure are elsewhere."""
+
+    activity_id: str
+    activity_type: str
+    attempt: int = 0
+    # The workflow's time when the activity was scheduled plus the last attempt's run time.
+    complete_time: _MarkerTime | None = None
+    # The worker's clock when the first attempt was scheduled.
+    original_schedule_time: _MarkerTime | None = None
+    # Set when the attempt failed and the workflow waits on a timer to schedule the next.
+    backoff: Any = None
+
+
+async def _local_activity(
+    client: Client,
+    history: WorkflowHistory,
+    event: HistoryEvent,
+    timings: dict[int, ActivityTiming],
+    local: dict[str, int],
+) -> None:
+    """A local activity's attempt from its marker: the activity it is, how it ended and when.
+    Retried after a backoff, it is the same activity under the same id with a new marker."""
+    marker = event.marker_recorded_event_attributes
+    if marker.marker_name != LOCAL_ACTIVITY_MARKER or "data" not in marker.details:
+        return  # some other marker (a patch, a side effect)
+    payloads = marker.details["data"].payloads
+    try:
+        data = _LocalActivityMarker.model_validate_json(payloads[0].data)
+    except (IndexError, JSONDecodeError, ValidationError):
+        return  # a marker of some other shape: nothing to list
+    at = event_time(event.event_time)
+    first = local.setdefault(data.activity_id, event.event_id)
+    timing = timings.get(first)
+    if timing is None:
+        scheduled = data.original_schedule_time
+        timing = timings[first] = ActivityTiming(
+            run_id=history.run_id,
+            activity_id=data.activity_id,
+            activity=data.activity_type,
+            outcome=ActivityOutcome.SCHEDULED,
+            scheduled_at=scheduled.at() if scheduled else at,
+            local=True,
+        )
+    timing.attempts = data.attempt
+    failure = marker.failure if marker.HasField("failure") else None
+    if failure is not None:
+        converter = _activity_converter(client, history.workflow_id, timing)
+        timing.failure = await failure_of(converter, failure)
+    if data.backoff is not None:
+        timing.outcome = ActivityOutcome.SCHEDULED  # waiting on its timer to be retried
+        return
+    _close(timing, _local_outcome(failure), data.complete_time.at() if data.complete_time else at)
+    # Scheduled by the worker's clock, completed by the workflow's: on a quick one the two
+    # can disagree by more than it took.
+    timing.total_ms = max(timing.total_ms or 0.0, 0.0)
+
+
+def _local_outcome(failure: Failure | None) -> ActivityOutcome:
+    if failure is None:
+        return ActivityOutcome.COMPLETED
+    kind = failure.WhichOneof("failure_info")
+    if kind == "timeout_failure_info":
+        return ActivityOutcome.TIMED_OUT
+    if kind == "canceled_failure_info":
+        return ActivityOutcome.CANCELLED
+    return ActivityOutcome.FAILED
 
 
 def _close(timing: ActivityTiming, outcome: ActivityOutcome, at: datetime) -> None:
@@ -389,7 +483,7 @@ def _activity_converter(client: Client, workflow_id: str, timing: ActivityTiming
             activity_task_queue=None,
             workflow_id=workflow_id,
             workflow_type=WORKFLOW_NAME,
-            is_local=False,
+            is_local=timing.local,
         )
     )
 
@@ -434,7 +528,8 @@ async def _add_pending(client: Client, view: TurnView) -> None:
     described = await handle.describe()
     pending = {p.activity_id: p for p in described.raw_description.pending_activities}
     for timing in view.activities:
-        info = pending.get(timing.activity_id) if timing.run_id == view.run_id else None
+        mine = timing.run_id == view.run_id and not timing.local  # the server has no local ones
+        info = pending.get(timing.activity_id) if mine else None
         if info is None or timing.closed_at is not None:
             continue
         timing.attempts = info.attempt
