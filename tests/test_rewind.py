@@ -89,15 +89,20 @@ async def held(temporal: ServerInfo, tmp_path: Path) -> AsyncIterator[Harness]:
         yield Harness(client, settings, task_queue)
 
 
+def stored_or_held(
+    storage: str, harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path
+) -> Any:
+    """A harness with payload storage (``stored``) or without (``held``)."""
+    if storage == "stored":
+        return harness(agents=AGENT, function_tools={"local": [blocked]})
+    return held(temporal, tmp_path)
+
+
 @pytest.mark.parametrize("storage", ["stored", "held"])
 async def test_the_next_turn_sees_the_conversation_of_turn_n(
     harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path, storage: str
 ) -> None:
-    if storage == "stored":
-        context = harness(agents=AGENT, function_tools={"local": [blocked]})
-    else:
-        context = held(temporal, tmp_path)
-    async with context as h:
+    async with stored_or_held(storage, harness, temporal, tmp_path) as h:
         session = await open_on(h)
         await talk(session, "a", "b", "c")
         rewind = await session.rewind(1, by="alice")
@@ -121,14 +126,14 @@ async def test_the_next_turn_sees_the_conversation_of_turn_n(
         assert await session.rewinds() == [rewind]
 
 
-@pytest.mark.parametrize("storage", ["stored", "held"])
 async def test_a_fork_rewound_to_zero_goes_back_to_what_it_was_forked_with(
-    harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path, storage: str
+    harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path
 ) -> None:
-    if storage == "stored":
-        context = harness(agents=AGENT, function_tools={"local": [blocked]})
-    else:
-        context = held(temporal, tmp_path)
+    for storage in ("stored", "held"):
+        await _fork_rewound_to_zero(stored_or_held(storage, harness, temporal, tmp_path))
+
+
+async def _fork_rewound_to_zero(context: Any) -> None:
     async with context as h:
         source = await open_on(h)
         await talk(source, "a", "b")
