@@ -11,7 +11,9 @@ whole segment it shares; otherwise it starts with the messages themselves.
 
 Messages are counted as ``turnkeep show`` prints them, from 1: a session's every turn's
 messages in order (its transcript), a turn's own messages (after the history it was given,
-which a fork of it keeps). A cut between an assistant's tool calls and their results is closed
+which a fork of it keeps). After a rewind, a session's transcript holds rewound turns'
+messages before later turns': a message there forks as its turn, the conversation as it
+stood at that message. A cut between an assistant's tool calls and their results is closed
 as cancellation closes one: each call answered as interrupted.
 """
 
