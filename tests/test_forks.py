@@ -9,6 +9,8 @@ import asyncio
 import json
 import re
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -178,6 +180,64 @@ async def test_a_fork_without_payload_storage_carries_the_messages(
         assert texts(await first_turn(h, from_turn, "c")) == ["a", "b"]
         for session in (source, forked, from_turn):
             await session.close()
+
+
+@pytest.mark.parametrize("storage", ["stored", "held"])
+async def test_a_fork_after_a_rewind_is_the_conversation_as_it_stood_at_that_message(
+    harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path, storage: str
+) -> None:
+    """The transcript keeps a rewound turn's messages before the next turn's: a fork at a
+    message is the conversation as it stood there, never that mix."""
+    if storage == "stored":
+        context = harness(agents=AGENT, function_tools=TOOLS)
+    else:
+        context = _held(temporal, tmp_path)
+    async with context as h:
+        # Two turns a run: the rewind is read from the state a later run carried over.
+        source = await open_session(
+            h.client, agent="test", task_queue=h.task_queue, turns_per_run=2
+        )
+        await talk(source, "a", "b", "c")
+        await source.rewind(1)
+        await talk(source, "d")
+        assert texts(await transcript(source)) == ["a", "a", "b", "b", "c", "c", "d", "d"]
+        forks = []
+        # Turn 4's messages: turn 1's conversation, then turn 4's up to the message.
+        for at, expected in (
+            (7, ["a", "a", "d"]),
+            (8, ["a", "a", "d", "d"]),
+            # A rewound turn's message forks the timeline that was rewound.
+            (5, ["a", "a", "b", "b", "c"]),
+        ):
+            forked = await source.fork(at, task_queue=h.task_queue)
+            forks.append(forked)
+            assert texts(await first_turn(h, forked, "x")) == expected, at
+            assert (await forked.handle.describe()).typed_search_attributes.get(
+                visibility.FORK_OF
+            ) == f"{source.session_id}@{at}"
+        # The turn itself forks the same way.
+        turn = get_turn(h.client, f"{source.session_id}/turn-4")
+        forked = await turn.fork(1, task_queue=h.task_queue)
+        forks.append(forked)
+        assert texts(await first_turn(h, forked, "x")) == ["a", "a", "d"]
+        with pytest.raises(ForkError, match="has 8 messages"):
+            await source.fork(9, task_queue=h.task_queue)
+        for session in (source, *forks):
+            await session.close()
+        # A closed session reads where its turns ended from its result.
+        forked = await source.fork(7, task_queue=h.task_queue)
+        assert texts(await first_turn(h, forked, "x")) == ["a", "a", "d"]
+        await forked.close()
+
+
+@asynccontextmanager
+async def _held(temporal: ServerInfo, tmp_path: Path) -> AsyncIterator[Harness]:
+    """A client and a worker without payload storage: sessions hold their conversations."""
+    settings = make_settings(tmp_path, agents=AGENT, payload_storage={"driver": "off"})
+    client = await connect(temporal.address, temporal.namespace, settings=settings)
+    task_queue = f"test-{uuid.uuid4().hex[:10]}"
+    async with build_worker(client, settings, function_tools=TOOLS, task_queue=task_queue):
+        yield Harness(client, settings, task_queue)
 
 
 async def test_bad_forks_get_clear_errors(harness: HarnessFactory) -> None:

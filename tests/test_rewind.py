@@ -89,15 +89,20 @@ async def held(temporal: ServerInfo, tmp_path: Path) -> AsyncIterator[Harness]:
         yield Harness(client, settings, task_queue)
 
 
+def stored_or_held(
+    storage: str, harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path
+) -> Any:
+    """A harness with payload storage (``stored``) or without (``held``)."""
+    if storage == "stored":
+        return harness(agents=AGENT, function_tools={"local": [blocked]})
+    return held(temporal, tmp_path)
+
+
 @pytest.mark.parametrize("storage", ["stored", "held"])
 async def test_the_next_turn_sees_the_conversation_of_turn_n(
     harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path, storage: str
 ) -> None:
-    if storage == "stored":
-        context = harness(agents=AGENT, function_tools={"local": [blocked]})
-    else:
-        context = held(temporal, tmp_path)
-    async with context as h:
+    async with stored_or_held(storage, harness, temporal, tmp_path) as h:
         session = await open_on(h)
         await talk(session, "a", "b", "c")
         rewind = await session.rewind(1, by="alice")
@@ -119,6 +124,40 @@ async def test_the_next_turn_sees_the_conversation_of_turn_n(
         await session.close()
         assert (await session.result()).rewinds == [rewind]
         assert await session.rewinds() == [rewind]
+
+
+async def test_a_fork_rewound_to_zero_goes_back_to_what_it_was_forked_with(
+    harness: HarnessFactory, temporal: ServerInfo, tmp_path: Path
+) -> None:
+    for storage in ("stored", "held"):
+        await _fork_rewound_to_zero(stored_or_held(storage, harness, temporal, tmp_path))
+
+
+async def _fork_rewound_to_zero(context: Any) -> None:
+    async with context as h:
+        source = await open_on(h)
+        await talk(source, "a", "b")
+        before = texts([m async for m in source.transcript()])
+        forked = await source.fork(4, task_queue=h.task_queue)
+        await talk(forked, "c", "d")
+        await forked.rewind(0, by="bob")
+        assert await talk(forked, "e", "f") == 4
+        assert await history_of(h, forked, 3) == ["a", "a", "b", "b", "e", "e"]
+        # To a turn after it, then back to 0 again: each a conversation the fork had.
+        await forked.rewind(3)
+        assert await talk(forked, "g") == 5
+        assert await history_of(h, forked, 5) == ["a", "a", "b", "b", "e", "e", "g", "g"]
+        await forked.rewind(0)
+        with pytest.raises(WorkflowUpdateFailedError):
+            await forked.rewind(0)  # at turn 0 already
+        assert await talk(forked, "h") == 6
+        assert await history_of(h, forked, 6) == ["a", "a", "b", "b", "h", "h"]
+        # The source is untouched, and goes on from its own conversation.
+        assert texts([m async for m in source.transcript()]) == before
+        assert await talk(source, "z") == 3
+        assert await history_of(h, source, 3) == ["a", "a", "b", "b", "z", "z"]
+        await forked.close()
+        await source.close()
 
 
 async def test_rewind_to_zero_twice_and_across_continue_as_new(harness: HarnessFactory) -> None:

@@ -11,7 +11,9 @@ whole segment it shares; otherwise it starts with the messages themselves.
 
 Messages are counted as ``turnkeep show`` prints them, from 1: a session's every turn's
 messages in order (its transcript), a turn's own messages (after the history it was given,
-which a fork of it keeps). A cut between an assistant's tool calls and their results is closed
+which a fork of it keeps). After a rewind, a session's transcript holds rewound turns'
+messages before later turns': a message there forks as its turn, the conversation as it
+stood at that message. A cut between an assistant's tool calls and their results is closed
 as cancellation closes one: each call answered as interrupted.
 """
 
@@ -27,10 +29,12 @@ from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from turnkeep.client.queries import query_retrying
 from turnkeep.client.sessions import SessionHandle, read_transcript, start_session
 from turnkeep.client.turns import get_turn
 from turnkeep.contract.conversation import ConversationRef
 from turnkeep.contract.messages import Message
+from turnkeep.contract.rewind import REWIND_UPDATE, Rewind
 from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME, ForkOrigin, SessionInput
 from turnkeep.contract.turn_io import TurnInput
 from turnkeep.payloads.conversations import ConversationCodec
@@ -135,6 +139,13 @@ async def _session_prefix(
     """The first ``at`` messages of a session: by reference where its conversation is stored
     and the client reads the same store, else read by its ``transcript`` query."""
     handle = client.get_workflow_handle(described.id)
+    holding = await _turn_after_rewind(client, described, at)
+    if holding is not None:
+        # After a rewind the transcript is no conversation that happened: fork the turn
+        # holding message `at`, as it stood then.
+        turn_id, end = holding
+        turn = await described_source(client, turn_id)
+        return await _turn_prefix(client, turn, at, fork_id, session=(described.id, end))
     codec = client.data_converter.payload_codec
     origin = ForkOrigin(source=described.id, at=at)
     stored: ConversationRef | None = None
@@ -187,6 +198,69 @@ async def _stored_conversation(
     return ref
 
 
+async def _turn_after_rewind(
+    client: Client, described: WorkflowExecutionDescription, at: int
+) -> tuple[str, int] | None:
+    """The turn holding a session's message ``at`` and where the transcript ends with it,
+    when a rewind came before that message (else None: the transcript's first ``at`` messages
+    are the conversation as it stood)."""
+    session = SessionHandle(client.get_workflow_handle(described.id), client)
+    before = [r for r in await _rewinds(client, described) if r.at_message < at]
+    if not before:
+        return None
+    # Turns the session started before its last rewind ended before message `at`.
+    first = max(r.turns for r in before) + 1
+    if described.status == WorkflowExecutionStatus.COMPLETED:
+        ends = (await session.result()).turn_ends
+    else:
+        ends = {}
+        for turn in range(first, (await session.progress()).turns_ended + 1):
+            end = await query_retrying(session.handle, SessionWorkflow.turn_end, turn)
+            if end is not None:  # None: a number the session skipped
+                ends[turn] = end
+                if end >= at:
+                    break
+    for turn in sorted(n for n in ends if n >= first):
+        if ends[turn] >= at:
+            return f"{described.id}/turn-{turn}", ends[turn]
+    _check_range(described.id, at, max(ends.values(), default=0))
+    return None
+
+
+async def _rewinds(client: Client, described: WorkflowExecutionDescription) -> list[Rewind]:
+    """A session's rewinds, from Temporal's record of it (no worker needed, as a fork of a
+    session that never rewound needs none): a closed session's result, else what its current
+    run carried over, then the rewinds that run answered."""
+    handle = client.get_workflow_handle(described.id)
+    if described.status == WorkflowExecutionStatus.COMPLETED:
+        return (await SessionHandle(handle, client).result()).rewinds
+    rewinds: list[Rewind] = []
+    accepted: set[int] = set()
+    async for event in handle.fetch_history_events():
+        if event.HasField("workflow_execution_started_event_attributes"):
+            started = event.workflow_execution_started_event_attributes.input.payloads
+            if len(started) == 2:  # a run continued as new: the state it carried
+                [state] = await client.data_converter.decode(started[1:], [_CarriedRewinds])
+                rewinds = list(cast(_CarriedRewinds, state).rewinds)
+        elif event.HasField("workflow_execution_update_accepted_event_attributes"):
+            request = event.workflow_execution_update_accepted_event_attributes.accepted_request
+            if request.input.name == REWIND_UPDATE:
+                accepted.add(event.event_id)
+        elif event.HasField("workflow_execution_update_completed_event_attributes"):
+            done = event.workflow_execution_update_completed_event_attributes
+            if done.accepted_event_id in accepted and done.outcome.HasField("success"):
+                payloads = done.outcome.success.payloads
+                [record] = await client.data_converter.decode(payloads, [Rewind])
+                rewinds.append(cast(Rewind, record))
+    return rewinds
+
+
+class _CarriedRewinds(BaseModel):
+    """The one field of a session's carried state that a fork after a rewind reads."""
+
+    rewinds: list[Rewind] = []
+
+
 class _CarriedRef(BaseModel):
     """The one field of a session's start input or carried state that a fork reads."""
 
@@ -194,21 +268,33 @@ class _CarriedRef(BaseModel):
 
 
 async def _turn_prefix(
-    client: Client, described: WorkflowExecutionDescription, at: int, fork_id: str
+    client: Client,
+    described: WorkflowExecutionDescription,
+    at: int,
+    fork_id: str,
+    *,
+    session: tuple[str, int] | None = None,
 ) -> tuple[ForkOrigin, list[Message], ConversationRef | None]:
     """The history a turn was given, then its first ``at`` messages: by reference when the
-    turn is a session's whose conversation is stored (its session's transcript, up to the
-    turn's end, ends with the turn's messages), else the messages themselves."""
+    turn is a session's whose conversation is stored (the history it ends with, which ends
+    with the turn's messages), else the messages themselves. With ``session`` (the turn's
+    session and where its transcript ends with the turn), ``at`` counts the session's
+    messages instead, and the fork is recorded as the session's."""
     result = await get_turn(client, described.id).current()
     if result is None:
         raise ForkError(f"turn {described.id!r} has no messages yet to fork")
     own = result.messages
-    _check_range(described.id, at, len(own))
     origin = ForkOrigin(source=described.id, at=at)
+    if session is not None:
+        origin = ForkOrigin(source=session[0], at=at)
+        at -= session[1] - len(own)
+    _check_range(described.id, at, len(own))
     codec = client.data_converter.payload_codec
     if result.conversation is not None and isinstance(codec, ConversationCodec):
-        whole = await codec.prefix(result.conversation, sys.maxsize)
-        prefix = await codec.prefix(result.conversation, len(whole.texts) - len(own) + at)
+        whole = await codec.prefix(result.conversation, sys.maxsize, history=True)
+        prefix = await codec.prefix(
+            result.conversation, len(whole.texts) - len(own) + at, history=True
+        )
         last = prefix.last()
         tail = _repair([last] if last is not None else [])
         return origin, [], await codec.store_fork(prefix, fork_id, tail)

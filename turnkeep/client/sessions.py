@@ -324,10 +324,11 @@ class SessionHandle:
     async def rewind(
         self, to_turn: int, *, by: str = "unknown", cancel_running: bool = False
     ) -> Rewind:
-        """Go back to the conversation as it was once turn ``to_turn`` had ended (0: empty):
-        the next message is answered as if the turns after it had not happened. Their
-        workflows and messages stay, for the audit; the returned ``Rewind`` (also in
-        ``rewinds()``) says who (``by``) rewound the session, when, and from which turn to which.
+        """Go back to the conversation as it was once turn ``to_turn`` had ended (0: before
+        the first turn, empty, or a fork's first conversation): the next message is answered
+        as if the turns after it had not happened. Their workflows and messages stay, for the
+        audit; the returned ``Rewind`` (also in ``rewinds()``) says who (``by``) rewound the
+        session, when, and from which turn to which.
 
         The session refuses (``WorkflowUpdateFailedError`` saying why) while a turn runs or a
         message waits for one, unless ``cancel_running``: the running turn is cancelled first

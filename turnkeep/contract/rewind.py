@@ -39,7 +39,7 @@ class RewindRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # The turn to go back to: the conversation as it was once this turn had ended; 0 is the
-    # empty conversation, before the session's first turn.
+    # conversation before the session's first turn (empty, or the one a fork started with).
     to_turn: int = Field(ge=0)
     # Who asks, for the audit (a gateway sets its key's name).
     by: str = Field(default="unknown", min_length=1, max_length=_BY_MAX_CHARS)

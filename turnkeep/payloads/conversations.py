@@ -344,20 +344,28 @@ class ConversationCodec(PayloadCodec):
 
     # -- forks -------------------------------------------------------------------------------
 
-    async def prefix(self, ref: ConversationRef, count: int) -> ConversationPrefix:
-        """The first ``count`` messages of the transcript ``ref`` names (fewer if it has
-        fewer), and which of its segments a fork of them can share. A segment is shared only
-        if every one before it, and itself, extends the history as it extends the transcript
-        (no compaction, no turn without history): the history of a fork that goes on from it
-        is then exactly those messages."""
+    async def prefix(
+        self, ref: ConversationRef, count: int, *, history: bool = False
+    ) -> ConversationPrefix:
+        """The first ``count`` messages of the transcript ``ref`` names (of its history, when
+        ``history``: after a rewind the two part ways), fewer if it has fewer, and which of its
+        segments a fork of them can share. A segment is shared only if every one before it,
+        and itself, extends the history as it extends the transcript (no compaction, no turn
+        without history, no rewind): the history of a fork that goes on from it is then
+        exactly those messages."""
+        if history and (ref.summary is not None or ref.start):
+            # A compacted history is not a chain's messages from its start: nothing to share.
+            chain = await self._chain(ref.owner, ref.head, "parent")
+            compacted = (await self._summary(ref.owner, ref.summary)) + chain[ref.start :]
+            return ConversationPrefix(compacted[:count], None, 0)
         segments: list[_Segment] = []
         places: list[tuple[str, str]] = []
-        owner, digest = ref.owner, ref.transcript
+        owner, digest = ref.owner, ref.head if history else ref.transcript
         while digest is not None:
             segment = await self._segment(owner, digest)
             segments.append(segment)
             places.append((owner, digest))
-            digest = segment.prev
+            digest = segment.parent if history else segment.prev
             if digest is None and segment.base is not None:
                 owner, digest = segment.base
         segments.reverse()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
+from turnkeep.contract.rewind import TurnMark
 from turnkeep.contract.session_io import SessionInput, SessionState
 from turnkeep.workflows.repair import dangling_tool_request
 
@@ -38,12 +39,19 @@ def forked_state(session: SessionInput) -> SessionState | None:
             "the fork's stored conversation is another session's: a fork stores its own "
             "(turnkeep's clients do)"
         )
+    # Turn 0, what `rewind --to-turn 0` goes back to: the conversation the fork started with.
+    start = (
+        TurnMark(conversation=ref.model_copy(update={"transcript": ref.head}))
+        if ref is not None
+        else TurnMark(history_end=len(messages))
+    )
     return SessionState(
         transcript=list(messages),
         # The next turn's history: by reference when stored, else the messages themselves.
         history=[] if ref is not None else list(messages),
         conversation=ref,
         turn_ends={0: len(messages)},
+        turn_marks={0: start},
     )
 
 

@@ -66,15 +66,15 @@ def rewind_problem(state: SessionState, request: RewindRequest, *, busy: str | N
     if to > state.turns or (to and to not in state.turn_ends):
         return (
             f"turn {to} is not one of this session's ended turns; its last is turn {current} "
-            f"(rewind to 0 for an empty conversation)"
+            f"(rewind to 0 for the conversation it started with)"
         )
     undone = rewound(state.rewinds, to)
     if undone is not None:
         return f"turn {to} was itself {undone.describe()}; fork it to go on from it"
     if to == current:
         return f"the session is at turn {to} already: nothing to rewind"
-    if to == 0:
-        return None
+    if to == 0 and 0 not in state.turn_marks:
+        return None  # the empty conversation (a fork's turn 0 is the one it started with)
     mark = state.turn_marks.get(to)
     if mark is None:
         return f"the session does not know where turn {to}'s conversation ended: it cannot go back"
@@ -89,7 +89,7 @@ def rewind(state: SessionState, request: RewindRequest, *, owner: str, now: date
     """Rewind ``state`` (checked by ``rewind_problem``) to ``request.to_turn``; the record of it,
     also appended to ``state.rewinds``."""
     to = request.to_turn
-    mark = state.turn_marks.get(to, TurnMark(history_end=0)) if to else TurnMark(history_end=0)
+    mark = state.turn_marks.get(to, TurnMark(history_end=0))
     ref = state.conversation
     if ref is not None:
         # The history as it was; the transcript goes on from where it is now.
