@@ -387,7 +387,7 @@ async def test_the_gateway_forks_turns_and_sessions_for_keys_that_reach_both_age
         assert denied.status_code == 403
         for body, status, said in [
             ({"at": 0}, 422, "at"),
-            ({"at": 9}, 422, "must be from 1 to 4; got 9"),
+            ({"at": 9}, 409, "must be from 1 to 4; got 9"),
             ({"at": 1, "agent": "ghost"}, 404, "no agent named 'ghost'"),
             ({"at": 1, "history": []}, 422, "history"),
         ]:

@@ -322,7 +322,11 @@ async def test_rules_set_by_rewound_turns_are_revoked(
         await eventually(lambda: _waits(turn, "w2"), "w2 waits")
         record = await turn.decide("w2", True, by="alice", remember="session")
         await turn.result()
-        assert [r.id for r in await session.allow_rules()] == [record.rule]
+
+        async def joined() -> bool:  # once the session has taken the ended turn in
+            return [r.id for r in await session.allow_rules()] == [record.rule]
+
+        await eventually(joined, "the rule joins the session")
         await session.rewind(1, by="bob")
         # The rule turn 2 set went with it: the same call waits for a person again.
         assert await session.allow_rules() == []

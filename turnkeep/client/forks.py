@@ -30,11 +30,10 @@ from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExec
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.queries import query_retrying
-from turnkeep.client.sessions import SessionHandle, read_transcript, start_session
+from turnkeep.client.sessions import SessionHandle, get_session, read_transcript, start_session
 from turnkeep.client.turns import get_turn
 from turnkeep.contract.conversation import ConversationRef
 from turnkeep.contract.messages import Message
-from turnkeep.contract.rewind import REWIND_UPDATE, Rewind
 from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME, ForkOrigin, SessionInput
 from turnkeep.contract.turn_io import TurnInput
 from turnkeep.payloads.conversations import ConversationCodec
@@ -205,7 +204,7 @@ async def _turn_after_rewind(
     when a rewind came before that message (else None: the transcript's first ``at`` messages
     are the conversation as it stood)."""
     session = SessionHandle(client.get_workflow_handle(described.id), client)
-    before = [r for r in await _rewinds(client, described) if r.at_message < at]
+    before = [r for r in await get_session(client, described.id).rewinds() if r.at_message < at]
     if not before:
         return None
     # Turns the session started before its last rewind ended before message `at`.
@@ -225,40 +224,6 @@ async def _turn_after_rewind(
             return f"{described.id}/turn-{turn}", ends[turn]
     _check_range(described.id, at, max(ends.values(), default=0))
     return None
-
-
-async def _rewinds(client: Client, described: WorkflowExecutionDescription) -> list[Rewind]:
-    """A session's rewinds, from Temporal's record of it (no worker needed, as a fork of a
-    session that never rewound needs none): a closed session's result, else what its current
-    run carried over, then the rewinds that run answered."""
-    handle = client.get_workflow_handle(described.id)
-    if described.status == WorkflowExecutionStatus.COMPLETED:
-        return (await SessionHandle(handle, client).result()).rewinds
-    rewinds: list[Rewind] = []
-    accepted: set[int] = set()
-    async for event in handle.fetch_history_events():
-        if event.HasField("workflow_execution_started_event_attributes"):
-            started = event.workflow_execution_started_event_attributes.input.payloads
-            if len(started) == 2:  # a run continued as new: the state it carried
-                [state] = await client.data_converter.decode(started[1:], [_CarriedRewinds])
-                rewinds = list(cast(_CarriedRewinds, state).rewinds)
-        elif event.HasField("workflow_execution_update_accepted_event_attributes"):
-            request = event.workflow_execution_update_accepted_event_attributes.accepted_request
-            if request.input.name == REWIND_UPDATE:
-                accepted.add(event.event_id)
-        elif event.HasField("workflow_execution_update_completed_event_attributes"):
-            done = event.workflow_execution_update_completed_event_attributes
-            if done.accepted_event_id in accepted and done.outcome.HasField("success"):
-                payloads = done.outcome.success.payloads
-                [record] = await client.data_converter.decode(payloads, [Rewind])
-                rewinds.append(cast(Rewind, record))
-    return rewinds
-
-
-class _CarriedRewinds(BaseModel):
-    """The one field of a session's carried state that a fork after a rewind reads."""
-
-    rewinds: list[Rewind] = []
 
 
 class _CarriedRef(BaseModel):

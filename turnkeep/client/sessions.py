@@ -15,14 +15,13 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
 from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
-    WorkflowFailureError,
     WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
@@ -49,7 +48,6 @@ from turnkeep.contract.messages import Message
 from turnkeep.contract.rewind import (
     REWIND_BUSY,
     REWIND_UPDATE,
-    REWINDS_QUERY,
     Rewind,
     RewindRequest,
 )
@@ -372,16 +370,33 @@ class SessionHandle:
             progress = after
 
     async def rewinds(self) -> list[Rewind]:
-        """The session's rewinds, in order: who rewound it, when, from which turn to which."""
-        if await self._running():
-            rewinds: list[Rewind] = await query_retrying(
-                self.handle, REWINDS_QUERY, result_type=list[Rewind]
-            )
-            return rewinds
-        try:
+        """The session's rewinds, in order: who rewound it, when, from which turn to which.
+        Read from Temporal's record of it, so no worker is needed (``turnkeep show`` of a
+        session whose worker is down): a closed session's result, else what its current run
+        carried over, then the rewinds that run answered."""
+        described = await self.handle.describe()
+        if described.status == WorkflowExecutionStatus.COMPLETED:
             return (await self.handle.result()).rewinds
-        except WorkflowFailureError:
-            return []  # ended otherwise than closed (terminated, failed): no result to read
+        converter = self.client.data_converter
+        rewinds: list[Rewind] = []
+        accepted: set[int] = set()
+        handle = self.client.get_workflow_handle(self.session_id, run_id=described.run_id)
+        async for event in handle.fetch_history_events():
+            if event.HasField("workflow_execution_started_event_attributes"):
+                started = event.workflow_execution_started_event_attributes.input.payloads
+                if len(started) == 2:  # a run continued as new: the state it carried
+                    [state] = await converter.decode(started[1:], [_CarriedRewinds])
+                    rewinds = list(cast(_CarriedRewinds, state).rewinds)
+            elif event.HasField("workflow_execution_update_accepted_event_attributes"):
+                request = event.workflow_execution_update_accepted_event_attributes.accepted_request
+                if request.input.name == REWIND_UPDATE:
+                    accepted.add(event.event_id)
+            elif event.HasField("workflow_execution_update_completed_event_attributes"):
+                done = event.workflow_execution_update_completed_event_attributes
+                if done.accepted_event_id in accepted and done.outcome.HasField("success"):
+                    [record] = await converter.decode(done.outcome.success.payloads, [Rewind])
+                    rewinds.append(cast(Rewind, record))
+        return rewinds
 
     async def fork(self, at: int, **options: Unpack[ForkOptions]) -> SessionHandle:
         """A new session whose conversation is this one's first ``at`` messages (counted from
@@ -454,10 +469,7 @@ async def read_session(client: Client, session_id: str) -> SessionView | None:
             break
         if parent == session_id:
             turns.append(await read_turn(client, turn_id))
-    try:
-        rewinds = await get_session(client, session_id).rewinds()
-    except WorkflowQueryFailedError:
-        rewinds = []  # a worker from before sessions could rewind
+    rewinds = await get_session(client, session_id).rewinds()
     return SessionView(
         session_id=session_id,
         status=session_state(described.status),
@@ -501,3 +513,9 @@ def _reraise_if_cancelled(err: Exception) -> None:
     if task is not None and task.cancelling():
         # The SDK turns our cancellation into this error; give it back as one.
         raise asyncio.CancelledError() from err
+
+
+class _CarriedRewinds(BaseModel):
+    """The one field of a session's carried state that ``SessionHandle.rewinds`` reads."""
+
+    rewinds: list[Rewind] = []

@@ -3,9 +3,9 @@ every answer is built from, and what the OpenAPI document describes."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from turnkeep.contract.approval import Decision, PendingCall, RememberScope, SubmittedResult
 from turnkeep.contract.messages import Message
@@ -129,9 +129,18 @@ class SessionRef(BaseModel):
     session_id: str
 
 
+def _whole_float_as_int(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# An integer as JSON Schema counts one: `3.0` is the integer 3 (the document says `integer`), which
+# the strict reading of a request body would otherwise refuse.
+WholeNumber = Annotated[int, BeforeValidator(_whole_float_as_int)]
+
+
 class RewindSession(_Request):
     # The turn to go back to: the conversation as it was once it had ended (0: empty).
-    to_turn: int = Field(ge=0, le=MAX_INDEX)
+    to_turn: WholeNumber = Field(ge=0, le=MAX_INDEX)
     # Cancel the running turn first (its conversation repaired), rather than be refused.
     cancel_running: bool = False
 
@@ -141,7 +150,7 @@ class Fork(_Request):
     ``turnkeep show`` prints them), with ``agent`` (default: the source's) and ``model`` for
     its turns, then ``text`` sent to it if given."""
 
-    at: int = Field(ge=1, le=MAX_INDEX)
+    at: WholeNumber = Field(ge=1, le=MAX_INDEX)
     agent: str | None = Field(default=None, min_length=1, max_length=_NAME_CHARS)
     model: str | None = Field(default=None, min_length=1, max_length=_NAME_CHARS)
     text: str | None = Field(default=None, min_length=1)

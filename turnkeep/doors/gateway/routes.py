@@ -470,8 +470,8 @@ async def _fork(request: Request, kind: Kind, source: str) -> Response:
                 session_id=f"session-{agent}-{uuid.uuid4().hex[:12]}",
                 task_queue=gw.task_queue(agent),
             )
-    except ForkError as err:
-        raise ApiError(422, str(err)) from None
+    except ForkError as err:  # a well-formed request the source cannot meet (`at` past its end)
+        raise ApiError(409, str(err)) from None
     except WorkflowUpdateFailedError as err:  # the fork refused the message
         cause = err.cause
         why = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
