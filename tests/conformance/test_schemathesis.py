@@ -47,12 +47,14 @@ AGENTS = {
 }
 CALL = '***CALL_TOOL local__look {"name": "notes"}'
 DECIDE = "/api/turns/{turn_id}/approvals/{call_id}"
+REWIND = "/api/sessions/{session_id}/rewind"
 
 
-def config(real: dict[str, list[str]], decide: dict[str, str], reports: Path) -> str:
+def config(real: dict[str, list[str]], routes: dict[str, dict[str, str]], reports: Path) -> str:
     """Schemathesis's config (TOML): the values of ``real`` (by parameter, `path.turn_id`)
-    stand in for half of the values generated for their parameter; the decision route always
-    names the waiting call (``decide``), so that some decision reaches it."""
+    stand in for half of the values generated for their parameter; a route of ``routes``
+    always takes its own (the decision route names the waiting call, so that some decision
+    reaches it; a rewind, a session with a turn to go back before)."""
     # Top-level keys first, then the tables; no cache (it would outlive the test).
     lines = [f"max-stream-events = {STREAM_EVENTS}", "[cache]\nenabled = false"]
     words = {parameter: parameter.partition(".")[2] for parameter in real}
@@ -62,8 +64,9 @@ def config(real: dict[str, list[str]], decide: dict[str, str], reports: Path) ->
     for parameter, word in words.items():
         lines.append(f'"{parameter}" = {{ dictionary = "{word}", probability = 0.5 }}')
     lines.append(f'[reports]\ndirectory = "{reports}"')
-    lines.append(f'[[operations]]\ninclude-path = "{DECIDE}"\n[operations.parameters]')
-    lines += [f'"{parameter}" = {json.dumps(value)}' for parameter, value in decide.items()]
+    for path, parameters in routes.items():
+        lines.append(f'[[operations]]\ninclude-path = "{path}"\n[operations.parameters]')
+        lines += [f'"{parameter}" = {json.dumps(value)}' for parameter, value in parameters.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -106,9 +109,13 @@ async def schemathesis(url: str, cwd: Path, toml: Path) -> tuple[int, str, dict[
     return process.returncode or 0, out.decode(errors="replace"), report(cwd / "reports")
 
 
-async def made(http: httpx2.AsyncClient) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """A completed turn, a turn with a call waiting for a decision, and a closed session: the
-    real values Schemathesis's cases take (``config``)."""
+async def made(
+    http: httpx2.AsyncClient,
+) -> tuple[dict[str, list[str]], dict[str, dict[str, str]]]:
+    """A completed turn, a turn with a call waiting for a decision, a closed session, and an
+    open one with a turn ended: the real values Schemathesis's cases take (``config``), and
+    those two routes' own (the decision names the waiting call; a rewind, the open session,
+    which can go back to before its turn)."""
 
     async def post(path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         answer = await http.post(path, json=body)
@@ -122,6 +129,8 @@ async def made(http: httpx2.AsyncClient) -> tuple[dict[str, list[str]], dict[str
     await post(f"/api/sessions/{session}/messages", {"text": "hi"})
     # Closed, so that its stream ends as a completed turn's does.
     await post(f"/api/sessions/{session}/close")
+    rewindable = (await post("/api/sessions", {"agent": AGENT}))["session_id"]
+    await post(f"/api/sessions/{rewindable}/messages", {"text": "hi"})
 
     async def has(path: str, key: str, value: Any) -> bool:
         return bool((await http.get(path)).json().get(key) == value)
@@ -135,8 +144,16 @@ async def made(http: httpx2.AsyncClient) -> tuple[dict[str, list[str]], dict[str
     await eventually(lambda: has(f"/api/turns/{done}", "status", "completed"), "it completed")
     await eventually(lambda: has(f"/api/sessions/{session}", "open", False), "it closed")
     call = (await eventually(calls, "the call waits"))[0]["call_id"]
+
+    async def answered() -> bool:
+        return len((await http.get(f"/api/sessions/{rewindable}")).json()["messages"]) == 2
+
+    await eventually(answered, "its turn ended")
     real = {"body.agent": [AGENT], "path.turn_id": [done, waiting], "path.session_id": [session]}
-    return real, {"path.turn_id": waiting, "path.call_id": call}
+    return real, {
+        DECIDE: {"path.turn_id": waiting, "path.call_id": call},
+        REWIND: {"path.session_id": rewindable},
+    }
 
 
 async def test_schemathesis_finds_nothing_against_the_gateway(
@@ -158,9 +175,9 @@ async def test_schemathesis_finds_nothing_against_the_gateway(
             async with httpx2.AsyncClient(
                 base_url=base, headers={"authorization": f"Bearer {KEY}"}, trust_env=False
             ) as http:
-                real, decide = await made(http)
+                real, routes = await made(http)
             toml = tmp_path / "schemathesis.toml"
-            toml.write_text(config(real, decide, tmp_path / "reports"), encoding="utf-8")
+            toml.write_text(config(real, routes, tmp_path / "reports"), encoding="utf-8")
             code, output, run = await schemathesis(f"{base}/openapi.json", tmp_path, toml)
         finally:
             await app.state.gateway.hub.aclose()
@@ -169,6 +186,6 @@ async def test_schemathesis_finds_nothing_against_the_gateway(
     print(f"schemathesis: {cases['generated']} cases, {cases['unique_failures']} unique failures")
     assert code == 0 and cases["unique_failures"] == 0 and not run["errors"], output
     operations = run["operations"]
-    assert operations["tested"] == operations["total"] == 13, output
+    assert operations["tested"] == operations["total"] == 16, output
     # Every operation reached the worker's side, not only the gateway's 404s.
     assert run["warnings"]["missing_test_data"] == [], output
