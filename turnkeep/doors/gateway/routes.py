@@ -236,8 +236,7 @@ async def decide(request: Request) -> Response:
             decision = body.decision(call_id, by=f"gateway key {key.name}")
             record = await get_turn(gw.client, turn_id).send_decision(decision)
     except WorkflowUpdateFailedError as err:
-        cause = err.cause
-        why = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
+        why = _refusal(err)
         raise ApiError(409, f"call {call_id!r} is not waiting for a decision: {why}") from None
     except TimeoutError:
         raise ApiError(504, f"no worker took the decision for turn {turn_id!r}") from None
@@ -364,8 +363,7 @@ async def send_message(request: Request) -> Response:
         async with asyncio.timeout(WORKER_SECONDS):
             sent = await get_session(gw.client, session_id).send(body.text)
     except WorkflowUpdateFailedError as err:
-        cause = err.cause
-        why = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
+        why = _refusal(err)
         raise ApiError(409, f"session {session_id!r} refused the message: {why}") from None
     except SessionClosedError:
         raise ApiError(409, f"session {session_id!r} has ended; open a new one") from None
@@ -390,8 +388,7 @@ async def close_session(request: Request) -> Response:
         async with asyncio.timeout(WORKER_SECONDS):
             await session.close()
     except WorkflowUpdateFailedError as err:
-        cause = err.cause
-        why = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
+        why = _refusal(err)
         raise ApiError(409, f"session {session_id!r} cannot close: {why}") from None
     except TimeoutError:
         raise ApiError(504, f"no worker took the close of session {session_id!r}") from None
@@ -418,8 +415,7 @@ async def rewind_session(request: Request) -> Response:
                 body.to_turn, by=f"gateway key {key.name}", cancel_running=body.cancel_running
             )
     except WorkflowUpdateFailedError as err:
-        cause = err.cause
-        why = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
+        why = _refusal(err)
         raise ApiError(409, f"session {session_id!r} refused the rewind: {why}") from None
     except SessionClosedError:
         raise ApiError(409, f"session {session_id!r} has ended; it cannot be rewound") from None
@@ -473,8 +469,7 @@ async def _fork(request: Request, kind: Kind, source: str) -> Response:
     except ForkError as err:  # a well-formed request the source cannot meet (`at` past its end)
         raise ApiError(409, str(err)) from None
     except WorkflowUpdateFailedError as err:  # the fork refused the message
-        cause = err.cause
-        why = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
+        why = _refusal(err)
         raise ApiError(409, f"the fork refused the message: {why}") from None
     except TimeoutError:
         raise ApiError(504, f"no worker answered for {kind} {source!r}") from None
@@ -506,3 +501,9 @@ async def _stream(request: Request, kind: Any, workflow_id: str) -> Response:
 
 def error_response(err: ApiError) -> JSONResponse:
     return JSONResponse({"error": err.message}, status_code=err.status, headers=err.headers)
+
+
+def _refusal(err: WorkflowUpdateFailedError) -> str:
+    """Why a workflow refused an update: its validator's message, else the failure's text."""
+    cause = err.cause
+    return cause.message if isinstance(cause, ApplicationError) else str(cause or err)
