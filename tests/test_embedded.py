@@ -17,6 +17,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from turnkeep.config.paths import state_dir
 from turnkeep.devserver import embedded
 from turnkeep.devserver.embedded import (
+    PRIORITY_DYNAMIC_CONFIG,
     EmbeddedServer,
     EmbeddedServerError,
     ServerInfo,
@@ -57,7 +58,9 @@ def test_fast_flags_only_when_asked(tmp_path: Path) -> None:
     binary = Path("/bin/temporal")
     fast = build_argv(binary, port=7000, ui_port=8000, db_file=tmp_path / "t.db")
     slow = build_argv(binary, port=7000, ui_port=8000, db_file=tmp_path / "t.db", fast=False)
+    priority = list(PRIORITY_DYNAMIC_CONFIG)
     assert _dynamic_config(fast) == [
+        *priority,
         "history.transferProcessorMaxPollRPS=1000",
         "history.timerProcessorMaxPollRPS=1000",
         'history.timerProcessorMaxTimeShift="10ms"',
@@ -65,7 +68,8 @@ def test_fast_flags_only_when_asked(tmp_path: Path) -> None:
         "system.enableEagerWorkflowStart=true",
     ]
     assert _pragmas(fast) == ["journal_mode=WAL", "synchronous=NORMAL"]
-    assert _dynamic_config(slow) == [] and _pragmas(slow) == []
+    # Priority and fairness are a feature, not a speed-up: on either way.
+    assert _dynamic_config(slow) == priority and _pragmas(slow) == []
     # Pragmas mean nothing without a database file.
     assert _pragmas(build_argv(binary, port=7000, ui_port=None)) == []
 

@@ -150,6 +150,7 @@ CONTRACT_MODULES = [
 WORKFLOW_MODULES = [
     "metrics",
     "shared",
+    "task_priority",
     "starting",
     "worker_cache",
     "turn_metrics",

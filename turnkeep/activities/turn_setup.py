@@ -34,7 +34,7 @@ from turnkeep.contract.activity_io import (
 )
 from turnkeep.contract.approval import ApprovalPlan
 from turnkeep.contract.server_requests import ServerRequestPlan
-from turnkeep.contract.turn_io import BudgetLimit, TurnOverrides
+from turnkeep.contract.turn_io import BudgetLimit, TurnOverrides, lowest_priority
 from turnkeep.errors import config_error, known, require_workflow
 from turnkeep.providers.registry import ModelCatalog
 from turnkeep.workflows.teams.planner import planner_instruction
@@ -87,11 +87,19 @@ class TurnSetupActivities:
                 f"past this worker's max_agent_depth ({self._max_agent_depth}).",
             )
         overrides = request.overrides
+        # The turn's task priority: its agent's, lowered by its input (never raised), and its
+        # tenant as the fairness key.
+        scheduling = {
+            "priority": lowest_priority(agent.priority, request.priority),
+            "fairness_key": request.tenant,
+        }
         if agent.type in ("chain", "parallel", "evaluator_optimizer", "maker"):
-            return self._team_plan(request.agent, agent, overrides, task_queue)
+            team = self._team_plan(request.agent, agent, overrides, task_queue)
+            return team.model_copy(update=scheduling)
         model = check_overrides(self._agents, self._models, request.agent, overrides)
         if agent.type in ("router", "orchestrator", "iterative_planner"):
-            return self._team_plan(request.agent, agent, overrides, task_queue, model=model)
+            team = self._team_plan(request.agent, agent, overrides, task_queue, model=model)
+            return team.model_copy(update=scheduling)
 
         def pick(name: str) -> object:
             value = getattr(overrides, name)
@@ -125,6 +133,7 @@ class TurnSetupActivities:
                 "fallback_models": fallbacks,
                 "fallback_after_attempts": agent.fallback_after_attempts,
                 "client_tools": _client_tools(agent),
+                **scheduling,
             }
         )
 

@@ -4,12 +4,14 @@ whether to run a worker in the command's process."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, TypeVar, get_args
 
+import click
 import typer
 from pydantic import TypeAdapter, ValidationError
 
 from turnkeep.config.settings import AllowedHost, AllowedOrigin, GatewaySettings, ServeSettings
+from turnkeep.contract.turn_io import TaskPriority
 
 Address = Annotated[
     str | None, typer.Option(help="Temporal frontend host:port (default: TEMPORAL_ADDRESS).")
@@ -26,6 +28,20 @@ ConfigPath = Annotated[
 InProcessWorker = Annotated[
     bool | None,
     typer.Option(help="Run a worker in this process (default: only on the embedded server)."),
+]
+
+# A turn's `TurnInput.priority` and `tenant` (a session's, for each of its turns).
+PriorityOption = Annotated[
+    str | None,
+    typer.Option(
+        "--priority",
+        click_type=click.Choice(get_args(TaskPriority)),
+        help="Lower the agent's priority for busy workers (never raises it).",
+    ),
+]
+TenantOption = Annotated[
+    str | None,
+    typer.Option(help="Whose work this is: busy workers share themselves fairly by tenant."),
 ]
 
 

@@ -35,7 +35,7 @@ from turnkeep.client.turns import get_turn
 from turnkeep.contract.conversation import ConversationRef
 from turnkeep.contract.messages import Message
 from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME, ForkOrigin, SessionInput
-from turnkeep.contract.turn_io import TurnInput
+from turnkeep.contract.turn_io import TaskPriority, TurnInput
 from turnkeep.payloads.conversations import ConversationCodec
 from turnkeep.workflows import visibility
 from turnkeep.workflows.repair import repair_dangling_tool_calls
@@ -52,10 +52,12 @@ class ForkOptions(TypedDict, total=False):
     """What a fork may be given besides its source and ``at``: its ``agent`` (by default the
     source's) and the ``model`` of its turns (where the agent's config lets a turn choose), a
     ``message`` to send it at once, its ``session_id`` and ``task_queue`` (by default as
-    ``open_session``'s)."""
+    ``open_session``'s), and its turns' ``priority`` and ``tenant`` (``TurnInput``'s)."""
 
     agent: str | None
     model: str | None
+    priority: TaskPriority | None
+    tenant: str | None
     message: str | Message | None
     session_id: str | None
     task_queue: str | None
@@ -81,7 +83,13 @@ async def fork(
     else:
         origin, messages, ref = await _turn_prefix(client, described, at, fork_id)
     session = SessionInput(
-        agent=agent, model=model, fork=origin, transcript=messages, conversation=ref
+        agent=agent,
+        model=model,
+        priority=options.get("priority"),
+        tenant=options.get("tenant"),
+        fork=origin,
+        transcript=messages,
+        conversation=ref,
     )
     handle = await start_session(
         client,

@@ -60,10 +60,11 @@ from turnkeep.contract.session_io import (
     SessionProgress,
     SessionResult,
 )
-from turnkeep.contract.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
+from turnkeep.contract.turn_io import DEFAULT_TASK_QUEUE, TaskPriority, agent_task_queue
 from turnkeep.observability.search_attributes import present_search_attributes
 from turnkeep.workflows import visibility
 from turnkeep.workflows.session_workflow import SessionWorkflow
+from turnkeep.workflows.task_priority import temporal_priority
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -105,6 +106,8 @@ async def open_session(
     idle_timeout: float | None = None,
     turns_per_run: int = DEFAULT_TURNS_PER_RUN,
     on_new_message: NewMessageMode = "queue",
+    priority: TaskPriority | None = None,
+    tenant: str | None = None,
 ) -> SessionHandle:
     """Start a session with ``agent``, or attach to the running session ``session_id`` (its
     own agent, limits and mode stay). Raises ``SessionClosedError`` for a session that has
@@ -114,12 +117,15 @@ async def open_session(
     turn, ``interrupt`` cancels it. Pass the agent's own setting
     (``AgentOptions.on_new_message``): the session cannot read the worker's config.
     ``task_queue``: where the session and its turns run, by default the agent's queue
-    (``start_turn``)."""
+    (``start_turn``). ``priority`` and ``tenant``: each turn's (``TurnInput``'s: a priority
+    lower than the agent's, the tenant its work is shared fairly by)."""
     session = SessionInput(
         agent=agent,
         idle_timeout=idle_timeout,
         turns_per_run=turns_per_run,
         on_new_message=on_new_message,
+        priority=priority,
+        tenant=tenant,
     )
     workflow_id = session_id or f"session-{agent}-{uuid.uuid4().hex[:12]}"
     return await start_session(client, session, workflow_id=workflow_id, task_queue=task_queue)
@@ -149,6 +155,8 @@ async def start_session(
             search_attributes=visibility.start_search_attributes(agent, present, fork_of=fork_of),
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            # Its workflow tasks and its turns' starts, at its turns' priority.
+            priority=temporal_priority(session.priority or "normal", session.tenant),
         )
     except WorkflowAlreadyStartedError as err:
         raise SessionClosedError(

@@ -55,6 +55,7 @@ from turnkeep.contract.turn_io import (
 from turnkeep.observability.search_attributes import present_search_attributes
 from turnkeep.payloads.conversations import with_history
 from turnkeep.workflows import visibility
+from turnkeep.workflows.task_priority import temporal_priority
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME, TurnWorkflow
 
 if TYPE_CHECKING:
@@ -97,6 +98,9 @@ async def start_turn(
         # response instead of through a poll, a round trip less per turn. Any other starter
         # gets a normal start.
         request_eager_start=True,
+        # Its workflow tasks and set-up go ahead of lower-priority work too, as what it
+        # schedules once its plan says its priority (``turnkeep.workflows.task_priority``).
+        priority=temporal_priority(turn.priority or "normal", turn.tenant),
     )
     return TurnHandle(handle, client)
 

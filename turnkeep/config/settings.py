@@ -37,6 +37,8 @@ from turnkeep.contract.session_io import NewMessageMode
 from turnkeep.contract.turn_io import (
     DEFAULT_MAX_ITERATIONS,
     DEFAULT_TASK_QUEUE,
+    TaskPriority,
+    TenantName,
     TurnOverrides,
 )
 from turnkeep.fastagent.config_keys import accept_fast_agent_keys
@@ -550,6 +552,10 @@ class AgentOptions(_Settings):
     # In a session, what a message sent while a turn runs does (`queue`: answered by the next
     # turn; `interrupt`: cancels the running one first). `open_session` passes it in.
     on_new_message: NewMessageMode = "queue"
+    # How soon its turns' work is served when workers are busy: `interactive` before `normal`
+    # before `batch` (Temporal's task priority). A turn, a gateway key or a calling agent may
+    # lower it, never raise it; the agents it calls run at most at its turn's.
+    priority: TaskPriority = "normal"
     # fast-agent's agents as tools: each of these agents is offered to the model as a tool named
     # `agent__<name>`, and a call runs that agent's turn as a child workflow.
     agents: list[str] = Field(default_factory=list)
@@ -733,6 +739,12 @@ class GatewayKeySettings(_SecretSettings):
     agents: list[str] = Field(min_length=1)
     # Whether it may approve or deny tool calls waiting for a person.
     decide: bool = False
+    # Lowers the priority of the turns and sessions it starts (never raises it): `batch` for a
+    # key that runs evaluations or bulk jobs. Unset: the agent's, or what a request asks.
+    priority: TaskPriority | None = None
+    # Whose turns its turns and sessions are: busy workers share themselves fairly among
+    # tenants (Temporal's fairness key). Unset: the key's name. Whatever a request says.
+    tenant: TenantName | None = None
 
     @model_validator(mode="after")
     def _long_enough_key(self) -> GatewayKeySettings:

@@ -17,7 +17,14 @@ from turnkeep.contract.server_requests import (
     ServerRequest,
     ServerRequestPlan,
 )
-from turnkeep.contract.turn_io import BudgetLimit, BudgetUnit, TurnOverrides, Usage
+from turnkeep.contract.turn_io import (
+    BudgetLimit,
+    BudgetUnit,
+    TaskPriority,
+    TenantName,
+    TurnOverrides,
+    Usage,
+)
 
 PREPARE_TURN = "prepare_turn"
 LIST_TOOLS = "list_tools"
@@ -43,6 +50,8 @@ class PrepareTurnRequest(Compact):
     overrides: TurnOverrides
     depth: int = 0  # `TurnInput.depth`: checked against the worker's `max_agent_depth`
     budget: BudgetLimit | None = None  # `TurnInput.budget`: at most the agent's
+    priority: TaskPriority | None = None  # `TurnInput.priority`: at most the agent's
+    tenant: TenantName | None = None  # `TurnInput.tenant`: the turn's fairness key
 
 
 class BudgetPlan(Compact):
@@ -238,6 +247,9 @@ class TurnPlan(Compact):
     # (the last gets `llm.max_attempts`).
     fallback_models: list[str] = Field(default_factory=list)
     fallback_after_attempts: int = 2
+    # The turn's effective task priority and fairness key (prepare_turn resolves them).
+    priority: TaskPriority = "normal"
+    fairness_key: str | None = None
 
     def agent_tool(self, tool: str) -> AgentTool | None:
         """The agent a call of ``tool`` runs, if it names one of the agent's agent tools."""

@@ -18,7 +18,7 @@ from turnkeep.contract.approval import AllowRule
 from turnkeep.contract.conversation import ConversationRef, Messages, stores
 from turnkeep.contract.messages import Message
 from turnkeep.contract.rewind import Rewind, TurnMark
-from turnkeep.contract.turn_io import NAME_MAX_CHARS, Spent
+from turnkeep.contract.turn_io import NAME_MAX_CHARS, Spent, TaskPriority, TenantName
 
 SESSION_WORKFLOW_NAME = "SessionWorkflow"
 
@@ -62,6 +62,10 @@ class SessionInput(BaseModel):
     on_new_message: NewMessageMode = "queue"
     # Each turn's model, where the agent's config allows a turn to choose (``TurnInput.model``).
     model: str | None = Field(default=None, max_length=NAME_MAX_CHARS)
+    # Each turn's `priority` and `tenant` (``TurnInput``): a turn may lower its agent's
+    # priority, never raise it.
+    priority: TaskPriority | None = None
+    tenant: TenantName | None = None
     # A fork's origin, and the conversation it starts with: by reference once stored
     # (``conversation``, which must be this session's own: ``fork_prefix``), else its messages.
     fork: ForkOrigin | None = None
@@ -75,7 +79,7 @@ class SessionInput(BaseModel):
         ref = self.conversation if stores(info) else None
         data = handler(self.model_copy(update={"transcript": []}) if ref is not None else self)
         if isinstance(data, dict):
-            for name in ("model", "fork", "transcript", "conversation"):
+            for name in ("model", "priority", "tenant", "fork", "transcript", "conversation"):
                 if not data.get(name):
                     data.pop(name, None)
             if ref is not None:

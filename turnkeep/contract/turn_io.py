@@ -52,6 +52,26 @@ def agent_task_queue(task_queue: str, agent: str) -> str:
 NAME_MAX_CHARS = 200
 
 
+# How soon a turn's work is served when workers are busy: its activities and the turns it
+# starts go ahead of those of a lower priority (Temporal's task priority), from first to last.
+TaskPriority = Literal["interactive", "normal", "batch"]
+_PRIORITY_ORDER: tuple[TaskPriority, ...] = ("interactive", "normal", "batch")
+
+
+def lowest_priority(*priorities: TaskPriority | None) -> TaskPriority:
+    """The lowest of ``priorities`` (None: no say): an agent's priority can only be lowered, by
+    a turn's input, a gateway key or a called agent's own, never raised."""
+    given = [p for p in priorities if p is not None]
+    return max(given, key=_PRIORITY_ORDER.index, default="normal")
+
+
+# Whose work a turn is, for fair shares of busy workers (Temporal's fairness key, at most 64
+# bytes): a short name, so it reads the same in a task queue's statistics and in a log line.
+TenantName = Annotated[
+    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
+]
+
+
 def _bare_text_is_a_user_message(value: Any) -> Any:
     # `temporal workflow start --input '{"agent": "demo", "messages": ["hi"]}'` should just work.
     return Message.user(value) if isinstance(value, str) else value
@@ -124,6 +144,12 @@ class TurnInput(TurnOverrides):
     # Set for a counterfactual replay of a finished turn: its input (`messages`, `history`)
     # is then the source's, as the worker reads it, whatever the client sent.
     replay_of: ReplayOf | None = None
+    # How soon the turn's work is served on busy workers: at most its agent's `priority` (a
+    # turn may lower it, never raise it).
+    priority: TaskPriority | None = None
+    # Whose turn this is: turns of different tenants share busy workers fairly (Temporal's
+    # fairness key). The gateway sets its key's, whatever a request says.
+    tenant: TenantName | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -161,6 +187,8 @@ _TURN_INPUT_DEFAULTS: dict[str, Any] = {
     "session_spent": None,
     "allow_rules": [],
     "replay_of": None,
+    "priority": None,
+    "tenant": None,
 }
 
 _TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")

@@ -50,6 +50,18 @@ DB_FILE_NAME = "temporal.db"
 START_TIMEOUT = 60.0
 START_ATTEMPTS = 2
 
+# Task priority and fairness (``turnkeep.workflows.task_priority``): the new matcher orders a
+# task queue's backlog by priority key (the server's default, named so no version takes it
+# away), fairness shares each priority among fairness keys (off by default), and both hold
+# within one partition of a task queue, so the dev server gives each queue one: a single
+# process gains nothing from more (docs/operations/worker.md for clusters).
+PRIORITY_DYNAMIC_CONFIG = (
+    "matching.useNewMatcher=true",
+    "matching.enableFairness=true",
+    "matching.numTaskqueueReadPartitions=1",
+    "matching.numTaskqueueWritePartitions=1",
+)
+
 # The history service polls its task queues at 20 RPS per shard and may fire a timer up to a
 # second late by default; that is where most of a dev server's per-step latency comes from.
 # The values are harmless on a single-user dev server.
@@ -140,6 +152,9 @@ def build_argv(
         argv += ["--namespace", namespace]
     for name, kind in (search_attributes or {}).items():
         argv += ["--search-attribute", f"{name}={kind}"]
+    # A feature, not a speed-up: fast or not.
+    for value in PRIORITY_DYNAMIC_CONFIG:
+        argv += ["--dynamic-config-value", value]
     if fast:
         for value in FAST_DYNAMIC_CONFIG:
             argv += ["--dynamic-config-value", value]

@@ -54,7 +54,7 @@ from turnkeep.contract.approval import (
 from turnkeep.contract.messages import CallToolResult, Message, StopReason, TextContent
 from turnkeep.contract.model_io import LlmRequest, LlmStepRequest, MessageJson
 from turnkeep.contract.turn_io import TurnInput
-from turnkeep.workflows import visibility
+from turnkeep.workflows import task_priority, visibility
 from turnkeep.workflows.tool_batch import ToolBatch
 
 T = TypeVar("T")
@@ -77,7 +77,8 @@ async def execute(
     task_queue: str | None = None,
 ) -> T:
     """Schedule one of the turn's activities by name, with ``t``'s timeouts and retry policy,
-    on ``task_queue`` (None: the turn's own), and await its result."""
+    on ``task_queue`` (None: the turn's own), at the workflow's task priority, and await its
+    result."""
     return await _outcome(
         workflow.execute_activity(
             name,
@@ -88,6 +89,7 @@ async def execute(
             start_to_close_timeout=timedelta(seconds=t.start_to_close),
             heartbeat_timeout=timedelta(seconds=t.heartbeat) if t.heartbeat else None,
             retry_policy=_retry_policy(t),
+            priority=task_priority.current(),
         )
     )
 
@@ -127,7 +129,12 @@ async def prepare_turn(turn: TurnInput, *, local: bool = False) -> TurnPlan:
     """The turn's plan from the worker's ``prepare_turn``; with ``local``, run as a local
     activity, in the workflow task that asks for it (``local_setup``)."""
     request = PrepareTurnRequest(
-        agent=turn.agent, overrides=turn.overrides(), depth=turn.depth, budget=turn.budget
+        agent=turn.agent,
+        overrides=turn.overrides(),
+        depth=turn.depth,
+        budget=turn.budget,
+        priority=turn.priority,
+        tenant=turn.tenant,
     )
     summary = visibility.prepare_summary(turn.agent)
     if local:

@@ -20,7 +20,7 @@ from temporalio.exceptions import (
     FailureError,
 )
 
-from turnkeep.contract.activity_io import AgentTool, ToolCallRequest
+from turnkeep.contract.activity_io import AgentTool, ToolCallRequest, TurnPlan
 from turnkeep.contract.messages import CallToolResult, Message, StopReason, TextContent
 from turnkeep.contract.turn_io import TurnInput, TurnResult, Usage
 from turnkeep.workflows.child_turn import start_turn_child
@@ -55,11 +55,13 @@ def child_id(parent_id: str, step: int, call_id: str) -> str:
     return f"{parent_id}/{step}/{call_id[:CALL_ID_CHARS]}"
 
 
-async def call_agent(call: ToolCallRequest, tool: AgentTool, *, id: str, depth: int) -> AgentCall:
-    """Run ``tool``'s agent on the call's message as a child turn, ``depth`` being the calling
-    turn's (``run_agent``)."""
+async def call_agent(
+    call: ToolCallRequest, tool: AgentTool, *, id: str, depth: int, parent: TurnPlan
+) -> AgentCall:
+    """Run ``tool``'s agent on the call's message as a child turn, ``depth`` and ``parent``
+    being the calling turn's (``run_agent``)."""
     message = Message.user(agent_message(call.arguments))
-    return await run_agent(tool, [message], id=id, depth=depth)
+    return await run_agent(tool, [message], id=id, depth=depth, parent=parent)
 
 
 async def run_agent(
@@ -68,17 +70,21 @@ async def run_agent(
     *,
     id: str,
     depth: int,
+    parent: TurnPlan,
     structured_output: dict[str, Any] | None = None,
 ) -> AgentCall:
     """Run ``tool``'s agent on ``messages`` as a child turn with workflow id ``id`` (asked for
-    JSON of ``structured_output`` when given). A cancelled caller cancels the child and waits
-    for its repair, then raises ``CancelledError``; any other end is the child's answer (or
-    failure) as a tool result."""
+    JSON of ``structured_output`` when given), at the ``parent`` turn's priority (which the
+    child's own agent may lower further) and for its tenant. A cancelled caller cancels the
+    child and waits for its repair, then raises ``CancelledError``; any other end is the
+    child's answer (or failure) as a tool result."""
     turn = TurnInput(
         agent=tool.agent,
         messages=messages,
         depth=depth + 1,
         structured_output=structured_output,
+        priority=parent.priority,
+        tenant=parent.fairness_key,
     )
 
     async def run_child() -> TurnResult:

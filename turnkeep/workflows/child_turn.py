@@ -24,7 +24,7 @@ from turnkeep.contract.turn_io import (
     TurnInput,
     TurnResult,
 )
-from turnkeep.workflows import actions, visibility
+from turnkeep.workflows import actions, task_priority, visibility
 
 READ_CHILD_TURN = "read_child_turn"
 
@@ -70,6 +70,7 @@ async def start_child(
         task_queue=task_queue,
         result_type=result_type,
         static_summary=visibility.prompt_summary(last.text) or None,
+        priority=task_priority.current(),
         # The default, said here because child_turn_result relies on it: a cancelled parent
         # waits for the child to finish its repair, so the repaired conversation is in the
         # child's history.

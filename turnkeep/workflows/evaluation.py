@@ -37,8 +37,15 @@ from turnkeep.contract.evaluation_io import (
     read_judgement,
 )
 from turnkeep.contract.messages import Message
-from turnkeep.contract.turn_io import WORKFLOW_NAME, ReplayOf, TurnInput, TurnResult
+from turnkeep.contract.turn_io import (
+    WORKFLOW_NAME,
+    ReplayOf,
+    TaskPriority,
+    TurnInput,
+    TurnResult,
+)
 from turnkeep.workflows import actions, visibility
+from turnkeep.workflows.task_priority import temporal_priority
 
 # Listing reads visibility, page by page: quick, retried for a busy server.
 _LIST = Timeouts(start_to_close=120.0, heartbeat=None, max_attempts=5)
@@ -48,8 +55,16 @@ _LIST = Timeouts(start_to_close=120.0, heartbeat=None, max_attempts=5)
 _SCORE = Timeouts(start_to_close=300.0, heartbeat=10.0, max_attempts=5)
 
 
+# An evaluation replays many turns at once: busy workers serve people's turns first.
+EVALUATION_PRIORITY: TaskPriority = "batch"
+
+
 @workflow.defn(name=EVALUATION_WORKFLOW)
 class EvaluationWorkflow:
+    # Its own activities and its children, replays and judges, run at the batch priority
+    # (``task_priority``).
+    task_priority = temporal_priority(EVALUATION_PRIORITY, None)
+
     def __init__(self) -> None:
         self._request: EvaluationInput | None = None
         self._plan = EvaluationPlan()
@@ -157,6 +172,7 @@ class EvaluationWorkflow:
             messages=[Message.user(f"replay of {target.turn}")],
             model=request.model,
             replay_of=ReplayOf(turn=target.turn, instruction=request.instruction),
+            priority=EVALUATION_PRIORITY,
         )
         # The result stays a payload: the comparing activity reads both turns itself.
         await workflow.execute_child_workflow(
@@ -166,6 +182,7 @@ class EvaluationWorkflow:
             result_type=RawValue,
             static_summary=visibility.replay_summary(target.turn, request.model or target.agent),
             search_attributes=TypedSearchAttributes(attributes),
+            priority=self.task_priority,
         )
 
     async def _judge(
@@ -177,6 +194,7 @@ class EvaluationWorkflow:
             agent=judge,
             messages=[Message.user(prompt)],
             structured_output=JUDGE_SCHEMA if self._plan.judge_structured else None,
+            priority=EVALUATION_PRIORITY,
         )
         try:
             result = await workflow.execute_child_workflow(
@@ -188,6 +206,7 @@ class EvaluationWorkflow:
                 search_attributes=TypedSearchAttributes(
                     list(visibility.start_search_attributes(judge, self._plan.search_attributes))
                 ),
+                priority=self.task_priority,
             )
             answer = result.final.text if result.final is not None else ""
             verdict = read_judgement(answer, result.structured)

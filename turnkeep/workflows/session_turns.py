@@ -25,7 +25,7 @@ from temporalio.common import RawValue
 from turnkeep.contract.approval import AllowRule
 from turnkeep.contract.conversation import ConversationRef, input_segment
 from turnkeep.contract.messages import Message, message_json
-from turnkeep.contract.turn_io import HistoryChange, Spent, TurnResult, Usage
+from turnkeep.contract.turn_io import HistoryChange, Spent, TaskPriority, TurnResult, Usage
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -65,17 +65,26 @@ class ConversationJson:
         spent: Spent | None = None,
         rules: list[AllowRule] | None = None,
         model: str | None = None,
+        *,
+        priority: TaskPriority | None = None,
+        tenant: str | None = None,
     ) -> RawValue:
         """A ``TurnInput`` for ``agent`` answering ``messages`` after the conversation: by
         reference when it is stored (``ref``; the data converter expands it), else
         ``history`` itself, with the session's active ``rules``. As the payload the converter
         would write for it. With a reference, ``messages`` go in a segment to store too (the
         turn's own goes on from it): inline, they would be recorded twice, in the session's
-        start of the child and in the turn's own start."""
+        start of the child and in the turn's own start. ``priority`` and ``tenant``: the
+        session's, for each of its turns."""
         # A budget per session: what the earlier turns spent (only once a turn said so).
         extra = "" if spent is None else f',"session_spent":{spent.model_dump_json()}'
         if model is not None:  # a session that names one (a fork's `--model`)
             extra += f',"model":{json.dumps(model)}'
+        # Only when the session has them: a session without them starts its turns as before.
+        if priority is not None:
+            extra += f',"priority":{json.dumps(priority)}'
+        if tenant is not None:
+            extra += f',"tenant":{json.dumps(tenant)}'
         # Only when the session has some: the turns of a session without rules are as before.
         allow = (
             f',"allow_rules":[{",".join(r.model_dump_json(exclude_defaults=True) for r in rules)}]'

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 from temporalio import workflow
-from temporalio.common import RawValue
+from temporalio.common import Priority, RawValue
 from temporalio.exceptions import (
     ApplicationError,
     ChildWorkflowError,
@@ -61,6 +61,7 @@ from turnkeep.workflows.conversation_cache import conversations
 from turnkeep.workflows.session_fork import forked_state, without_conversation
 from turnkeep.workflows.session_turns import ConversationJson, TurnOutcome, decode, take_in
 from turnkeep.workflows.starting import handler_argument, start_arguments
+from turnkeep.workflows.task_priority import temporal_priority
 
 # The line a session logs for a turn that failed (`turnkeep chat` says it in its own words).
 TURN_FAILED_LOG = "turn %s failed: %s"
@@ -111,6 +112,15 @@ class SessionWorkflow:
         # inherits them.
         self._published = visibility.published_values(workflow.info().typed_search_attributes)
         self._allowed = set(self._published)
+
+    @property
+    def task_priority(self) -> Priority:
+        """What the session's turns and activities carry (``task_priority``): the priority and
+        tenant it was opened with (each turn's own plan may lower the priority further)."""
+        if isinstance(self._start, ApplicationError):
+            return Priority.default
+        session = self._start.session
+        return temporal_priority(session.priority or "normal", session.tenant)
 
     @workflow.run
     async def run(self, *args: Any) -> SessionResult:
@@ -180,6 +190,8 @@ class SessionWorkflow:
             state.spent,
             rules,
             session.model,
+            priority=session.priority,
+            tenant=session.tenant,
         )
         while True:
             try:

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.api.common.v1 import Payloads
+from temporalio.common import Priority
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from turnkeep.contract.activity_io import (
@@ -65,6 +66,7 @@ from turnkeep.workflows.conversation_cache import Conversation, conversations
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.shared import shared
 from turnkeep.workflows.starting import start_arguments
+from turnkeep.workflows.task_priority import temporal_priority
 from turnkeep.workflows.tool_batch import apply_rules, apply_verdicts, policy_request
 from turnkeep.workflows.waits import approval, budget_raise, client_tool, server_answers, updates
 from turnkeep.workflows.waits.base import ServerRequestsInFlight
@@ -384,7 +386,12 @@ class TurnWorkflow:
             id = agent_tools.child_id(workflow.info().workflow_id, step, name)
             async with self._child_turn(id, name):
                 call = await agent_tools.run_agent(
-                    tool, messages, id=id, depth=state.depth, structured_output=structured_output
+                    tool,
+                    messages,
+                    id=id,
+                    depth=state.depth,
+                    parent=state.plan,
+                    structured_output=structured_output,
                 )
             state.on_agent_usage(call.usage)
             return call
@@ -415,7 +422,9 @@ class TurnWorkflow:
             self._child_turn(id, call.call_id),
             self._agent_slots or contextlib.nullcontext(),
         ):
-            outcome = await agent_tools.call_agent(call, tool, id=id, depth=state.depth)
+            outcome = await agent_tools.call_agent(
+                call, tool, id=id, depth=state.depth, parent=state.plan
+            )
         state.on_agent_usage(outcome.usage)
         duration_ms = (workflow.time() - started) * 1000
         return ToolCallOutcome(result=outcome.result, duration_ms=duration_ms)
@@ -505,6 +514,18 @@ class TurnWorkflow:
             workflow.upsert_search_attributes(
                 [visibility.STATUS.value_set(visibility.TurnStatus.FAILED.value)]
             )
+
+    @property
+    def task_priority(self) -> Priority:
+        """What the turn's activities and child turns carry (``task_priority``): its plan's
+        priority and fairness key, and before it has a plan (``prepare_turn``) its input's."""
+        if self._state is not None:
+            plan = self._state.plan
+            return temporal_priority(plan.priority, plan.fairness_key)
+        if isinstance(self._start, _Start):
+            turn = self._start.turn
+            return temporal_priority(turn.priority or "normal", turn.tenant)
+        return Priority.default
 
     @property
     def state(self) -> TurnState:

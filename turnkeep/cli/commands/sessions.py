@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Annotated
 
 import typer
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from rich.markup import escape
 from temporalio.client import (
     Client,
@@ -27,7 +27,14 @@ from turnkeep.cli.commands.turns import _default_agent
 from turnkeep.cli.console import console
 from turnkeep.cli.errors import error_text, print_error
 from turnkeep.cli.line_reader import stdin_lines
-from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
+from turnkeep.cli.options import (
+    Address,
+    ConfigPath,
+    InProcessWorker,
+    Namespace,
+    PriorityOption,
+    TenantOption,
+)
 from turnkeep.cli.process import (
     ready_to_start,
     runs_worker,
@@ -40,7 +47,7 @@ from turnkeep.client.live import MessageEvent
 from turnkeep.client.sessions import SessionHandle, get_session, open_session, session_state
 from turnkeep.client.turns import get_turn
 from turnkeep.contract.rewind import Rewind
-from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME, SessionResult
+from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME, SessionInput, SessionResult
 from turnkeep.contract.turn_io import TurnOverrides, agent_task_queue
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.workflows import visibility
@@ -56,6 +63,8 @@ def chat(
     session_id: Annotated[
         str | None, typer.Option("--session", help="Resume this session (default: a new one).")
     ] = None,
+    priority: PriorityOption = None,
+    tenant: TenantOption = None,
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
@@ -70,6 +79,7 @@ def chat(
     settings = target.settings
     name = agent or _default_agent(settings)
     in_process = runs_worker(address, worker)
+    scheduling = _scheduling(priority, tenant)
     if session_id is None:  # a resumed session keeps its own agent
         ready_to_start(settings, name, TurnOverrides(), in_process=in_process)
 
@@ -81,6 +91,8 @@ def chat(
             session_id=session_id,
             task_queue=agent_task_queue(settings.task_queue, name),
             on_new_message=options.on_new_message if options else "queue",
+            priority=scheduling.priority,
+            tenant=scheduling.tenant,
         )
         console.print(f"[bold]session[/] {session.session_id}")
         # Where its turns wait for a worker (a resumed session keeps its own queue).
@@ -88,6 +100,15 @@ def chat(
         return session.session_id, await _repl(session, queue)
 
     left_open(*target.run_with_worker(go, worker=worker))
+
+
+def _scheduling(priority: str | None, tenant: str | None) -> SessionInput:
+    """``--priority`` and ``--tenant`` checked as a session checks them, or a usage error."""
+    try:
+        return SessionInput.model_validate({"agent": "-", "priority": priority, "tenant": tenant})
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise typer.BadParameter(first["msg"], param_hint=f"--{first['loc'][0]}") from None
 
 
 def left_open(session_id: str, code: int) -> None:

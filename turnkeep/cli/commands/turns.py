@@ -20,7 +20,14 @@ from temporalio.client import (
 )
 
 from turnkeep.cli.console import console, print_json
-from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
+from turnkeep.cli.options import (
+    Address,
+    ConfigPath,
+    InProcessWorker,
+    Namespace,
+    PriorityOption,
+    TenantOption,
+)
 from turnkeep.cli.process import (
     ready_to_start,
     runs_worker,
@@ -63,6 +70,8 @@ def run(
     agent: Annotated[str | None, typer.Option(help="Agent from the config.")] = None,
     model: Annotated[str | None, typer.Option(help="Model override, if the agent allows.")] = None,
     max_iterations: Annotated[int | None, typer.Option(help="Tool-loop cap override.")] = None,
+    priority: PriorityOption = None,
+    tenant: TenantOption = None,
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
@@ -93,6 +102,8 @@ def run(
         messages=[prompt],  # a bare string is a user message
         model=model,
         max_iterations=max_iterations,
+        priority=priority,
+        tenant=tenant,
     )
     in_process = runs_worker(address, worker)
     ready_to_start(settings, turn.agent, turn.overrides(), in_process=in_process)
@@ -131,7 +142,13 @@ async def _described_turn(
 _WORKER_FOR_ITS_AGENT = "start `turnkeep worker` with its agent in its config"
 
 # The options `run` names a turn's fields by, for a value the turn refuses.
-_OPTIONS = {"agent": "--agent", "model": "--model", "max_iterations": "--max-iterations"}
+_OPTIONS = {
+    "agent": "--agent",
+    "model": "--model",
+    "max_iterations": "--max-iterations",
+    "priority": "--priority",
+    "tenant": "--tenant",
+}
 
 
 def _turn_input(**fields: object) -> TurnInput:

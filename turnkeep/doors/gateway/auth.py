@@ -16,6 +16,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from turnkeep.config.settings import GatewayKeySettings, Settings
+from turnkeep.contract.turn_io import TaskPriority, TenantName, lowest_priority
 
 ALL_AGENTS = "*"
 
@@ -32,13 +33,45 @@ class ApiKey:
     digest: bytes
     agents: frozenset[str]  # may hold ALL_AGENTS
     decide: bool
+    # What the turns and sessions it starts get, whatever a request says: the priority it
+    # lowers them to (None: no say) and their tenant (None: none, for loopback only).
+    priority: TaskPriority | None = None
+    tenant: str | None = None
 
     def may_use(self, agent: str) -> bool:
         return ALL_AGENTS in self.agents or agent in self.agents
 
+    def priority_of(self, asked: TaskPriority | None) -> TaskPriority | None:
+        """The priority of a turn a request ``asked`` for (None: no say): the lower of the
+        two, so a request can lower its key's priority, never raise it."""
+        if asked is None and self.priority is None:
+            return None
+        return lowest_priority(asked, self.priority)
+
     @classmethod
-    def of(cls, name: str, key: str, agents: Iterable[str], *, decide: bool = False) -> ApiKey:
-        return cls(name=name, digest=_digest(key), agents=frozenset(agents), decide=decide)
+    def from_settings(cls, name: str, key: GatewayKeySettings) -> ApiKey:
+        """Key ``name`` as configured; its tenant defaults to its name."""
+        return cls(
+            name=name,
+            digest=_digest(key.key.get_secret_value()),
+            agents=frozenset(key.agents),
+            decide=key.decide,
+            priority=key.priority,
+            tenant=key.tenant if key.tenant is not None else _tenant_name(name),
+        )
+
+
+_TENANT = TypeAdapter(TenantName)
+
+
+def _tenant_name(name: str) -> str:
+    try:
+        return _TENANT.validate_python(name)
+    except ValidationError:
+        raise KeysFileError(
+            f"gateway key {name!r} has no `tenant`, and its name cannot be one (a tenant is "
+            "at most 64 letters, digits and `._:@-`): give it a `tenant`"
+        ) from None
 
 
 # The identity a gateway without authentication (loopback only) gives every request.
@@ -78,10 +111,7 @@ class KeyRing:
                 if name in configured:
                     raise KeysFileError(f"gateway key {name!r} is both in the config and the file")
                 configured[name] = key
-        return cls(
-            ApiKey.of(name, key.key.get_secret_value(), key.agents, decide=key.decide)
-            for name, key in configured.items()
-        )
+        return cls(ApiKey.from_settings(name, key) for name, key in configured.items())
 
 
 _KEYS = TypeAdapter(dict[str, GatewayKeySettings])

@@ -9,13 +9,18 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from turnkeep.contract.approval import Decision, PendingCall, RememberScope, SubmittedResult
 from turnkeep.contract.messages import Message
-from turnkeep.contract.turn_io import TurnResult
+from turnkeep.contract.turn_io import TaskPriority, TurnResult
 
 # An agent's name as a request may give it; longer is no agent's.
 _NAME_CHARS = 200
 # The largest message index a stream may start after (`?after=`, `Last-Event-ID`): a 64-bit
 # integer, as JSON clients hold one.
 MAX_INDEX = 2**63 - 1
+_PRIORITY = (
+    "How soon its work is served when workers are busy: interactive, normal or batch. It "
+    "lowers the agent's and the key's priority, never raises them. The tenant (fairness key) "
+    "is always the key's."
+)
 
 
 class _Request(BaseModel):
@@ -41,6 +46,7 @@ class AgentList(BaseModel):
 class StartTurn(_Request):
     agent: str = Field(min_length=1, max_length=_NAME_CHARS)
     prompt: str = Field(min_length=1)
+    priority: TaskPriority | None = Field(default=None, description=_PRIORITY)
 
 
 class TurnStarted(BaseModel):
@@ -102,6 +108,7 @@ class DecideCall(_Request):
 
 class OpenSession(_Request):
     agent: str = Field(min_length=1, max_length=_NAME_CHARS)
+    priority: TaskPriority | None = Field(default=None, description=_PRIORITY)
 
 
 class SessionOpened(BaseModel):

@@ -163,7 +163,15 @@ async def post_turn(request: Request) -> Response:
     body = await read_json(request, StartTurn, gw.max_body)
     gw.access.agent(key, body.agent)
     try:
-        turn = TurnInput.model_validate({"agent": body.agent, "messages": [body.prompt]})
+        turn = TurnInput.model_validate(
+            {
+                "agent": body.agent,
+                "messages": [body.prompt],
+                # The key's, whatever the body asked (which can only lower the priority).
+                "priority": key.priority_of(body.priority),
+                "tenant": key.tenant,
+            }
+        )
     except ValidationError as err:  # what the turn itself refuses (a prompt too long, say)
         raise ApiError(422, describe(err).replace("messages.0", "prompt")) from None
     handle = await start_turn(
@@ -313,6 +321,8 @@ async def post_session(request: Request) -> Response:
         session_id=f"session-{body.agent}-{uuid.uuid4().hex[:12]}",
         task_queue=gw.task_queue(body.agent),
         on_new_message=agent.on_new_message,
+        priority=key.priority_of(body.priority),
+        tenant=key.tenant,
     )
     log.info("key %s opened session %s", key.name, session.session_id)
     return _json(SessionOpened(session_id=session.session_id), 201)
@@ -465,6 +475,8 @@ async def _fork(request: Request, kind: Kind, source: str) -> Response:
                 message=body.text,
                 session_id=f"session-{agent}-{uuid.uuid4().hex[:12]}",
                 task_queue=gw.task_queue(agent),
+                priority=key.priority,
+                tenant=key.tenant,
             )
     except ForkError as err:  # a well-formed request the source cannot meet (`at` past its end)
         raise ApiError(409, str(err)) from None

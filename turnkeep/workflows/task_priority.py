@@ -1,0 +1,45 @@
+"""A turn's priority and fairness key as Temporal's task priority: what every activity a
+workflow schedules and every child workflow it starts carries, so that busy workers take an
+interactive turn's work before queued batch work, and share themselves fairly among tenants.
+
+Temporal's own rule is the model: a workflow's activities and children inherit its priority.
+Here the workflow says which (``Prioritised``: a turn's is its plan's, once ``prepare_turn``
+resolved it), and ``current`` reads it where activities are scheduled, so no call site has to
+carry it."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from temporalio import workflow
+from temporalio.common import Priority
+
+from turnkeep.contract.turn_io import TaskPriority
+
+# Temporal's priority keys run from 1 (first) to 5; 3, its default, is "normal".
+PRIORITY_KEYS: dict[TaskPriority, int] = {"interactive": 1, "normal": 3, "batch": 5}
+
+
+def temporal_priority(priority: TaskPriority, fairness_key: str | None) -> Priority:
+    """``priority`` and ``fairness_key`` as Temporal's. A normal turn without a fairness key
+    gets Temporal's default, exactly what was scheduled before priorities existed, so such
+    turns' histories (and replays of them) are unchanged."""
+    if priority == "normal" and fairness_key is None:
+        return Priority.default
+    return Priority(priority_key=PRIORITY_KEYS[priority], fairness_key=fairness_key)
+
+
+@runtime_checkable
+class Prioritised(Protocol):
+    """A workflow whose activities and child workflows carry a task priority of its own."""
+
+    @property
+    def task_priority(self) -> Priority: ...
+
+
+def current() -> Priority:
+    """The task priority of what the running workflow schedules: its own
+    (``Prioritised``), else Temporal's default, which inherits the workflow's (an
+    application's workflow running a turn as a step)."""
+    instance = workflow.instance()
+    return instance.task_priority if isinstance(instance, Prioritised) else Priority.default
