@@ -4,9 +4,8 @@ whether to run a worker in the command's process."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, TypeVar, get_args
+from typing import Annotated, TypeVar
 
-import click
 import typer
 from pydantic import TypeAdapter, ValidationError
 
@@ -32,12 +31,8 @@ InProcessWorker = Annotated[
 
 # A turn's `TurnInput.priority` and `tenant` (a session's, for each of its turns).
 PriorityOption = Annotated[
-    str | None,
-    typer.Option(
-        "--priority",
-        click_type=click.Choice(get_args(TaskPriority)),
-        help="Lower the agent's priority for busy workers (never raises it).",
-    ),
+    TaskPriority | None,
+    typer.Option(help="Lower the agent's priority for busy workers (never raises it)."),
 ]
 TenantOption = Annotated[
     str | None,

@@ -48,7 +48,7 @@ from turnkeep.client.sessions import SessionHandle, get_session, open_session, s
 from turnkeep.client.turns import get_turn
 from turnkeep.contract.rewind import Rewind
 from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME, SessionInput, SessionResult
-from turnkeep.contract.turn_io import TurnOverrides, agent_task_queue
+from turnkeep.contract.turn_io import TaskPriority, TurnOverrides, agent_task_queue
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.workflows import visibility
 
@@ -102,7 +102,7 @@ def chat(
     left_open(*target.run_with_worker(go, worker=worker))
 
 
-def _scheduling(priority: str | None, tenant: str | None) -> SessionInput:
+def _scheduling(priority: TaskPriority | None, tenant: str | None) -> SessionInput:
     """``--priority`` and ``--tenant`` checked as a session checks them, or a usage error."""
     try:
         return SessionInput.model_validate({"agent": "-", "priority": priority, "tenant": tenant})
