@@ -7,7 +7,9 @@ for an interactive turn's. On the real dev server, with the passthrough model.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,9 @@ from temporalio.common import Priority
 
 from tests.conftest import Harness, HarnessFactory, eventually, make_settings, turn_setup
 from tests.test_gateway import bearer, served
+from tests.test_visibility import current_details
+from turnkeep.client.history import read_turn
+from turnkeep.client.turns import TurnHandle
 from turnkeep.contract.activity_io import PrepareTurnRequest
 from turnkeep.contract.turn_io import TaskPriority, TurnInput, TurnOverrides, lowest_priority
 from turnkeep.doors.gateway import gateway_app
@@ -171,11 +176,18 @@ async def test_a_turn_its_agent_call_and_a_session_turn_carry_the_priority(
             json.loads(started.workflow_execution_started_event_attributes.input.payloads[0].data)
         )
         assert (inherited.priority, inherited.tenant) == ("batch", "acme")
+        # What `turnkeep show` and the Web UI's details say of it.
+        view = await read_turn(client, child_id)
+        assert (view.priority, view.tenant) == ("batch", "acme")
+        assert "· priority: batch · tenant: `acme`" in await current_details(turn)
 
         # An unprioritised turn schedules what it did before priorities existed.
         plain = await h.start("hello", agent="plain")
         await plain.result()
         assert {(a, k) for _, a, k in await scheduled(client, plain.workflow_id)} == {(0, "")}
+        view = await read_turn(client, plain.workflow_id)
+        assert (view.priority, view.tenant) == (None, None)
+        assert "priority" not in await current_details(plain)
 
         # A session's turns: its priority and tenant, the agent's lowered by them.
         session = await h.session(agent="ny", priority="normal", tenant="globex")
@@ -281,9 +293,10 @@ async def pending(client: Client, workflow_id: str) -> bool:
     return bool(described.raw_description.pending_activities)
 
 
-async def test_queued_batch_work_waits_for_an_interactive_turns(
-    client: Client, tmp_path: Path
-) -> None:
+@contextlib.asynccontextmanager
+async def one_held_slot(client: Client, tmp_path: Path) -> AsyncIterator[Harness]:
+    """A worker whose only activity slot a turn holds until ``gate`` opens: what the test
+    starts meanwhile waits in the server's backlog, and is served in the server's order."""
     settings = make_settings(
         tmp_path,
         agents={
@@ -295,25 +308,52 @@ async def test_queued_batch_work_waits_for_an_interactive_turns(
         client,
         settings,
         function_tools={"local": [hold]},
-        # One activity slot, taken only through the task queue (no eager start), so that
-        # what waits for it waits in the server's backlog, in the server's order.
+        # Taken only through the task queue: an eager start would skip the backlog.
         max_concurrent_activities=1,
         disable_eager_activity_execution=True,
     ) as h:
         holder = await h.start('***CALL_TOOL local__hold {"name": "slot"}', agent="holder")
         await eventually(lambda: holding, "the slot held")
-        batch = []
-        for i in range(3):
-            batch.append(await h.start(f"batch {i}", agent="test", priority="batch"))
-            await eventually(lambda: pending(client, batch[-1].workflow_id), "set-up queued")
-        interactive = await h.start("now", agent="test")
-        await eventually(lambda: pending(client, interactive.workflow_id), "set-up queued")
+        yield h
         gate.set()
-        for turn in (holder, interactive, *batch):
-            await turn.result()
-        first = await first_started(client, interactive.workflow_id)
-        others = [await first_started(client, turn.workflow_id) for turn in batch]
-        # Queued after every batch turn's, the interactive turn's set-up went first...
-        assert all(first["prepare_turn"] < b["prepare_turn"] for b in others), (first, others)
-        # ...and its model call before any batch turn's.
-        assert all(first["llm_step"] < b["llm_step"] for b in others), (first, others)
+        await holder.result()
+
+
+async def queued(h: Harness, prompt: str, **turn: Any) -> TurnHandle:
+    """A turn of ``test`` started, once its set-up waits in the backlog."""
+    started = await h.start(prompt, agent="test", **turn)
+    await eventually(lambda: pending(h.client, started.workflow_id), "set-up queued")
+    return started
+
+
+async def started_in_order(h: Harness, turns: list[TurnHandle]) -> list[dict[str, float]]:
+    """Open the gate, and when each turn's activities first started, once all have ended."""
+    gate.set()
+    for turn in turns:
+        await turn.result()
+    return [await first_started(h.client, turn.workflow_id) for turn in turns]
+
+
+async def test_queued_batch_work_waits_for_an_interactive_turns(
+    client: Client, tmp_path: Path
+) -> None:
+    async with one_held_slot(client, tmp_path) as h:
+        batch = [await queued(h, f"batch {i}", priority="batch") for i in range(3)]
+        interactive = await queued(h, "now")
+        first, *others = await started_in_order(h, [interactive, *batch])
+    # Queued after every batch turn's, the interactive turn's set-up went first...
+    assert all(first["prepare_turn"] < b["prepare_turn"] for b in others), (first, others)
+    # ...and its model call before any batch turn's.
+    assert all(first["llm_step"] < b["llm_step"] for b in others), (first, others)
+
+
+async def test_one_tenants_burst_does_not_hold_another_tenants_turn_behind_it(
+    client: Client, tmp_path: Path
+) -> None:
+    async with one_held_slot(client, tmp_path) as h:
+        burst = [await queued(h, f"a {i}", priority="batch", tenant="acme") for i in range(4)]
+        other = await queued(h, "b", priority="batch", tenant="globex")
+        *bursts, theirs = await started_in_order(h, [*burst, other])
+    # Queued last, the other tenant's set-up went in the first two, not after all four.
+    earlier = sorted(b["prepare_turn"] for b in bursts)
+    assert theirs["prepare_turn"] < earlier[1], (theirs, bursts)

@@ -302,7 +302,12 @@ class TurnRenderer:
     def _header(self, view: TurnView, now: datetime) -> None:
         about = " · ".join(
             f"{label} {escape(value)}"
-            for label, value in (("agent", view.agent), ("model", view.model))
+            for label, value in (
+                ("agent", view.agent),
+                ("model", view.model),
+                ("priority", view.priority),
+                ("tenant", view.tenant),
+            )
             if value
         )
         self.console.print(

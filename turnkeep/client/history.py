@@ -43,7 +43,7 @@ from turnkeep.client.status import (
 from turnkeep.client.turn_replay import replay_turn
 from turnkeep.contract.activity_io import CALL_TOOL, LLM_STEP
 from turnkeep.contract.messages import Message, StopReason
-from turnkeep.contract.turn_io import TurnResult
+from turnkeep.contract.turn_io import TaskPriority, TurnResult
 from turnkeep.workflows.agent_tools import child_id
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
 
@@ -114,6 +114,9 @@ class TurnView(BaseModel):
     closed_at: datetime | None = None
     agent: str | None = None
     model: str | None = None
+    # Its task priority and tenant (``TurnPlan``), when other than normal and none.
+    priority: TaskPriority | None = None
+    tenant: str | None = None
     # The turn's input messages, when the loop never started and they are all there is to show
     # (otherwise they begin ``result.messages``).
     prompt: list[Message] = Field(default_factory=list)
@@ -237,6 +240,9 @@ async def _add_state(client: Client, view: TurnView, history: WorkflowHistory) -
     if state is not None:
         view.agent = state.plan.agent
         view.model = state.plan.model
+        if state.plan.priority != "normal":
+            view.priority = state.plan.priority
+        view.tenant = state.plan.fairness_key
         view.result = state.result()
         view.stop_reason = state.stop_reason
     if replayed.failure is None:

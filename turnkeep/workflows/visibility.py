@@ -380,11 +380,19 @@ def details(state: TurnState, doing: str) -> str:
     )
     if (cost := cost_usd(state)) is not None:
         totals += f" · cost: {format_usd(cost)}"
+    totals += _scheduling(state.plan.priority, state.plan.fairness_key)
     if state.stop_reason:
         totals += f" · last stop: `{state.stop_reason.value}`"
     elif state.messages and (last := _last_answer(state.messages)) is not None:
         totals += f" · last stop: `{outcome(last)}`"
     return f"{where}\n\n{totals}{_awaiting(state)}"
+
+
+def _scheduling(priority: str, tenant: str | None) -> str:
+    """A turn's task priority and tenant, for its details: said only when either is set
+    (a turn without them reads as before)."""
+    said = "" if priority == "normal" else f" · priority: {priority}"
+    return said + (f" · tenant: `{tenant}`" if tenant else "")
 
 
 def _awaiting(state: TurnState) -> str:
