@@ -23,6 +23,7 @@ from temporalio.common import Priority
 
 from tests.conftest import Harness, HarnessFactory, eventually, make_settings, turn_setup
 from tests.test_gateway import bearer, served
+from tests.test_mcp_gateway import mcp_as, text
 from tests.test_visibility import current_details
 from turnkeep.client.history import read_turn
 from turnkeep.client.turns import TurnHandle
@@ -30,6 +31,7 @@ from turnkeep.contract.activity_io import PrepareTurnRequest
 from turnkeep.contract.turn_io import TaskPriority, TurnInput, TurnOverrides, lowest_priority
 from turnkeep.doors.gateway import gateway_app
 from turnkeep.doors.gateway.auth import KeyRing, KeysFileError
+from turnkeep.support.asgi import AsgiServer, bind, http_url
 from turnkeep.testing import harness as worker_harness
 from turnkeep.workflows.task_priority import temporal_priority
 
@@ -261,6 +263,42 @@ async def test_the_gateway_sets_the_keys_priority_and_tenant_whatever_the_body_s
         assert answer.status_code == 422 and "tenant: Extra inputs" in answer.json()["error"]
         answer = await post("/api/sessions", PLAIN_KEY, priority="urgent")
         assert answer.status_code == 422
+
+
+async def test_the_gateways_mcp_door_sets_the_keys_priority_and_tenant(
+    harness: HarnessFactory,
+) -> None:
+    agents = {"agents": {"test": {"model": "passthrough", "priority": "interactive"}}}
+    async with harness(**agents) as h:
+        settings = h.settings.model_copy(
+            update={"gateway": type(h.settings.gateway).model_validate({"keys": KEYS})}
+        )
+        app = gateway_app(h.client, settings, task_queue=h.task_queue, web=None, a2a=False)
+        server = AsgiServer(app, name="gateway")
+        async with app.router.lifespan_context(app):
+            url = f"{http_url('127.0.0.1', await server.start(bind('127.0.0.1', 0)))}/mcp"
+            try:
+                async with mcp_as(url, BATCH_KEY) as mcp:
+                    started = await mcp.call_tool(
+                        "turnkeep_start", {"agent": "test", "message": "hi"}
+                    )
+                    answered = await mcp.call_tool("test", {"message": "hi"})  # a session's
+            finally:
+                await server.stop()
+    assert not started.is_error and not answered.is_error, (started, answered)
+    turn_id = json.loads(text(started))["turn_id"]
+    got = await started_input(h.client, turn_id)
+    assert (got["priority"], got["tenant"]) == ("batch", "acme")
+    sessions = [
+        w.id
+        async for w in h.client.list_workflows(
+            f"TaskQueue = '{h.task_queue}' AND WorkflowType = 'SessionWorkflow'"
+        )
+    ]
+    for session in sessions:
+        got = await started_input(h.client, session)
+        assert (got["priority"], got["tenant"]) == ("batch", "acme")
+    assert sessions
 
 
 def gateway(h: Harness) -> Any:

@@ -60,7 +60,13 @@ from turnkeep.client.turns import TurnHandle, get_turn, start_turn
 from turnkeep.config.settings import Settings
 from turnkeep.contract.approval import DecisionRecord, PendingCall
 from turnkeep.contract.session_io import SessionProgress
-from turnkeep.contract.turn_io import TurnCancelledError, TurnInput, TurnResult, agent_task_queue
+from turnkeep.contract.turn_io import (
+    TaskPriority,
+    TurnCancelledError,
+    TurnInput,
+    TurnResult,
+    agent_task_queue,
+)
 from turnkeep.doors.hosts import HostOriginGuard
 from turnkeep.errors import known
 from turnkeep.support.asgi import AsgiServer, bind, http_url
@@ -180,7 +186,8 @@ class McpDoor:
     the agent; default: the agent's queue on the settings' ``task_queue``); ``agent_of`` which
     agent a turn is of (default: the one it names, by its search attribute or its queue, if it
     runs on that agent's queue); ``decided_by`` who its decisions are recorded as;
-    ``decide=False`` refuses every decision."""
+    ``decide=False`` refuses every decision; ``priority`` and ``tenant`` are those of every
+    turn and session it starts (``TurnInput``'s)."""
 
     def __init__(
         self,
@@ -194,12 +201,15 @@ class McpDoor:
         agent_of: AgentOf | None = None,
         decided_by: str = DECIDED_BY,
         decide: bool = True,
+        priority: TaskPriority | None = None,
+        tenant: str | None = None,
     ) -> None:
         if scope not in SCOPES:
             raise ValueError(f"instance scope must be one of {', '.join(SCOPES)}, not {scope!r}")
         self.client = client
         self.settings = settings
         self.scope: InstanceScope = scope
+        self._priority, self._tenant = priority, tenant
         self.agents = served_agents(settings, agents)
         clash = sorted(set(self.agents) & set(TOOL_NAMES))
         if clash:
@@ -362,6 +372,8 @@ class McpDoor:
             agent=agent,
             task_queue=self._queue_of(agent),
             on_new_message=self.settings.agents[agent].on_new_message,
+            priority=self._priority,
+            tenant=self._tenant,
         )
         if close_with is not None:
             # The connection's end closes the session: what it was answering is answered.
@@ -370,7 +382,14 @@ class McpDoor:
 
     async def _start(self, agent: str, message: str) -> TurnHandle:
         try:
-            turn = TurnInput.model_validate({"agent": agent, "messages": [message]})
+            turn = TurnInput.model_validate(
+                {
+                    "agent": agent,
+                    "messages": [message],
+                    "priority": self._priority,
+                    "tenant": self._tenant,
+                }
+            )
         except ValueError as err:
             raise ToolError(f"refused: {_first_line(err)}") from None
         handle = await start_turn(self.client, turn, task_queue=self._queue_of(agent))

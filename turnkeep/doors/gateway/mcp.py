@@ -74,6 +74,8 @@ class McpDoors:
                     agent_of=agent_of,
                     decided_by=f"gateway key {key.name} via mcp",
                     decide=key.decide,
+                    priority=key.priority,
+                    tenant=key.tenant,
                 )
             except ValueError as err:  # an agent named as one of the turnkeep_* tools
                 raise ValueError(f"{err} (serve the gateway without MCP: --no-mcp)") from None
