@@ -156,6 +156,7 @@ TEAM: dict[str, Any] = {
     # Called by a batch turn, an interactive agent runs at batch: never raised.
     "ny": {"model": "passthrough", "priority": "interactive"},
     "plain": {"model": "passthrough"},
+    "steps": {"type": "chain", "sequence": ["ny"]},
 }
 
 
@@ -182,6 +183,14 @@ async def test_a_turn_its_agent_call_and_a_session_turn_carry_the_priority(
         view = await read_turn(client, child_id)
         assert (view.priority, view.tenant) == ("batch", "acme")
         assert "· priority: batch · tenant: `acme`" in await current_details(turn)
+
+        # A team's step, likewise.
+        team = await h.start("go", agent="steps", priority="batch", tenant="acme")
+        await team.result()
+        by_team = await scheduled(client, team.workflow_id)
+        assert {(a, k) for _, a, k in by_team} == {(5, "acme")}
+        [step] = [name for name, *_ in by_team if name.startswith(team.workflow_id)]
+        assert {(a, k) for _, a, k in await scheduled(client, step)} == {(5, "acme")}
 
         # An unprioritised turn schedules what it did before priorities existed.
         plain = await h.start("hello", agent="plain")
