@@ -22,6 +22,7 @@ from temporalio.client import Client
 from temporalio.common import Priority
 
 from tests.conftest import Harness, HarnessFactory, eventually, make_settings, turn_setup
+from tests.test_cli_errors import cli, config, one_error
 from tests.test_gateway import bearer, served
 from tests.test_mcp_gateway import mcp_as, text
 from tests.test_visibility import current_details
@@ -29,6 +30,7 @@ from turnkeep.client.history import read_turn
 from turnkeep.client.turns import TurnHandle
 from turnkeep.contract.activity_io import PrepareTurnRequest
 from turnkeep.contract.turn_io import TaskPriority, TurnInput, TurnOverrides, lowest_priority
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.doors.gateway import gateway_app
 from turnkeep.doors.gateway.auth import KeyRing, KeysFileError
 from turnkeep.support.asgi import AsgiServer, bind, http_url
@@ -404,3 +406,34 @@ async def test_one_tenants_burst_does_not_hold_another_tenants_turn_behind_it(
     # Queued last, the other tenant's set-up went in the first two, not after all four.
     earlier = sorted(b["prepare_turn"] for b in bursts)
     assert theirs["prepare_turn"] < earlier[1], (theirs, bursts)
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_run_takes_a_priority_and_a_tenant_and_refuses_bad_ones(
+    temporal: ServerInfo, client: Client, tmp_path: Path
+) -> None:
+    config(tmp_path, priority="interactive")
+    urgent, spaced, done = await asyncio.gather(
+        cli(temporal, tmp_path, "run", "hi", "--priority", "urgent"),
+        cli(temporal, tmp_path, "run", "hi", "--tenant", "a b"),
+        cli(
+            temporal,
+            tmp_path,
+            "run",
+            "hi",
+            "--priority",
+            "batch",
+            "--tenant",
+            "acme",
+            "--json",
+            "--worker",
+        ),
+    )
+    assert "--priority" in one_error(urgent) and "'urgent'" in one_error(urgent)
+    assert one_error(spaced).startswith("error: invalid value for --tenant: String should match")
+    assert done.returncode == 0, done.stderr
+    view = await read_turn(client, json.loads(done.stdout)["turn_id"])
+    assert (view.priority, view.tenant) == ("batch", "acme")
