@@ -18,6 +18,7 @@ from temporalio.worker import Worker
 from tests.conftest import HarnessFactory, turnkeep, write_script
 from tests.crafted_workflow import CraftedWorkflow
 from tests.test_activity_checks import application_error
+from tests.test_priority import scheduled
 from turnkeep.activities.evaluation import as_judgement
 from turnkeep.client.evaluations import (
     EvaluationError,
@@ -126,6 +127,10 @@ async def test_an_evaluation_replays_each_recorded_turn_without_running_tools(
         assert row.score == 1.0 and row.reason == "same"
         assert row.replay.startswith(f"{handle.workflow_id}/replay-")
     assert report.summary.mean_score == 1.0 and report.summary.same_final == 3
+    # An evaluation's work waits for people's: its own activities, its replays and theirs run
+    # at the batch priority.
+    assert {key for _, key, _ in await scheduled(client, handle.workflow_id)} == {5}
+    assert {key for _, key, _ in await scheduled(client, report.rows[0].replay)} == {5}
     json_file, csv_file = tmp_path / "r.json", tmp_path / "r.csv"
     write_report(report, json_file)
     write_report(report, csv_file)
