@@ -100,8 +100,9 @@ class Run:
 
     seconds: float
     failed: list[str]  # why, one per turn that failed or did not finish
-    interactive: list[float]  # seconds from start to result, per interactive turn
-    batch: list[float]
+    interactive: list[float]  # seconds from start to result, per interactive turn that ended
+    batch: list[float]  # well, and per batch turn
+    interactive_failed: int
     stats: LimitStats  # the fake provider's counts over the run
 
     @property
@@ -167,6 +168,10 @@ def refused(worker_config: dict[str, Any]) -> str | None:
     return None
 
 
+class TurnFailed(Exception):
+    """A turn that ended, but not with the model's answer (its model call failed for good)."""
+
+
 class Fleet:
     """The fake provider, the bench's client, and how one side's turns are run."""
 
@@ -213,7 +218,8 @@ class Fleet:
         )
         result = await handle.result()
         if result.stop_reason != StopReason.END_TURN:
-            raise RuntimeError(f"stopped: {result.stop_reason}")
+            said = result.final.text if result.final is not None else ""
+            raise TurnFailed(f"ended `{result.stop_reason}`: {said}"[:160])
         return time.monotonic() - started
 
     async def run(self, queue: str, batch: int, interactive: int) -> Run:
@@ -237,7 +243,7 @@ class Fleet:
             if task in pending:
                 times.append(None)
             elif (err := task.exception()) is not None:
-                failed.append(f"{type(err).__name__}: {err}")
+                failed.append(str(err) if isinstance(err, TurnFailed) else repr(err))
                 times.append(None)
             else:
                 times.append(task.result())
@@ -247,6 +253,7 @@ class Fleet:
             failed,
             interactive=[t for t in times[batch:] if t is not None],
             batch=[t for t in times[:batch] if t is not None],
+            interactive_failed=times[batch:].count(None),
             stats=self.fake.limit_stats(),
         )
 
@@ -292,8 +299,8 @@ async def limits(
 def _failures(run: Run) -> str:
     if not run.failed:
         return "0"
-    first = run.failed[0]
-    return f"{len(run.failed)} ({first[:120]})"
+    turns = len(run.batch) + len(run.interactive) + len(run.failed)
+    return f"{len(run.failed)} of {turns} (the first: {run.failed[0][:160]})"
 
 
 def _rate_limited(run: Run) -> str:
@@ -320,7 +327,10 @@ def _peak(run: Run, scale: Scale) -> str:
 def _interactive(side: Side) -> str:
     assert side.idle is not None and side.loaded is not None
     loaded, idle = p95(side.loaded.interactive), p95(side.idle.interactive)
-    return f"{loaded:.1f} s against {idle:.1f} s idle ({loaded / idle:.2f}×)"
+    failed = side.loaded.interactive_failed + side.idle.interactive_failed
+    # Of the turns that ended well: a failed one has no completion to rank.
+    also = f"; {failed} failed, not ranked" if failed else ""
+    return f"{loaded:.1f} s against {idle:.1f} s idle ({loaded / idle:.2f}×{also})"
 
 
 def _cells(side: Side, scale: Scale) -> list[str]:
