@@ -300,7 +300,9 @@ def _failures(run: Run) -> str:
     if not run.failed:
         return "0"
     turns = len(run.batch) + len(run.interactive) + len(run.failed)
-    return f"{len(run.failed)} of {turns} (the first: {run.failed[0][:160]})"
+    first = run.failed[0]
+    first = first if len(first) <= 72 else first[:71] + "…"
+    return f"{len(run.failed)} of {turns} (the first: {first})"
 
 
 def _rate_limited(run: Run) -> str:
