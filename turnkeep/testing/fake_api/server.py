@@ -90,7 +90,8 @@ class FakeModelApi(Scripts, StartStop["FakeModelApi"]):
     def limit(self, limits: ProviderLimits | None) -> None:
         """Enforce ``limits`` (None: none) from now on, counting afresh: a request beyond them
         gets a 429 in its API's shape with ``retry-after`` (and OpenAI's ``retry-after-ms``),
-        the seconds until the window has room for it, and uses up no script step."""
+        the seconds until the window has room for it, and uses up no script step (the request
+        is still recorded)."""
         self._window.set_limits(limits)
 
     @property
