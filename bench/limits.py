@@ -17,7 +17,9 @@ tokens_per_minute}}`` on the workers and ``priority: batch`` / ``interactive`` o
 agents; the other side is the same config without ``limits:`` (today's behaviour: each
 worker retries its own 429s after their ``retry-after``). A worker that does not know the
 ``limits:`` key yet leaves that side out, saying so. ``--quick`` divides the limits by 4 and
-the turns by 10 (interactive: by 5), for a smoke run of ~5 min instead of ~8.
+the turns by 10 (interactive: by 5), for a smoke run of ~4 min instead of ~8 (the side
+without ``limits:`` alone: 1.5 and 2.5 min). A turn not done within 4× the time the limits
+allow (at least 5 min) counts as failed and is terminated.
 """
 
 from __future__ import annotations
@@ -207,14 +209,14 @@ class Fleet:
         self.message = "x" * (1 + max(prompt - base, 0) * 4)
         progress(f"limits: a call's request counts {base} tokens unpadded; padded to {prompt}")
 
-    async def _turn(self, queue: str, agent: str) -> float:
+    async def _turn(self, queue: str, agent: str, workflow_id: str | None = None) -> float:
         """Seconds from starting one turn to its result; raises if it did not end well."""
         started = time.monotonic()
         handle = await start_turn(
             self.client,
             TurnInput(agent=agent, messages=[self.message]),
             task_queue=queue,
-            workflow_id=f"limits-{agent}-{uuid.uuid4().hex[:12]}",
+            workflow_id=workflow_id or f"limits-{agent}-{uuid.uuid4().hex[:12]}",
         )
         result = await handle.result()
         if result.stop_reason != StopReason.END_TURN:
@@ -230,12 +232,20 @@ class Fleet:
         calls = batch + interactive
         deadline = max(4 * calls / self.scale.requests_per_minute * 60, 300.0)
         started = time.monotonic()
-        turns = [self._turn(queue, "batch") for _ in range(batch)]
-        turns += [self._turn(queue, "interactive") for _ in range(interactive)]
-        tasks = [asyncio.ensure_future(t) for t in turns]
+        agents = ["batch"] * batch + ["interactive"] * interactive
+        ids = [f"limits-{agent}-{uuid.uuid4().hex[:12]}" for agent in agents]
+        tasks = [
+            asyncio.ensure_future(self._turn(queue, agent, workflow_id))
+            for agent, workflow_id in zip(agents, ids, strict=True)
+        ]
         _, pending = await asyncio.wait(tasks, timeout=deadline)
         for task in pending:
             task.cancel()
+        # Turns still running past the deadline are ended, so none outlives its workers.
+        for task, workflow_id in zip(tasks, ids, strict=True):
+            if task in pending:
+                with contextlib.suppress(Exception):
+                    await self.client.get_workflow_handle(workflow_id).terminate("bench deadline")
         seconds = time.monotonic() - started
         failed = [f"not done within {deadline:.0f} s" for _ in pending]
         times: list[float | None] = []
