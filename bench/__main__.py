@@ -28,6 +28,7 @@ from bench import (
     elicitations,
     forks,
     history,
+    limits,
     overhead,
     peers_bench,
     recovery,
@@ -63,6 +64,7 @@ SECTIONS = (
     "memory",
     "peers",
     "replay",
+    "limits",
     "flags",
 )
 OVERHEAD_MAX = 1.2
@@ -115,6 +117,8 @@ class Results:
     session_targets: list[Target] = field(default_factory=list)
     # Issue #33's (agents as tools), likewise.
     team_targets: list[Target] = field(default_factory=list)
+    # Issue #48's (provider limits), likewise.
+    limit_targets: list[Target] = field(default_factory=list)
 
 
 # The targets each section checks, reported as not measured if it fails.
@@ -124,6 +128,7 @@ SECTION_TARGETS = {
     "throughput": [THROUGHPUT_TARGET],
 }
 SECTION_TEAM_TARGETS = {"teams": teams.TARGETS}
+SECTION_LIMIT_TARGETS = {"limits": limits.TARGETS}
 
 
 def _overhead_measured(o: overhead.Overhead) -> str:
@@ -153,6 +158,9 @@ async def _section(name: str, results: Results, work: Awaitable[None]) -> None:
         ]
         results.team_targets += [
             Target(t, "section failed", None) for t in SECTION_TEAM_TARGETS.get(name, [])
+        ]
+        results.limit_targets += [
+            Target(t, "section failed", None) for t in SECTION_LIMIT_TARGETS.get(name, [])
         ]
 
 
@@ -281,6 +289,11 @@ async def run(args: argparse.Namespace) -> Results:
     async def replay_section(env: Environment) -> None:
         out.tables.append(await replay.replays(env, 3 if quick else 10))
 
+    async def limits_section(env: Environment) -> None:
+        table, targets = await limits.limits(env.client, env.info, env.tmp, quick)
+        out.tables.append(table)
+        out.limit_targets += targets
+
     # Memory last on the shared server: it leaves it 2,000 terminated workflows to clean up.
     sections = {
         "history": history_section,
@@ -297,6 +310,7 @@ async def run(args: argparse.Namespace) -> Results:
         "gateway": gateway_section,
         "peers": peers_section,
         "replay": replay_section,
+        "limits": limits_section,
         "memory": memory_section,
     }
     with tempfile.TemporaryDirectory(prefix="turnkeep-bench-") as name:
@@ -361,6 +375,8 @@ def main() -> None:
         print(table.render())
     if results.team_targets:
         print(report.targets_table(results.team_targets, "Targets (issues #33, #46)").render())
+    if results.limit_targets:
+        print(report.targets_table(results.limit_targets, "Targets (issue #48)").render())
     for failure in results.failures:
         print(f"**Section failed** (traceback on stderr): {failure}\n")
     if results.failures:

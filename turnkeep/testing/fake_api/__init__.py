@@ -45,14 +45,33 @@ to hang up without answering (``Reply.drop()``), which ASGI servers turn into a 
 its own event loop in a daemon thread, so it works the same under any test loop scope, and a
 ``Reply.delay`` ends early when the client gives up waiting, so shutdown never waits on it.
 
+``limits`` plays a provider's rate limits: requests and tokens (prompt + completion, as the
+answers report them) per minute over a sliding window; beyond them a request gets a 429 in its
+API's shape with ``retry-after`` (and OpenAI's ``retry-after-ms``) and uses up no step. It
+counts what it answered, refused and the peaks in any window, in process and over HTTP
+(``GET /fake/stats``, ``read_stats``); ``Tokens(sized=True)`` reports a request's own size
+(its JSON's characters / 4) as its prompt tokens, so a bench can size its workload::
+
+    fake.limit(ProviderLimits(requests_per_minute=120, tokens_per_minute=40_000))
+    fake.script(Reply.text("done", usage=Tokens(output=50, sized=True)))
+    fake.limit_stats().rate_limited
+
 Its modules: ``steps`` (the script DSL: ``Reply`` and the steps it builds), ``scripts`` (which
-step answers a request, and the requests recorded), ``server`` (``FakeModelApi``), ``http1``
-(HTTP/1.1 and server-sent events on asyncio streams), ``wire`` (what the two wire formats
-share) and one module per wire format, ``anthropic`` and ``openai``.
+step answers a request, and the requests recorded), ``server`` (``FakeModelApi``), ``limits``
+(a provider's rate limits: the window and its counts), ``http1`` (HTTP/1.1 and server-sent
+events on asyncio streams), ``wire`` (what the two wire formats share) and one module per wire
+format, ``anthropic`` and ``openai``.
 """
 
 from __future__ import annotations
 
+from turnkeep.testing.fake_api.limits import (
+    LimitStats,
+    ProviderLimits,
+    Refusal,
+    read_stats,
+    request_tokens,
+)
 from turnkeep.testing.fake_api.scripts import Recorded
 from turnkeep.testing.fake_api.server import FakeModelApi
 from turnkeep.testing.fake_api.steps import (
@@ -75,10 +94,15 @@ __all__ = [
     "Drop",
     "Failure",
     "FakeModelApi",
+    "LimitStats",
+    "ProviderLimits",
     "Raw",
     "Recorded",
+    "Refusal",
     "Reply",
     "Step",
     "StreamedAs",
     "Tokens",
+    "read_stats",
+    "request_tokens",
 ]

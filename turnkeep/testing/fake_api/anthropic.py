@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
+from turnkeep.testing.fake_api.limits import Refusal
 from turnkeep.testing.fake_api.steps import Answer, Failure
 from turnkeep.testing.fake_api.wire import Event, text_pieces
 
@@ -103,6 +105,17 @@ def events(answer: Answer, model: str, request: dict[str, Any]) -> list[Event]:
 def error_body(failure: Failure) -> dict[str, Any]:
     kind = failure.code or ERROR_TYPES.get(failure.status, "api_error")
     return {"type": "error", "error": {"type": kind, "message": failure.message}}
+
+
+def rate_limited(refusal: Refusal, model: str) -> Failure:
+    """A 429 ``rate_limit_error`` as Anthropic words it, with ``retry-after`` (whole seconds)."""
+    unit = "requests" if refusal.kind == "requests" else "tokens"
+    message = (
+        f"This request would exceed the rate limit for your organization of {refusal.limit} "
+        f"{unit} per minute. For details, refer to: https://docs.anthropic.com/en/api/rate-limits."
+    )
+    headers = {"retry-after": str(math.ceil(refusal.retry_after))}
+    return Failure(429, message, headers)
 
 
 def is_stop(event: Event) -> bool:

@@ -4,9 +4,11 @@ errors."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
+from turnkeep.testing.fake_api.limits import Refusal
 from turnkeep.testing.fake_api.steps import Answer, Failure
 from turnkeep.testing.fake_api.wire import Event, text_pieces
 
@@ -91,11 +93,32 @@ def error_body(failure: Failure) -> dict[str, Any]:
     return {
         "error": {
             "message": failure.message,
-            "type": "invalid_request_error" if failure.status < 500 else "server_error",
+            "type": failure.kind
+            or ("invalid_request_error" if failure.status < 500 else "server_error"),
             "param": None,
             "code": failure.code,
         }
     }
+
+
+def rate_limited(refusal: Refusal, model: str) -> Failure:
+    """A 429 as OpenAI words it, with ``retry-after`` (whole seconds) and ``retry-after-ms``."""
+    unit = "requests per min (RPM)" if refusal.kind == "requests" else "tokens per min (TPM)"
+    wait = (
+        f"{refusal.retry_after * 1000:.0f}ms"
+        if refusal.retry_after < 1
+        else (f"{refusal.retry_after:.3f}s")
+    )
+    message = (
+        f"Rate limit reached for {model} in organization org-fake on {unit}: "
+        f"Limit {refusal.limit}, Used {refusal.used}, Requested {refusal.requested}. "
+        f"Please try again in {wait}."
+    )
+    headers = {
+        "retry-after": str(math.ceil(refusal.retry_after)),
+        "retry-after-ms": str(math.ceil(refusal.retry_after * 1000)),
+    }
+    return Failure(429, message, headers, code="rate_limit_exceeded", kind=refusal.kind)
 
 
 def is_stop(event: Event) -> bool:

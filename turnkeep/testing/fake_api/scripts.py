@@ -102,7 +102,15 @@ class Scripts:
         ``authorized``, a 400 if it carries a refused field, else the next step of its model's
         script (if it has one) or of its API's; past the end, ``respond``'s, ``default``, or a
         400 saying the script is exhausted."""
+        return self.take_from(recorded, authorized=authorized)[0]
+
+    def take_from(
+        self, recorded: Recorded, *, authorized: bool = True
+    ) -> tuple[Step, deque[Step] | None]:
+        """``take``, and the script the step came from (None: it came from none), for
+        ``put_back``."""
         body = recorded.body
+        source: deque[Step] | None = None
         with self._lock:
             self._requests.append(recorded)
             own = self._model_scripts.get(recorded.model) if recorded.model else None
@@ -118,10 +126,18 @@ class Scripts:
                 step = Failure(status, f"Unrecognized request argument supplied: {unknown[0]}")
             else:
                 step = script.popleft() if script else None
+                source = script if step is not None else None
         if step is None and self.respond is not None:
             step = self.respond(recorded)
         step = step if step is not None else self.default
         if step is None:
             whose = f"model {recorded.model!r}" if own is not None else recorded.api
             step = Failure(400, f"fake model API: the {whose} script is exhausted")
-        return step
+        return step, source
+
+    def put_back(self, step: Step, source: deque[Step] | None) -> None:
+        """Return a step that did not answer (a rate limit refused its request first) to the
+        front of the script it came from, so the request's retry gets it."""
+        if source is not None:
+            with self._lock:
+                source.appendleft(step)

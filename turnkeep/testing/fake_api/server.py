@@ -4,6 +4,7 @@ from the scripts."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import threading
 import time
@@ -19,6 +20,13 @@ from turnkeep.testing.fake_api.http1 import (
     send,
     sleep_unless_hung_up,
     stream,
+)
+from turnkeep.testing.fake_api.limits import (
+    STATS_PATH,
+    LimitStats,
+    LimitWindow,
+    ProviderLimits,
+    request_tokens,
 )
 from turnkeep.testing.fake_api.scripts import Recorded, Scripts
 from turnkeep.testing.fake_api.steps import Answer, Api, Delay, Drop, Failure, Raw, Step
@@ -36,15 +44,18 @@ class Mount:
 
 
 class FakeModelApi(Scripts, StartStop["FakeModelApi"]):
-    """The fake Anthropic and OpenAI APIs on one loopback port, answering from scripts."""
+    """The fake Anthropic and OpenAI APIs on one loopback port, answering from scripts, within
+    a provider's rate ``limits`` if given (one API key's, for every model and both APIs)."""
 
     def __init__(
         self,
         *,
         default: Step | None = None,
         respond: Callable[[Recorded], Step | None] | None = None,
+        limits: ProviderLimits | None = None,
     ) -> None:
         super().__init__(default=default, respond=respond)
+        self._window = LimitWindow(limits)
         self._ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -75,6 +86,28 @@ class FakeModelApi(Scripts, StartStop["FakeModelApi"]):
             self._mounts = [m for m in self._mounts if (m.prefix, m.api) != (prefix, api)]
             self._mounts.append(mount)
         return f"http://127.0.0.1:{self.port}{prefix.rstrip('/')}"
+
+    def limit(self, limits: ProviderLimits | None) -> None:
+        """Enforce ``limits`` (None: none) from now on, counting afresh: a request beyond them
+        gets a 429 in its API's shape with ``retry-after`` (and OpenAI's ``retry-after-ms``),
+        the seconds until the window has room for it, and uses up no script step (the request
+        is still recorded)."""
+        self._window.set_limits(limits)
+
+    @property
+    def limits(self) -> ProviderLimits | None:
+        return self._window.limits
+
+    def limit_stats(self) -> LimitStats:
+        """Requests answered and refused, tokens, and the peaks in any one window, since the
+        start, the last ``limit`` or ``reset`` (over HTTP: ``GET /fake/stats``)."""
+        return self._window.stats()
+
+    def reset(self) -> None:
+        """Forget every script and recorded request and count afresh (mounts and limits
+        stay)."""
+        super().reset()
+        self._window.reset()
 
     def start(self) -> FakeModelApi:
         ready = threading.Event()
@@ -151,6 +184,9 @@ class FakeModelApi(Scripts, StartStop["FakeModelApi"]):
     ) -> bool:
         """Serve one request; False when the connection is to be closed."""
         route = path.split("?")[0]
+        if route == STATS_PATH:
+            await send(writer, 200, self._window.stats().to_json())
+            return True
         api = ROUTES.get(route)
         mount = None if api is not None else self._mounted(route)
         api = mount.api if mount is not None else api
@@ -160,15 +196,19 @@ class FakeModelApi(Scripts, StartStop["FakeModelApi"]):
         authorized = (
             mount is None or mount.auth is None or headers.get(mount.auth[0]) == mount.auth[1]
         )
-        step = self.take(
-            Recorded(api, path, headers, body, time.monotonic()), authorized=authorized
-        )
+        recorded = Recorded(api, path, headers, body, time.monotonic())
+        step, source = self.take_from(recorded, authorized=authorized)
+        step = sized(step, body)
+        wire = FORMATS[api]
+        model = body.get("model", "fake-model") if isinstance(body, dict) else "fake-model"
+        refusal = self._window.admit(tokens_of(step), recorded.at)
+        if refusal is not None:
+            self.put_back(step, source)
+            step = wire.rate_limited(refusal, model)
         while isinstance(step, Delay):
             if not await sleep_unless_hung_up(step.seconds, reader):
                 return False
             step = step.then
-        wire = FORMATS[api]
-        model = body.get("model", "fake-model") if isinstance(body, dict) else "fake-model"
         id_header = {wire.REQUEST_ID_HEADER: f"req_fake_{next(self._ids)}"}
         match step:
             case Drop():
@@ -198,3 +238,21 @@ class FakeModelApi(Scripts, StartStop["FakeModelApi"]):
             if route.startswith(mount.prefix) and route.endswith(FORMATS[mount.api].ENDING):
                 return mount
         return None
+
+
+def sized(step: Step, body: Any) -> Step:
+    """``step`` with a ``Tokens(sized=True)`` usage made the request's own size."""
+    match step:
+        case Delay():
+            return Delay(step.seconds, sized(step.then, body))
+        case Answer() if step.usage.sized:
+            usage = dataclasses.replace(step.usage, input=request_tokens(body), sized=False)
+            return dataclasses.replace(step, usage=usage)
+    return step
+
+
+def tokens_of(step: Step) -> int:
+    """The tokens the answer to a request reports (none for an error or a hang-up)."""
+    while isinstance(step, Delay):
+        step = step.then
+    return step.usage.total if isinstance(step, Answer) else 0

@@ -21,6 +21,14 @@ class Tokens:
     output: int = 5
     cache_read: int = 0
     cache_write: int = 0
+    # Report as `input` the request's own size instead (`limits.request_tokens`: its JSON's
+    # characters / 4), so a workload's usage follows from what it sends.
+    sized: bool = False
+
+    @property
+    def total(self) -> int:
+        """Prompt + completion tokens: what a provider's tokens-per-minute limit counts."""
+        return self.input + self.cache_read + self.cache_write + self.output
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class Failure:
     message: str
     headers: Mapping[str, str] = field(default_factory=dict)
     code: str | None = None  # OpenAI's error.code; Anthropic's error.type
+    kind: str | None = None  # OpenAI's error.type (unset: from the status)
 
 
 @dataclass(frozen=True)

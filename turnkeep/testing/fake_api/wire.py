@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from turnkeep.testing.fake_api.limits import Refusal
 from turnkeep.testing.fake_api.steps import Answer, Failure, StreamedAs
 
 # A streamed event: (SSE event name or None, JSON body or the literal data, is a text chunk).
@@ -28,6 +29,9 @@ class WireFormat(Protocol):
         """The same answer streamed, given the request's body (what it asked the stream for)."""
 
     def error_body(self, failure: Failure) -> dict[str, Any]: ...
+
+    def rate_limited(self, refusal: Refusal, model: str) -> Failure:
+        """The 429 its API answers beyond a rate limit, with the headers it sends."""
 
     def is_stop(self, event: Event) -> bool:
         """Whether an event of its stream carries the stop reason."""
