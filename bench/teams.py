@@ -10,6 +10,8 @@ them (``build_workers``: one on the parent's queue, one per agent's).
   ``CHAIN_STEPS`` steps, each step that same instant agent: a step costs the difference over
   the steps added, against the same function-tool call. Rounds of turns of each kind, the order
   reversed every other round; medians of the rounds.
+- **Phases.** Where the time of one function-tool call and of one agent call goes, read off
+  the parent's and the child's histories (``bench.call_phases``), after the overhead rounds.
 - **Parallel.** One model answer calling ``PARALLEL_CALLS`` agents at once, each child's model
   the fake Anthropic API answering after ``MODEL_SECONDS``: the turn from its start request to
   its result, next to one such call alone.
@@ -29,6 +31,7 @@ from typing import Any
 
 from temporalio.client import Client
 
+from bench.call_phases import Phases, phases_table, read_phases
 from bench.environment import Environment
 from bench.report import Table, Target, median_interval, progress
 from bench.turns import SERVER, TOOLS, conversation_bytes, runs_of
@@ -226,6 +229,16 @@ def overhead_table(o: Overhead, turns: int) -> Table:
     return table
 
 
+async def phases(client: Client, turns: int) -> Phases:
+    """Where the time of a function-tool call and of an agent call goes (``call_phases``)."""
+    progress("teams: phases")
+    ids = {}
+    for variant in (FUNCTION, AGENT):
+        agent, prompt = VARIANTS[variant]
+        ids[variant] = [(await _turn(client, agent, prompt))[1] for _ in range(turns)]
+    return await read_phases(client, ids[FUNCTION], ids[AGENT])
+
+
 # --- parallel -------------------------------------------------------------------------------
 
 
@@ -345,6 +358,7 @@ async def teams(env: Environment, quick: bool) -> tuple[list[Table], list[Target
         settings = _settings(env, fake)
         async with build_workers(env.client, settings, task_queue=QUEUE, function_tools=TOOLS):
             o = await overhead(env.client, rounds, turns)
+            p = await phases(env.client, turns)
             times = await parallel(env.client, repeats)
             by_function = await history(env.client, BY_FUNCTION)
             by_agent = await history(env.client, BY_AGENT)
@@ -382,6 +396,7 @@ async def teams(env: Environment, quick: bool) -> tuple[list[Table], list[Target
     ]
     tables = [
         overhead_table(o, turns),
+        phases_table(p),
         parallel_table(times),
         history_table(by_function, by_agent),
     ]
