@@ -17,7 +17,13 @@ from turnkeep.contract.server_requests import (
     ServerRequest,
     ServerRequestPlan,
 )
-from turnkeep.contract.turn_io import BudgetLimit, BudgetUnit, TurnOverrides, Usage
+from turnkeep.contract.turn_io import (
+    BudgetLimit,
+    BudgetUnit,
+    TaskPriority,
+    TurnOverrides,
+    Usage,
+)
 
 PREPARE_TURN = "prepare_turn"
 LIST_TOOLS = "list_tools"
@@ -228,6 +234,9 @@ class TurnPlan(Compact):
     server_requests: dict[str, ServerRequestPlan] = Field(default_factory=dict)
     # Tools a client answers (None: none).
     client_tools: ClientToolsPlan | None = None
+    # The config's `limits:` entry that governs each model of the turn's chain (the model and
+    # its fallbacks), by model string; a model without one is absent and pays no limiter.
+    limits: dict[str, str] = Field(default_factory=dict)
 
     # Set for a workflow agent: the turn runs these steps instead of the model loop.
     team: TeamPlan | None = None
@@ -238,6 +247,9 @@ class TurnPlan(Compact):
     # (the last gets `llm.max_attempts`).
     fallback_models: list[str] = Field(default_factory=list)
     fallback_after_attempts: int = 2
+    # The turn's effective task priority and fairness key (prepare_turn resolves them).
+    priority: TaskPriority = "normal"
+    fairness_key: str | None = None
 
     def agent_tool(self, tool: str) -> AgentTool | None:
         """The agent a call of ``tool`` runs, if it names one of the agent's agent tools."""

@@ -38,6 +38,9 @@ WORKFLOW_NAME = "TurnWorkflow"
 # The task queue turnkeep's workers poll unless their config's `task_queue` names another.
 DEFAULT_TASK_QUEUE = "turnkeep"
 
+# How urgently a turn's work is served: interactive before normal before batch.
+TaskPriority = Literal["interactive", "normal", "batch"]
+
 
 def agent_task_queue(task_queue: str, agent: str) -> str:
     """The task queue the turns and sessions of ``agent`` run on: ``turnkeep.demo`` for agent
