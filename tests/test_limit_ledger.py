@@ -78,7 +78,7 @@ def test_interactive_request_behind_300_batch_ones_gets_the_next_slot() -> None:
     urgent = ask(ledger, 999, now, priority="interactive")
     wake = ledger.next_check(now)
     assert wake is not None and wake - now <= 60 / 120 + 0.01
-    assert [lease.key for lease in ledger.grants(wake)][0] == urgent
+    assert next(lease.key for lease in ledger.grants(wake)) == urgent
 
 
 def test_fairness_between_two_keys() -> None:

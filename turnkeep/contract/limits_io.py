@@ -25,6 +25,10 @@ CAPACITY_GRANT_SIGNAL = "capacity_granted"
 ASK_CAPACITY = "ask_capacity"
 LIMIT_VALUES = "limit_values"
 
+# The failures of a provider's rate limit (429) and overload (529): for a limited model they
+# go back to the turn, which tells the limiter, instead of being retried within the activity.
+RATE_LIMITED = ("ProviderRateLimited", "ProviderOverloaded")
+
 # Bounds on what a request may claim, so that no request (a forged one included) can hold a
 # limit for long or poison its token estimate.
 MAX_LEASE_SECONDS = 4 * 3600.0

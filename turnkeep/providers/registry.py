@@ -256,7 +256,9 @@ class ModelCatalog:
         return unknown
 
 
-def _limit_entries(registry: ProviderRegistry, settings: Settings) -> dict[tuple[str, str | None], str]:
+def _limit_entries(
+    registry: ProviderRegistry, settings: Settings
+) -> dict[tuple[str, str | None], str]:
     """The config's limits by what they name: (provider, model id) for a model's entry,
     (provider, None) for a provider's. An entry that names neither stops the worker: a limit
     that silently governs nothing would let the fleet run past the provider's."""
@@ -269,9 +271,10 @@ def _limit_entries(registry: ProviderRegistry, settings: Settings) -> dict[tuple
             try:
                 ref = registry.resolve(name)
             except ApplicationError:
+                providers = ", ".join(p.name for p in registry)
                 raise ValueError(
                     f"limits: {name!r} names no model or provider this worker knows (a model "
-                    f"string such as `openai.gpt-4.1`, or a provider: {', '.join(p.name for p in registry)})"
+                    f"string such as `openai.gpt-4.1`, or a provider: {providers})"
                 ) from None
             target = (ref.provider, ref.name)
         if target in entries:

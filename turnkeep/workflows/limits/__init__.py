@@ -1,1 +1,1 @@
-"""Limits shared by a fleet: the ledger of one limit and its limiter workflow, and the turn's side."""
+"""Limits shared by a fleet: the ledger of a limit, its limiter workflow, the turn's side."""

@@ -164,6 +164,11 @@ class Ledger:
     def is_granted(self, key: str) -> bool:
         return key in self.state.leases
 
+    def has_granted(self, key: str) -> bool:
+        """Whether ``key`` holds a grant, or had one within the window (a lease that expired
+        before its call ended still settles its tokens)."""
+        return key in self.state.leases or any(u.key == key for u in self.state.window)
+
     def is_known(self, key: str) -> bool:
         return key in self.state.leases or any(w.key == key for w in self.state.waiting)
 
@@ -227,9 +232,10 @@ class Ledger:
             return "backoff"
         if v.concurrency is not None and len(s.leases) >= v.concurrency:
             return "concurrency"
-        if v.requests_per_minute is not None:
-            if len(s.window) >= v.requests_per_minute or (s.request_level or 0) < 1:
-                return "requests"
+        if v.requests_per_minute is not None and (
+            len(s.window) >= v.requests_per_minute or (s.request_level or 0) < 1
+        ):
+            return "requests"
         if v.tokens_per_minute is not None:
             in_window = sum(u.tokens for u in s.window)
             if in_window and in_window + waiter.tokens > v.tokens_per_minute:
@@ -363,4 +369,3 @@ class Ledger:
         if s.backoff_until is not None and s.backoff_until > now:
             parts.append(self.dimension("backoff"))
         return f"**limit {name}** · " + " · ".join(parts)
-
