@@ -299,6 +299,9 @@ class _LimitedCall:
                 capacity.settle(self.limit, ticket, None, wait)
                 if wait is None or (t.max_attempts and attempts >= t.max_attempts):
                     raise
+                # The limiter has the backoff before the turn asks again (a local activity
+                # runs before the workflow task's commands, the settle among them, are sent).
+                await capacity.settled()
                 continue
             except asyncio.CancelledError:
                 capacity.settle(self.limit, ticket, None, None)

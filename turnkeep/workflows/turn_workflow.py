@@ -206,10 +206,12 @@ class TurnWorkflow:
             state.cancel(completed=self._completed)
             turn_metrics.turn_ended(state.plan.agent, str(state.stop_reason), state.iteration)
             self.show(visibility.ended(state), publish=True)
+            await self.capacity.settled()
             await self._release_watchers()
             raise
         await self._hooks(HookPoint.AFTER_TURN_COMPLETE)
         self.show(visibility.ended(state), publish=True)
+        await self.capacity.settled()
         await self._release_watchers()
         result = state.result()
         self._keep_conversation(result)
@@ -278,6 +280,7 @@ class TurnWorkflow:
                 )
                 return
         self._continuing = True
+        await self.capacity.settled()
         await self._release_watchers()
         workflow.continue_as_new(args=[turn, carried])
 

@@ -48,6 +48,8 @@ class Capacity:
         # request id -> the limit asked, while the turn waits for its grant.
         self._waiting: dict[str, str] = {}
         self._granted: set[str] = set()
+        # A grant for the next request, come before the turn asked it (request id -> limit).
+        self._early: dict[str, str] = {}
         # Settles sent without waiting for them (the turn goes on with its call's answer).
         self._sending: set[asyncio.Task[None]] = set()
 
@@ -58,10 +60,19 @@ class Capacity:
             grant = CapacityGrant.model_validate(args[0]) if len(args) == 1 else None
         except ValidationError:
             grant = None
-        if grant is None or self._waiting.get(grant.request_id) != grant.limit:
-            workflow.logger.warning("a capacity grant that answers no request was ignored")
+        if grant is None:
+            workflow.logger.warning("a malformed capacity grant was ignored")
             return
-        self._granted.add(grant.request_id)
+        rid = grant.request_id
+        if self._waiting.get(rid) == grant.limit:
+            self._granted.add(rid)
+        elif rid == self._next_id() and not self._waiting:
+            # The request this turn is about to make (again): a run replayed from its start,
+            # after a worker died while asking, gets its grant delivered before its code
+            # reaches the ask, whose answer (the same update, by id) says "waiting".
+            self._early[rid] = grant.limit
+        else:
+            workflow.logger.warning("a capacity grant that answers no request was ignored")
 
     async def acquire(
         self,
@@ -76,6 +87,8 @@ class Capacity:
         """Ask ``limit`` for a call's capacity and wait for it; the request's id, to settle
         with. Cancelled while waiting: the request is withdrawn."""
         self._asked += 1
+        early = self._early.pop(f"c{self._asked}", None)
+        self._early.clear()
         info = workflow.info()
         attempts = t.max_attempts or 10
         request = CapacityRequest(
@@ -91,6 +104,8 @@ class Capacity:
         )
         rid = request.request_id
         self._waiting[rid] = limit
+        if early == limit:
+            self._granted.add(rid)
         started = workflow.time()
         try:
             status = await workflow.execute_local_activity(
@@ -101,7 +116,7 @@ class Capacity:
                 start_to_close_timeout=_ASK_TIMEOUT,
                 retry_policy=_ASK_RETRY,
             )
-            if not status.granted:
+            if not status.granted and rid not in self._granted:
                 if show is not None:
                     show(waiting_text(limit, status.text))
                 await workflow.wait_condition(lambda: rid in self._granted)
@@ -132,6 +147,16 @@ class Capacity:
             used=used_tokens(answer) if answer is not None else None,
             retry_after=retry_after,
         )
+
+    def _next_id(self) -> str:
+        return f"c{self._asked + 1}"
+
+    async def settled(self) -> None:
+        """Wait until the limiters have every settle and withdrawal sent so far: before a run
+        ends, whose end would drop a signal not yet sent (and hold its slot until the lease
+        expires). Nothing to wait for in a turn that asked no limiter."""
+        if self._sending:
+            await asyncio.gather(*list(self._sending))
 
     def _signal(self, limit: str, signal: str, request: CapacityRequest, **fields: Any) -> None:
         settle = CapacitySettle(
