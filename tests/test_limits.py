@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import uuid
 from pathlib import Path
 from typing import Any
@@ -275,5 +276,5 @@ async def test_two_worker_processes_hold_one_limit_and_survive_a_sigkill(
     assert len(calls) >= 4
     # One at a time: each call began after the one before had its answer (give or take the
     # call a killed worker had in flight, which its turn repeats under the same grant).
-    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
     assert sum(1 for gap in gaps if gap < hold * 0.9) <= 1
