@@ -22,6 +22,8 @@ from temporalio.service import RPCError
 from tests.conftest import HarnessFactory, eventually, make_settings, turn_setup
 from tests.test_visibility import current_details
 from tests.worker_process import WorkerProcesses, write_config
+from turnkeep.cli.commands.approvals import awaiting_turns
+from turnkeep.client.history import read_turn
 from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.config.settings import Settings
 from turnkeep.contract.activity_io import PrepareTurnRequest
@@ -130,8 +132,13 @@ async def test_a_waiting_turn_says_why_and_a_cancelled_one_withdraws(
             return "waiting for capacity" in await current_details(second)
 
         await eventually(waiting, "the second turn waits for capacity")
-        assert f"waiting for capacity: {limit} 1/1 concurrency" in await current_details(second)
+        said = f"waiting for capacity: {limit} 1/1 concurrency"
+        assert said in await current_details(second)
         assert "1 waiting" in await limiter_status(client, limit)
+        # `turnkeep pending` and `turnkeep show` say so too.
+        listed = {t.workflow_id: t for t in await awaiting_turns(client)}
+        assert listed[second.workflow_id].waiting_for_capacity == said
+        assert (await read_turn(client, second.workflow_id)).waiting_for_capacity == said
 
         await second.cancel()
 

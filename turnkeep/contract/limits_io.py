@@ -41,6 +41,11 @@ def limiter_id(limit: str) -> str:
     return f"{LIMITER_ID_PREFIX}{limit}"
 
 
+def waiting_text(limit: str, why: str) -> str:
+    """What a waiting turn shows: ``waiting for capacity: gpt-4.1 58/60 rpm``."""
+    return f"waiting for capacity: {limit} {why}".rstrip()
+
+
 class LimitValues(Compact):
     """One entry of ``limits:`` as the limiter enforces it (None: that dimension is free)."""
 
@@ -105,6 +110,15 @@ class CapacitySettle(Compact):
     @property
     def key(self) -> str:
         return f"{self.workflow_id}/{self.run_id}/{self.request_id}"
+
+
+class CapacityWait(Compact):
+    """A turn waiting for a limit's capacity, as the limiter's ``waiting`` query lists it."""
+
+    limit: str
+    workflow_id: str
+    priority: TaskPriority = "normal"
+    why: str  # "58/60 rpm · 3 ahead"
 
 
 class LimiterStart(Compact):

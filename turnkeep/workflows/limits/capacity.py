@@ -29,6 +29,7 @@ from turnkeep.contract.limits_io import (
     CapacitySettle,
     CapacityStatus,
     limiter_id,
+    waiting_text,
 )
 from turnkeep.contract.messages import Message
 from turnkeep.contract.turn_io import Usage
@@ -175,11 +176,6 @@ async def _send(limit: str, signal: str, settle: CapacitySettle) -> None:
         await workflow.get_external_workflow_handle(limiter_id(limit)).signal(signal, settle)
     except FailureError as err:  # no limiter runs: nothing holds the request anyway
         workflow.logger.info("limit %s was not told of request %s: %s", limit, settle.key, err)
-
-
-def waiting_text(limit: str, why: str) -> str:
-    """What a waiting turn shows: ``waiting for capacity: gpt-4.1 58/60 rpm``."""
-    return f"waiting for capacity: {limit} {why}".rstrip()
 
 
 def used_tokens(answer: Message) -> int | None:

@@ -339,6 +339,16 @@ class Ledger:
         text = self.dimension(blocked)
         return f"{text} · {position} ahead" if position else text
 
+    def waiters(self, limit: int = 100) -> list[tuple[Waiter, str]]:
+        """The first ``limit`` waiters in grant order, each with why it waits (reads only: for
+        a query)."""
+        order = self._ordered()
+        if not order:
+            return []
+        now = self.state.refilled_at or 0.0
+        text = self.dimension(self._blocked(order[0], now) or "requests")
+        return [(w, f"{text} · {i} ahead" if i else text) for i, w in enumerate(order[:limit])]
+
     def dimension(self, which: str) -> str:
         s, v = self.state, self.values
         if which == "backoff" and s.backoff_until is not None:

@@ -37,6 +37,7 @@ from turnkeep.contract.limits_io import (
     CapacityRequest,
     CapacitySettle,
     CapacityStatus,
+    CapacityWait,
     LimiterStart,
     LimitValues,
 )
@@ -194,6 +195,16 @@ class LimiterWorkflow:
         if ledger.is_known(settle.key):
             ledger.withdraw(settle.key, workflow.time())
         self._changed = True
+
+    @workflow.query
+    def waiting(self) -> list[CapacityWait]:
+        """The turns waiting for this limit (the first hundred, in grant order), and why."""
+        if self._ledger is None:
+            return []
+        return [
+            CapacityWait(limit=self._name, workflow_id=w.workflow_id, priority=w.priority, why=why)
+            for w, why in self._ledger.waiters()
+        ]
 
     @workflow.query
     def status(self) -> str:
