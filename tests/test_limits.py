@@ -41,6 +41,7 @@ from turnkeep.contract.turn_io import TurnInput, TurnOverrides
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.providers.registry import ModelCatalog
 from turnkeep.testing.fake_api import FakeModelApi, Reply
+from turnkeep.workflows.limits import limiter
 
 LLM = {"start_to_close": 30, "heartbeat": 2, "max_attempts": 4}
 
@@ -285,3 +286,22 @@ async def test_two_worker_processes_hold_one_limit_and_survive_a_sigkill(
     # call a killed worker had in flight, which its turn repeats under the same grant).
     gaps = [b - a for a, b in itertools.pairwise(calls)]
     assert sum(1 for gap in gaps if gap < hold * 0.9) <= 1
+
+
+async def test_the_limiter_continues_as_new_with_its_ledger(
+    harness: HarnessFactory, fake: FakeModelApi, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limiter, "CONTINUE_AFTER_EVENTS", 20)
+    model = name()
+    limit = f"anthropic.{model}"
+    fake.script(*(Reply.text(f"t{n}") for n in range(5)), model=model)
+    async with harness(**config(fake, model, {"requests_per_minute": 600})) as h:
+        for n in range(5):
+            assert (await h.run(f"go {n}")).final.text == f"t{n}"  # type: ignore[union-attr]
+
+        async def carried() -> bool:
+            return "5/600 rpm" in await limiter_status(client, limit)
+
+        await eventually(carried, "the limiter's window holds every call")
+    runs = [w.run_id async for w in client.list_workflows(f'WorkflowId = "{limiter_id(limit)}"')]
+    assert len(runs) > 1
