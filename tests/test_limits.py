@@ -69,6 +69,10 @@ async def limiter_status(client: Client, limit: str) -> str:
         return ""
 
 
+async def waits_for_capacity(turn: TurnHandle) -> bool:
+    return "waiting for capacity" in await current_details(turn)
+
+
 # --- config and plan --------------------------------------------------------------------
 
 
@@ -129,10 +133,7 @@ async def test_a_waiting_turn_says_why_and_a_cancelled_one_withdraws(
         await eventually(lambda: fake.requests_for_model(model), "the first call is in flight")
         second = await h.start("two")
 
-        async def waiting() -> bool:
-            return "waiting for capacity" in await current_details(second)
-
-        await eventually(waiting, "the second turn waits for capacity")
+        await eventually(lambda: waits_for_capacity(second), "the second turn waits for capacity")
         said = f"waiting for capacity: {limit} 1/1 concurrency"
         assert said in await current_details(second)
         assert "1 waiting" in await limiter_status(client, limit)
@@ -179,12 +180,9 @@ async def test_one_429_holds_another_turns_call(
         await eventually(backing_off, "the limiter holds its calls")
         second = await h.start("two")
 
-        async def says_so() -> bool:
-            return "waiting for capacity" in await current_details(second)
-
         # The other turn shows it (unless the backoff ended before it asked).
         with contextlib.suppress(AssertionError):
-            await eventually(says_so, "the other turn waits", within=1.0)
+            await eventually(lambda: waits_for_capacity(second), "the other turn waits", within=1.0)
         results = await asyncio.gather(first.result(), second.result())
     assert {r.final.text for r in results if r.final} == {"a", "b"}
     assert all(r.stop_reason == StopReason.END_TURN for r in results)
@@ -211,10 +209,7 @@ async def test_clients_cannot_raise_a_limit_or_skip_the_queue(
         await eventually(lambda: fake.requests_for_model(model), "the first call is in flight")
         second = await h.start("two")
 
-        async def waiting() -> bool:
-            return "waiting for capacity" in await current_details(second)
-
-        await eventually(waiting, "the second turn waits")
+        await eventually(lambda: waits_for_capacity(second), "the second turn waits")
         # A grant that answers no request of the turn is ignored; the turn still waits.
         wrong = CapacityGrant(limit=limit, request_id="c99")
         await second.handle.signal(CAPACITY_GRANT_SIGNAL, wrong)
