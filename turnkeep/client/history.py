@@ -14,7 +14,7 @@ last failure), which is where Temporal keeps them until they close.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from json import JSONDecodeError
 from typing import Any
@@ -24,8 +24,7 @@ from pydantic import BaseModel, Field, ValidationError
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent, WorkflowExecutionStartedEventAttributes
-from temporalio.api.sdk.v1 import WorkflowMetadata
-from temporalio.client import Client, WorkflowHistory, WorkflowQueryFailedError
+from temporalio.client import Client, WorkflowHistory
 from temporalio.converter import (
     ActivitySerializationContext,
     DataConverter,
@@ -34,6 +33,7 @@ from temporalio.converter import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.children import ChildTurn, read_children
+from turnkeep.client.limits import capacity_waits
 from turnkeep.client.status import (
     TurnStatus,
     event_attributes,
@@ -43,7 +43,7 @@ from turnkeep.client.status import (
 )
 from turnkeep.client.turn_replay import replay_turn
 from turnkeep.contract.activity_io import CALL_TOOL, LLM_STEP
-from turnkeep.contract.limits_io import ASK_CAPACITY
+from turnkeep.contract.limits_io import ASK_CAPACITY, waiting_text
 from turnkeep.contract.messages import Message, StopReason
 from turnkeep.contract.turn_io import TurnResult
 from turnkeep.workflows.agent_tools import child_id
@@ -175,21 +175,15 @@ async def view_histories(client: Client, histories: Sequence[WorkflowHistory]) -
 
 async def _capacity_wait(client: Client, view: TurnView) -> str | None:
     """Why a running turn's model call waits for capacity, when its last step asked a limiter
-    and its call has not been scheduled since: the turn's current details say (a query: a
-    worker must be running; without one, only that it waits)."""
+    and its call has not been scheduled since: as the limiter says (a query: a worker must be
+    running; without one, only that it waits)."""
     last = view.activities[-1] if view.activities else None
     if last is None or last.activity != ASK_CAPACITY or last.outcome != ActivityOutcome.COMPLETED:
         return None
-    waiting = "waiting for capacity"
-    try:
-        handle = client.get_workflow_handle(view.workflow_id, run_id=view.run_id)
-        metadata = await handle.query(
-            "__temporal_workflow_metadata", result_type=WorkflowMetadata, rpc_timeout=_QUERY
-        )
-    except (RPCError, WorkflowQueryFailedError):
-        return waiting
-    _, found, why = metadata.current_details.partition(waiting)
-    return waiting + why.splitlines()[0] if found and why else waiting
+    for wait in await capacity_waits(client):
+        if wait.workflow_id == view.workflow_id:
+            return waiting_text(wait.limit, wait.why)
+    return "waiting for capacity"
 
 
 def _link_calls(view: TurnView) -> None:
@@ -202,9 +196,6 @@ def _link_calls(view: TurnView) -> None:
         if child.step is not None and child.call_id is not None:
             ids = {child_id(view.workflow_id, child.step, c): c for c in calls}
             child.call_id = ids.get(child.workflow_id, child.call_id)
-
-
-_QUERY = timedelta(seconds=3)
 
 
 # -- fetching -------------------------------------------------------------------------------

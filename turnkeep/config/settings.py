@@ -802,7 +802,10 @@ class LimitSettings(_Settings):
     """One entry of ``limits:``: what a model (or every model of a provider) may use, across
     every worker of the namespace (docs/operations/limits.md)."""
 
+    # Model calls granted in any 60 s, spread over the minute (a small burst at most).
     requests_per_minute: int | None = Field(default=None, gt=0)
+    # Input and output tokens in any 60 s: each call counted at an estimate until it ends,
+    # then at the provider's reported usage.
     tokens_per_minute: int | None = Field(default=None, gt=0)
     # Model calls in flight at once.
     concurrency: int | None = Field(default=None, gt=0)

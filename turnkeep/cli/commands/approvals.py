@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 import typer
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from rich.markup import escape
 from rich.text import Text
 from temporalio.client import Client
@@ -62,7 +62,7 @@ class AwaitingTurn(BaseModel):
     calls: list[PendingCall]
     error: str | None = None
     # A turn whose model call waits for its limit's capacity (`limits:`): why.
-    waiting_for_capacity: str | None = None
+    waiting_for_capacity: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 async def awaiting_turns(client: Client) -> list[AwaitingTurn]:
