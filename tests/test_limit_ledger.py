@@ -158,3 +158,14 @@ def test_asking_twice_queues_once_and_state_round_trips() -> None:
     again = Ledger(LimitValues(requests_per_minute=1), carried)
     assert again.is_granted(a)
     assert again.why("turn-1/run/r1", 1.0) == "1/1 rpm"
+
+
+def test_idle_once_nothing_is_left_to_remember() -> None:
+    ledger = Ledger(LimitValues(requests_per_minute=60))
+    assert ledger.idle(0.0)
+    a = ask(ledger, 0, 0.0)
+    assert not ledger.idle(0.0)
+    ledger.grants(0.0)
+    ledger.settle(a, None, 5.0, 1.0)
+    assert not ledger.idle(30.0)  # in the window, and backing off until 6 s
+    assert ledger.idle(60.5)

@@ -245,7 +245,8 @@ async def test_two_worker_processes_hold_one_limit_and_survive_a_sigkill(
     model = name()
     limit = f"anthropic.{model}"
     hold = 0.6
-    fake.script(*(Reply.delay(hold, Reply.text(f"t{n}")) for n in range(4)), model=model)
+    # Two spare answers: a call the SIGKILL cut off is made again.
+    fake.script(*(Reply.delay(hold, Reply.text(f"t{n}")) for n in range(6)), model=model)
     task_queue = f"limits-{uuid.uuid4().hex[:8]}"
     path = write_config(
         tmp_path / "turnkeep.yaml",
@@ -274,7 +275,8 @@ async def test_two_worker_processes_hold_one_limit_and_survive_a_sigkill(
         except TimeoutError:
             status = await limiter_status(client, limit)
             raise AssertionError(f"{status}\n{workers.log_tail(6000)}") from None
-    assert sorted(r.final.text for r in results if r.final) == ["t0", "t1", "t2", "t3"]
+    texts = {r.final.text for r in results if r.final}
+    assert len(texts) == 4 and texts <= {f"t{n}" for n in range(6)}
     calls = sorted(r.at for r in fake.requests_for_model(model))
     assert len(calls) >= 4
     # One at a time: each call began after the one before had its answer (give or take the

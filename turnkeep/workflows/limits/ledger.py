@@ -164,6 +164,12 @@ class Ledger:
     def is_granted(self, key: str) -> bool:
         return key in self.state.leases
 
+    def idle(self, now: float) -> bool:
+        """Nothing waits, holds a grant, counts in the window or backs off: nothing to keep."""
+        s = self.state
+        self._prune(now)
+        return not (s.waiting or s.leases or s.window or s.backoff_until)
+
     def has_granted(self, key: str) -> bool:
         """Whether ``key`` holds a grant, or had one within the window (a lease that expired
         before its call ended still settles its tokens)."""

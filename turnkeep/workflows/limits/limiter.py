@@ -46,6 +46,8 @@ from turnkeep.workflows.limits.ledger import Lease, Ledger, LedgerState
 
 # A limiter's history grows with every request; it continues as new well before it is large.
 CONTINUE_AFTER_EVENTS = 8000
+# A limiter with nothing waiting, granted or in its window this long ends.
+IDLE_AFTER = timedelta(minutes=10)
 
 
 @workflow.defn(name=LIMITER_WORKFLOW_NAME)
@@ -108,10 +110,19 @@ class LimiterWorkflow:
                     LimiterStart(ledger=self._ledger.state.model_dump(mode="json"))
                 )
             wake = self._ledger.next_check(now)
+            idle = wake is None and self._ledger.idle(now)
             self._changed = False
             timeout = None if wake is None else timedelta(seconds=max(0.001, wake - now))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await workflow.wait_condition(lambda: self._changed, timeout=timeout)
+            try:
+                await workflow.wait_condition(
+                    lambda: self._changed, timeout=IDLE_AFTER if idle else timeout
+                )
+            except TimeoutError:
+                if idle and workflow.all_handlers_finished():
+                    # Nothing to remember: the next request starts a limiter anew, on the
+                    # queue of the turn that asks (a fleet that moved queues is not held by
+                    # a limiter no worker polls any more).
+                    return
 
     def _continue_due(self) -> bool:
         info = workflow.info()
