@@ -115,6 +115,8 @@ def settings_for(fake: FakeModelApi) -> dict[str, Any]:
         "anthropic": {"api_key": "sk-test", "base_url": fake.base_url_anthropic},
         # The gated agent's model is priced, the other's is not: both cost metrics are counted.
         "prices": {"anthropic.priced-model": {"input": 1, "output": 1}},
+        # The gated agent's model has a limit: its waits and the limiter's use are measured.
+        "limits": {"anthropic.priced-model": {"requests_per_minute": 600}},
         "agents": {
             "metered": agent,
             "gated": {
@@ -202,6 +204,12 @@ async def test_turns_model_calls_tools_tokens_and_approvals_are_counted(
     assert after.value("turnkeep_model_call_latency_count", **model) == 4
     assert after.value("turnkeep_model_call_errors", error="ProviderOverloaded", **model) == 1
     assert after.value("turnkeep_model_call_errors", **model) == 1
+    # The 529 as a provider's rate limit; the limited model's two calls waited (or not) once each.
+    rate_limited = after.value("turnkeep_provider_rate_limited", provider="anthropic", **model)
+    assert rate_limited == 1
+    limit = {"limit": "anthropic.priced-model"}
+    assert after.value("turnkeep_limit_wait_seconds_count", priority="normal", **limit) == 2
+    assert after.value("turnkeep_limit_requests_in_use", **limit) >= 1
 
     # Tool calls by tool; only the failing one counted as an error.
     assert after.value("turnkeep_tool_call_latency_count", tool="math__add") == 2

@@ -16,6 +16,7 @@ from turnkeep.activities.turn_setup import check_overrides
 from turnkeep.config.catalog import AgentCatalog
 from turnkeep.config.settings import AgentSettings
 from turnkeep.contract.activity_io import COMPACT_HISTORY, LLM_STEP, CompactRequest
+from turnkeep.contract.limits_io import RATE_LIMITED
 from turnkeep.contract.messages import Message
 from turnkeep.contract.model_io import (
     LlmRequest,
@@ -25,6 +26,7 @@ from turnkeep.contract.turn_io import TurnOverrides
 from turnkeep.errors import require_workflow
 from turnkeep.fastagent.model_strings import ModelRef
 from turnkeep.observability import spans
+from turnkeep.observability.recording import rate_limited
 from turnkeep.providers.base import ModelProvider
 from turnkeep.providers.prices import with_cost
 from turnkeep.providers.registry import ModelCatalog
@@ -65,9 +67,13 @@ class ModelActivities:
         check_overrides(self._agents, self._models, step.agent, overrides)
         provider = self._provider(ref)
         spans.model_call(ref.provider, ref.name, request)  # the call's span, when tracing
-        answer = with_cost(
-            await self._call(provider, request, ref, step.call_index), self._models.price(ref)
-        )
+        try:
+            answered = await self._call(provider, request, ref, step.call_index)
+        except ApplicationError as err:
+            if err.type in RATE_LIMITED:
+                rate_limited(ref.provider, step.model)
+            raise
+        answer = with_cost(answered, self._models.price(ref))
         # The ids come from the activity logger; the content stays out of the log.
         activity.logger.info(
             "model call #%d (%s): %s",

@@ -134,8 +134,13 @@ class TurnSetupActivities:
                 "fallback_after_attempts": agent.fallback_after_attempts,
                 "client_tools": _client_tools(agent),
                 **scheduling,
+                "limits": self._limits([model, *fallbacks]),
             }
         )
+
+    def _limits(self, models: list[str]) -> dict[str, str]:
+        """The limit governing each of ``models`` (those with one)."""
+        return {m: limit for m in models if (limit := self._models.limit_of(m)) is not None}
 
     def _input_price(self, name: str, models: list[str]) -> float:
         """The dearest input price (USD per token) of ``models``, for a dollar budget's
@@ -225,6 +230,7 @@ class TurnSetupActivities:
             continue_as_new=self._continue_as_new,
             visibility=self.visibility,
             team=team,
+            limits=self._limits([model]) if model else {},
         )
 
 

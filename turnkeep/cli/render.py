@@ -293,6 +293,8 @@ class TurnRenderer:
             self.console.print(f"[bold red]{view.status}:[/] {escape(view.failure)}")
         for timing in view.in_flight:
             self._in_flight(timing, now)
+        if view.waiting_for_capacity:
+            self.console.print(f"[bold yellow]{escape(view.waiting_for_capacity)}[/]")
         self._model_timings(view)
         if view.result is not None:
             self.summary(view.result, running=view.status == TurnStatus.RUNNING)

@@ -33,6 +33,7 @@ from temporalio.converter import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeep.client.children import ChildTurn, read_children
+from turnkeep.client.limits import capacity_waits
 from turnkeep.client.status import (
     TurnStatus,
     event_attributes,
@@ -42,6 +43,7 @@ from turnkeep.client.status import (
 )
 from turnkeep.client.turn_replay import replay_turn
 from turnkeep.contract.activity_io import CALL_TOOL, LLM_STEP
+from turnkeep.contract.limits_io import ASK_CAPACITY, waiting_text
 from turnkeep.contract.messages import Message, StopReason
 from turnkeep.contract.turn_io import TaskPriority, TurnResult
 from turnkeep.workflows.agent_tools import child_id
@@ -132,6 +134,9 @@ class TurnView(BaseModel):
     children: list[ChildTurn] = Field(default_factory=list)
     # Anything that makes the view less than exact (a history the code could not replay).
     warnings: list[str] = Field(default_factory=list)
+    # A running turn whose model call waits for its limit (`limits:`): why, as the turn's
+    # current details say (`waiting for capacity: gpt-4.1 58/60 rpm`). In JSON only when set.
+    waiting_for_capacity: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @property
     def in_flight(self) -> list[ActivityTiming]:
@@ -164,10 +169,24 @@ async def view_histories(client: Client, histories: Sequence[WorkflowHistory]) -
         view.children.extend(await read_children(client, history.workflow_id, history.events))
     if view.status == TurnStatus.RUNNING:
         await _add_pending(client, view)
+        view.waiting_for_capacity = await _capacity_wait(client, view)
     view.failure = await _failure(client, latest)
     await _add_state(client, view, latest)
     _link_calls(view)
     return view
+
+
+async def _capacity_wait(client: Client, view: TurnView) -> str | None:
+    """Why a running turn's model call waits for capacity, when its last step asked a limiter
+    and its call has not been scheduled since: as the limiter says (a query: a worker must be
+    running; without one, only that it waits)."""
+    last = view.activities[-1] if view.activities else None
+    if last is None or last.activity != ASK_CAPACITY or last.outcome != ActivityOutcome.COMPLETED:
+        return None
+    for wait in await capacity_waits(client):
+        if wait.workflow_id == view.workflow_id:
+            return waiting_text(wait.limit, wait.why)
+    return "waiting for capacity"
 
 
 def _link_calls(view: TurnView) -> None:

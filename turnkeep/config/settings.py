@@ -810,6 +810,31 @@ class GatewaySettings(_SecretSettings):
         return self
 
 
+class LimitSettings(_Settings):
+    """One entry of ``limits:``: what a model (or every model of a provider) may use, across
+    every worker of the namespace (docs/operations/limits.md)."""
+
+    # Model calls granted in any 60 s, spread over the minute (a small burst at most).
+    requests_per_minute: int | None = Field(default=None, gt=0)
+    # Input and output tokens in any 60 s: each call counted at an estimate until it ends,
+    # then at the provider's reported usage.
+    tokens_per_minute: int | None = Field(default=None, gt=0)
+    # Model calls in flight at once.
+    concurrency: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _something_limited(self) -> LimitSettings:
+        if (self.requests_per_minute, self.tokens_per_minute, self.concurrency) == (None,) * 3:
+            raise ValueError(
+                "a limit needs at least one of requests_per_minute, tokens_per_minute, concurrency"
+            )
+        return self
+
+
+# A limit's name is part of its limiter's workflow id, and shown in metrics and details.
+_LIMIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}")
+
+
 # Errors don't quote input: a bad value anywhere in the file could be a key or token.
 class Settings(_SecretSettings):
     default_model: str | None = None
@@ -831,6 +856,10 @@ class Settings(_SecretSettings):
     # model string -> its price (USD per million tokens), over the list prices (genai-prices):
     # what a model call's `cost_usd` is worked out with. A model priced nowhere costs "unknown".
     prices: dict[str, PriceSettings] = Field(default_factory=dict)
+    # model string or provider name -> the requests, tokens and calls in flight it may use,
+    # shared by every worker of the namespace; a model's own entry governs it, else its
+    # provider's.
+    limits: dict[str, LimitSettings] = Field(default_factory=dict)
     # How deep agents may call agents as tools (a turn a client starts is at depth 0): a call
     # that would go deeper is answered with an error instead of starting a turn. Workers of
     # different configs could otherwise call each other's agents round in a circle.
@@ -879,6 +908,16 @@ class Settings(_SecretSettings):
     @classmethod
     def _fast_agent_keys(cls, data: Any) -> Any:
         return accept_fast_agent_keys(data, cls.model_fields)
+
+    @model_validator(mode="after")
+    def _limit_names(self) -> Settings:
+        for name in self.limits:
+            if not _LIMIT_NAME.fullmatch(name):
+                raise ValueError(
+                    f"limits: {name[:60]!r} is no model string or provider name (1-200 "
+                    "letters, digits and . _ : / @ + -, starting with a letter or digit)"
+                )
+        return self
 
     def path(self, p: Path) -> Path:
         return p if p.is_absolute() else self.base_dir / p

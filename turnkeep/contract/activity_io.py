@@ -237,6 +237,9 @@ class TurnPlan(Compact):
     server_requests: dict[str, ServerRequestPlan] = Field(default_factory=dict)
     # Tools a client answers (None: none).
     client_tools: ClientToolsPlan | None = None
+    # The config's `limits:` entry that governs each model of the turn's chain (the model and
+    # its fallbacks), by model string; a model without one is absent and pays no limiter.
+    limits: dict[str, str] = Field(default_factory=dict)
 
     # Set for a workflow agent: the turn runs these steps instead of the model loop.
     team: TeamPlan | None = None

@@ -35,6 +35,7 @@ from turnkeep.workflows.metrics import (
     MODEL_CALL_ERRORS,
     MODEL_CALL_LATENCY,
     PAYLOAD_BYTES_STORED,
+    PROVIDER_RATE_LIMITED,
     TOKENS,
     TOOL_CALL_ERRORS,
     TOOL_CALL_LATENCY,
@@ -179,6 +180,15 @@ class _MetricsInbound(ActivityInboundInterceptor):
         instruments.latency.record(elapsed, tool)
         if err is not None or (isinstance(result, ToolCallOutcome) and result.result.is_error):
             instruments.errors.add(1, tool)
+
+
+def rate_limited(provider: str, model: str) -> None:
+    """A provider answered a model call 429 or 529 (from within the ``llm_step`` activity)."""
+    try:
+        counter = _counter(activity.metric_meter(), PROVIDER_RATE_LIMITED)
+        counter.add(1, {"provider": provider, "model": model})
+    except Exception:  # metrics must never fail the call they describe
+        log.warning("could not count a rate-limited model call", exc_info=True)
 
 
 # -- worker side --------------------------------------------------------------------------

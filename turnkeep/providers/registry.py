@@ -173,6 +173,15 @@ class ModelCatalog:
             self._prices[(ref.provider, ref.name)] = ModelPrice(
                 price.input, price.output, price.cache_read, price.cache_write
             )
+        self._limits = _limit_entries(self.registry, settings)
+
+    def limit_of(self, model: str) -> str | None:
+        """The ``limits:`` entry that governs calls of ``model``: the model's own (however it
+        is spelled there), else its provider's; None: the model has no limit."""
+        if not self._limits:
+            return None
+        ref = self.resolve(model)
+        return self._limits.get((ref.provider, ref.name)) or self._limits.get((ref.provider, None))
 
     def price(self, ref: ModelRef) -> Price | None:
         """What a call of ``ref`` costs: the config's price, else turnkeep's own (None:
@@ -245,6 +254,33 @@ class ModelCatalog:
                 except ApplicationError:  # an unknown model: its turns say so
                     continue
         return unknown
+
+
+def _limit_entries(
+    registry: ProviderRegistry, settings: Settings
+) -> dict[tuple[str, str | None], str]:
+    """The config's limits by what they name: (provider, model id) for a model's entry,
+    (provider, None) for a provider's. An entry that names neither stops the worker: a limit
+    that silently governs nothing would let the fleet run past the provider's."""
+    entries: dict[tuple[str, str | None], str] = {}
+    for name in settings.limits:
+        provider = registry.get(name)
+        if provider is not None:
+            target: tuple[str, str | None] = (provider.name, None)
+        else:
+            try:
+                ref = registry.resolve(name)
+            except ApplicationError:
+                providers = ", ".join(p.name for p in registry)
+                raise ValueError(
+                    f"limits: {name!r} names no model or provider this worker knows (a model "
+                    f"string such as `openai.gpt-4.1`, or a provider: {providers})"
+                ) from None
+            target = (ref.provider, ref.name)
+        if target in entries:
+            raise ValueError(f"limits: {entries[target]!r} and {name!r} name the same model")
+        entries[target] = name
+    return entries
 
 
 @functools.cache

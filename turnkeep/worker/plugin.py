@@ -42,6 +42,7 @@ from turnkeep.activities.approval_policy import ApprovalPolicyActivities, load_p
 from turnkeep.activities.child_turn import read_child_turn
 from turnkeep.activities.evaluation import EvaluationActivities
 from turnkeep.activities.hooks import Hook, HookActivities
+from turnkeep.activities.limits import LimitActivities
 from turnkeep.activities.model import ModelActivities
 from turnkeep.activities.model_input import ModelInputHandoffInterceptor
 from turnkeep.activities.replay_source import ReplayActivities
@@ -75,6 +76,7 @@ from turnkeep.worker.cache_release import CacheRelease
 from turnkeep.worker.live_server import LiveStreams
 from turnkeep.worker.runner import with_passthrough
 from turnkeep.workflows.evaluation import EvaluationWorkflow
+from turnkeep.workflows.limits.limiter import LimiterWorkflow
 from turnkeep.workflows.session_workflow import SessionWorkflow
 from turnkeep.workflows.turn_workflow import TurnWorkflow
 
@@ -169,6 +171,7 @@ class TurnkeepPlugin(SimplePlugin):
         )
         self._config_file, self._ignored_keys = settings.config_file, settings.ignored_keys
         self._unknown_windows = model_catalog.unknown_context_windows(agent_catalog.values())
+        limits = LimitActivities(settings.limits)
         activities: list[Callable[..., Any]] = [
             self._setup.prepare_turn,
             models.llm_step,
@@ -183,6 +186,9 @@ class TurnkeepPlugin(SimplePlugin):
             ReplayActivities(agent_catalog).replay_source,
             # An evaluation from history lists turns, compares pairs and runs function judges.
             *_evaluation_activities(settings, agent_catalog),
+            # Turns ask the limiters of `limits:` for capacity; a limiter reads its values.
+            limits.ask_capacity,
+            limits.limit_values,
         ]
 
         # The agents whose turns this plugin serves (each on its own task queue, with
@@ -212,7 +218,7 @@ class TurnkeepPlugin(SimplePlugin):
             "turnkeep",
             data_converter=self._converter,
             # A session runs its turns as children, on the worker's task queue by default.
-            workflows=[TurnWorkflow, SessionWorkflow, EvaluationWorkflow],
+            workflows=[TurnWorkflow, SessionWorkflow, EvaluationWorkflow, LimiterWorkflow],
             activities=activities,
             workflow_runner=with_passthrough,
             interceptors=interceptors,

@@ -6,7 +6,7 @@ decides when to call what; that is ``turnkeep.workflows.loop``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TypeVar
 
@@ -51,10 +51,18 @@ from turnkeep.contract.approval import (
     PolicyVerdicts,
     failed_policy,
 )
-from turnkeep.contract.messages import CallToolResult, Message, StopReason, TextContent
+from turnkeep.contract.limits_io import RATE_LIMITED
+from turnkeep.contract.messages import (
+    CallToolResult,
+    Message,
+    StopReason,
+    TextContent,
+    estimate_chars,
+)
 from turnkeep.contract.model_io import LlmRequest, LlmStepRequest, MessageJson
 from turnkeep.contract.turn_io import TurnInput
 from turnkeep.workflows import task_priority, visibility
+from turnkeep.workflows.limits.capacity import Capacity
 from turnkeep.workflows.tool_batch import ToolBatch
 
 T = TypeVar("T")
@@ -75,10 +83,13 @@ async def execute(
     summary: str,
     t: Timeouts,
     task_queue: str | None = None,
+    *,
+    non_retryable: Sequence[str] = (),
 ) -> T:
     """Schedule one of the turn's activities by name, with ``t``'s timeouts and retry policy,
     on ``task_queue`` (None: the turn's own), at the workflow's task priority, and await its
-    result."""
+    result. Failures of the types in ``non_retryable`` come back at once, whatever the
+    activity says."""
     return await _outcome(
         workflow.execute_activity(
             name,
@@ -88,7 +99,7 @@ async def execute(
             summary=summary,
             start_to_close_timeout=timedelta(seconds=t.start_to_close),
             heartbeat_timeout=timedelta(seconds=t.heartbeat) if t.heartbeat else None,
-            retry_policy=_retry_policy(t),
+            retry_policy=_retry_policy(t, non_retryable),
             priority=task_priority.current(),
         )
     )
@@ -107,12 +118,13 @@ async def _outcome(activity: Awaitable[T]) -> T:
         raise asyncio.CancelledError() from err
 
 
-def _retry_policy(t: Timeouts) -> RetryPolicy:
+def _retry_policy(t: Timeouts, non_retryable: Sequence[str] = ()) -> RetryPolicy:
     return RetryPolicy(
         initial_interval=timedelta(seconds=t.initial_interval),
         backoff_coefficient=t.backoff,
         maximum_interval=timedelta(seconds=t.max_interval),
         maximum_attempts=t.max_attempts,
+        non_retryable_error_types=list(non_retryable) or None,
     )
 
 
@@ -202,19 +214,119 @@ async def _list_tools(request: ToolsRequest, plan: TurnPlan, queue: str | None) 
     return await execute(LIST_TOOLS, request, ToolCatalog, summary, plan.tools, queue)
 
 
-async def call_model(request: LlmRequest, plan: TurnPlan, messages: MessageJson) -> Message:
+async def call_model(
+    request: LlmRequest,
+    plan: TurnPlan,
+    messages: MessageJson,
+    capacity: Capacity | None = None,
+    show: Callable[[str], None] | None = None,
+) -> Message:
     """One model call. The workflow must answer ``MODEL_INPUT_QUERY`` with ``request`` while
     this runs: the activity reads the request from there (see ``LlmStepRequest``).
-    ``messages`` is the turn's, kept from call to call."""
+    ``messages`` is the turn's, kept from call to call. A model with a limit (``plan.limits``)
+    waits for its capacity first (``capacity``; ``show`` tells the turn's details why)."""
     info = workflow.info()
     step = LlmStepRequest.referencing(
         request, workflow_id=info.workflow_id, run_id=info.run_id, messages=messages
     )
     try:
         summary = visibility.llm_summary(request.call_index, request.model)
-        return await execute(LLM_STEP, step, Message, summary, plan.llm)
+        return await _llm_step(step, request, summary, plan.llm, plan, messages, capacity, show)
     except ActivityError as err:
         return _failed_call(err)
+
+
+async def _llm_step(
+    step: LlmStepRequest,
+    request: LlmRequest,
+    summary: str,
+    t: Timeouts,
+    plan: TurnPlan,
+    messages: MessageJson,
+    capacity: Capacity | None,
+    show: Callable[[str], None] | None,
+) -> Message:
+    """``llm_step`` on ``request``'s model, within its limit if it has one."""
+    limit = plan.limits.get(request.model)
+    if limit is None or capacity is None:
+        return await execute(LLM_STEP, step, Message, summary, t)
+    tokens = messages.estimate_tokens(request.messages)
+    resume = None if show is None else (lambda: show(visibility.waiting_on_model(request)))
+    call = _LimitedCall(limit, tokens, request.max_tokens or plan.max_tokens, show, resume)
+    return await call.run(LLM_STEP, step, summary, t, plan, capacity)
+
+
+class _LimitedCall:
+    """A model call (``llm_step`` or ``compact_history``) within its limit: ask, wait, call,
+    settle. A 429 or 529 is not retried within the activity: the limiter is told its
+    ``retry-after`` (which holds every worker's calls of the limit) and the turn asks again,
+    each such answer counting as one of ``t``'s attempts."""
+
+    def __init__(
+        self,
+        limit: str,
+        input_tokens: int,
+        max_output_tokens: int | None,
+        show: Callable[[str], None] | None,
+        resume: Callable[[], None] | None,
+    ) -> None:
+        self.limit, self.input_tokens, self.max_output_tokens = (
+            limit,
+            input_tokens,
+            max_output_tokens,
+        )
+        self.show, self.resume = show, resume
+
+    async def run(
+        self,
+        name: str,
+        arg: BaseModel,
+        summary: str,
+        t: Timeouts,
+        plan: TurnPlan,
+        capacity: Capacity,
+    ) -> Message:
+        attempts = 0
+        while True:
+            attempts += 1
+            ticket = await capacity.acquire(
+                self.limit,
+                plan,
+                input_tokens=self.input_tokens,
+                max_output_tokens=self.max_output_tokens,
+                t=t,
+                show=self.show,
+            )
+            if self.resume is not None:
+                self.resume()
+            try:
+                answer = await execute(name, arg, Message, summary, t, non_retryable=RATE_LIMITED)
+            except ActivityError as err:
+                wait = _rate_limited(err, t, attempts)
+                capacity.settle(self.limit, ticket, None, wait)
+                if wait is None or (t.max_attempts and attempts >= t.max_attempts):
+                    raise
+                # The limiter has the backoff before the turn asks again (a local activity
+                # runs before the workflow task's commands, the settle among them, are sent).
+                await capacity.settled()
+                continue
+            except asyncio.CancelledError:
+                capacity.settle(self.limit, ticket, None, None)
+                raise
+            capacity.settle(self.limit, ticket, answer, None)
+            return answer
+
+
+def _rate_limited(err: ActivityError, t: Timeouts, attempts: int) -> float | None:
+    """How long the limit holds after a call failed with ``err``: the provider's
+    ``retry-after`` when it answered 429/529 (else the retry policy's interval for this
+    attempt); None when it failed otherwise."""
+    cause = err.cause
+    if not isinstance(cause, ApplicationError) or cause.type not in RATE_LIMITED:
+        return None
+    if cause.next_retry_delay is not None:
+        return cause.next_retry_delay.total_seconds()
+    return min(t.max_interval, t.initial_interval * t.backoff ** (attempts - 1))
 
 
 def _failed_call(err: ActivityError) -> Message:
@@ -251,6 +363,8 @@ async def call_model_chain(
     plan: TurnPlan,
     messages: MessageJson,
     on_request: Callable[[LlmRequest], None],
+    capacity: Capacity | None = None,
+    show: Callable[[str], None] | None = None,
 ) -> tuple[Message, LlmRequest]:
     """``call_model`` along the plan's fallback chain: ``request`` on its model with at most
     ``fallback_after_attempts`` attempts, then the same request on each fallback model in turn
@@ -273,7 +387,7 @@ async def call_model_chain(
         summary = visibility.llm_summary(asked.call_index, asked.model)
         t = plan.llm.model_copy(update={"max_attempts": attempts})
         try:
-            return await execute(LLM_STEP, step, Message, summary, t), asked
+            return await _llm_step(step, asked, summary, t, plan, messages, capacity, show), asked
         except ActivityError as err:
             if last or not falls_back(err):
                 return _failed_call(err), asked
@@ -418,11 +532,19 @@ async def approval_policy(request: PolicyRequest) -> PolicyVerdicts:
         return failed_policy(request)
 
 
-async def compact_history(messages: list[Message], plan: TurnPlan) -> str:
-    """A summary of ``messages`` by the agent's model; raises ``ActivityError`` on failure."""
+async def compact_history(
+    messages: list[Message], plan: TurnPlan, capacity: Capacity | None = None
+) -> str:
+    """A summary of ``messages`` by the agent's model, within its limit if it has one;
+    raises ``ActivityError`` on failure."""
     request = CompactRequest(agent=plan.agent, model=plan.model, messages=messages)
-    summary = await execute(COMPACT_HISTORY, request, Message, visibility.COMPACT_SUMMARY, plan.llm)
-    return summary.text
+    what = visibility.COMPACT_SUMMARY
+    limit = plan.limits.get(plan.model)
+    if limit is None or capacity is None:
+        return (await execute(COMPACT_HISTORY, request, Message, what, plan.llm)).text
+    tokens = sum(estimate_chars(m) for m in messages) // 4
+    call = _LimitedCall(limit, tokens, plan.max_tokens, None, None)
+    return (await call.run(COMPACT_HISTORY, request, what, plan.llm, plan, capacity)).text
 
 
 # Longer than the tools of one answer take, as a rule; if one fires all the same, nothing waits

@@ -24,6 +24,7 @@ from enum import StrEnum
 class MetricKind(StrEnum):
     COUNTER = "counter"
     HISTOGRAM = "histogram"
+    GAUGE = "gauge"
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,41 @@ PAYLOAD_BYTES_STORED = MetricSpec(
     "Bytes written to external payload storage (payloads above the threshold).",
     "worker",
 )
+LIMIT_WAIT = MetricSpec(
+    "turnkeep_limit_wait_seconds",
+    MetricKind.HISTOGRAM,
+    "s",
+    ("limit", "priority"),
+    "How long a model call of a limited model waited for its limit's capacity (`limits:`), "
+    "by limit and the turn's priority; a call granted at once waited 0.",
+    "workflow",
+    (0, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
+)
+LIMIT_REQUESTS_IN_USE = MetricSpec(
+    "turnkeep_limit_requests_in_use",
+    MetricKind.GAUGE,
+    "1",
+    ("limit",),
+    "Model calls granted by a limit in the last 60 s (against its requests_per_minute).",
+    "workflow",
+)
+LIMIT_TOKENS_IN_USE = MetricSpec(
+    "turnkeep_limit_tokens_in_use",
+    MetricKind.GAUGE,
+    "1",
+    ("limit",),
+    "Tokens a limit's calls took in the last 60 s (estimated until each call settles to the "
+    "provider's usage; against its tokens_per_minute).",
+    "workflow",
+)
+PROVIDER_RATE_LIMITED = MetricSpec(
+    "turnkeep_provider_rate_limited",
+    MetricKind.COUNTER,
+    "1",
+    ("provider", "model"),
+    "Model call attempts a provider answered 429 (rate limited) or 529 (overloaded).",
+    "activity",
+)
 
 CATALOGUE: tuple[MetricSpec, ...] = (
     TURNS_STARTED,
@@ -174,6 +210,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     TOOL_CALL_LATENCY,
     TOOL_CALL_ERRORS,
     PAYLOAD_BYTES_STORED,
+    LIMIT_WAIT,
+    LIMIT_REQUESTS_IN_USE,
+    LIMIT_TOKENS_IN_USE,
+    PROVIDER_RATE_LIMITED,
 )
 
 

@@ -41,6 +41,7 @@ from turnkeep.contract.approval import (
     DecisionRecord,
     PendingCall,
 )
+from turnkeep.contract.limits_io import CAPACITY_GRANT_SIGNAL
 from turnkeep.contract.messages import CallToolResult, Message
 from turnkeep.contract.model_io import (
     MODEL_INPUT_QUERY,
@@ -63,6 +64,7 @@ from turnkeep.workflows import (
 )
 from turnkeep.workflows.agent_tools import AgentCall
 from turnkeep.workflows.conversation_cache import Conversation, conversations
+from turnkeep.workflows.limits.capacity import Capacity
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.shared import shared
 from turnkeep.workflows.starting import start_arguments
@@ -134,6 +136,8 @@ class TurnWorkflow:
         self.requests_in_flight = ServerRequestsInFlight()
         # A counterfactual replay's recorded tool results (None: not a replay).
         self._replay: replays.RecordedResults | None = None
+        # The turn's requests to the limiters of its limited models (``limits:``).
+        self.capacity = Capacity()
 
     @workflow.run
     async def run(self, *args: Any) -> TurnResult:
@@ -204,10 +208,12 @@ class TurnWorkflow:
             state.cancel(completed=self._completed)
             turn_metrics.turn_ended(state.plan.agent, str(state.stop_reason), state.iteration)
             self.show(visibility.ended(state), publish=True)
+            await self.capacity.settled()
             await self._release_watchers()
             raise
         await self._hooks(HookPoint.AFTER_TURN_COMPLETE)
         self.show(visibility.ended(state), publish=True)
+        await self.capacity.settled()
         await self._release_watchers()
         result = state.result()
         self._keep_conversation(result)
@@ -276,6 +282,7 @@ class TurnWorkflow:
                 )
                 return
         self._continuing = True
+        await self.capacity.settled()
         await self._release_watchers()
         workflow.continue_as_new(args=[turn, carried])
 
@@ -290,10 +297,12 @@ class TurnWorkflow:
         self.show(visibility.waiting_on_model(request))
         if state.plan.fallback_models:
             answer, request = await actions.call_model_chain(
-                request, state.plan, self._message_json, self._next_model
+                request, state.plan, self._message_json, self._next_model, self.capacity, self.show
             )
         else:
-            answer = await actions.call_model(request, state.plan, self._message_json)
+            answer = await actions.call_model(
+                request, state.plan, self._message_json, self.capacity, self.show
+            )
         self._model_input = None  # read only while the call is in flight
         state.on_assistant(answer, request.model)
         # An outcome gets a row of its own only when the rows after it do not tell it: not a
@@ -406,7 +415,7 @@ class TurnWorkflow:
                 tools=[],
                 structured_output=schema,
             )
-            answer = await actions.call_model(request, state.plan, MessageJson())
+            answer = await actions.call_model(request, state.plan, MessageJson(), self.capacity)
             self._model_input = None
             state.on_model_answer(answer)
             return answer
@@ -483,7 +492,9 @@ class TurnWorkflow:
             return
         self.show(visibility.compacting(state.plan.model))
         try:
-            summary = await actions.compact_history(state.conversation()[:cut], state.plan)
+            summary = await actions.compact_history(
+                state.conversation()[:cut], state.plan, self.capacity
+            )
         except ActivityError as err:
             workflow.logger.warning("compaction failed, history unchanged: %s", err)
             state.compaction_failed = True
@@ -604,6 +615,12 @@ class TurnWorkflow:
         if child_approvals.take_report(self._state, args, self._children):
             # Published at once, as for the turn's own calls: operators look for waiting turns.
             self.tools_moved(publish=True)
+
+    @workflow.signal(name=CAPACITY_GRANT_SIGNAL)
+    def capacity_granted(self, *args: Any) -> None:
+        """A limiter grants a model call of this turn its capacity: one argument, a
+        ``CapacityGrant``. One that answers no request the turn is waiting on is ignored."""
+        self.capacity.on_grant(args)
 
     @workflow.query(name=PENDING_QUERY)
     def pending_approvals(self) -> list[PendingCall]:

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 import typer
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from rich.markup import escape
 from rich.text import Text
 from temporalio.client import Client
@@ -26,9 +26,11 @@ from turnkeep.cli.process import warn_if_unpolled
 from turnkeep.cli.render import utc_time, visible
 from turnkeep.cli.target import Target
 from turnkeep.cli.waits import describe_wait
+from turnkeep.client.limits import capacity_waits
 from turnkeep.client.sessions import get_session
 from turnkeep.client.turns import TurnHandle, get_turn
 from turnkeep.contract.approval import AllowRule, DecisionRecord, PendingCall
+from turnkeep.contract.limits_io import waiting_text
 from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME
 from turnkeep.workflows import visibility
 from turnkeep.workflows.turn_workflow import WORKFLOW_NAME
@@ -59,6 +61,8 @@ class AwaitingTurn(BaseModel):
     agent: str | None = None
     calls: list[PendingCall]
     error: str | None = None
+    # A turn whose model call waits for its limit's capacity (`limits:`): why.
+    waiting_for_capacity: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 async def awaiting_turns(client: Client) -> list[AwaitingTurn]:
@@ -76,7 +80,11 @@ async def awaiting_turns(client: Client) -> list[AwaitingTurn]:
             turn.error = f"its calls could not be read (is a worker running?): {err.message}"
         turns.append(turn)
     shown = {call.turn_id for turn in turns for call in turn.calls if call.turn_id is not None}
-    return [turn for turn in turns if turn.workflow_id not in shown]
+    turns = [turn for turn in turns if turn.workflow_id not in shown]
+    for wait in await capacity_waits(client):
+        why = waiting_text(wait.limit, wait.why)
+        turns.append(AwaitingTurn(workflow_id=wait.workflow_id, calls=[], waiting_for_capacity=why))
+    return turns
 
 
 @app.command()
@@ -103,6 +111,8 @@ def pending(
         console.print(f"[bold]turn[/] {escape(turn.workflow_id)}{agent}")
         if turn.error:
             console.print(f"  [yellow]{escape(turn.error)}[/]")
+        if turn.waiting_for_capacity:
+            console.print(Text(visible(f"  {turn.waiting_for_capacity}")), soft_wrap=True)
         for call in turn.calls:
             _print_wait(turn.workflow_id, call)
 
