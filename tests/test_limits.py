@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from tests.conftest import HarnessFactory, eventually, make_settings, turn_setup
@@ -28,11 +28,12 @@ from turnkeep.client.turns import TurnHandle, start_turn
 from turnkeep.config.settings import Settings
 from turnkeep.contract.activity_io import PrepareTurnRequest
 from turnkeep.contract.limits_io import (
-    ASK_CAPACITY_UPDATE,
+    ASK_CAPACITY_SIGNAL,
     CAPACITY_GRANT_SIGNAL,
     LIMITER_WORKFLOW_NAME,
     CapacityGrant,
     CapacityRequest,
+    CapacityWait,
     LimiterStart,
     limiter_id,
 )
@@ -217,12 +218,13 @@ async def test_clients_cannot_raise_a_limit_or_skip_the_queue(
         await second.handle.signal(CAPACITY_GRANT_SIGNAL, other_limit)
         await asyncio.sleep(0.5)
         assert len(fake.requests_for_model(model)) == 1
-        # The limiter refuses a request for another limit than its own.
+        # The limiter ignores a request for another limit than its own, and a malformed one.
         request = CapacityRequest(limit="openai", request_id="x1", workflow_id="w", run_id="r")
-        with pytest.raises(WorkflowUpdateFailedError):
-            await client.get_workflow_handle(limiter_id(limit)).execute_update(
-                ASK_CAPACITY_UPDATE, request
-            )
+        limiter = client.get_workflow_handle(limiter_id(limit))
+        await limiter.signal(ASK_CAPACITY_SIGNAL, request)
+        await limiter.signal(ASK_CAPACITY_SIGNAL, {"limit": limit, "request_id": "no spaces!"})
+        waiting = await limiter.query("waiting", result_type=list[CapacityWait])
+        assert not any(w.workflow_id == "w" for w in waiting)
         assert "0/1 concurrency" not in await limiter_status(client, limit)
         await asyncio.gather(first.result(), second.result())
         # A limiter of a limit no worker's config has fails at once.

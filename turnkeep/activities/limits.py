@@ -1,23 +1,19 @@
-"""The activities of limits (``limits:``): a turn's way to a limiter (``ask_capacity``, an
-update-with-start with the worker's client), and a limiter's read of its values from the config
+"""The activities of limits (``limits:``): a turn's way to a limiter (``ask_capacity``, a
+signal-with-start with the worker's client), and a limiter's read of its values from the config
 of the worker running it (``limit_values``): a limiter never takes its values from a client."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from temporalio import activity
-from temporalio.client import WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
 
 from turnkeep.config.settings import LimitSettings
 from turnkeep.contract.limits_io import (
     ASK_CAPACITY,
-    ASK_CAPACITY_UPDATE,
+    ASK_CAPACITY_SIGNAL,
     LIMIT_VALUES,
     LIMITER_WORKFLOW_NAME,
     CapacityRequest,
-    CapacityStatus,
     LimiterStart,
     LimitValues,
     limiter_id,
@@ -40,9 +36,9 @@ class LimitActivities:
         return LimitValues.model_validate(self._limit(name).model_dump())
 
     @activity.defn(name=ASK_CAPACITY)
-    async def ask_capacity(self, request: CapacityRequest) -> CapacityStatus:
+    async def ask_capacity(self, request: CapacityRequest) -> None:
         """Ask ``request.limit``'s limiter for a model call's capacity, starting the limiter if
-        none runs; its answer comes at once (granted, or why it waits)."""
+        none runs. The answer comes to the turn by signal: the grant, or why it waits."""
         require_workflow()
         info = activity.info()
         # Grants go to the turn that asks, never to one a request names.
@@ -51,22 +47,19 @@ class LimitActivities:
                 "NotThisTurn", "A turn asks for capacity only for itself (workflow and run id)."
             )
         self._limit(request.limit)
-        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+        # A signal, not an update: Temporal keeps only a few updates in flight per workflow,
+        # and a fleet's turns ask one limiter at once; signals queue without bound, and the
+        # limiter takes all that wait in one workflow task. Asking twice (an attempt run
+        # again) is harmless: the ledger queues a request once, by its key.
+        await activity.client().start_workflow(
             LIMITER_WORKFLOW_NAME,
             LimiterStart(),
             id=limiter_id(request.limit),
             # On the turn's queue: a worker with turnkeep's workflows polls it.
             task_queue=info.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
-        # The request's key as the update's id: an attempt that runs again (a worker that died
-        # after asking) gets the first one's answer, not a second place in the queue.
-        return await activity.client().execute_update_with_start_workflow(
-            ASK_CAPACITY_UPDATE,
-            request,
-            start_workflow_operation=start,
-            id=request.key,
-            result_type=CapacityStatus,
+            start_signal=ASK_CAPACITY_SIGNAL,
+            start_signal_args=[request],
         )
 
     def _limit(self, name: str) -> LimitSettings:

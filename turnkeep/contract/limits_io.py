@@ -16,7 +16,7 @@ LIMITER_WORKFLOW_NAME = "LimiterWorkflow"
 LIMITER_ID_PREFIX = "turnkeep-limit-"
 
 # The limiter's handlers, and the turn's.
-ASK_CAPACITY_UPDATE = "ask_capacity"
+ASK_CAPACITY_SIGNAL = "ask_capacity"
 SETTLE_CAPACITY_SIGNAL = "settle_capacity"
 WITHDRAW_CAPACITY_SIGNAL = "withdraw_capacity"
 CAPACITY_GRANT_SIGNAL = "capacity_granted"
@@ -78,21 +78,14 @@ class CapacityRequest(Compact):
         return f"{self.workflow_id}/{self.run_id}/{self.request_id}"
 
 
-class CapacityStatus(Compact):
-    """The limiter's answer to a request, at once: granted, or why it waits."""
-
-    limit: str
-    granted: bool = False
-    # Why it waits, as the turn shows it: "58/60 rpm", "backing off until 12:00:03 UTC".
-    text: str = ""
-
-
 class CapacityGrant(Compact):
-    """The limiter's grant of a request, by signal to the turn (which checks it matches an
-    outstanding request of its own)."""
+    """The limiter's answer to a request, by signal to the turn (which checks it matches an
+    outstanding request of its own): the grant, or, with ``waiting``, why it is not granted
+    yet, as the turn shows it ("58/60 rpm", "backing off until 12:00:03 UTC")."""
 
     limit: str = Field(max_length=NAME_MAX_CHARS)
     request_id: str = Field(pattern=_ID)
+    waiting: str | None = Field(default=None, max_length=500)
 
 
 class CapacitySettle(Compact):

@@ -1,6 +1,7 @@
 """The turn's side of limits: before each model call of a limited model the turn asks the
-limit's limiter for capacity (``ask_capacity``, a local activity answered at once), waits for
-the grant as a workflow waiting for a signal (no worker slot held), and after the call settles
+limit's limiter for capacity (``ask_capacity``, a local activity that signals it), waits for
+the grant as a workflow waiting for a signal (no worker slot held; the limiter first says why,
+when it cannot grant at once), and after the call settles
 it with the provider's usage, or with the ``retry-after`` of a 429/529 that holds every
 worker's calls. A cancelled turn withdraws what it asked.
 
@@ -27,7 +28,6 @@ from turnkeep.contract.limits_io import (
     CapacityGrant,
     CapacityRequest,
     CapacitySettle,
-    CapacityStatus,
     limiter_id,
     waiting_text,
 )
@@ -35,8 +35,8 @@ from turnkeep.contract.messages import Message
 from turnkeep.contract.turn_io import Usage
 from turnkeep.workflows.limits import limit_metrics
 
-# Asking only reaches the limiter (an update answered at once): quick, retried a little; the
-# same request asked again is answered once (the update's id is the request's).
+# Asking only signals the limiter: quick, retried a little; the same request asked again is
+# queued once (the ledger knows it by its key).
 _ASK_TIMEOUT = timedelta(seconds=30)
 _ASK_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5))
 
@@ -52,6 +52,8 @@ class Capacity:
         # A grant for the next request, come before the turn asked it (request id -> limit).
         self._early: dict[str, str] = {}
         # Settles sent without waiting for them (the turn goes on with its call's answer).
+        # How the turn shows why it waits (the limiter's word on the request it waits on).
+        self._show: Callable[[str], None] | None = None
         self._sending: set[asyncio.Task[None]] = set()
 
     def on_grant(self, args: tuple[Any, ...]) -> None:
@@ -65,12 +67,17 @@ class Capacity:
             workflow.logger.warning("a malformed capacity grant was ignored")
             return
         rid = grant.request_id
-        if self._waiting.get(rid) == grant.limit:
+        if grant.waiting is not None:
+            # Why a request waits: shown while it does; otherwise (granted meanwhile, or a
+            # stray) it changes nothing.
+            if self._waiting.get(rid) == grant.limit and rid not in self._granted and self._show:
+                self._show(waiting_text(grant.limit, grant.waiting))
+        elif self._waiting.get(rid) == grant.limit:
             self._granted.add(rid)
         elif rid == self._next_id() and not self._waiting:
             # The request this turn is about to make (again): a run replayed from its start,
             # after a worker died while asking, gets its grant delivered before its code
-            # reaches the ask, whose answer (the same update, by id) says "waiting".
+            # reaches the ask again (which the limiter, knowing the request, ignores).
             self._early[rid] = grant.limit
         else:
             workflow.logger.warning("a capacity grant that answers no request was ignored")
@@ -109,23 +116,22 @@ class Capacity:
             self._granted.add(rid)
         started = workflow.time()
         try:
-            status = await workflow.execute_local_activity(
+            await workflow.execute_local_activity(
                 ASK_CAPACITY,
                 request,
-                result_type=CapacityStatus,
                 summary=f"ask for capacity: {limit}",
                 start_to_close_timeout=_ASK_TIMEOUT,
                 retry_policy=_ASK_RETRY,
             )
-            if not status.granted and rid not in self._granted:
-                if show is not None:
-                    show(waiting_text(limit, status.text))
+            if rid not in self._granted:
+                self._show = show
                 await workflow.wait_condition(lambda: rid in self._granted)
         except BaseException:
             # Cancelled (or the limiter unreachable): the request must not hold a place.
             self._signal(limit, WITHDRAW_CAPACITY_SIGNAL, request, outcome="withdrawn")
             raise
         finally:
+            self._show = None
             self._waiting.pop(rid, None)
             self._granted.discard(rid)
         limit_metrics.waited(limit, plan.priority, workflow.time() - started)

@@ -1,11 +1,11 @@
 """``LimiterWorkflow``: the durable ledger of one configured limit, one per namespace
 (``turnkeep-limit-<name>``), shared by every worker's turns.
 
-A turn asks by update (``ask_capacity``, through the ``ask_capacity`` activity's
-update-with-start), which answers at once: granted, or why it waits. A waiting request is
-granted later by a signal to the turn. The turn settles the call (what it used, and the
-provider's ``retry-after`` if it answered 429/529) or withdraws it by signal. The ledger's rules
-are ``turnkeep.workflows.limits.ledger``'s.
+A turn asks by signal (``ask_capacity``, through the ``ask_capacity`` activity's
+signal-with-start), and the limiter answers by signal to the turn: the grant, or first why it
+waits (when it cannot grant at once) and the grant later. The turn settles the call (what it
+used, and the provider's ``retry-after`` if it answered 429/529) or withdraws it by signal.
+The ledger's rules are ``turnkeep.workflows.limits.ledger``'s.
 
 Untrusted clients: the limit's values come from the config of the worker running the limiter (an
 activity at each run's start), never from its input; a state is taken only from a run of the
@@ -26,7 +26,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError, FailureError
 
 from turnkeep.contract.limits_io import (
-    ASK_CAPACITY_UPDATE,
+    ASK_CAPACITY_SIGNAL,
     CAPACITY_GRANT_SIGNAL,
     LIMIT_VALUES,
     LIMITER_ID_PREFIX,
@@ -36,7 +36,6 @@ from turnkeep.contract.limits_io import (
     CapacityGrant,
     CapacityRequest,
     CapacitySettle,
-    CapacityStatus,
     CapacityWait,
     LimiterStart,
     LimitValues,
@@ -67,6 +66,8 @@ class LimiterWorkflow:
                     self._carried = LedgerState.model_validate(start.ledger)
         self._changed = False
         self._outbox: list[Lease] = []
+        # Requests asked since the last grant round: those it does not grant hear why.
+        self._asked: list[CapacityRequest] = []
         self._details = "starting"
 
     @workflow.run
@@ -97,14 +98,24 @@ class LimiterWorkflow:
         while True:
             now = workflow.time()
             self._outbox += self._ledger.grants(now)
-            if self._outbox:
+            told = [(r, self._ledger.why(r.key, now)) for r in self._asked]
+            told = [(r, why) for r, why in told if why not in ("granted", "unknown request")]
+            self._asked = []
+            if self._outbox or told:
                 sending, self._outbox = self._outbox, []
-                await asyncio.gather(*(self._send(lease) for lease in sending))
+                await asyncio.gather(
+                    *(self._send(lease) for lease in sending),
+                    *(
+                        self._tell(r, why)
+                        for r, why in told
+                        if why not in ("granted", "unknown request")
+                    ),
+                )
             now = workflow.time()
             self._show(now)
             if self._continue_due():
                 await workflow.wait_condition(
-                    lambda: workflow.all_handlers_finished() and not self._outbox
+                    lambda: workflow.all_handlers_finished() and not (self._outbox or self._asked)
                 )
                 workflow.continue_as_new(
                     LimiterStart(ledger=self._ledger.state.model_dump(mode="json"))
@@ -144,6 +155,19 @@ class LimiterWorkflow:
             self._ledger.drop(lease.key)
             self._changed = True
 
+    async def _tell(self, request: CapacityRequest, why: str) -> None:
+        """Tell a turn why its request waits (its details show it)."""
+        answer = CapacityGrant(limit=self._name, request_id=request.request_id, waiting=why)
+        turn = workflow.get_external_workflow_handle(request.workflow_id, run_id=request.run_id)
+        try:
+            await turn.signal(CAPACITY_GRANT_SIGNAL, answer)
+        except FailureError as err:
+            # A turn that closed while it waited: its request goes.
+            workflow.logger.info("turn %s closed while it waited: %s", request.workflow_id, err)
+            if self._ledger is not None:
+                self._ledger.withdraw(request.key, workflow.time())
+            self._changed = True
+
     def _show(self, now: float) -> None:
         assert self._ledger is not None
         self._details = self._ledger.summary(self._name, now)
@@ -157,28 +181,24 @@ class LimiterWorkflow:
             raise ApplicationError(self._failed or "no ledger", type="UnknownLimit")
         return self._ledger
 
-    @workflow.update(name=ASK_CAPACITY_UPDATE)
-    async def ask_capacity(self, *args: Any) -> CapacityStatus:
-        """A turn asks for one model call's capacity: one argument, a ``CapacityRequest``."""
-        request = CapacityRequest.model_validate(args[0])
+    @workflow.signal(name=ASK_CAPACITY_SIGNAL)
+    async def ask_capacity(self, *args: Any) -> None:
+        """A turn asks for one model call's capacity: one argument, a ``CapacityRequest``. A
+        signal cannot be refused: a malformed one, or one for another limit, is ignored (the
+        turn's activity checks what it sends)."""
+        try:
+            request = CapacityRequest.model_validate(args[0]) if len(args) == 1 else None
+        except ValidationError:
+            request = None
+        if request is None or request.limit != self._name:
+            workflow.logger.warning("a malformed capacity request, or another limit's, ignored")
+            return
         ledger = await self._loaded()
-        now = workflow.time()
-        ledger.ask(request, now)
-        granted = ledger.grants(now)
-        mine = any(lease.key == request.key for lease in granted)
-        self._outbox += [lease for lease in granted if lease.key != request.key]
+        if ledger.is_known(request.key) or ledger.has_granted(request.key):
+            return  # asked again (an attempt run again): it has its place, or its grant
+        ledger.ask(request, workflow.time())
+        self._asked.append(request)
         self._changed = True
-        if mine or ledger.is_granted(request.key):
-            return CapacityStatus(limit=self._name, granted=True)
-        return CapacityStatus(limit=self._name, text=ledger.why(request.key, now))
-
-    @ask_capacity.validator
-    def _check_ask(self, *args: Any) -> None:
-        if len(args) != 1:
-            raise ValueError("ask_capacity takes one argument, a CapacityRequest")
-        request = CapacityRequest.model_validate(args[0])
-        if request.limit != self._name:
-            raise ValueError(f"this is the limiter of {self._name!r}, not {request.limit!r}")
 
     @workflow.signal(name=SETTLE_CAPACITY_SIGNAL)
     async def settle_capacity(self, *args: Any) -> None:
