@@ -96,6 +96,9 @@ class LimiterWorkflow:
             ) from None
         self._ledger = Ledger(values, self._carried)
         while True:
+            # Reset before granting, not after: a request or settle that comes while the
+            # grants below are being sent must wake the next round, or it is lost.
+            self._changed = False
             now = workflow.time()
             self._outbox += self._ledger.grants(now)
             told = [(r, self._ledger.why(r.key, now)) for r in self._asked]
@@ -105,24 +108,19 @@ class LimiterWorkflow:
                 sending, self._outbox = self._outbox, []
                 await asyncio.gather(
                     *(self._send(lease) for lease in sending),
-                    *(
-                        self._tell(r, why)
-                        for r, why in told
-                        if why not in ("granted", "unknown request")
-                    ),
+                    *(self._tell(request, why) for request, why in told),
                 )
             now = workflow.time()
             self._show(now)
             if self._continue_due():
-                await workflow.wait_condition(
-                    lambda: workflow.all_handlers_finished() and not (self._outbox or self._asked)
-                )
+                # Requests asked meanwhile are in the ledger it carries (the next run grants
+                # them; only the word on why they wait is not sent).
+                await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(
                     LimiterStart(ledger=self._ledger.state.model_dump(mode="json"))
                 )
             wake = self._ledger.next_check(now)
             idle = wake is None and self._ledger.idle(now)
-            self._changed = False
             timeout = None if wake is None else timedelta(seconds=max(0.001, wake - now))
             try:
                 await workflow.wait_condition(
