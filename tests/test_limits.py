@@ -162,6 +162,20 @@ async def test_a_waiting_turn_says_why_and_a_cancelled_one_withdraws(
         assert len(fake.requests_for_model(model)) == 2
 
 
+async def test_a_burst_of_turns_all_get_through(
+    harness: HarnessFactory, fake: FakeModelApi
+) -> None:
+    """Thirty turns at once on a limit of four calls at a time: calls end (and free their
+    slots) while the limiter is still sending grants, and every turn gets through."""
+    model = name()
+    fake.script(*(Reply.text(f"t{n}") for n in range(30)), model=model)
+    async with harness(**config(fake, model, {"requests_per_minute": 1200, "concurrency": 4})) as h:
+        turns = await asyncio.gather(*(h.start(f"n{n}") for n in range(30)))
+        results = await asyncio.wait_for(asyncio.gather(*(t.result() for t in turns)), 90)
+    assert all(r.stop_reason == StopReason.END_TURN for r in results)
+    assert len(fake.requests_for_model(model)) == 30
+
+
 async def test_one_429_holds_another_turns_call(
     harness: HarnessFactory, fake: FakeModelApi
 ) -> None:
