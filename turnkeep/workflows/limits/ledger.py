@@ -4,9 +4,10 @@ to look again, and carries its state when it continues as new.
 
 Rules:
 
-- **Window.** A grant needs the 60 s sliding window to have room: fewer than
-  ``requests_per_minute`` grants, and the estimated tokens fitting ``tokens_per_minute`` (a call
-  alone in an empty window always fits, or a request larger than the limit would wait for ever).
+- **Window.** A grant needs the 60 s sliding window (kept a second longer, see
+  ``WINDOW_MARGIN_SECONDS``) to have room: fewer than ``requests_per_minute`` grants, and the
+  estimated tokens fitting ``tokens_per_minute`` (a call alone in an empty window always fits,
+  or a request larger than the limit would wait for ever).
 - **Pace.** Grants are spread over the minute, not given a minute's worth at once: a request
   bucket refills at ``rpm/60`` per second, a token bucket at ``tpm/60`` per second, each holding
   a small burst (``BURST_SECONDS`` of the rate). So a call that comes later with a higher
@@ -32,6 +33,11 @@ from turnkeep.contract.limits_io import CapacityRequest, LimitValues
 from turnkeep.contract.turn_io import TaskPriority
 
 WINDOW_SECONDS = 60.0
+# A grant leaves the ledger's window this much after the provider's would: a call reaches the
+# provider some time after its grant, and a late one followed by a prompt one would otherwise
+# put one request too many in the provider's minute.
+WINDOW_MARGIN_SECONDS = 1.0
+_KEPT = WINDOW_SECONDS + WINDOW_MARGIN_SECONDS
 # How much of a minute's rate a bucket holds: the burst a quiet limit allows at once.
 BURST_SECONDS = 2.0
 # The output a call is estimated to take before the limit has learned any.
@@ -119,7 +125,7 @@ class Ledger:
 
     def _prune(self, now: float) -> None:
         s = self.state
-        s.window = [u for u in s.window if u.at > now - WINDOW_SECONDS]
+        s.window = [u for u in s.window if u.at > now - _KEPT]
         for key in [k for k, lease in s.leases.items() if lease.expires_at <= now]:
             del s.leases[key]
         if s.backoff_until is not None and s.backoff_until <= now:
@@ -297,7 +303,7 @@ class Ledger:
         rate_r, rate_t = self._rates()
         if v.requests_per_minute is not None and rate_r:
             if len(s.window) >= v.requests_per_minute:
-                times.append(s.window[0].at + WINDOW_SECONDS)
+                times.append(s.window[0].at + _KEPT)
             level = s.request_level or 0
             if level < 1:
                 times.append(now + (1 - level) / rate_r)
@@ -321,8 +327,8 @@ class Ledger:
         for entry in self.state.window:
             total -= entry.tokens
             if total == 0 or total + tokens <= limit:
-                return entry.at + WINDOW_SECONDS
-        return self.state.window[-1].at + WINDOW_SECONDS
+                return entry.at + _KEPT
+        return self.state.window[-1].at + _KEPT
 
     # -- what it shows ----------------------------------------------------------------
 
