@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine
 from datetime import timedelta
 from typing import Any
 
@@ -68,6 +69,8 @@ class LimiterWorkflow:
         self._outbox: list[Lease] = []
         # Requests asked since the last grant round: those it does not grant hear why.
         self._asked: list[CapacityRequest] = []
+        # Grants and words on why requests wait, on their way to the turns.
+        self._sending: set[asyncio.Task[None]] = set()
         self._details = "starting"
 
     @workflow.run
@@ -104,18 +107,21 @@ class LimiterWorkflow:
             told = [(r, self._ledger.why(r.key, now)) for r in self._asked]
             told = [(r, why) for r, why in told if why not in ("granted", "unknown request")]
             self._asked = []
-            if self._outbox or told:
-                sending, self._outbox = self._outbox, []
-                await asyncio.gather(
-                    *(self._send(lease) for lease in sending),
-                    *(self._tell(request, why) for request, why in told),
-                )
+            # Sent without waiting for them: granting goes on while a fleet's worth of
+            # signals is on its way (each is a transaction of the server's).
+            sending, self._outbox = self._outbox, []
+            for lease in sending:
+                self._spawn(self._send(lease))
+            for request, why in told:
+                self._spawn(self._tell(request, why))
             now = workflow.time()
             self._show(now)
             if self._continue_due():
                 # Requests asked meanwhile are in the ledger it carries (the next run grants
                 # them; only the word on why they wait is not sent).
-                await workflow.wait_condition(workflow.all_handlers_finished)
+                await workflow.wait_condition(
+                    lambda: workflow.all_handlers_finished() and not self._sending
+                )
                 workflow.continue_as_new(
                     LimiterStart(ledger=self._ledger.state.model_dump(mode="json"))
                 )
@@ -127,11 +133,16 @@ class LimiterWorkflow:
                     lambda: self._changed, timeout=IDLE_AFTER if idle else timeout
                 )
             except TimeoutError:
-                if idle and workflow.all_handlers_finished():
+                if idle and workflow.all_handlers_finished() and not self._sending:
                     # Nothing to remember: the next request starts a limiter anew, on the
                     # queue of the turn that asks (a fleet that moved queues is not held by
                     # a limiter no worker polls any more).
                     return
+
+    def _spawn(self, sending: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(sending)
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     def _continue_due(self) -> bool:
         info = workflow.info()
