@@ -212,9 +212,13 @@ class Fleet:
     async def _turn(self, queue: str, agent: str, workflow_id: str | None = None) -> float:
         """Seconds from starting one turn to its result; raises if it did not end well."""
         started = time.monotonic()
+        # Started at its agent's priority, as a batch job starts its turns (`--priority
+        # batch`): the agent's own `priority:` governs from the turn's plan on, but the
+        # turn's first workflow task and set-up run at the priority its start names.
+        named = {"priority": agent} if "priority" in TurnInput.model_fields else {}
         handle = await start_turn(
             self.client,
-            TurnInput(agent=agent, messages=[self.message]),
+            TurnInput(agent=agent, messages=[self.message], **named),
             task_queue=queue,
             workflow_id=workflow_id or f"limits-{agent}-{uuid.uuid4().hex[:12]}",
         )
@@ -388,7 +392,10 @@ def table(scale: Scale, limited: Side, unlimited: Side, fleet: Fleet) -> Table:
         "requests and tokens per minute bind together. The provider's 60 s window is a sliding "
         "one, so a fleet that bursts can pass 100 % of the rate over a short run. The idle "
         "fleet's figure is the same interactive turns alone on the same workers, just before. "
-        "Both sides count afresh at the provider."
+        "Both sides count afresh at the provider. Each turn is started with its agent's "
+        "priority in its input (`TurnInput.priority`), as a batch job would start its turns: "
+        "the agent's `priority:` alone governs from the turn's plan on, and its first workflow "
+        "task and set-up would queue behind the batch turns started before it."
     )
     if not any(s.priority for s in (limited, unlimited)):
         t.notes.append("The agents' `priority:` is not configured: this worker does not know it.")
