@@ -48,6 +48,7 @@ AGENTS = {
 CALL = '***CALL_TOOL local__look {"name": "notes"}'
 DECIDE = "/api/turns/{turn_id}/approvals/{call_id}"
 REWIND = "/api/sessions/{session_id}/rewind"
+CANCEL = "/api/turns/{turn_id}/cancel"
 
 
 def config(real: dict[str, list[str]], routes: dict[str, dict[str, str]], reports: Path) -> str:
@@ -114,8 +115,9 @@ async def made(
 ) -> tuple[dict[str, list[str]], dict[str, dict[str, str]]]:
     """A completed turn, a turn with a call waiting for a decision, a closed session, and an
     open one with a turn ended: the real values Schemathesis's cases take (``config``), and
-    those two routes' own (the decision names the waiting call; a rewind, the open session,
-    which can go back to before its turn)."""
+    three routes' own (the decision names the waiting call; a rewind, the open session, which
+    can go back to before its turn; a cancel, a running turn of its own, since how many of
+    its cases draw a real id otherwise turns on the whole document's shape)."""
 
     async def post(path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         answer = await http.post(path, json=body)
@@ -125,6 +127,7 @@ async def made(
 
     done = (await post("/api/turns", {"agent": AGENT, "prompt": "hello"}))["turn_id"]
     waiting = (await post("/api/turns", {"agent": AGENT, "prompt": CALL}))["turn_id"]
+    running = (await post("/api/turns", {"agent": AGENT, "prompt": CALL}))["turn_id"]
     session = (await post("/api/sessions", {"agent": AGENT}))["session_id"]
     await post(f"/api/sessions/{session}/messages", {"text": "hi"})
     # Closed, so that its stream ends as a completed turn's does.
@@ -153,6 +156,7 @@ async def made(
     return real, {
         DECIDE: {"path.turn_id": waiting, "path.call_id": call},
         REWIND: {"path.session_id": rewindable},
+        CANCEL: {"path.turn_id": running},
     }
 
 
