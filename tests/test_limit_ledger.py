@@ -168,4 +168,4 @@ def test_idle_once_nothing_is_left_to_remember() -> None:
     ledger.grants(0.0)
     ledger.settle(a, None, 5.0, 1.0)
     assert not ledger.idle(30.0)  # in the window, and backing off until 6 s
-    assert ledger.idle(61.5)  # the window, and its margin, are past
+    assert ledger.idle(62.5)  # the window, and its margin, are past

@@ -4,7 +4,7 @@ to look again, and carries its state when it continues as new.
 
 Rules:
 
-- **Window.** A grant needs the 60 s sliding window (kept a second longer, see
+- **Window.** A grant needs the 60 s sliding window (kept two seconds longer, see
   ``WINDOW_MARGIN_SECONDS``) to have room: fewer than ``requests_per_minute`` grants, and the
   estimated tokens fitting ``tokens_per_minute`` (a call alone in an empty window always fits,
   or a request larger than the limit would wait for ever).
@@ -36,7 +36,7 @@ WINDOW_SECONDS = 60.0
 # A grant leaves the ledger's window this much after the provider's would: a call reaches the
 # provider some time after its grant, and a late one followed by a prompt one would otherwise
 # put one request too many in the provider's minute.
-WINDOW_MARGIN_SECONDS = 1.0
+WINDOW_MARGIN_SECONDS = 2.0
 _KEPT = WINDOW_SECONDS + WINDOW_MARGIN_SECONDS
 # How much of a minute's rate a bucket holds: the burst a quiet limit allows at once.
 BURST_SECONDS = 2.0
