@@ -278,9 +278,29 @@ def _bash(line: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+# Runs a page's script as `python script.py` would, then leaves with os._exit: a short-lived
+# Temporal client process can abort while the interpreter finalizes under the SDK's threads
+# (sdk-python#300), after the script has done all it does; its own exit code still counts.
+_RUN_THEN_EXIT = """
+import os, runpy, sys, traceback
+sys.argv = sys.argv[1:]
+code = 0
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as stop:
+    code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+except BaseException:
+    traceback.print_exc()
+    code = 1
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code)
+"""
+
+
 def _python(script: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(script)],
+        [sys.executable, "-c", _RUN_THEN_EXIT, str(script)],
         cwd=ROOT,
         env=env,
         capture_output=True,
