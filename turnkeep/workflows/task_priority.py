@@ -3,13 +3,11 @@ workflow schedules and every child workflow it starts carries, so that busy work
 interactive turn's work before queued batch work, and share themselves fairly among tenants.
 
 Temporal's own rule is the model: a workflow's activities and children inherit its priority.
-Here the workflow says which (``Prioritised``: a turn's is its plan's, once ``prepare_turn``
-resolved it), and ``current`` reads it where activities are scheduled, so no call site has to
-carry it."""
+Here the workflow says which (its ``task_priority``: a turn's is its plan's, once
+``prepare_turn`` resolved it), and ``current`` reads it where activities are scheduled, so no
+call site has to carry it."""
 
 from __future__ import annotations
-
-from typing import Protocol, runtime_checkable
 
 from temporalio import workflow
 from temporalio.common import Priority
@@ -29,17 +27,11 @@ def temporal_priority(priority: TaskPriority, fairness_key: str | None) -> Prior
     return Priority(priority_key=PRIORITY_KEYS[priority], fairness_key=fairness_key)
 
 
-@runtime_checkable
-class Prioritised(Protocol):
-    """A workflow whose activities and child workflows carry a task priority of its own."""
-
-    @property
-    def task_priority(self) -> Priority: ...
-
-
 def current() -> Priority:
-    """The task priority of what the running workflow schedules: its own
-    (``Prioritised``), else Temporal's default, which inherits the workflow's (an
-    application's workflow running a turn as a step)."""
-    instance = workflow.instance()
-    return instance.task_priority if isinstance(instance, Prioritised) else Priority.default
+    """The task priority of what the running workflow schedules: its own (a ``task_priority``
+    property: a turn's, a session's, an evaluation's), else Temporal's default, which inherits
+    the workflow's (an application's workflow running a turn as a step)."""
+    # Read as an attribute, not checked against a runtime-checkable Protocol: this runs for
+    # every activity a turn schedules, and such an isinstance inspects the class every time.
+    priority = getattr(workflow.instance(), "task_priority", None)
+    return priority if isinstance(priority, Priority) else Priority.default
