@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from a2a.types.a2a_pb2 import TaskState
 from pydantic import ValidationError
 from temporalio.api.common.v1 import Priority as PriorityProto
 from temporalio.api.enums.v1 import EventType
@@ -22,6 +23,9 @@ from temporalio.client import Client
 from temporalio.common import Priority
 
 from tests.conftest import Harness, HarnessFactory, eventually, make_settings, turn_setup
+from tests.test_a2a import a2a_client, final_task
+from tests.test_a2a import send as a2a_send
+from tests.test_a2a import user as a2a_user
 from tests.test_cli_errors import cli, config, one_error
 from tests.test_gateway import bearer, served
 from tests.test_mcp_gateway import mcp_as, text
@@ -31,6 +35,7 @@ from turnkeep.client.turns import TurnHandle
 from turnkeep.contract.activity_io import PrepareTurnRequest
 from turnkeep.contract.turn_io import TaskPriority, TurnInput, TurnOverrides, lowest_priority
 from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.doors.a2a import session_id_for
 from turnkeep.doors.gateway import gateway_app
 from turnkeep.doors.gateway.auth import KeyRing, KeysFileError
 from turnkeep.support.asgi import AsgiServer, bind, http_url
@@ -310,6 +315,36 @@ async def test_the_gateways_mcp_door_sets_the_keys_priority_and_tenant(
         got = await started_input(h.client, session)
         assert (got["priority"], got["tenant"]) == ("batch", "acme")
     assert sessions
+
+
+async def test_the_gateways_a2a_door_sets_the_keys_priority_and_tenant(
+    harness: HarnessFactory,
+) -> None:
+    agents = {"agents": {"test": {"model": "passthrough", "priority": "interactive"}}}
+    async with harness(**agents) as h:
+        settings = h.settings.model_copy(
+            update={"gateway": type(h.settings.gateway).model_validate({"keys": KEYS})}
+        )
+        app = gateway_app(h.client, settings, task_queue=h.task_queue, web=None, a2a=True)
+        server = AsgiServer(app, name="gateway")
+        base = http_url("127.0.0.1", await server.start(bind("127.0.0.1", 0)))
+        tasks = {}
+        try:
+            for key in (BATCH_KEY, PLAIN_KEY):
+                async with a2a_client(base, streaming=False, key=key) as a2a:
+                    tasks[key] = final_task(await a2a_send(a2a, a2a_user("hi")))
+        finally:
+            await app.state.gateway.hub.aclose()
+            await server.stop()
+        for key, task in tasks.items():
+            assert task.status.state == TaskState.TASK_STATE_COMPLETED, (key, task.status)
+        session = session_id_for("test", tasks[BATCH_KEY].context_id)
+        got = await started_input(h.client, session)
+        assert (got["priority"], got["tenant"]) == ("batch", "acme")
+        assert (await read_turn(h.client, f"{session}/turn-1")).priority == "batch"
+        # A key with neither: the agent's priority, the key's name as the tenant.
+        got = await started_input(h.client, session_id_for("test", tasks[PLAIN_KEY].context_id))
+        assert "priority" not in got and got["tenant"] == "plain"
 
 
 def gateway(h: Harness) -> Any:
