@@ -318,3 +318,39 @@ async def test_the_limiter_continues_as_new_with_its_ledger(
         await eventually(carried, "the limiter's window holds every call")
     runs = [w.run_id async for w in client.list_workflows(f'WorkflowId = "{limiter_id(limit)}"')]
     assert len(runs) > 1
+
+
+async def test_the_estimate_counts_the_instruction_and_the_tools(
+    harness: HarnessFactory, fake: FakeModelApi, client: Client
+) -> None:
+    """The provider counts a request's system prompt and tool definitions: so does the
+    estimate a grant holds until its call settles."""
+    model = name()
+    limit = f"anthropic.{model}"
+    fake.script(Reply.delay(3.0, Reply.text("done")), model=model)
+    options = config(fake, model, {"tokens_per_minute": 1_000_000})
+    options["agents"]["test"].update(
+        instruction="Be brief. " * 2000, max_tokens=10, servers=["notes"]
+    )
+
+    async def in_use() -> int:
+        status = await limiter_status(client, limit)
+        return (
+            int(status.split(" tpm")[0].rsplit(" ", 1)[-1].split("/")[0]) if "tpm" in status else 0
+        )
+
+    async with harness({"notes": [take_note]}, **options) as h:
+        turn = await h.start("hi")
+        await eventually(lambda: fake.requests_for_model(model), "the call is in flight")
+        await eventually(lambda: in_use(), "the limiter holds the call's estimate")
+        # The instruction is 20,000 characters and the tool's description 8,000: 7,000 tokens
+        # (the prompt and the output are a few).
+        assert await in_use() >= 7000
+        await turn.result()
+
+
+def take_note(text: str) -> str:
+    return text
+
+
+take_note.__doc__ = "Takes a note. " * 572
