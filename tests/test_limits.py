@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import gc
 import itertools
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +46,7 @@ from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.providers.registry import ModelCatalog
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.limits import limiter
+from turnkeep.workflows.limits.sending import spawn
 
 LLM = {"start_to_close": 30, "heartbeat": 2, "max_attempts": 4}
 
@@ -116,6 +120,48 @@ def test_the_plan_names_the_most_specific_limit_of_each_model(tmp_path: Path) ->
     # No limit, no entry: such a turn asks no limiter.
     bare = turn_setup(make_settings(tmp_path, agents={"a": {"model": "openai.gpt-4.1"}}))
     assert bare.plan(PrepareTurnRequest(agent="a", overrides=TurnOverrides())).limits == {}
+
+
+# --- sends not waited for -----------------------------------------------------------------
+
+
+def test_a_send_dropped_before_it_runs_leaves_no_coroutine_never_awaited() -> None:
+    """A turn's settle (a limiter's grant) is sent by a task of its own. A run evicted from the
+    worker's cache with such a task still queued drops it unrun, as a loop closed here does:
+    Python must find no coroutine never awaited when it collects it. One cancelled first ends
+    without running; one the loop runs sends."""
+    sent: list[str] = []
+
+    async def send(what: str) -> None:
+        sent.append(what)
+
+    def queued(loop: asyncio.AbstractEventLoop, what: str) -> asyncio.Task[None]:
+        sending: set[asyncio.Task[None]] = set()
+        asyncio._set_running_loop(loop)  # as the workflow's loop runs its code
+        try:
+            spawn(sending, functools.partial(send, what))
+        finally:
+            asyncio._set_running_loop(None)
+        (task,) = sending
+        return task
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dropped = asyncio.new_event_loop()
+        queued(dropped, "dropped")
+        dropped.close()
+        del dropped
+        gc.collect()
+        loop = asyncio.new_event_loop()
+        try:
+            queued(loop, "cancelled").cancel()
+            ran = queued(loop, "ran")
+            loop.run_until_complete(ran)
+        finally:
+            loop.close()
+        gc.collect()
+    assert not [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert sent == ["ran"]
 
 
 # --- on a dev server --------------------------------------------------------------------
