@@ -32,6 +32,7 @@ from tests.test_mcp_gateway import mcp_as, text
 from tests.test_visibility import current_details
 from turnkeep.client.history import read_turn
 from turnkeep.client.turns import TurnHandle
+from turnkeep.config.settings import Settings
 from turnkeep.contract.activity_io import PrepareTurnRequest
 from turnkeep.contract.turn_io import TaskPriority, TurnInput, TurnOverrides, lowest_priority
 from turnkeep.devserver.embedded import ServerInfo
@@ -229,6 +230,7 @@ async def session_turn_done(handle: Any) -> bool:
 
 BATCH_KEY = "gw-batch-key-0123456789abcdef"
 PLAIN_KEY = "gw-plain-key-0123456789abcdef"
+INTERACTIVE = {"agents": {"test": {"model": "passthrough", "priority": "interactive"}}}
 KEYS = {
     "bulk": {"key": BATCH_KEY, "agents": ["*"], "priority": "batch", "tenant": "acme"},
     "plain": {"key": PLAIN_KEY, "agents": ["*"]},
@@ -245,8 +247,7 @@ async def started_input(client: Client, workflow_id: str) -> dict[str, Any]:
 async def test_the_gateway_sets_the_keys_priority_and_tenant_whatever_the_body_says(
     harness: HarnessFactory,
 ) -> None:
-    agents = {"agents": {"test": {"model": "passthrough", "priority": "interactive"}}}
-    async with harness(**agents) as h, gateway(h) as http:
+    async with harness(**INTERACTIVE) as h, gateway(h) as http:
 
         async def post(path: str, key: str, **body: Any) -> httpx2.Response:
             return await http.post(path, json={"agent": "test", **body}, headers=bearer(key))
@@ -284,12 +285,8 @@ async def test_the_gateway_sets_the_keys_priority_and_tenant_whatever_the_body_s
 async def test_the_gateways_mcp_door_sets_the_keys_priority_and_tenant(
     harness: HarnessFactory,
 ) -> None:
-    agents = {"agents": {"test": {"model": "passthrough", "priority": "interactive"}}}
-    async with harness(**agents) as h:
-        settings = h.settings.model_copy(
-            update={"gateway": type(h.settings.gateway).model_validate({"keys": KEYS})}
-        )
-        app = gateway_app(h.client, settings, task_queue=h.task_queue, web=None, a2a=False)
+    async with harness(**INTERACTIVE) as h:
+        app = gateway_app(h.client, keyed(h), task_queue=h.task_queue, web=None, a2a=False)
         server = AsgiServer(app, name="gateway")
         async with app.router.lifespan_context(app):
             url = f"{http_url('127.0.0.1', await server.start(bind('127.0.0.1', 0)))}/mcp"
@@ -320,22 +317,14 @@ async def test_the_gateways_mcp_door_sets_the_keys_priority_and_tenant(
 async def test_the_gateways_a2a_door_sets_the_keys_priority_and_tenant(
     harness: HarnessFactory,
 ) -> None:
-    agents = {"agents": {"test": {"model": "passthrough", "priority": "interactive"}}}
-    async with harness(**agents) as h:
-        settings = h.settings.model_copy(
-            update={"gateway": type(h.settings.gateway).model_validate({"keys": KEYS})}
-        )
-        app = gateway_app(h.client, settings, task_queue=h.task_queue, web=None, a2a=True)
-        server = AsgiServer(app, name="gateway")
-        base = http_url("127.0.0.1", await server.start(bind("127.0.0.1", 0)))
-        tasks = {}
-        try:
+    tasks = {}
+    async with harness(**INTERACTIVE) as h:
+        async with gateway(h) as http:  # A2A at /a2a/<agent>/
             for key in (BATCH_KEY, PLAIN_KEY):
-                async with a2a_client(base, streaming=False, key=key) as a2a:
+                async with a2a_client(
+                    str(http.base_url).rstrip("/"), streaming=False, key=key
+                ) as a2a:
                     tasks[key] = final_task(await a2a_send(a2a, a2a_user("hi")))
-        finally:
-            await app.state.gateway.hub.aclose()
-            await server.stop()
         for key, task in tasks.items():
             assert task.status.state == TaskState.TASK_STATE_COMPLETED, (key, task.status)
         session = session_id_for("test", tasks[BATCH_KEY].context_id)
@@ -347,11 +336,15 @@ async def test_the_gateways_a2a_door_sets_the_keys_priority_and_tenant(
         assert "priority" not in got and got["tenant"] == "plain"
 
 
-def gateway(h: Harness) -> Any:
-    settings = h.settings.model_copy(
+def keyed(h: Harness) -> Settings:
+    """The harness's settings with ``KEYS`` as the gateway's."""
+    return h.settings.model_copy(
         update={"gateway": type(h.settings.gateway).model_validate({"keys": KEYS})}
     )
-    return served(gateway_app(h.client, settings, task_queue=h.task_queue))
+
+
+def gateway(h: Harness) -> Any:
+    return served(gateway_app(h.client, keyed(h), task_queue=h.task_queue))
 
 
 # -- the dev server honours it -----------------------------------------------------------------
