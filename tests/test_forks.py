@@ -31,6 +31,7 @@ from tests.test_gateway import ADMIN, OTHER, PASSTHROUGH, READER, bearer, gatewa
 from tests.test_sessions import chat
 from turnkeep.client.connection import connect
 from turnkeep.client.forks import ForkError, fork
+from turnkeep.client.history import read_turn
 from turnkeep.client.sessions import SessionHandle, get_session, open_session
 from turnkeep.client.turns import get_turn, start_turn
 from turnkeep.contract.conversation import ConversationRef
@@ -349,6 +350,7 @@ async def test_the_fork_command(temporal: ServerInfo, client: Client, tmp_path: 
     out = await asyncio.to_thread(chat, temporal, tmp_path, "one\ntwo\n")
     [source] = re.findall(r"^session (session-test-\S+)$", out, re.M)
     fork_args = ("fork", source, "--at", "2", "--message", "again", "--worker")
+    fork_args += ("--priority", "batch", "--tenant", "acme")
     done = await asyncio.to_thread(turnkeep, *fork_args, temporal=temporal, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     [forked] = re.findall(
@@ -357,12 +359,16 @@ async def test_the_fork_command(temporal: ServerInfo, client: Client, tmp_path: 
     assert "again" in done.stdout and f"turnkeep chat --session {forked}" in done.stdout
     turn = await get_turn(client, f"{forked}/turn-1").result()
     assert texts(turn.history) == ["one", "one", "again", "again"]
+    view = await read_turn(client, f"{forked}/turn-1")
+    assert (view.priority, view.tenant) == ("batch", "acme")
     # Mistakes, in one line each, with nothing started.
     for args, said in [
         (["nope", "--at", "1"], "no turn or session 'nope' to fork"),
         ([source, "--at", "9"], "--at must be from 1 to 4; got 9"),
         ([source, "--at", "1", "--agent", "ghost"], "no agent 'ghost'"),
         ([source, "--at", "1", "--model", "nonesuch.model"], "nothing was started"),
+        ([source, "--at", "1", "--priority", "urgent"], "'urgent'"),
+        ([source, "--at", "1", "--tenant", "a b"], "invalid value for --tenant: String should"),
     ]:
         done = await asyncio.to_thread(turnkeep, "fork", *args, temporal=temporal, cwd=tmp_path)
         assert done.returncode != 0 and said in done.stderr, (args, done.stderr)

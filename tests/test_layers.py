@@ -167,6 +167,7 @@ WORKFLOW_MODULES = [
     "limits",
     "limits.limit_metrics",
     "limits.ledger",
+    "limits.sending",
     "limits.capacity",
     "limits.limiter",
     "actions",

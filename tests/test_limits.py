@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import gc
 import itertools
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +46,7 @@ from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.providers.registry import ModelCatalog
 from turnkeep.testing.fake_api import FakeModelApi, Reply
 from turnkeep.workflows.limits import limiter
+from turnkeep.workflows.limits.sending import spawn
 
 LLM = {"start_to_close": 30, "heartbeat": 2, "max_attempts": 4}
 
@@ -116,6 +120,48 @@ def test_the_plan_names_the_most_specific_limit_of_each_model(tmp_path: Path) ->
     # No limit, no entry: such a turn asks no limiter.
     bare = turn_setup(make_settings(tmp_path, agents={"a": {"model": "openai.gpt-4.1"}}))
     assert bare.plan(PrepareTurnRequest(agent="a", overrides=TurnOverrides())).limits == {}
+
+
+# --- sends not waited for -----------------------------------------------------------------
+
+
+def test_a_send_dropped_before_it_runs_leaves_no_coroutine_never_awaited() -> None:
+    """A turn's settle (a limiter's grant) is sent by a task of its own. A run evicted from the
+    worker's cache with such a task still queued drops it unrun, as a loop closed here does:
+    Python must find no coroutine never awaited when it collects it. One cancelled first ends
+    without running; one the loop runs sends."""
+    sent: list[str] = []
+
+    async def send(what: str) -> None:
+        sent.append(what)
+
+    def queued(loop: asyncio.AbstractEventLoop, what: str) -> asyncio.Task[None]:
+        sending: set[asyncio.Task[None]] = set()
+        asyncio._set_running_loop(loop)  # as the workflow's loop runs its code
+        try:
+            spawn(sending, functools.partial(send, what))
+        finally:
+            asyncio._set_running_loop(None)
+        (task,) = sending
+        return task
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dropped = asyncio.new_event_loop()
+        queued(dropped, "dropped")
+        dropped.close()
+        del dropped
+        gc.collect()
+        loop = asyncio.new_event_loop()
+        try:
+            queued(loop, "cancelled").cancel()
+            ran = queued(loop, "ran")
+            loop.run_until_complete(ran)
+        finally:
+            loop.close()
+        gc.collect()
+    assert not [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert sent == ["ran"]
 
 
 # --- on a dev server --------------------------------------------------------------------
@@ -318,3 +364,39 @@ async def test_the_limiter_continues_as_new_with_its_ledger(
         await eventually(carried, "the limiter's window holds every call")
     runs = [w.run_id async for w in client.list_workflows(f'WorkflowId = "{limiter_id(limit)}"')]
     assert len(runs) > 1
+
+
+async def test_the_estimate_counts_the_instruction_and_the_tools(
+    harness: HarnessFactory, fake: FakeModelApi, client: Client
+) -> None:
+    """The provider counts a request's system prompt and tool definitions: so does the
+    estimate a grant holds until its call settles."""
+    model = name()
+    limit = f"anthropic.{model}"
+    fake.script(Reply.delay(3.0, Reply.text("done")), model=model)
+    options = config(fake, model, {"tokens_per_minute": 1_000_000})
+    options["agents"]["test"].update(
+        instruction="Be brief. " * 2000, max_tokens=10, servers=["notes"]
+    )
+
+    async def in_use() -> int:
+        status = await limiter_status(client, limit)
+        return (
+            int(status.split(" tpm")[0].rsplit(" ", 1)[-1].split("/")[0]) if "tpm" in status else 0
+        )
+
+    async with harness({"notes": [take_note]}, **options) as h:
+        turn = await h.start("hi")
+        await eventually(lambda: fake.requests_for_model(model), "the call is in flight")
+        await eventually(lambda: in_use(), "the limiter holds the call's estimate")
+        # The instruction is 20,000 characters and the tool's description 8,000: 7,000 tokens
+        # (the prompt and the output are a few).
+        assert await in_use() >= 7000
+        await turn.result()
+
+
+def take_note(text: str) -> str:
+    return text
+
+
+take_note.__doc__ = "Takes a note. " * 572

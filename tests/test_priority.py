@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from a2a.types.a2a_pb2 import TaskState
 from pydantic import ValidationError
 from temporalio.api.common.v1 import Priority as PriorityProto
 from temporalio.api.enums.v1 import EventType
@@ -22,15 +23,20 @@ from temporalio.client import Client
 from temporalio.common import Priority
 
 from tests.conftest import Harness, HarnessFactory, eventually, make_settings, turn_setup
+from tests.test_a2a import a2a_client, final_task
+from tests.test_a2a import send as a2a_send
+from tests.test_a2a import user as a2a_user
 from tests.test_cli_errors import cli, config, one_error
 from tests.test_gateway import bearer, served
 from tests.test_mcp_gateway import mcp_as, text
 from tests.test_visibility import current_details
 from turnkeep.client.history import read_turn
 from turnkeep.client.turns import TurnHandle
+from turnkeep.config.settings import Settings
 from turnkeep.contract.activity_io import PrepareTurnRequest
 from turnkeep.contract.turn_io import TaskPriority, TurnInput, TurnOverrides, lowest_priority
 from turnkeep.devserver.embedded import ServerInfo
+from turnkeep.doors.a2a import session_id_for
 from turnkeep.doors.gateway import gateway_app
 from turnkeep.doors.gateway.auth import KeyRing, KeysFileError
 from turnkeep.support.asgi import AsgiServer, bind, http_url
@@ -224,6 +230,7 @@ async def session_turn_done(handle: Any) -> bool:
 
 BATCH_KEY = "gw-batch-key-0123456789abcdef"
 PLAIN_KEY = "gw-plain-key-0123456789abcdef"
+INTERACTIVE = {"agents": {"test": {"model": "passthrough", "priority": "interactive"}}}
 KEYS = {
     "bulk": {"key": BATCH_KEY, "agents": ["*"], "priority": "batch", "tenant": "acme"},
     "plain": {"key": PLAIN_KEY, "agents": ["*"]},
@@ -240,8 +247,7 @@ async def started_input(client: Client, workflow_id: str) -> dict[str, Any]:
 async def test_the_gateway_sets_the_keys_priority_and_tenant_whatever_the_body_says(
     harness: HarnessFactory,
 ) -> None:
-    agents = {"agents": {"test": {"model": "passthrough", "priority": "interactive"}}}
-    async with harness(**agents) as h, gateway(h) as http:
+    async with harness(**INTERACTIVE) as h, gateway(h) as http:
 
         async def post(path: str, key: str, **body: Any) -> httpx2.Response:
             return await http.post(path, json={"agent": "test", **body}, headers=bearer(key))
@@ -279,12 +285,8 @@ async def test_the_gateway_sets_the_keys_priority_and_tenant_whatever_the_body_s
 async def test_the_gateways_mcp_door_sets_the_keys_priority_and_tenant(
     harness: HarnessFactory,
 ) -> None:
-    agents = {"agents": {"test": {"model": "passthrough", "priority": "interactive"}}}
-    async with harness(**agents) as h:
-        settings = h.settings.model_copy(
-            update={"gateway": type(h.settings.gateway).model_validate({"keys": KEYS})}
-        )
-        app = gateway_app(h.client, settings, task_queue=h.task_queue, web=None, a2a=False)
+    async with harness(**INTERACTIVE) as h:
+        app = gateway_app(h.client, keyed(h), task_queue=h.task_queue, web=None, a2a=False)
         server = AsgiServer(app, name="gateway")
         async with app.router.lifespan_context(app):
             url = f"{http_url('127.0.0.1', await server.start(bind('127.0.0.1', 0)))}/mcp"
@@ -312,11 +314,37 @@ async def test_the_gateways_mcp_door_sets_the_keys_priority_and_tenant(
     assert sessions
 
 
-def gateway(h: Harness) -> Any:
-    settings = h.settings.model_copy(
+async def test_the_gateways_a2a_door_sets_the_keys_priority_and_tenant(
+    harness: HarnessFactory,
+) -> None:
+    tasks = {}
+    async with harness(**INTERACTIVE) as h:
+        async with gateway(h) as http:  # A2A at /a2a/<agent>/
+            for key in (BATCH_KEY, PLAIN_KEY):
+                async with a2a_client(
+                    str(http.base_url).rstrip("/"), streaming=False, key=key
+                ) as a2a:
+                    tasks[key] = final_task(await a2a_send(a2a, a2a_user("hi")))
+        for key, task in tasks.items():
+            assert task.status.state == TaskState.TASK_STATE_COMPLETED, (key, task.status)
+        session = session_id_for("test", tasks[BATCH_KEY].context_id)
+        got = await started_input(h.client, session)
+        assert (got["priority"], got["tenant"]) == ("batch", "acme")
+        assert (await read_turn(h.client, f"{session}/turn-1")).priority == "batch"
+        # A key with neither: the agent's priority, the key's name as the tenant.
+        got = await started_input(h.client, session_id_for("test", tasks[PLAIN_KEY].context_id))
+        assert "priority" not in got and got["tenant"] == "plain"
+
+
+def keyed(h: Harness) -> Settings:
+    """The harness's settings with ``KEYS`` as the gateway's."""
+    return h.settings.model_copy(
         update={"gateway": type(h.settings.gateway).model_validate({"keys": KEYS})}
     )
-    return served(gateway_app(h.client, settings, task_queue=h.task_queue))
+
+
+def gateway(h: Harness) -> Any:
+    return served(gateway_app(h.client, keyed(h), task_queue=h.task_queue))
 
 
 # -- the dev server honours it -----------------------------------------------------------------

@@ -210,6 +210,13 @@ class LlmStepRequest(BaseModel):
         step._request_json = request_json
         return step
 
+    def header_chars(self) -> int:
+        """The characters of the request's JSON besides its messages: its instruction (the
+        system prompt), tool definitions and output schema, which the provider counts too.
+        Measured on the JSON the reference was built from, so it costs nothing more (0 once
+        that JSON is handed on, or where this reference was not built)."""
+        return len(self._request_json.header) if self._request_json is not None else 0
+
     def pop_request_json(self) -> RequestJson | None:
         """The request's JSON, once, on the worker that built this reference (None elsewhere):
         afterwards the step holds only the reference, however long the SDK keeps it."""

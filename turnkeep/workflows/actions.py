@@ -250,7 +250,9 @@ async def _llm_step(
     limit = plan.limits.get(request.model)
     if limit is None or capacity is None:
         return await execute(LLM_STEP, step, Message, summary, t)
-    tokens = messages.estimate_tokens(request.messages)
+    # The instruction and tool definitions are sent with every call and counted by the
+    # provider: the estimate includes them, from the request's JSON already built.
+    tokens = messages.estimate_tokens(request.messages) + step.header_chars() // 4
     resume = None if show is None else (lambda: show(visibility.waiting_on_model(request)))
     call = _LimitedCall(limit, tokens, request.max_tokens or plan.max_tokens, show, resume)
     return await call.run(LLM_STEP, step, summary, t, plan, capacity)

@@ -9,10 +9,17 @@ import typer
 from rich.markup import escape
 from temporalio.client import Client
 
-from turnkeep.cli.commands.sessions import _failure, _print, left_open
+from turnkeep.cli.commands.sessions import _failure, _print, _scheduling, left_open
 from turnkeep.cli.console import console
 from turnkeep.cli.errors import error_text, print_error
-from turnkeep.cli.options import Address, ConfigPath, InProcessWorker, Namespace
+from turnkeep.cli.options import (
+    Address,
+    ConfigPath,
+    InProcessWorker,
+    Namespace,
+    PriorityOption,
+    TenantOption,
+)
 from turnkeep.cli.process import refuse_unrunnable, runs_worker
 from turnkeep.cli.render import TurnRenderer
 from turnkeep.cli.target import Target
@@ -48,6 +55,8 @@ def fork_command(
         str | None,
         typer.Option(help="Send this to the fork, and print its answer (default: send nothing)."),
     ] = None,
+    priority: PriorityOption = None,
+    tenant: TenantOption = None,
     address: Address = None,
     namespace: Namespace = None,
     config: ConfigPath = None,
@@ -60,6 +69,7 @@ def fork_command(
     target = Target.of(address, namespace, config)
     settings = target.settings
     in_process = runs_worker(address, worker)
+    scheduling = _scheduling(priority, tenant)
 
     async def go(client: Client, _: ServerInfo | None) -> tuple[str, int]:
         name = agent or await agent_of(client, await described_source(client, source))
@@ -73,6 +83,8 @@ def fork_command(
             agent=agent,
             model=model,
             task_queue=agent_task_queue(settings.task_queue, name) if name else None,
+            priority=scheduling.priority,
+            tenant=scheduling.tenant,
         )
         start = (await forked.progress()).count
         console.print(

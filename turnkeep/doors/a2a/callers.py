@@ -12,14 +12,19 @@ from a2a.server.context import ServerCallContext
 from a2a.server.routes.common import DefaultServerCallContextBuilder
 from starlette.requests import Request
 
+from turnkeep.contract.turn_io import TaskPriority
+
 
 @dataclass(frozen=True)
 class Caller:
     """Who a request is, as ``authorize`` (the gateway's keys) says: the name its decisions are
-    audited under (``<name> via a2a``), and whether it may decide calls waiting for approval."""
+    audited under (``<name> via a2a``), whether it may decide calls waiting for approval, and
+    the priority and tenant of the sessions (contexts) it starts (None: the agent's, and none)."""
 
     name: str
     decide: bool = True
+    priority: TaskPriority | None = None
+    tenant: str | None = None
 
 
 class Refused(Exception):

@@ -151,7 +151,7 @@ class SessionRequestHandler(RequestHandler):
             )
         if not incoming.text.strip():
             raise InvalidParamsError(message="the message has no text")
-        session = await self._session(context_id)
+        session = await self._session(context_id, context)
         progress = await session.progress()
         if progress.turn is not None:
             waiting = await waiting_calls(get_turn(self.client, progress.turn.workflow_id))
@@ -183,13 +183,15 @@ class SessionRequestHandler(RequestHandler):
             ),
         )
 
-    async def _session(self, context_id: str) -> SessionHandle:
-        """The session of the context: running, or started for this message."""
+    async def _session(self, context_id: str, context: ServerCallContext) -> SessionHandle:
+        """The session of the context: running, or started for this message at its caller's
+        priority and tenant (a running one keeps those it was started with)."""
         found = await existing_session(self.client, self.agent, context_id)
         if found is not None:
             if not found[1]:
                 raise _closed_context(context_id)
             return found[0]
+        caller = caller_of(context)
         try:
             return await open_session(
                 self.client,
@@ -197,6 +199,8 @@ class SessionRequestHandler(RequestHandler):
                 session_id=session_id_for(self.agent, context_id),
                 task_queue=self.task_queue,
                 on_new_message=self.on_new_message,
+                priority=caller.priority,
+                tenant=caller.tenant,
             )
         except SessionClosedError:
             raise _closed_context(context_id) from None

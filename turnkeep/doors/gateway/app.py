@@ -271,8 +271,9 @@ def _a2a_routes(
     bearer: bool,
 ) -> list[BaseRoute]:
     """The A2A routes, each request's caller its key (the guard has identified it): scoped to
-    agents, allowed to decide or not. None without ``a2a-sdk``, unless ``required``. The
-    cards ask for a bearer key only when the gateway does (``bearer``)."""
+    agents, allowed to decide or not, its sessions at the key's priority and tenant. None
+    without ``a2a-sdk``, unless ``required``. The cards ask for a bearer key only when the
+    gateway does (``bearer``)."""
     try:
         from turnkeep.doors.a2a import Caller, Refused, a2a_routes
     except ImportError:
@@ -284,7 +285,13 @@ def _a2a_routes(
         key: ApiKey = request.scope["state"]["key"]
         if not key.may_use(agent):
             raise Refused(403, f"this key may not use agent {agent!r}")
-        return Caller(name=f"gateway key {key.name}", decide=key.decide)
+        # A2A asks no priority: the key's is the most a context it starts may have.
+        return Caller(
+            name=f"gateway key {key.name}",
+            decide=key.decide,
+            priority=key.priority_of(None),
+            tenant=key.tenant,
+        )
 
     return a2a_routes(
         client,

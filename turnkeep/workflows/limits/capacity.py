@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -34,6 +35,7 @@ from turnkeep.contract.limits_io import (
 from turnkeep.contract.messages import Message
 from turnkeep.contract.turn_io import Usage
 from turnkeep.workflows.limits import limit_metrics
+from turnkeep.workflows.limits.sending import spawn
 
 # Asking only signals the limiter: quick, retried a little; the same request asked again is
 # queued once (the ledger knows it by its key).
@@ -172,9 +174,7 @@ class Capacity:
             run_id=request.run_id,
             **fields,
         )
-        task = asyncio.ensure_future(_send(limit, signal, settle))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        spawn(self._sending, partial(_send, limit, signal, settle))
 
 
 async def _send(limit: str, signal: str, settle: CapacitySettle) -> None:

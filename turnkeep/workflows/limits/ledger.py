@@ -14,9 +14,10 @@ Rules:
   priority waits only for the next slot.
 - **Concurrency.** A grant holds a slot until it is settled, or until its lease expires (a turn
   that died never settles).
-- **Estimate, then settle.** A grant counts its estimated tokens (the request's size plus its
-  max tokens, else the limit's learned average output); the settle replaces the estimate by the
-  provider's usage, in the window and in the token bucket.
+- **Estimate, then settle.** A grant counts its estimated tokens (the request's size, its
+  instruction and tools included, plus its max tokens, else the limit's learned average
+  output); the settle replaces the estimate by the provider's usage, in the window and in the
+  token bucket.
 - **Backoff.** A provider's ``retry-after`` holds every grant until then.
 - **Order.** Priority class first (interactive, normal, batch), then the fairness key with the
   fewest grants in the window, then first come, first served. Only the first in that order may

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -43,6 +43,7 @@ from turnkeep.contract.limits_io import (
 )
 from turnkeep.workflows.limits import limit_metrics
 from turnkeep.workflows.limits.ledger import Lease, Ledger, LedgerState
+from turnkeep.workflows.limits.sending import spawn
 
 # A limiter's history grows with every request; it continues as new well before it is large.
 CONTINUE_AFTER_EVENTS = 8000
@@ -111,9 +112,9 @@ class LimiterWorkflow:
             # signals is on its way (each is a transaction of the server's).
             sending, self._outbox = self._outbox, []
             for lease in sending:
-                self._spawn(self._send(lease))
+                spawn(self._sending, partial(self._send, lease))
             for request, why in told:
-                self._spawn(self._tell(request, why))
+                spawn(self._sending, partial(self._tell, request, why))
             now = workflow.time()
             self._show(now)
             if self._continue_due():
@@ -138,11 +139,6 @@ class LimiterWorkflow:
                     # queue of the turn that asks (a fleet that moved queues is not held by
                     # a limiter no worker polls any more).
                     return
-
-    def _spawn(self, sending: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(sending)
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
 
     def _continue_due(self) -> bool:
         info = workflow.info()
