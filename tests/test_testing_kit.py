@@ -4,16 +4,23 @@ uses them); ``TurnkeepEnvironment``; ``check_replay``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
+import threading
+import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from anthropic import AsyncAnthropic
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
 
 from turnkeep import Agent, Settings, StopReason, TurnResult
 from turnkeep.config.settings import AnthropicSettings
+from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME, SessionInput
 from turnkeep.devserver.background import pid_alive
 from turnkeep.testing import (
     FakeModel,
@@ -258,3 +265,32 @@ async def test_no_histories_is_a_mistake_not_a_pass(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no histories"):
         await check_replay([tmp_path])
     assert not os.listdir(tmp_path)
+
+
+async def test_a_run_with_no_workflow_task_yet_is_counted_not_waited_on(client: Client) -> None:
+    """A run fetched before its first workflow task was scheduled holds only its start: a
+    session's run fetched the moment it continued as new (``test_conversations`` fetches one
+    now and then on a loaded machine), or, as here, one whose start is delayed. The replayer
+    handed such a history waits for ever, past any cancellation; ``check_replay`` counts it."""
+    handle = await client.start_workflow(
+        SESSION_WORKFLOW_NAME,
+        SessionInput(agent="test"),
+        id=f"session-unstarted-{uuid.uuid4().hex[:8]}",
+        task_queue=f"nowhere-{uuid.uuid4().hex[:8]}",
+        start_delay=timedelta(hours=1),
+    )
+    history = await handle.fetch_history()
+    assert [e.event_type for e in history.events] == [
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED
+    ]
+    # In a thread of its own, as no cancellation would end a replay that waits.
+    replayed: list[int] = []
+    checking = threading.Thread(
+        target=lambda: replayed.append(asyncio.run(check_replay([history]))), daemon=True
+    )
+    checking.start()
+    await asyncio.to_thread(checking.join, 60)
+    await handle.terminate()
+    assert replayed == [1]
+    # Beside histories with tasks, those are replayed as before.
+    assert await check_replay([history, HISTORIES / "plain.json"]) == 2

@@ -288,7 +288,11 @@ class SessionHandle:
         return progress.count if end is None else end
 
     async def progress(self) -> SessionProgress:
-        return await self.handle.query(SessionWorkflow.progress)
+        """The session's progress as it stands, asked as a follower asks (``query_retrying``):
+        bounded, as the server holds a query to a run that has just continued as new until
+        that run's first workflow task."""
+        progress: SessionProgress = await query_retrying(self.handle, SessionWorkflow.progress)
+        return progress
 
     def transcript(self, start: int = 0, stop: int | None = None) -> AsyncIterator[Message]:
         """The messages of the running session's ended turns from index ``start`` (up to

@@ -14,6 +14,7 @@ import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.converter import ExternalStorage
 from temporalio.worker import Replayer
@@ -51,16 +52,24 @@ async def check_replay(
     ``payload_storage`` read encrypted and offloaded payloads; ``storage`` replaces the
     latter). ``workflows``: your own workflow classes, for histories of your workflows that run
     turns as children.
+
+    A history in which no workflow task was ever scheduled (a run fetched the moment it
+    continued as new, or one whose start is delayed) records nothing the workflow code did:
+    it is counted, and not handed to the replayer, which would wait for ever for its first
+    task, past any cancellation.
     """
     loaded = [history for source in histories for history in _load(source)]
     if not loaded:
         raise ValueError("no histories to replay")
+    tasked = [history for history in loaded if _has_workflow_task(history)]
+    if not tasked:
+        return len(loaded)
     plugin = replay_plugin(settings, storage=storage, workflow_runner=STRICT_WORKFLOW_RUNNER)
     replayer = Replayer(workflows=list(workflows), plugins=[plugin])
     failures: dict[str, Exception] = {}
     # One result per history, with the history it came from: copies of one run (a recorded
     # history and one edited from it) are told apart, which results keyed by run id cannot.
-    async with replayer.workflow_replay_iterator(_each(loaded)) as results:
+    async with replayer.workflow_replay_iterator(_each(tasked)) as results:
         async for result in results:
             if result.replay_failure is not None:
                 history = result.history
@@ -76,6 +85,10 @@ def _load(source: HistorySource) -> list[WorkflowHistory]:
     path = Path(source)
     files = sorted(path.glob("*.json")) if path.is_dir() else [path]
     return [WorkflowHistory.from_json(f.stem, f.read_text(encoding="utf-8")) for f in files]
+
+
+def _has_workflow_task(history: WorkflowHistory) -> bool:
+    return any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED for e in history.events)
 
 
 async def _each(histories: list[WorkflowHistory]) -> AsyncIterator[WorkflowHistory]:
