@@ -99,7 +99,12 @@ class AgentCatalog(Mapping[str, AgentSettings]):
             description=agent.description or agent.instruction,
             input_schema=AGENT_TOOL_SCHEMA,
         )
-        return AgentTool(spec=spec, agent=name, task_queue=task_queue or self.task_queue_of(name))
+        return AgentTool(
+            spec=spec,
+            agent=name,
+            task_queue=task_queue or self.task_queue_of(name),
+            inline=agent.call == "inline",
+        )
 
     def team_problems(self) -> list[str]:
         """What is wrong with the agents that agents call (as tools, or as steps of a workflow

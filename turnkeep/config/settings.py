@@ -561,6 +561,12 @@ class AgentOptions(_Settings):
     agents: list[str] = Field(default_factory=list)
     # At most this many of those calls run at once (fast-agent's `max_parallel`); None: no bound.
     max_parallel: int | None = Field(default=None, gt=0)
+    # Experimental: how another agent's call of this one runs. `child`: as a child workflow,
+    # with a history of its own. `inline`: its loop runs inside the calling turn's workflow
+    # (its model and tool calls are the caller's activities), for an agent with none of
+    # hooks, approval, client tools, agent tools, budget, limits, fallback models, server
+    # requests; otherwise, and for a step asked for structured output, it runs as a child.
+    call: Literal["child", "inline"] = "child"
     # What the agent does, as another agent's tool sees it; unset: its instruction.
     description: str | None = None
     # fast-agent's workflow agents: `agent` (the default) talks to a model; `chain` runs the

@@ -1,0 +1,119 @@
+"""Agents called inline (an agent's ``call: inline``, experimental): a call of ``agent__<name>``
+runs that agent's loop inside the calling turn's workflow, its model and tool calls activities
+of the caller's, and no child workflow; on the real dev server, the passthrough model scripting
+both sides as in ``test_agent_tools``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from tests.conftest import Harness, make_settings
+from turnkeep.contract.messages import StopReason
+from turnkeep.contract.turn_io import Usage
+from turnkeep.testing import harness as worker_harness
+from turnkeep.workflows.agent_tools import child_id
+
+pytestmark = pytest.mark.asyncio
+
+
+async def quick(name: str) -> str:
+    return f"{name} done"
+
+
+def ask(*calls: tuple[str, str]) -> str:
+    return "\n".join(
+        f"***CALL_TOOL agent__{agent} {json.dumps({'message': message})}"
+        for agent, message in calls
+    )
+
+
+TEAM: dict[str, Any] = {
+    "pmo": {"model": "passthrough", "agents": ["ny", "london", "paris"]},
+    "ny": {"model": "passthrough", "call": "inline"},
+    "london": {"model": "passthrough", "servers": ["local"], "call": "inline"},
+    # Agent tools are not run inline: a call of paris runs as a child turn, as without `call`.
+    "paris": {"model": "passthrough", "call": "inline", "agents": ["ny"]},
+    "chain": {"type": "chain", "sequence": ["london", "ny"]},
+}
+
+
+@pytest.fixture
+async def h(client: Client, tmp_path: Path) -> AsyncIterator[Harness]:
+    settings = make_settings(tmp_path, agents=TEAM)
+    async with worker_harness(
+        client, settings, function_tools={"local": [quick]}, default_agent="pmo"
+    ) as worker:
+        yield worker
+
+
+async def _exists(client: Client, workflow_id: str) -> bool:
+    try:
+        await client.get_workflow_handle(workflow_id).describe()
+    except RPCError:
+        return False
+    return True
+
+
+async def test_an_inline_call_answers_with_the_agents_loop_and_its_usage(h: Harness) -> None:
+    tool_call = '***CALL_TOOL local__quick {"name": "page"}'
+    turn = await h.start(ask(("ny", "status of OpenAI"), ("london", tool_call)))
+    result = await turn.result()
+
+    assert result.stop_reason == StopReason.END_TURN
+    request, results = result.messages[1], result.messages[2]
+    # ny echoed its message; london's loop called its own tool, then echoed the result.
+    assert [r.text for r in (results.tool_results or {}).values()] == [
+        "status of OpenAI",
+        "page done",
+    ]
+    # No child workflow: the agents' steps are the parent's own activities, named for them.
+    for call_id in request.tool_calls or {}:
+        assert not await _exists(h.client, child_id(turn.workflow_id, 1, call_id))
+    summaries = await _activity_summaries(h, turn.workflow_id)
+    assert "prepare agent ny" in summaries and "prepare agent london" in summaries
+    assert any(s.startswith("ny · llm #1") for s in summaries)
+    assert any(s.startswith("london · llm #2") for s in summaries)
+    assert any(s.startswith("london · tool local__quick") for s in summaries)
+
+    # Usage rolls up as for a child turn.
+    assert set(result.usage_by_agent) == {"pmo", "ny", "london"}
+    assert result.usage_by_agent["ny"]["passthrough"].calls == 1
+    assert result.usage_by_agent["london"]["passthrough"].calls == 2
+    total = sum(
+        (u for by_model in result.usage_by_agent.values() for u in by_model.values()), Usage()
+    )
+    assert result.usage["passthrough"] == total
+
+
+async def test_an_agent_the_inline_loop_cannot_run_is_called_as_a_child(h: Harness) -> None:
+    turn = await h.start(ask(("paris", "bonjour")))
+    result = await turn.result()
+    [call_id] = result.messages[1].tool_calls or {}
+    assert (result.messages[2].tool_results or {})[call_id].text == "bonjour"
+    assert await _exists(h.client, child_id(turn.workflow_id, 1, call_id))
+
+
+async def test_a_chain_runs_its_inline_steps_in_its_own_workflow(h: Harness) -> None:
+    turn = await h.start('***CALL_TOOL local__quick {"name": "page"}', agent="chain")
+    result = await turn.result()
+    assert result.final is not None and result.final.text == "page done"
+    assert not await _exists(h.client, child_id(turn.workflow_id, 1, "london"))
+    assert set(result.usage_by_agent) == {"chain", "london", "ny"}
+
+
+async def _activity_summaries(h: Harness, workflow_id: str) -> list[str]:
+    history = await h.client.get_workflow_handle(workflow_id).fetch_history()
+    converter = h.client.data_converter.payload_converter
+    out = []
+    for event in history.events:
+        summary = event.user_metadata.summary
+        if summary.data:
+            out.append(str(converter.from_payload(summary, str)))
+    return out

@@ -1,0 +1,128 @@
+"""Experimental: an agent called as a tool (or as a team step) run *inline*, its loop inside the
+calling turn's workflow rather than as a child workflow (``agent_tools``), for an agent whose
+config says ``call: inline``.
+
+The called agent's plan comes from ``prepare_turn`` as a local activity of the caller's workflow
+task (this worker's config, checked as for any turn); its model and tool calls are activities
+of the caller's workflow, each summary naming the agent. What a child turn costs in server
+transactions (starting it, the parent woken on its start, the child's own workflow tasks, its
+result sent back) is saved; what is given up is the child's own history, its entry in the Web
+UI, its own cancellation and task queue.
+
+Only the plain loop runs inline: model calls, and tool calls that need no one (no approval, no
+client, no server request). A plan with anything else is run as a child turn instead
+(``refusal``)."""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+from turnkeep.contract.activity_io import AgentTool, ToolCallOutcome, ToolCallRequest, TurnPlan
+from turnkeep.contract.messages import CallToolResult, Message
+from turnkeep.contract.model_io import LlmRequest, MessageJson
+from turnkeep.contract.turn_io import TurnInput
+from turnkeep.workflows import actions
+from turnkeep.workflows.agent_tools import AgentCall, agent_message, agent_result, team_usage
+from turnkeep.workflows.loop import TurnState
+from turnkeep.workflows.shared import shared
+
+# The requests of the inline loops' model calls in flight, by agent call: ``MODEL_INPUT_QUERY``
+# answers from here for a step that names its call (``LlmStepRequest.inline``).
+InlineInputs = dict[str, LlmRequest]
+
+
+def refusal(plan: TurnPlan) -> str | None:
+    """What in the called agent's plan the inline loop does not run (None: nothing)."""
+    unsupported = {
+        "a workflow agent's steps": plan.team is not None,
+        "hooks": bool(plan.hooks),
+        "approval": plan.approval is not None,
+        "client tools": plan.client_tools is not None,
+        "agent tools": bool(plan.agent_tools),
+        "a budget": plan.budget is not None,
+        "limits": bool(plan.limits),
+        "fallback models": bool(plan.fallback_models),
+        "server requests": bool(plan.server_requests),
+        "structured output": plan.structured_output is not None,
+    }
+    found = [what for what, present in unsupported.items() if present]
+    return ", ".join(found) or None
+
+
+async def call_agent(
+    call: ToolCallRequest,
+    tool: AgentTool,
+    *,
+    key: str,
+    depth: int,
+    parent: TurnPlan,
+    inputs: InlineInputs,
+) -> AgentCall | None:
+    """``agent_tools.call_agent``, inline (``run_agent``)."""
+    message = Message.user(agent_message(call.arguments))
+    return await run_agent(tool, [message], key=key, depth=depth, parent=parent, inputs=inputs)
+
+
+async def run_agent(
+    tool: AgentTool,
+    messages: list[Message],
+    *,
+    key: str,
+    depth: int,
+    parent: TurnPlan,
+    inputs: InlineInputs,
+) -> AgentCall | None:
+    """Run ``tool``'s agent on ``messages`` inside this workflow, under ``key`` (unique among
+    the turn's agent calls: the child turn id it would have had), at the ``parent`` turn's
+    priority and for its tenant. None when its plan asks for what only a child turn runs
+    (the caller then starts one). A cancelled caller's cancellation goes through: the call
+    is then one of the batch's interrupted calls, which the caller's repair answers."""
+    turn = TurnInput(
+        agent=tool.agent,
+        messages=messages,
+        depth=depth + 1,
+        priority=parent.priority,
+        tenant=parent.fairness_key,
+    )
+    try:
+        plan = shared(await actions.prepare_turn(turn, local=True))
+    except ApplicationError as err:  # an unknown agent, a depth past the limit...
+        kind = f"{err.type}: " if err.type else ""
+        return AgentCall(CallToolResult.error(f"Error: {kind}{err.message}"), {})
+    why = refusal(plan)
+    if why is not None:
+        workflow.logger.warning("agent %s runs as a child turn, not inline: %s", tool.agent, why)
+        return None
+    state = TurnState.start(turn, plan)
+    try:
+        state.tools = [shared(t) for t in await actions.list_tools(plan)]
+    except ActivityError as err:
+        return AgentCall(CallToolResult.error(f"Error: {actions.failure_text(err)}"), {})
+    json = MessageJson()
+    while not state.done:
+        request = state.model_request()
+        inputs[key] = request
+        try:
+            answer = await actions.call_model(request, plan, json, inline=key)
+        finally:
+            del inputs[key]
+        state.on_assistant(answer, request.model)
+        if state.awaiting_tools:
+            batch = state.tool_batch()
+            results, timing = await actions.run_tools(
+                batch, plan, {}, _no_approval, _no_agent_call, inline=True
+            )
+            state.on_tool_results(results, timing)
+    result = state.result()
+    return AgentCall(agent_result(result), team_usage(result, tool.agent))
+
+
+# ``refusal`` leaves no gated call and no agent tool: these answer what cannot be asked.
+async def _no_approval(call: ToolCallRequest) -> CallToolResult:
+    return CallToolResult.error(f"Error: {call.name} needs an approval, not given inline")
+
+
+async def _no_agent_call(call: ToolCallRequest, tool: AgentTool) -> ToolCallOutcome:
+    result = CallToolResult.error(f"Error: agent {tool.agent} cannot be called from inline")
+    return ToolCallOutcome(result=result, duration_ms=0.0)
