@@ -5,7 +5,9 @@ both sides as in ``test_agent_tools``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,9 +16,15 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from tests.conftest import Harness, make_settings
+from tests.conftest import Harness, eventually, make_settings
+from tests.test_agent_tools_durability import SLOW_SECONDS, TURN_WITHIN, scheduled
+from tests.test_durability import FAST_RECOVERY, TOOL, starts
+from tests.worker_process import WorkerProcesses, effects_server, write_config
+from turnkeep.activities.tools import idempotency_key
+from turnkeep.client.turns import start_turn
 from turnkeep.contract.messages import StopReason
-from turnkeep.contract.turn_io import Usage
+from turnkeep.contract.turn_io import TurnInput, Usage
+from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing import harness as worker_harness
 from turnkeep.workflows.agent_tools import child_id
 
@@ -117,3 +125,78 @@ async def _activity_summaries(h: Harness, workflow_id: str) -> list[str]:
         if summary.data:
             out.append(str(converter.from_payload(summary, str)))
     return out
+
+
+# --- a worker killed mid-call -----------------------------------------------------------------
+
+
+@pytest.fixture
+async def workers(
+    client: Client, temporal: ServerInfo, tmp_path: Path
+) -> AsyncIterator[tuple[WorkerProcesses, str, Path]]:
+    record = tmp_path / "record.jsonl"
+    task_queue = f"inline-{uuid.uuid4().hex[:10]}"
+    agents = {
+        "boss": {"model": "passthrough", "agents": ["helper"], "llm_timeouts": FAST_RECOVERY},
+        "helper": {
+            "model": "passthrough",
+            "servers": ["effects"],
+            "call": "inline",
+            "llm_timeouts": FAST_RECOVERY,
+            "tool_timeouts": FAST_RECOVERY,
+        },
+    }
+    config = {
+        "task_queue": task_queue,
+        "mcp": {"servers": {"effects": effects_server(record)}},
+        "agents": agents,
+    }
+    path = write_config(tmp_path / "turnkeep.yaml", config)
+    with WorkerProcesses(path, temporal.address, tmp_path / "logs") as processes:
+        yield processes, task_queue, record
+
+
+@pytest.mark.slow  # worker processes of its own, one of them killed
+async def test_a_worker_killed_while_an_inline_agents_tool_runs(
+    client: Client, workers: tuple[WorkerProcesses, str, Path]
+) -> None:
+    processes, task_queue, record = workers
+    first = processes.start()
+    await processes.wait_polling(client, task_queue, first)
+    slow = json.dumps({"tag": "slow", "seconds": SLOW_SECONDS})
+    turn = await start_turn(
+        client,
+        TurnInput(agent="boss", messages=[ask(("helper", f"***CALL_TOOL {TOOL} {slow}"))]),
+        task_queue=task_queue,
+    )
+    # The helper's tool is keyed as a child turn's would be, not as the parent's own call_1_1.
+    scope = child_id(turn.workflow_id, 1, "call_1_1")
+    await eventually(lambda: starts(record, scope, "call_1_1"), "the helper's tool is running")
+    processes.kill(first)
+    second = processes.start()
+    await processes.wait_polling(client, task_queue, second)
+    try:
+        result = await asyncio.wait_for(turn.result(), TURN_WITHIN)
+    except TimeoutError:
+        raise AssertionError(f"the turn did not finish:\n{processes.log_tail()}") from None
+
+    assert result.stop_reason == StopReason.END_TURN
+    [tool_result] = (result.messages[2].tool_results or {}).values()
+    assert not tool_result.is_error and tool_result.text == "slow done"
+    assert result.usage_by_agent["helper"]["passthrough"].calls == 2
+    # Resumed where it was: no model call made again, no child; the tool retried, same key.
+    events = [e async for e in client.get_workflow_handle(turn.workflow_id).fetch_history_events()]
+    assert scheduled(events) == [
+        "prepare_turn",
+        "llm_step",
+        "local prepare_turn",
+        "list_tools",
+        "llm_step",
+        "call_tool",
+        "llm_step",
+        "llm_step",
+    ]
+    runs = starts(record, scope, "call_1_1")
+    assert [r["worker"] for r in runs] == [first, second]
+    assert {r["key"] for r in runs} == {idempotency_key(scope, "call_1_1")}
+    assert not await _exists(client, scope)

@@ -26,6 +26,7 @@ from turnkeep.workflows import actions
 from turnkeep.workflows.agent_tools import AgentCall, agent_message, agent_result, team_usage
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.shared import shared
+from turnkeep.workflows.tool_batch import ToolBatch
 
 # The requests of the inline loops' model calls in flight, by agent call: ``MODEL_INPUT_QUERY``
 # answers from here for a step that names its call (``LlmStepRequest.inline``).
@@ -109,13 +110,21 @@ async def run_agent(
             del inputs[key]
         state.on_assistant(answer, request.model)
         if state.awaiting_tools:
-            batch = state.tool_batch()
+            batch = _scoped(state.tool_batch(), key)
             results, timing = await actions.run_tools(
                 batch, plan, {}, _no_approval, _no_agent_call, inline=True
             )
             state.on_tool_results(results, timing)
     result = state.result()
     return AgentCall(agent_result(result), team_usage(result, tool.agent))
+
+
+def _scoped(batch: ToolBatch, key: str) -> ToolBatch:
+    """The batch's calls scoped by the agent call (``ToolCallRequest.scope``): what follows
+    the workflow's id in ``key``, so a tool sees the key it would in a child turn."""
+    scope = key.removeprefix(f"{workflow.info().workflow_id}/")
+    to_run = [call.model_copy(update={"scope": scope}) for call in batch.to_run]
+    return batch.model_copy(update={"to_run": to_run})
 
 
 # ``refusal`` leaves no gated call and no agent tool: these answer what cannot be asked.
