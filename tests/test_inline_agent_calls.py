@@ -100,6 +100,15 @@ async def test_an_inline_call_answers_with_the_agents_loop_and_its_usage(h: Harn
     assert result.usage["passthrough"] == total
 
 
+async def test_calls_of_one_agent_share_its_plan(h: Harness) -> None:
+    turn = await h.start(ask(("ny", "one"), ("ny", "two")))
+    result = await turn.result()
+    assert [r.text for r in (result.messages[2].tool_results or {}).values()] == ["one", "two"]
+    summaries = await _activity_summaries(h, turn.workflow_id)
+    assert summaries.count("prepare agent ny") == 1
+    assert result.usage_by_agent["ny"]["passthrough"].calls == 2
+
+
 async def test_an_agent_the_inline_loop_cannot_run_is_called_as_a_child(h: Harness) -> None:
     turn = await h.start(ask(("paris", "bonjour")))
     result = await turn.result()

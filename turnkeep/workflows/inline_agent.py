@@ -15,6 +15,8 @@ client, no server request). A plan with anything else is run as a child turn ins
 
 from __future__ import annotations
 
+import asyncio
+
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
@@ -28,9 +30,26 @@ from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.shared import shared
 from turnkeep.workflows.tool_batch import ToolBatch
 
-# The requests of the inline loops' model calls in flight, by agent call: ``MODEL_INPUT_QUERY``
-# answers from here for a step that names its call (``LlmStepRequest.inline``).
-InlineInputs = dict[str, LlmRequest]
+
+class InlineCalls:
+    """What a workflow keeps for the agents it runs inline."""
+
+    def __init__(self) -> None:
+        # The requests of the inline loops' model calls in flight, by agent call:
+        # ``MODEL_INPUT_QUERY`` answers from here for a step that names its call
+        # (``LlmStepRequest.inline``).
+        self.inputs: dict[str, LlmRequest] = {}
+        # Each called agent's plan, asked for once per run: every call of the agent in the turn
+        # has the same depth, priority and tenant, so the same plan, and a call after the first
+        # records no marker of its own (calls in one batch share the one in flight).
+        self.plans: dict[str, asyncio.Task[TurnPlan]] = {}
+
+    def plan(self, turn: TurnInput) -> asyncio.Task[TurnPlan]:
+        task = self.plans.get(turn.agent)
+        if task is None:
+            task = asyncio.ensure_future(actions.prepare_turn(turn, local=True))
+            self.plans[turn.agent] = task
+        return task
 
 
 def refusal(plan: TurnPlan) -> str | None:
@@ -58,11 +77,11 @@ async def call_agent(
     key: str,
     depth: int,
     parent: TurnPlan,
-    inputs: InlineInputs,
+    calls: InlineCalls,
 ) -> AgentCall | None:
     """``agent_tools.call_agent``, inline (``run_agent``)."""
     message = Message.user(agent_message(call.arguments))
-    return await run_agent(tool, [message], key=key, depth=depth, parent=parent, inputs=inputs)
+    return await run_agent(tool, [message], key=key, depth=depth, parent=parent, calls=calls)
 
 
 async def run_agent(
@@ -72,7 +91,7 @@ async def run_agent(
     key: str,
     depth: int,
     parent: TurnPlan,
-    inputs: InlineInputs,
+    calls: InlineCalls,
 ) -> AgentCall | None:
     """Run ``tool``'s agent on ``messages`` inside this workflow, under ``key`` (unique among
     the turn's agent calls: the child turn id it would have had), at the ``parent`` turn's
@@ -87,7 +106,8 @@ async def run_agent(
         tenant=parent.fairness_key,
     )
     try:
-        plan = shared(await actions.prepare_turn(turn, local=True))
+        # Not shielded: only a cancelled turn cancels a call, and then every call and the turn.
+        plan = shared(await calls.plan(turn))
     except ApplicationError as err:  # an unknown agent, a depth past the limit...
         kind = f"{err.type}: " if err.type else ""
         return AgentCall(CallToolResult.error(f"Error: {kind}{err.message}"), {})
@@ -103,11 +123,11 @@ async def run_agent(
     json = MessageJson()
     while not state.done:
         request = state.model_request()
-        inputs[key] = request
+        calls.inputs[key] = request
         try:
             answer = await actions.call_model(request, plan, json, inline=key)
         finally:
-            del inputs[key]
+            del calls.inputs[key]
         state.on_assistant(answer, request.model)
         if state.awaiting_tools:
             batch = _scoped(state.tool_batch(), key)

@@ -127,8 +127,8 @@ class TurnWorkflow:
         self._outcome_timers: list[tuple[asyncio.Task[None], int]] = []
         # How many of the current batch's agent-tool calls may run at once (None: all).
         self._agent_slots: asyncio.Semaphore | None = None
-        # The requests of the model calls in flight of agents called inline, by agent call.
-        self._inline_inputs: inline_agent.InlineInputs = {}
+        # The agents called inline: their plans, the requests of their model calls in flight.
+        self._inline = inline_agent.InlineCalls()
         # The running child turns, by workflow id: the agent call id or team step of each.
         self._children: dict[str, str] = {}
         # What a workflow agent's turn shows while none of its steps waits for a person.
@@ -405,7 +405,7 @@ class TurnWorkflow:
                         key=id,
                         depth=state.depth,
                         parent=state.plan,
-                        inputs=self._inline_inputs,
+                        calls=self._inline,
                     )
                 if call is None:
                     call = await agent_tools.run_agent(
@@ -454,7 +454,7 @@ class TurnWorkflow:
                     key=id,
                     depth=state.depth,
                     parent=state.plan,
-                    inputs=self._inline_inputs,
+                    calls=self._inline,
                 )
             if outcome is None:
                 outcome = await agent_tools.call_agent(
@@ -661,7 +661,7 @@ class TurnWorkflow:
         """A page of the request of model call ``call_index``, while it is in flight (of the
         agent called inline under ``inline``, when given)."""
         if inline is not None:
-            request = self._inline_inputs.get(inline)
+            request = self._inline.inputs.get(inline)
             if request is None or request.call_index != call_index:
                 return None
             return model_input_page(request, start)
