@@ -26,6 +26,7 @@ from turnkeep.contract.messages import StopReason
 from turnkeep.contract.turn_io import TurnInput, Usage
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing import harness as worker_harness
+from turnkeep.worker.build import build_worker
 from turnkeep.workflows.agent_tools import child_id
 
 pytestmark = pytest.mark.asyncio
@@ -209,3 +210,23 @@ async def test_a_worker_killed_while_an_inline_agents_tool_runs(
     assert [r["worker"] for r in runs] == [first, second]
     assert {r["key"] for r in runs} == {idempotency_key(scope, "call_1_1")}
     assert not await _exists(client, scope)
+
+
+async def test_inline_calls_read_their_input_by_query_each_its_own(
+    client: Client, tmp_path: Path
+) -> None:
+    """Without the in-memory hand-off, ``llm_step`` reads each request by query: two calls of
+    one agent in one batch are both its model call #1, told apart by the agent call."""
+    settings = make_settings(tmp_path, agents=TEAM)
+    queue = f"inline-query-{uuid.uuid4().hex[:8]}"
+    worker = build_worker(
+        client,
+        settings,
+        function_tools={"local": [quick]},
+        task_queue=queue,
+        model_input_handoff=False,
+    )
+    async with worker:
+        turn = TurnInput(agent="pmo", messages=[ask(("ny", "one"), ("ny", "two"))])
+        result = await (await start_turn(client, turn, task_queue=queue)).result()
+    assert [r.text for r in (result.messages[2].tool_results or {}).values()] == ["one", "two"]
