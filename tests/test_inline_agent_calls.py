@@ -17,9 +17,9 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from tests.conftest import Harness, eventually, make_settings
-from tests.test_agent_tools_durability import SLOW_SECONDS, TURN_WITHIN, scheduled
-from tests.test_durability import FAST_RECOVERY, TOOL, starts
-from tests.worker_process import WorkerProcesses, effects_server, write_config
+from tests.test_agent_tools_durability import SLOW_SECONDS, TURN_WITHIN, scheduled, team_workers
+from tests.test_durability import TOOL, starts
+from tests.worker_process import WorkerProcesses
 from turnkeep.activities.tools import idempotency_key
 from turnkeep.client.turns import start_turn
 from turnkeep.contract.messages import StopReason
@@ -142,28 +142,10 @@ async def _activity_summaries(h: Harness, workflow_id: str) -> list[str]:
 
 @pytest.fixture
 async def workers(
-    client: Client, temporal: ServerInfo, tmp_path: Path
+    temporal: ServerInfo, tmp_path: Path
 ) -> AsyncIterator[tuple[WorkerProcesses, str, Path]]:
-    record = tmp_path / "record.jsonl"
-    task_queue = f"inline-{uuid.uuid4().hex[:10]}"
-    agents = {
-        "boss": {"model": "passthrough", "agents": ["helper"], "llm_timeouts": FAST_RECOVERY},
-        "helper": {
-            "model": "passthrough",
-            "servers": ["effects"],
-            "call": "inline",
-            "llm_timeouts": FAST_RECOVERY,
-            "tool_timeouts": FAST_RECOVERY,
-        },
-    }
-    config = {
-        "task_queue": task_queue,
-        "mcp": {"servers": {"effects": effects_server(record)}},
-        "agents": agents,
-    }
-    path = write_config(tmp_path / "turnkeep.yaml", config)
-    with WorkerProcesses(path, temporal.address, tmp_path / "logs") as processes:
-        yield processes, task_queue, record
+    with team_workers(temporal, tmp_path, call="inline") as processes:
+        yield processes
 
 
 @pytest.mark.slow  # worker processes of its own, one of them killed

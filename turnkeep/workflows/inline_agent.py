@@ -25,7 +25,7 @@ from turnkeep.contract.messages import CallToolResult, Message
 from turnkeep.contract.model_io import LlmRequest, MessageJson
 from turnkeep.contract.turn_io import TurnInput
 from turnkeep.workflows import actions
-from turnkeep.workflows.agent_tools import AgentCall, agent_message, agent_result, team_usage
+from turnkeep.workflows.agent_tools import AgentCall, agent_result, team_usage
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.shared import shared
 from turnkeep.workflows.tool_batch import ToolBatch
@@ -68,20 +68,6 @@ def refusal(plan: TurnPlan) -> str | None:
     }
     found = [what for what, present in unsupported.items() if present]
     return ", ".join(found) or None
-
-
-async def call_agent(
-    call: ToolCallRequest,
-    tool: AgentTool,
-    *,
-    key: str,
-    depth: int,
-    parent: TurnPlan,
-    calls: InlineCalls,
-) -> AgentCall | None:
-    """``agent_tools.call_agent``, inline (``run_agent``)."""
-    message = Message.user(agent_message(call.arguments))
-    return await run_agent(tool, [message], key=key, depth=depth, parent=parent, calls=calls)
 
 
 async def run_agent(

@@ -397,25 +397,7 @@ class TurnWorkflow:
         ) -> AgentCall:
             id = agent_tools.child_id(workflow.info().workflow_id, step, name)
             async with self._child_turn(id, name):
-                call = None
-                if tool.inline and structured_output is None:
-                    call = await inline_agent.run_agent(
-                        tool,
-                        messages,
-                        key=id,
-                        depth=state.depth,
-                        parent=state.plan,
-                        calls=self._inline,
-                    )
-                if call is None:
-                    call = await agent_tools.run_agent(
-                        tool,
-                        messages,
-                        id=id,
-                        depth=state.depth,
-                        parent=state.plan,
-                        structured_output=structured_output,
-                    )
+                call = await self._run_agent(tool, messages, id, structured_output)
             state.on_agent_usage(call.usage)
             return call
 
@@ -442,27 +424,41 @@ class TurnWorkflow:
         state = self.state
         started = workflow.time()
         id = agent_tools.child_id(workflow.info().workflow_id, state.model_calls, call.call_id)
+        message = Message.user(agent_tools.agent_message(call.arguments))
         async with (
             self._child_turn(id, call.call_id),
             self._agent_slots or contextlib.nullcontext(),
         ):
-            outcome = None
-            if tool.inline:
-                outcome = await inline_agent.call_agent(
-                    call,
-                    tool,
-                    key=id,
-                    depth=state.depth,
-                    parent=state.plan,
-                    calls=self._inline,
-                )
-            if outcome is None:
-                outcome = await agent_tools.call_agent(
-                    call, tool, id=id, depth=state.depth, parent=state.plan
-                )
+            outcome = await self._run_agent(tool, [message], id)
         state.on_agent_usage(outcome.usage)
         duration_ms = (workflow.time() - started) * 1000
         return ToolCallOutcome(result=outcome.result, duration_ms=duration_ms)
+
+    async def _run_agent(
+        self,
+        tool: AgentTool,
+        messages: list[Message],
+        id: str,
+        structured_output: dict[str, Any] | None = None,
+    ) -> AgentCall:
+        """Run ``tool``'s agent on ``messages`` as child turn ``id`` (``agent_tools``), or
+        inline under that id when the agent asks for it and the inline loop can run it
+        (``inline_agent``)."""
+        state = self.state
+        if tool.inline and structured_output is None:
+            call = await inline_agent.run_agent(
+                tool, messages, key=id, depth=state.depth, parent=state.plan, calls=self._inline
+            )
+            if call is not None:
+                return call
+        return await agent_tools.run_agent(
+            tool,
+            messages,
+            id=id,
+            depth=state.depth,
+            parent=state.plan,
+            structured_output=structured_output,
+        )
 
     @contextlib.asynccontextmanager
     async def _child_turn(self, id: str, label: str) -> AsyncIterator[None]:
