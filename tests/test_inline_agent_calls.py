@@ -16,16 +16,20 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from tests.conftest import Harness, eventually, make_settings
+from tests.conftest import Harness, HarnessFactory, eventually, make_settings
 from tests.test_agent_tools_durability import SLOW_SECONDS, TURN_WITHIN, scheduled, team_workers
 from tests.test_durability import TOOL, starts
 from tests.worker_process import WorkerProcesses
 from turnkeep.activities.tools import idempotency_key
+from turnkeep.client.live import TextDelta
 from turnkeep.client.turns import start_turn
+from turnkeep.config.catalog import INLINE_MAX_ITERATIONS
+from turnkeep.config.settings import AgentOptions
 from turnkeep.contract.messages import StopReason
 from turnkeep.contract.turn_io import TurnInput, Usage
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing import harness as worker_harness
+from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows.agent_tools import child_id
 
@@ -44,12 +48,14 @@ def ask(*calls: tuple[str, str]) -> str:
 
 
 TEAM: dict[str, Any] = {
-    "pmo": {"model": "passthrough", "agents": ["ny", "london", "paris"]},
+    "pmo": {"model": "passthrough", "agents": ["ny", "london", "slow"]},
     "ny": {"model": "passthrough", "call": "inline"},
     "london": {"model": "passthrough", "servers": ["local"], "call": "inline"},
-    # Agent tools are not run inline: a call of paris runs as a child turn, as without `call`.
-    "paris": {"model": "passthrough", "call": "inline", "agents": ["ny"]},
+    # Its work waits behind normal work: inline too, its activities carry its priority.
+    "slow": {"model": "passthrough", "call": "inline", "priority": "batch"},
     "chain": {"type": "chain", "sequence": ["london", "ny"]},
+    # An evaluator's step asks for structured output, which only a child turn gives.
+    "editor": {"type": "evaluator_optimizer", "generator": "ny", "evaluator": "slow"},
 }
 
 
@@ -110,12 +116,70 @@ async def test_calls_of_one_agent_share_its_plan(h: Harness) -> None:
     assert result.usage_by_agent["ny"]["passthrough"].calls == 2
 
 
-async def test_an_agent_the_inline_loop_cannot_run_is_called_as_a_child(h: Harness) -> None:
-    turn = await h.start(ask(("paris", "bonjour")))
+@pytest.mark.parametrize(
+    ("options", "conflict"),
+    [
+        ({"type": "chain", "sequence": ["other"]}, "type chain"),
+        ({"hooks": {"before_llm_call": ["audit"]}}, "hooks"),
+        ({"approval": {"tools": ["*"]}}, "approval"),
+        ({"client_tools": [{"name": "pick"}]}, "client_tools"),
+        ({"agents": ["other"]}, "agents (agent tools)"),
+        ({"budget": {"tokens": 1000}}, "budget"),
+        ({"fallback_models": ["passthrough"]}, "fallback_models"),
+        ({"servers": ["asks"]}, "servers that ask (elicitation forms or sampling): ['asks']"),
+        (
+            {"max_iterations": INLINE_MAX_ITERATIONS + 1},
+            f"max_iterations {INLINE_MAX_ITERATIONS + 1}",
+        ),
+    ],
+)
+async def test_a_worker_refuses_an_inline_agent_with_what_only_a_child_runs(
+    client: Client, tmp_path: Path, options: dict[str, Any], conflict: str
+) -> None:
+    settings = make_settings(
+        tmp_path,
+        mcp={"servers": {"asks": {"command": "none", "elicitation": {"mode": "forms"}}}},
+        hooks={"audit": "tests.test_inline_agent_calls:quick"},
+        agents={
+            "boss": {"model": "passthrough", "agents": ["helper"]},
+            "helper": {"model": "passthrough", "call": "inline", **options},
+            "other": {"model": "passthrough"},
+        },
+    )
+    with pytest.raises(ValueError) as raised:
+        build_worker(client, settings, task_queue="never")
+    assert f"agent 'helper' says `call: inline` but has {conflict}" in str(raised.value)
+
+
+async def test_the_default_max_iterations_is_allowed_inline() -> None:
+    assert AgentOptions().max_iterations <= INLINE_MAX_ITERATIONS
+
+
+async def test_a_step_asked_for_structured_output_runs_as_a_child(h: Harness) -> None:
+    turn = await h.start('{"rating": "EXCELLENT", "feedback": "fine"}', agent="editor")
     result = await turn.result()
-    [call_id] = result.messages[1].tool_calls or {}
-    assert (result.messages[2].tool_results or {})[call_id].text == "bonjour"
-    assert await _exists(h.client, child_id(turn.workflow_id, 1, call_id))
+    assert result.stop_reason == StopReason.END_TURN
+    # The generator's steps ran inline, the evaluator's (structured output) as child turns.
+    query = f"ParentWorkflowId = '{turn.workflow_id}'"
+    children = [c.id async for c in h.client.list_workflows(query)]
+    assert children and all(c.endswith("/slow") for c in children)
+
+
+async def test_an_inline_agents_activities_carry_its_own_priority(h: Harness) -> None:
+    turn = await h.start(ask(("slow", "later")))
+    result = await turn.result()
+    assert result.stop_reason == StopReason.END_TURN
+    history = await h.client.get_workflow_handle(turn.workflow_id).fetch_history()
+    keys = [
+        (
+            e.activity_task_scheduled_event_attributes.activity_type.name,
+            e.activity_task_scheduled_event_attributes.priority.priority_key,
+        )
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    # The caller's own activities at Temporal's default (0: normal, unset); slow's at batch's.
+    assert keys == [("prepare_turn", 0), ("llm_step", 0), ("llm_step", 5), ("llm_step", 0)]
 
 
 async def test_a_chain_runs_its_inline_steps_in_its_own_workflow(h: Harness) -> None:
@@ -212,3 +276,41 @@ async def test_inline_calls_read_their_input_by_query_each_its_own(
         turn = TurnInput(agent="pmo", messages=[ask(("ny", "one"), ("ny", "two"))])
         result = await (await start_turn(client, turn, task_queue=queue)).result()
     assert [r.text for r in (result.messages[2].tool_results or {}).values()] == ["one", "two"]
+
+
+async def test_an_inline_agents_model_calls_are_not_streamed_as_the_callers_text(
+    fake: FakeModelApi, harness: HarnessFactory
+) -> None:
+    """Live text follows the turn's model calls: an inline agent's would read as the caller's
+    own, so they are made whole, and its answer arrives as the tool result."""
+    message = json.dumps({"message": "hello"})
+    fake.script(
+        Answer(text="Asking.", calls=(("call_1", "agent__helper", message),)),
+        Reply.text("Thanks."),
+        model="boss-model",
+    )
+    fake.script(Reply.text("The helper's words."), model="helper-model")
+    config = {
+        "openai": {"api_key": "sk-turnkeep-inline", "base_url": fake.base_url_openai},
+        "streaming": {"listen": "127.0.0.1:0"},
+        "agents": {
+            "test": {"model": "openai.boss-model", "agents": ["helper"]},
+            "helper": {"model": "openai.helper-model", "call": "inline"},
+        },
+    }
+    async with harness(**config) as h:
+        handle = await h.start("hi")
+        events = [e async for e in handle.stream(include_tool_results=True)]
+        result = await handle.result()
+
+    assert result.final is not None and result.final.text == "Thanks."
+    assert (result.messages[2].tool_results or {})["call_1"].text == "The helper's words."
+    live_text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert "Asking." in live_text and "helper" not in live_text
+    assert [r.body.get("stream") is True for r in fake.requests_for_model("boss-model")] == [
+        True,
+        True,
+    ]
+    assert [r.body.get("stream") is True for r in fake.requests_for_model("helper-model")] == [
+        False
+    ]

@@ -16,6 +16,7 @@ client, no server request). A plan with anything else is run as a child turn ins
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -24,10 +25,12 @@ from turnkeep.contract.activity_io import AgentTool, ToolCallOutcome, ToolCallRe
 from turnkeep.contract.messages import CallToolResult, Message
 from turnkeep.contract.model_io import LlmRequest, MessageJson
 from turnkeep.contract.turn_io import TurnInput
-from turnkeep.workflows import actions
+from turnkeep.workflows import actions, task_priority
 from turnkeep.workflows.agent_tools import AgentCall, agent_result, team_usage
+from turnkeep.workflows.limits.capacity import Capacity
 from turnkeep.workflows.loop import TurnState
 from turnkeep.workflows.shared import shared
+from turnkeep.workflows.task_priority import temporal_priority
 from turnkeep.workflows.tool_batch import ToolBatch
 
 
@@ -53,7 +56,11 @@ class InlineCalls:
 
 
 def refusal(plan: TurnPlan) -> str | None:
-    """What in the called agent's plan the inline loop does not run (None: nothing)."""
+    """What in the called agent's plan the inline loop does not run (None: nothing). A worker
+    refuses a config whose inline agent has any of it (``AgentCatalog.inline_problems``), so
+    this finds something only for a caller on a worker whose config differs from the one that
+    planned the call, or for a team step asking for structured output: a guard, rarely met,
+    after which the call runs as a child turn."""
     unsupported = {
         "a workflow agent's steps": plan.team is not None,
         "hooks": bool(plan.hooks),
@@ -61,7 +68,6 @@ def refusal(plan: TurnPlan) -> str | None:
         "client tools": plan.client_tools is not None,
         "agent tools": bool(plan.agent_tools),
         "a budget": plan.budget is not None,
-        "limits": bool(plan.limits),
         "fallback models": bool(plan.fallback_models),
         "server requests": bool(plan.server_requests),
         "structured output": plan.structured_output is not None,
@@ -78,6 +84,8 @@ async def run_agent(
     depth: int,
     parent: TurnPlan,
     calls: InlineCalls,
+    capacity: Capacity | None = None,
+    show: Callable[[str], None] | None = None,
 ) -> AgentCall | None:
     """Run ``tool``'s agent on ``messages`` inside this workflow, under ``key`` (unique among
     the turn's agent calls: the child turn id it would have had), at the ``parent`` turn's
@@ -101,6 +109,21 @@ async def run_agent(
     if why is not None:
         workflow.logger.warning("agent %s runs as a child turn, not inline: %s", tool.agent, why)
         return None
+    # Its activities carry its own plan's priority, as a child turn's would.
+    with task_priority.scheduling_at(temporal_priority(plan.priority, plan.fairness_key)):
+        return await _loop(tool, turn, plan, key, calls, capacity, show)
+
+
+async def _loop(
+    tool: AgentTool,
+    turn: TurnInput,
+    plan: TurnPlan,
+    key: str,
+    calls: InlineCalls,
+    capacity: Capacity | None,
+    show: Callable[[str], None] | None,
+) -> AgentCall:
+    """The called agent's loop, its model calls' requests in ``calls`` under ``key``."""
     state = TurnState.start(turn, plan)
     try:
         state.tools = [shared(t) for t in await actions.list_tools(plan)]
@@ -111,7 +134,8 @@ async def run_agent(
         request = state.model_request()
         calls.inputs[key] = request
         try:
-            answer = await actions.call_model(request, plan, json, inline=key)
+            # A model with a limit waits for the caller's capacity, as the caller's calls do.
+            answer = await actions.call_model(request, plan, json, capacity, show, inline=key)
         finally:
             del calls.inputs[key]
         state.on_assistant(answer, request.model)

@@ -9,6 +9,9 @@ carry it."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Protocol, runtime_checkable
 
 from temporalio import workflow
@@ -29,6 +32,23 @@ def temporal_priority(priority: TaskPriority, fairness_key: str | None) -> Prior
     return Priority(priority_key=PRIORITY_KEYS[priority], fairness_key=fairness_key)
 
 
+# The priority of what an agent called inline (``inline_agent``) schedules, set around its
+# loop: its own plan's (which ``prepare_turn`` lowered by the agent's own), not its caller's.
+# A context variable, as the loop's parallel tool calls are asyncio tasks it starts, which
+# take the context of their start.
+_override: ContextVar[Priority | None] = ContextVar("turnkeep_task_priority", default=None)
+
+
+@contextlib.contextmanager
+def scheduling_at(priority: Priority) -> Iterator[None]:
+    """What the running code schedules within this carries ``priority``."""
+    token = _override.set(priority)
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
+
 @runtime_checkable
 class Prioritised(Protocol):
     """A workflow whose activities and child workflows carry a task priority of its own."""
@@ -40,6 +60,10 @@ class Prioritised(Protocol):
 def current() -> Priority:
     """The task priority of what the running workflow schedules: its own
     (``Prioritised``), else Temporal's default, which inherits the workflow's (an
-    application's workflow running a turn as a step)."""
+    application's workflow running a turn as a step). Within ``scheduling_at``, its
+    priority."""
+    override = _override.get()
+    if override is not None:
+        return override
     instance = workflow.instance()
     return instance.task_priority if isinstance(instance, Prioritised) else Priority.default

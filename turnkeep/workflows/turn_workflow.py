@@ -447,7 +447,14 @@ class TurnWorkflow:
         state = self.state
         if tool.inline and structured_output is None:
             call = await inline_agent.run_agent(
-                tool, messages, key=id, depth=state.depth, parent=state.plan, calls=self._inline
+                tool,
+                messages,
+                key=id,
+                depth=state.depth,
+                parent=state.plan,
+                calls=self._inline,
+                capacity=self.capacity,
+                show=self.show,
             )
             if call is not None:
                 return call
