@@ -561,11 +561,12 @@ class AgentOptions(_Settings):
     agents: list[str] = Field(default_factory=list)
     # At most this many of those calls run at once (fast-agent's `max_parallel`); None: no bound.
     max_parallel: int | None = Field(default=None, gt=0)
-    # Experimental: how another agent's call of this one runs. `child`: as a child workflow,
-    # with a history of its own. `inline`: its loop runs inside the calling turn's workflow
-    # (its model and tool calls are the caller's activities), for an agent with none of
-    # hooks, approval, client tools, agent tools, budget, limits, fallback models, server
-    # requests; otherwise, and for a step asked for structured output, it runs as a child.
+    # How another agent's call of this one runs. `child`: as a child workflow, with a history,
+    # cancellation, queue and live text of its own. `inline`: its loop runs inside the calling
+    # turn's workflow (its model and tool calls are the caller's activities), for a light,
+    # short agent: a worker refuses one with a workflow `type`, hooks, approval, client tools,
+    # agents, a budget, fallback models, servers that ask, or max_iterations above the
+    # default; an evaluator's step (structured output) still runs as a child.
     call: Literal["child", "inline"] = "child"
     # What the agent does, as another agent's tool sees it; unset: its instruction.
     description: str | None = None

@@ -178,8 +178,8 @@ class AgentTool(Compact):
     spec: ToolSpec  # named `agent__<agent>`
     agent: str
     task_queue: str
-    # Experimental (the agent's `call: inline`): a call runs the agent's loop inside the
-    # calling turn's workflow, its steps activities of the caller's (``inline_agent``).
+    # The agent's `call: inline`: a call runs the agent's loop inside the calling turn's
+    # workflow, its steps activities of the caller's (``inline_agent``).
     inline: bool = False
 
 

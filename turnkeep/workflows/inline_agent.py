@@ -1,17 +1,20 @@
-"""Experimental: an agent called as a tool (or as a team step) run *inline*, its loop inside the
-calling turn's workflow rather than as a child workflow (``agent_tools``), for an agent whose
-config says ``call: inline``.
+"""An agent called as a tool (or as a team step) run *inline*, its loop inside the calling
+turn's workflow rather than as a child workflow (``agent_tools``), for an agent whose config
+says ``call: inline`` (an opt-in; the child is the default).
 
 The called agent's plan comes from ``prepare_turn`` as a local activity of the caller's workflow
 task (this worker's config, checked as for any turn); its model and tool calls are activities
-of the caller's workflow, each summary naming the agent. What a child turn costs in server
+of the caller's workflow, each summary naming the agent, at the agent's own plan priority
+(``task_priority.scheduling_at``), its model calls within their limits as the caller's are and
+never streamed (their live text would read as the caller's). What a child turn costs in server
 transactions (starting it, the parent woken on its start, the child's own workflow tasks, its
 result sent back) is saved; what is given up is the child's own history, its entry in the Web
-UI, its own cancellation and task queue.
+UI, its own cancellation, task queue and continue-as-new (its whole loop is one step of the
+caller's history, so a worker bounds its ``max_iterations``), and live text.
 
 Only the plain loop runs inline: model calls, and tool calls that need no one (no approval, no
-client, no server request). A plan with anything else is run as a child turn instead
-(``refusal``)."""
+client, no server request). A worker refuses a config whose inline agent has anything else
+(``AgentCatalog.inline_problems``); ``refusal`` checks the plan again at the call."""
 
 from __future__ import annotations
 
