@@ -19,6 +19,7 @@ from temporalio.service import RPCError
 from tests.conftest import Harness, HarnessFactory, eventually, make_settings
 from tests.test_agent_tools_durability import SLOW_SECONDS, TURN_WITHIN, scheduled, team_workers
 from tests.test_durability import TOOL, starts
+from tests.test_limits import waits_for_capacity
 from tests.worker_process import WorkerProcesses
 from turnkeep.activities.tools import idempotency_key
 from turnkeep.client.live import TextDelta
@@ -314,3 +315,29 @@ async def test_an_inline_agents_model_calls_are_not_streamed_as_the_callers_text
     assert [r.body.get("stream") is True for r in fake.requests_for_model("helper-model")] == [
         False
     ]
+
+
+async def test_an_inline_agents_model_calls_wait_for_their_limit(
+    fake: FakeModelApi, harness: HarnessFactory
+) -> None:
+    """A model with a limit holds an inline agent's calls as it holds any turn's: the caller
+    says why it waits."""
+    model = f"m{uuid.uuid4().hex[:10]}"
+    fake.script(Reply.delay(3.0, Reply.text("first")), Reply.text("second"), model=model)
+    config = {
+        "anthropic": {"api_key": "sk-turnkeep-inline", "base_url": fake.base_url_anthropic},
+        "limits": {f"anthropic.{model}": {"concurrency": 1}},
+        "agents": {
+            "test": {"model": f"anthropic.{model}", "call": "inline"},
+            "boss": {"model": "passthrough", "agents": ["test"]},
+        },
+    }
+    async with harness(**config) as h:
+        first = await h.start("one")
+        await eventually(lambda: fake.requests_for_model(model), "the first call is in flight")
+        boss = await h.start(ask(("test", "two")), agent="boss")
+        await eventually(lambda: waits_for_capacity(boss), "the inline call waits for capacity")
+        result = await boss.result()
+        assert (await first.result()).final.text == "first"  # type: ignore[union-attr]
+    assert result.final is not None and result.final.text == "second"
+    assert len(fake.requests_for_model(model)) == 2
