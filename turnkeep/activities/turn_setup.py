@@ -345,9 +345,7 @@ def _server_requests(agents: AgentCatalog, agent: AgentSettings) -> dict[str, Se
     """How the turn answers each of the agent's servers that may ask a person or a model
     something during a tool call; the others are left out (their requests are declined)."""
     plans: dict[str, ServerRequestPlan] = {}
-    for server in agents.asking_servers(agent):
-        config = agents.server(server)
-        assert config is not None  # an asking server is an mcp.servers entry
+    for server, config in agents.asking_servers(agent).items():
         elicit = config.elicitation.mode if config.elicitation else "none"
         sampling = config.sampling if config.sampling and config.sampling.enabled else None
         plans[server] = ServerRequestPlan(

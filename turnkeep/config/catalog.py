@@ -113,18 +113,18 @@ class AgentCatalog(Mapping[str, AgentSettings]):
         config = self._servers.get(server)
         return (config.task_queue if config else None) or agent.task_queue
 
-    def asking_servers(self, agent: AgentSettings) -> list[str]:
+    def asking_servers(self, agent: AgentSettings) -> dict[str, McpServerSettings]:
         """``agent``'s servers that may ask a person (elicitation ``forms``) or a model
-        (sampling) something during a tool call."""
-        return [
-            name
+        (sampling) something during a tool call, with their entries."""
+        return {
+            name: config
             for name in agent.servers
             if (config := self._servers.get(name)) is not None
             and (
                 (config.elicitation is not None and config.elicitation.mode == "forms")
                 or (config.sampling is not None and config.sampling.enabled)
             )
-        ]
+        }
 
     def unknown_servers(self, servers: set[str]) -> dict[str, list[str]]:
         """Per agent, the servers it names that are not among ``servers``."""
@@ -179,7 +179,7 @@ class AgentCatalog(Mapping[str, AgentSettings]):
             "workflow; remove those, or call it as a child turn (`call: child`, the default)"
             for name, agent in self._agents.items()
             if agent.call == "inline"
-            and (conflicts := inline_conflicts(agent, self.asking_servers(agent)))
+            and (conflicts := inline_conflicts(agent, list(self.asking_servers(agent))))
         ]
 
     def _circle(self, start: str, path: list[str]) -> list[str] | None:

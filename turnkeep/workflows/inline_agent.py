@@ -60,10 +60,11 @@ class InlineCalls:
 
 def refusal(plan: TurnPlan) -> str | None:
     """What in the called agent's plan the inline loop does not run (None: nothing). A worker
-    refuses a config whose inline agent has any of it (``AgentCatalog.inline_problems``), so
-    this finds something only for a caller on a worker whose config differs from the one that
-    planned the call, or for a team step asking for structured output: a guard, rarely met,
-    after which the call runs as a child turn."""
+    refuses a config whose inline agent has any of it (``AgentCatalog.inline_problems``), and
+    a step asked for structured output is not run inline, so this finds something only when
+    the worker that planned the caller's turn (and so marked the agent inline) had another
+    config than the one running the call: a guard, rarely met, after which the call runs as
+    a child turn."""
     unsupported = {
         "a workflow agent's steps": plan.team is not None,
         "hooks": bool(plan.hooks),
