@@ -51,6 +51,10 @@ MODEL_SECONDS = 1.0
 PARALLEL_WITHIN = 1.15
 HISTORY_CALLS = 100
 HISTORY_MAX = 1.2
+# The experimental inline design (an agent's ``call: inline``: its loop in the caller's
+# workflow, ``turnkeep.workflows.inline_agent``), measured beside the child turn in the same
+# run, against the same function-tool call.
+INLINE = "inline"
 
 OVERHEAD_TARGET = f"an agent-as-tool call ≤ {OVERHEAD_MAX:g}× a function-tool call's overhead"
 PARALLEL_TARGET = (
@@ -63,6 +67,7 @@ HISTORY_TARGET = (
 )
 CHAIN_TARGET = f"each step of a chain ≤ {CHAIN_STEP_MAX:g}× a function-tool call's overhead"
 TARGETS = [OVERHEAD_TARGET, CHAIN_TARGET, PARALLEL_TARGET, HISTORY_TARGET]
+TARGETS += [f"{target} ({INLINE})" for target in TARGETS]
 
 # The parents: one for the overhead (its prompt names the call), one fanning out to the slow
 # agent, and two scripted ones of HISTORY_CALLS iterations with the same tools, so their plans
@@ -76,11 +81,19 @@ LONG_CHAIN = f"chain-{CHAIN_STEPS}"
 BY_AGENT = f"{HISTORY_CALLS}-agent-calls"
 BY_FUNCTION = f"{HISTORY_CALLS}-function-calls"
 FUNCTION_CALL = f"***CALL_TOOL {SERVER}__line " + json.dumps({"i": 0})
-AGENT_CALL = f"***CALL_TOOL agent__{ECHO} " + json.dumps({"message": "result 0: ok"})
+
+
+def inline(agent: str) -> str:
+    """The same agent, called inline."""
+    return f"{agent}-{INLINE}"
+
+
+def agent_call(agent: str) -> str:
+    return f"***CALL_TOOL agent__{agent} " + json.dumps({"message": "result 0: ok"})
 
 
 def _settings(env: Environment, fake: FakeModelApi) -> Settings:
-    def scripted(name: str, call: Any) -> dict[str, Any]:
+    def scripted(name: str, call: Any, agent: str = ECHO) -> dict[str, Any]:
         script = env.tmp / f"teams-{name}.json"
         steps = [{"tool_calls": {f"c{i}": call(i)}} for i in range(HISTORY_CALLS)]
         script.write_text(json.dumps([*steps, "done"]), encoding="utf-8")
@@ -88,26 +101,34 @@ def _settings(env: Environment, fake: FakeModelApi) -> Settings:
             "model": "playback",
             "playback": str(script),
             "servers": [SERVER],
-            "agents": [ECHO],
+            "agents": [agent],
             "max_iterations": HISTORY_CALLS + 1,
             "compaction": {"enabled": False},
         }
 
     # The function's result and the child's answer are the same line.
-    def by_agent(i: int) -> dict[str, Any]:
-        return {"name": f"agent__{ECHO}", "arguments": {"message": f"result {i}: ok"}}
+    def by_agent(i: int, agent: str = ECHO) -> dict[str, Any]:
+        return {"name": f"agent__{agent}", "arguments": {"message": f"result {i}: ok"}}
+
+    def by_inline_agent(i: int) -> dict[str, Any]:
+        return by_agent(i, inline(ECHO))
 
     def by_function(i: int) -> dict[str, Any]:
         return {"name": f"{SERVER}__line", "arguments": {"i": i}}
 
     agents = {
-        PARENT: {"model": "passthrough", "servers": [SERVER], "agents": [ECHO]},
-        FANOUT: {"model": "passthrough", "agents": [SLOW]},
+        PARENT: {"model": "passthrough", "servers": [SERVER], "agents": [ECHO, inline(ECHO)]},
+        FANOUT: {"model": "passthrough", "agents": [SLOW, inline(SLOW)]},
         ECHO: {"model": "passthrough"},
+        inline(ECHO): {"model": "passthrough", "call": INLINE},
         SLOW: {"model": "anthropic.test-model"},
+        inline(SLOW): {"model": "anthropic.test-model", "call": INLINE},
         SHORT_CHAIN: {"type": "chain", "sequence": [ECHO]},
         LONG_CHAIN: {"type": "chain", "sequence": [ECHO] * CHAIN_STEPS},
+        inline(SHORT_CHAIN): {"type": "chain", "sequence": [inline(ECHO)]},
+        inline(LONG_CHAIN): {"type": "chain", "sequence": [inline(ECHO)] * CHAIN_STEPS},
         BY_AGENT: scripted(BY_AGENT, by_agent),
+        inline(BY_AGENT): scripted(inline(BY_AGENT), by_inline_agent, inline(ECHO)),
         BY_FUNCTION: scripted(BY_FUNCTION, by_function),
     }
     return Settings.model_validate(
@@ -133,10 +154,28 @@ async def _turn(client: Client, agent: str, prompt: str) -> tuple[float, str, Tu
 FLOOR = "floor: the parent answers, no call"
 FUNCTION = "one function-tool call"
 AGENT = "one agent call (child turn)"
-CALLS = {FLOOR: "report", FUNCTION: FUNCTION_CALL, AGENT: AGENT_CALL}
+AGENT_INLINE = f"one agent call ({INLINE})"
+CALLS = {
+    FLOOR: "report",
+    FUNCTION: FUNCTION_CALL,
+    AGENT: agent_call(ECHO),
+    AGENT_INLINE: agent_call(inline(ECHO)),
+}
 ONE_STEP = "a chain of 1 step"
 STEPS = f"a chain of {CHAIN_STEPS} steps"
-CHAINS = {ONE_STEP: SHORT_CHAIN, STEPS: LONG_CHAIN}
+ONE_STEP_INLINE = f"a chain of 1 {INLINE} step"
+STEPS_INLINE = f"a chain of {CHAIN_STEPS} {INLINE} steps"
+CHAINS = {
+    ONE_STEP: SHORT_CHAIN,
+    STEPS: LONG_CHAIN,
+    ONE_STEP_INLINE: inline(SHORT_CHAIN),
+    STEPS_INLINE: inline(LONG_CHAIN),
+}
+# Each design's agent call and chains (short, long).
+DESIGNS = {
+    "child turn": (AGENT, ONE_STEP, STEPS),
+    INLINE: (AGENT_INLINE, ONE_STEP_INLINE, STEPS_INLINE),
+}
 # Each variant's agent and prompt.
 VARIANTS = {
     **{variant: (PARENT, prompt) for variant, prompt in CALLS.items()},
@@ -155,9 +194,9 @@ class Overhead:
     def extras(self, variant: str) -> list[float]:
         return [r[variant] - r[FLOOR] for r in self.rounds]
 
-    def ratios(self) -> list[float]:
+    def ratios(self, agent: str = AGENT) -> list[float]:
         return [
-            (r[AGENT] - r[FLOOR]) / (r[FUNCTION] - r[FLOOR])
+            (r[agent] - r[FLOOR]) / (r[FUNCTION] - r[FLOOR])
             for r in self.rounds
             if r[FUNCTION] > r[FLOOR]
         ]
@@ -165,18 +204,18 @@ class Overhead:
     def extra(self, variant: str) -> float:
         return statistics.median(self.extras(variant))
 
-    def ratio(self) -> float:
+    def ratio(self, agent: str = AGENT) -> float:
         """The agent call's extra over the function tool's, each the median of the rounds (a
         round's own ratio divides by a difference of a few tens of ms, which noise swings)."""
-        return self.extra(AGENT) / self.extra(FUNCTION)
+        return self.extra(agent) / self.extra(FUNCTION)
 
-    def step(self) -> float:
+    def step(self, short: str = ONE_STEP, long: str = STEPS) -> float:
         """Seconds per chain step: the median of the rounds' differences between the long
         chain and the short one, over the steps it adds."""
-        return statistics.median((r[STEPS] - r[ONE_STEP]) / (CHAIN_STEPS - 1) for r in self.rounds)
+        return statistics.median((r[long] - r[short]) / (CHAIN_STEPS - 1) for r in self.rounds)
 
-    def step_ratio(self) -> float:
-        return self.step() / self.extra(FUNCTION)
+    def step_ratio(self, short: str = ONE_STEP, long: str = STEPS) -> float:
+        return self.step(short, long) / self.extra(FUNCTION)
 
 
 async def overhead(client: Client, rounds: int, turns: int) -> Overhead:
@@ -209,12 +248,13 @@ def overhead_table(o: Overhead, turns: int) -> Table:
         )
     for variant in CHAINS:
         table.add(variant, f"{o.seconds(variant) * 1000:.1f}", "", "")
-    table.add(
-        "each chain step beyond the first",
-        "",
-        f"{o.step() * 1000:.1f}",
-        f"{o.step_ratio():.2f}×",
-    )
+    for design, (_, short, long) in DESIGNS.items():
+        table.add(
+            f"each chain step beyond the first ({design})",
+            "",
+            f"{o.step(short, long) * 1000:.1f}",
+            f"{o.step_ratio(short, long):.2f}×",
+        )
     table.notes.append(
         f"{len(o.rounds)} rounds of {turns} turns of each, one after another (the order reversed "
         "every other round). ms per turn: the median of the rounds' means; beyond the floor: "
@@ -224,7 +264,9 @@ def overhead_table(o: Overhead, turns: int) -> Table:
         "model call), started as a child workflow on the agent's own queue of the same worker "
         "process. A chain step: the chain of "
         f"{CHAIN_STEPS} steps less the chain of 1, over the {CHAIN_STEPS - 1} steps it adds "
-        "(the median of the rounds'), each step that same child turn."
+        "(the median of the rounds'), each step that same child turn. The inline lines: the "
+        "same agent with `call: inline`, its loop run inside the caller's workflow (its "
+        "`prepare_turn` a local activity, its model call an activity of the caller's)."
     )
     return table
 
@@ -242,34 +284,37 @@ async def phases(client: Client, turns: int) -> Phases:
 # --- parallel -------------------------------------------------------------------------------
 
 
-def fan_out(calls: int) -> str:
+def fan_out(calls: int, agent: str = SLOW) -> str:
     return "\n".join(
-        f"***CALL_TOOL agent__{SLOW} " + json.dumps({"message": f"part {i}"}) for i in range(calls)
+        f"***CALL_TOOL agent__{agent} " + json.dumps({"message": f"part {i}"}) for i in range(calls)
     )
 
 
-async def parallel(client: Client, repeats: int) -> dict[int, list[float]]:
-    out: dict[int, list[float]] = {1: [], PARALLEL_CALLS: []}
+async def parallel(client: Client, repeats: int) -> dict[tuple[str, int], list[float]]:
+    """Per (agent, calls in one answer): each turn's seconds."""
+    out: dict[tuple[str, int], list[float]] = {
+        (agent, calls): [] for agent in (SLOW, inline(SLOW)) for calls in (1, PARALLEL_CALLS)
+    }
     for n in range(repeats):
         progress(f"teams: parallel {n + 1}/{repeats}")
-        for calls in out:
-            seconds, _, result = await _turn(client, FANOUT, fan_out(calls))
+        for agent, calls in out:
+            seconds, _, result = await _turn(client, FANOUT, fan_out(calls, agent))
             answers = result.messages[2].tool_results or {}
             if len(answers) != calls or any(a.is_error for a in answers.values()):
                 raise RuntimeError(f"the fan-out turn of {calls} call(s) did not get every answer")
-            out[calls].append(seconds)
+            out[(agent, calls)].append(seconds)
     return out
 
 
-def parallel_table(times: dict[int, list[float]]) -> Table:
+def parallel_table(times: dict[tuple[str, int], list[float]]) -> Table:
     table = Table(
         f"Agents as tools: parallel calls, each child's model taking {MODEL_SECONDS:g} s",
         ["agent calls in one answer", "turn (s), median", "range (s)", "beyond one model call"],
     )
-    for calls, seconds in times.items():
+    for (agent, calls), seconds in times.items():
         median = statistics.median(seconds)
         table.add(
-            calls,
+            f"{calls} ({INLINE})" if agent != SLOW else calls,
             f"{median:.2f}",
             f"{min(seconds):.2f}–{max(seconds):.2f}",
             f"+{(median - MODEL_SECONDS) * 1000:.0f} ms",
@@ -295,28 +340,28 @@ class History:
     children_bytes: int  # the children's own histories, all of them
 
 
-async def history(client: Client, agent: str) -> History:
+async def history(client: Client, agent: str, *, children: bool = True) -> History:
     progress(f"teams: history, {agent}")
     _, workflow_id, result = await _turn(client, agent, "go")
     runs = await runs_of(client, workflow_id)
     events = [e for run in runs for e in run]
-    children = 0
+    children_bytes = 0
     for message in result.messages:
         for call_id, call in (message.tool_calls or {}).items():
-            if call.name.startswith("agent__"):
+            if children and call.name.startswith("agent__"):
                 step = int(call_id.removeprefix("c")) + 1  # model call c<i> was call i + 1
                 for run in await runs_of(client, child_id(workflow_id, step, call_id)):
-                    children += sum(e.ByteSize() for e in run)
+                    children_bytes += sum(e.ByteSize() for e in run)
     return History(
         runs=len(runs),
         events=len(events),
         bytes=sum(e.ByteSize() for e in events),
         conversation_bytes=conversation_bytes(result),
-        children_bytes=children,
+        children_bytes=children_bytes,
     )
 
 
-def history_table(by_function: History, by_agent: History) -> Table:
+def history_table(by_function: History, by_agent: History, by_inline: History) -> Table:
     table = Table(
         f"Agents as tools: the parent's history over {HISTORY_CALLS} calls, one per iteration",
         [
@@ -329,7 +374,12 @@ def history_table(by_function: History, by_agent: History) -> Table:
             "children's histories KB",
         ],
     )
-    for name, h in (("a function tool", by_function), ("an agent", by_agent)):
+    parents = (
+        ("a function tool", by_function),
+        ("an agent", by_agent),
+        (f"an agent ({INLINE})", by_inline),
+    )
+    for name, h in parents:
         table.add(
             name,
             h.runs,
@@ -343,7 +393,8 @@ def history_table(by_function: History, by_agent: History) -> Table:
         "history: the bytes of every event of every run of the parent's own workflow "
         "(continue-as-new included), as the `history` section counts them. Both parents are "
         "`playback` with the same tools; the child echoes the line the function returns. The "
-        "children's histories are their own workflows', listed apart."
+        "children's histories are their own workflows', listed apart; an agent called inline "
+        "has none (its steps are in the parent's)."
     )
     return table
 
@@ -362,42 +413,70 @@ async def teams(env: Environment, quick: bool) -> tuple[list[Table], list[Target
             times = await parallel(env.client, repeats)
             by_function = await history(env.client, BY_FUNCTION)
             by_agent = await history(env.client, BY_AGENT)
+            by_inline = await history(env.client, inline(BY_AGENT), children=False)
 
-    low, high = median_interval(o.ratios())
-    ratio = o.ratio()
-    agent_ms = o.extra(AGENT) * 1000
-    function_ms = o.extra(FUNCTION) * 1000
-    fan = statistics.median(times[PARALLEL_CALLS])
-    history_ratio = by_agent.bytes / by_function.bytes
     targets = [
-        Target(
-            OVERHEAD_TARGET,
-            f"{ratio:.2f}× ({agent_ms:.1f} ms against {function_ms:.1f} ms beyond the floor; "
-            f"95% interval of the median of the rounds' own ratios {low:.2f}–{high:.2f}×)",
-            ratio <= OVERHEAD_MAX,
-        ),
-        Target(
-            CHAIN_TARGET,
-            f"{o.step_ratio():.2f}× ({o.step() * 1000:.1f} ms a step against {function_ms:.1f} ms)",
-            o.step_ratio() <= CHAIN_STEP_MAX,
-        ),
-        Target(
-            PARALLEL_TARGET,
-            f"{fan:.2f} s (median of {len(times[PARALLEL_CALLS])}; one call alone "
-            f"{statistics.median(times[1]):.2f} s)",
-            fan <= PARALLEL_WITHIN,
-        ),
-        Target(
-            HISTORY_TARGET,
-            f"{history_ratio:.2f}× ({by_agent.bytes / 1024:,.0f} KB against "
-            f"{by_function.bytes / 1024:,.0f} KB)",
-            history_ratio <= HISTORY_MAX,
+        *_targets(o, times, by_function, by_agent, (AGENT, ONE_STEP, STEPS), SLOW, ""),
+        *_targets(
+            o,
+            times,
+            by_function,
+            by_inline,
+            (AGENT_INLINE, ONE_STEP_INLINE, STEPS_INLINE),
+            inline(SLOW),
+            f" ({INLINE})",
         ),
     ]
     tables = [
         overhead_table(o, turns),
         phases_table(p),
         parallel_table(times),
-        history_table(by_function, by_agent),
+        history_table(by_function, by_agent, by_inline),
     ]
     return tables, targets
+
+
+def _targets(
+    o: Overhead,
+    times: dict[tuple[str, int], list[float]],
+    by_function: History,
+    by_agent: History,
+    variants: tuple[str, str, str],
+    slow: str,
+    suffix: str,
+) -> list[Target]:
+    """The targets, as one design (its agent call and chains, ``variants``; its slow agent)
+    meets them."""
+    agent, short, long = variants
+    low, high = median_interval(o.ratios(agent))
+    ratio = o.ratio(agent)
+    agent_ms = o.extra(agent) * 1000
+    function_ms = o.extra(FUNCTION) * 1000
+    fan = statistics.median(times[(slow, PARALLEL_CALLS)])
+    history_ratio = by_agent.bytes / by_function.bytes
+    step, step_ratio = o.step(short, long), o.step_ratio(short, long)
+    return [
+        Target(
+            OVERHEAD_TARGET + suffix,
+            f"{ratio:.2f}× ({agent_ms:.1f} ms against {function_ms:.1f} ms beyond the floor; "
+            f"95% interval of the median of the rounds' own ratios {low:.2f}–{high:.2f}×)",
+            ratio <= OVERHEAD_MAX,
+        ),
+        Target(
+            CHAIN_TARGET + suffix,
+            f"{step_ratio:.2f}× ({step * 1000:.1f} ms a step against {function_ms:.1f} ms)",
+            step_ratio <= CHAIN_STEP_MAX,
+        ),
+        Target(
+            PARALLEL_TARGET + suffix,
+            f"{fan:.2f} s (median of {len(times[(slow, PARALLEL_CALLS)])}; one call alone "
+            f"{statistics.median(times[(slow, 1)]):.2f} s)",
+            fan <= PARALLEL_WITHIN,
+        ),
+        Target(
+            HISTORY_TARGET + suffix,
+            f"{history_ratio:.2f}× ({by_agent.bytes / 1024:,.0f} KB against "
+            f"{by_function.bytes / 1024:,.0f} KB)",
+            history_ratio <= HISTORY_MAX,
+        ),
+    ]

@@ -14,9 +14,10 @@ runs, and a parent that continues as new around its children.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,16 @@ async def history(client: Client, workflow_id: str) -> list[HistoryEvent]:
 async def workers(
     client: Client, temporal: ServerInfo, tmp_path: Path
 ) -> AsyncIterator[tuple[WorkerProcesses, str, Path]]:
+    with team_workers(temporal, tmp_path) as processes:
+        yield processes
+
+
+@contextlib.contextmanager
+def team_workers(
+    temporal: ServerInfo, tmp_path: Path, **helper: Any
+) -> Iterator[tuple[WorkerProcesses, str, Path]]:
+    """Worker processes for a ``boss`` that calls a ``helper`` (with ``helper`` settings added)
+    whose tool logs its runs to the record: the processes, their task queue, the record."""
     record = tmp_path / "record.jsonl"
     task_queue = f"team-{uuid.uuid4().hex[:10]}"
     agents = {
@@ -88,6 +99,7 @@ async def workers(
             "servers": ["effects"],
             "llm_timeouts": FAST_RECOVERY,
             "tool_timeouts": FAST_RECOVERY,
+            **helper,
         },
     }
     config = {

@@ -185,6 +185,7 @@ WORKFLOW_MODULES = [
     "waits.updates",
     "child_turn",
     "agent_tools",
+    "inline_agent",
     "teams.steps",
     "teams.chain",
     "teams.parallel",

@@ -22,8 +22,9 @@ from turnkeep.payloads.composition import data_converter
 from turnkeep.payloads.converter import _STORING_JSON
 from turnkeep.payloads.storage import external_storage
 
+# Every field set: a payload leaves out only fields that hold their defaults (``Compact``).
 STEP = LlmStepRequest(
-    agent="a", model="m", call_index=1, workflow_id="w", run_id="r", digest="d" * 64
+    agent="a", model="m", call_index=1, workflow_id="w", run_id="r", digest="d" * 64, inline="i"
 )
 
 

@@ -10,6 +10,7 @@ notes' *Changing the workflow safely*).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,3 +217,22 @@ async def test_session_replays_fresh_and_recorded(harness: HarnessFactory, tmp_p
         await session.result()
     assert fresh.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
     await replays_fresh_and_recorded("session", fresh, session_id)
+
+
+async def test_inline_agent_call_replays_fresh_and_recorded(harness: HarnessFactory) -> None:
+    """A call of an agent whose config says `call: inline`: its plan, its model calls and its
+    own tool call are steps of the calling turn's history, between the caller's two model
+    calls."""
+    agents = {
+        "test": {"model": "passthrough", "agents": ["helper"]},
+        "helper": {"model": "passthrough", "servers": ["local"], "call": "inline"},
+    }
+    inner = '***CALL_TOOL local__add {"a": 1, "b": 2}'
+    prompt = f"***CALL_TOOL agent__helper {json.dumps({'message': inner})}"
+    async with harness({"local": [add]}, agents=agents) as h:
+        handle = await h.start(prompt)
+        result = await handle.result()
+        fresh = await handle.handle.fetch_history()
+    [tool_result] = (result.messages[2].tool_results or {}).values()
+    assert tool_result.text == "3" and set(result.usage_by_agent) == {"test", "helper"}
+    await replays_fresh_and_recorded("inline_agent", fresh)

@@ -68,7 +68,10 @@ class ModelActivities:
         provider = self._provider(ref)
         spans.model_call(ref.provider, ref.name, request)  # the call's span, when tracing
         try:
-            answered = await self._call(provider, request, ref, step.call_index)
+            # An agent called inline makes its calls in its caller's workflow: streamed, their
+            # text would be followed as the caller's own. Its answer arrives as the tool result.
+            live = self._live if step.inline is None else None
+            answered = await self._call(provider, request, ref, step.call_index, live)
         except ApplicationError as err:
             if err.type in RATE_LIMITED:
                 rate_limited(ref.provider, step.model)
@@ -85,16 +88,21 @@ class ModelActivities:
         return answer
 
     async def _call(
-        self, provider: ModelProvider, request: LlmRequest, ref: ModelRef, call_index: int
+        self,
+        provider: ModelProvider,
+        request: LlmRequest,
+        ref: ModelRef,
+        call_index: int,
+        live_server: LiveServer | None,
     ) -> Message:
-        if self._live is None or not provider.streams:
+        if live_server is None or not provider.streams:
             return await heartbeating(provider.complete_model(request, ref), f"llm #{call_index}")
         # Streamed: the provider sends its deltas to this attempt's live stream, whose address
         # is the heartbeat details (every beat's, so none replaces it), sent at once so that
         # watchers find it before the first token. The answer is the same Message.
         converter, attempt = activity.client().data_converter, activity.info().attempt
         try:
-            live = await self._live.open(converter, call_index, attempt)
+            live = await live_server.open(converter, call_index, attempt)
         except Exception as err:  # the live server cannot run: the call goes on, unstreamed
             activity.logger.warning("live streaming is unavailable: %s", err)
             return await heartbeating(provider.complete_model(request, ref), f"llm #{call_index}")
@@ -103,7 +111,7 @@ class ModelActivities:
             with streaming_to(live):
                 return await heartbeating(provider.complete_model(request, ref), live.address)
         finally:
-            self._live.close(live)
+            live_server.close(live)
 
     @activity.defn(name=COMPACT_HISTORY)
     async def compact_history(self, request: CompactRequest) -> Message:

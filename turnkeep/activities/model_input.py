@@ -40,7 +40,9 @@ async def model_input(step: LlmStepRequest) -> LlmRequest:
 
     async def page(start: int) -> ModelInputPage:
         answer = await handle.query(
-            MODEL_INPUT_QUERY, args=[step.call_index, start], result_type=ModelInputPage
+            MODEL_INPUT_QUERY,
+            args=[step.call_index, start] + ([step.inline] if step.inline else []),
+            result_type=ModelInputPage,
         )
         if answer is None:
             raise _input_mismatch(step)
@@ -81,7 +83,9 @@ class ModelInputHandoff:
         self._parsed = parsed
         self._bytes = 0
         # (workflow id, run id, call index) -> (digest, request JSON)
-        self._entries: OrderedDict[tuple[str, str, int], tuple[str, RequestJson]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str, int, str | None], tuple[str, RequestJson]] = (
+            OrderedDict()
+        )
         # Workflow tasks run on the worker's thread pool, activities on its event loop.
         self._lock = threading.Lock()
 
@@ -113,8 +117,8 @@ class ModelInputHandoff:
         return entry[1].parse(self._parsed.messages)
 
 
-def _key(step: LlmStepRequest) -> tuple[str, str, int]:
-    return (step.workflow_id, step.run_id, step.call_index)
+def _key(step: LlmStepRequest) -> tuple[str, str, int, str | None]:
+    return (step.workflow_id, step.run_id, step.call_index, step.inline)
 
 
 # One per process: the workflow and the activity may belong to different Worker objects of one

@@ -99,7 +99,8 @@ class ToolActivities:
         self._check_server(req.agent, agent, server)
         info = activity.info()
         # A standalone activity (no workflow) is keyed by its own id, also stable across retries.
-        key = idempotency_key(info.workflow_id or info.activity_id, req.call_id)
+        owner = info.workflow_id or info.activity_id
+        key = idempotency_key(f"{owner}/{req.scope}" if req.scope else owner, req.call_id)
         meta = {IDEMPOTENCY_KEY_META: key}
         # The source itself, not the pool's call_tool: one coroutine less on the hot path.
         source = self._pool.source(server)

@@ -345,14 +345,9 @@ def _server_requests(agents: AgentCatalog, agent: AgentSettings) -> dict[str, Se
     """How the turn answers each of the agent's servers that may ask a person or a model
     something during a tool call; the others are left out (their requests are declined)."""
     plans: dict[str, ServerRequestPlan] = {}
-    for server in agent.servers:
-        config = agents.server(server)
-        if config is None:
-            continue
+    for server, config in agents.asking_servers(agent).items():
         elicit = config.elicitation.mode if config.elicitation else "none"
         sampling = config.sampling if config.sampling and config.sampling.enabled else None
-        if elicit != "forms" and sampling is None:
-            continue
         plans[server] = ServerRequestPlan(
             elicitation=elicit,
             elicitation_timeout=config.elicitation.timeout if config.elicitation else None,

@@ -9,7 +9,11 @@ from collections.abc import Iterator, Mapping
 
 from turnkeep.config.settings import AgentOptions, AgentSettings, McpServerSettings, Settings
 from turnkeep.contract.activity_io import AGENT_TOOL_PREFIX, AgentTool, ToolSpec
-from turnkeep.contract.turn_io import DEFAULT_TASK_QUEUE, agent_task_queue
+from turnkeep.contract.turn_io import (
+    DEFAULT_MAX_ITERATIONS,
+    DEFAULT_TASK_QUEUE,
+    agent_task_queue,
+)
 from turnkeep.errors import config_error, known
 
 # fast-agent's input for an agent called as a tool.
@@ -24,6 +28,34 @@ def called(agent: AgentOptions) -> list[str]:
     """The agents ``agent`` calls: as tools, or as the steps of a workflow agent."""
     single = [a for a in (agent.fan_in, agent.generator, agent.evaluator, agent.worker) if a]
     return [*agent.agents, *agent.sequence, *agent.fan_out, *single]
+
+
+# The most iterations an agent called inline (`call: inline`) may make. Its whole loop is one
+# step of its caller's history, which continues as new only between its own steps, so each
+# iteration of it (a dozen events, two activities and their workflow tasks) stays in that
+# history: at this bound even a batch of several such calls, from a caller at its
+# continue-as-new threshold, is far from Temporal's hard limit of 51,200 events. It is the
+# default, which an agent with a longer loop raises, and such an agent is a child's work.
+INLINE_MAX_ITERATIONS = DEFAULT_MAX_ITERATIONS
+
+
+def inline_conflicts(agent: AgentSettings, asking_servers: list[str]) -> list[str]:
+    """What in ``agent``'s config the inline loop (``call: inline``) does not run: each of
+    these needs a history, a person or a wait of the called agent's own."""
+    conflicts = {
+        f"type {agent.type} (a workflow agent's steps are child turns)": agent.type != "agent",
+        "hooks": any(agent.hooks.values()),
+        "approval": agent.approval is not None,
+        "client_tools": bool(agent.client_tools),
+        "agents (agent tools)": bool(agent.agents),
+        "budget": agent.budget is not None,
+        "fallback_models": bool(agent.fallback_models),
+        f"servers that ask (elicitation forms or sampling): {asking_servers}": bool(asking_servers),
+        f"max_iterations {agent.max_iterations} (at most {INLINE_MAX_ITERATIONS} inline)": (
+            agent.max_iterations > INLINE_MAX_ITERATIONS
+        ),
+    }
+    return [what for what, present in conflicts.items() if present]
 
 
 class AgentCatalog(Mapping[str, AgentSettings]):
@@ -81,6 +113,19 @@ class AgentCatalog(Mapping[str, AgentSettings]):
         config = self._servers.get(server)
         return (config.task_queue if config else None) or agent.task_queue
 
+    def asking_servers(self, agent: AgentSettings) -> dict[str, McpServerSettings]:
+        """``agent``'s servers that may ask a person (elicitation ``forms``) or a model
+        (sampling) something during a tool call, with their entries."""
+        return {
+            name: config
+            for name in agent.servers
+            if (config := self._servers.get(name)) is not None
+            and (
+                (config.elicitation is not None and config.elicitation.mode == "forms")
+                or (config.sampling is not None and config.sampling.enabled)
+            )
+        }
+
     def unknown_servers(self, servers: set[str]) -> dict[str, list[str]]:
         """Per agent, the servers it names that are not among ``servers``."""
         return {
@@ -99,7 +144,12 @@ class AgentCatalog(Mapping[str, AgentSettings]):
             description=agent.description or agent.instruction,
             input_schema=AGENT_TOOL_SCHEMA,
         )
-        return AgentTool(spec=spec, agent=name, task_queue=task_queue or self.task_queue_of(name))
+        return AgentTool(
+            spec=spec,
+            agent=name,
+            task_queue=task_queue or self.task_queue_of(name),
+            inline=agent.call == "inline",
+        )
 
     def team_problems(self) -> list[str]:
         """What is wrong with the agents that agents call (as tools, or as steps of a workflow
@@ -118,6 +168,19 @@ class AgentCatalog(Mapping[str, AgentSettings]):
             if circle is not None and circle[0] == min(circle):
                 problems.append(f"agents call each other in a circle: {' -> '.join(circle)}")
         return problems
+
+    def inline_problems(self) -> list[str]:
+        """The agents whose ``call: inline`` asks for what the inline loop does not run: refused
+        when the worker starts, not found out at a call (``inline_agent.refusal`` stays as the
+        guard of a worker whose config differs from the caller's)."""
+        return [
+            f"agent {name!r} says `call: inline` but has {', '.join(conflicts)}: an agent "
+            "called inline runs a plain loop of model and tool calls inside its caller's "
+            "workflow; remove those, or call it as a child turn (`call: child`, the default)"
+            for name, agent in self._agents.items()
+            if agent.call == "inline"
+            and (conflicts := inline_conflicts(agent, list(self.asking_servers(agent))))
+        ]
 
     def _circle(self, start: str, path: list[str]) -> list[str] | None:
         """A path of agent-tool calls from ``start`` (``path`` so far) back to it, if any."""

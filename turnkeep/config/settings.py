@@ -561,6 +561,13 @@ class AgentOptions(_Settings):
     agents: list[str] = Field(default_factory=list)
     # At most this many of those calls run at once (fast-agent's `max_parallel`); None: no bound.
     max_parallel: int | None = Field(default=None, gt=0)
+    # How another agent's call of this one runs. `child`: as a child workflow, with a history,
+    # cancellation, queue and live text of its own. `inline`: its loop runs inside the calling
+    # turn's workflow (its model and tool calls are the caller's activities), for a light,
+    # short agent: a worker refuses one with a workflow `type`, hooks, approval, client tools,
+    # agents, a budget, fallback models, servers that ask, or max_iterations above the
+    # default; an evaluator's step (structured output) still runs as a child.
+    call: Literal["child", "inline"] = "child"
     # What the agent does, as another agent's tool sees it; unset: its instruction.
     description: str | None = None
     # fast-agent's workflow agents: `agent` (the default) talks to a model; `chain` runs the

@@ -178,6 +178,9 @@ class AgentTool(Compact):
     spec: ToolSpec  # named `agent__<agent>`
     agent: str
     task_queue: str
+    # The agent's `call: inline`: a call runs the agent's loop inside the calling turn's
+    # workflow, its steps activities of the caller's (``inline_agent``).
+    inline: bool = False
 
 
 class TeamPlan(Compact):
@@ -286,6 +289,10 @@ class ToolCallRequest(Compact):
     # The answers to what the server asked on earlier runs of this call, in order: a run
     # answers each request the server makes again from here (``server_requests``).
     answers: list[ServerAnswer] = Field(default_factory=list, max_length=MAX_SERVER_REQUESTS)
+    # The call of an agent run inline in this workflow (``inline_agent``) whose loop made this
+    # one: its call ids are the called agent's, which may be the caller's too, so the tool's
+    # idempotency key is scoped by it (the same key a child turn's call would have).
+    scope: str | None = Field(default=None, max_length=1000)
 
     def server_plan(self, plan: TurnPlan) -> ServerRequestPlan | None:
         return plan.server_requests.get(self.name.partition(TOOL_SEPARATOR)[0])

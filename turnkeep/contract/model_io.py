@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, PrivateAttr
 
 from turnkeep.contract.activity_io import ToolSpec
+from turnkeep.contract.compact import Compact
 from turnkeep.contract.messages import Message, estimate_chars
 
 # The query `llm_step` reads its input through (see LlmStepRequest).
@@ -166,7 +167,7 @@ class MessageJson:
         )
 
 
-class LlmStepRequest(BaseModel):
+class LlmStepRequest(Compact):
     """The input of ``llm_step``: a reference to the ``LlmRequest``, not a copy.
 
     Copying the conversation into every model call's input would record it again on each
@@ -181,6 +182,9 @@ class LlmStepRequest(BaseModel):
     workflow_id: str
     run_id: str
     digest: str  # request_digest() of the LlmRequest
+    # The agent call whose inline loop makes this call (``inline_agent``): the workflow holds
+    # its request under this key, its call index being the called agent's own.
+    inline: str | None = None
 
     # The request as JSON parts, in this process's memory only (a private attribute is never
     # serialized): the worker that schedules the call hands them to ``llm_step`` without
@@ -195,6 +199,7 @@ class LlmStepRequest(BaseModel):
         workflow_id: str,
         run_id: str,
         messages: MessageJson | None = None,
+        inline: str | None = None,
     ) -> LlmStepRequest:
         """The reference to ``request`` in this workflow run. With the turn's ``messages``
         (kept across its model calls), only messages new since the last call are dumped."""
@@ -206,6 +211,7 @@ class LlmStepRequest(BaseModel):
             workflow_id=workflow_id,
             run_id=run_id,
             digest=request_json.digest(),
+            inline=inline,
         )
         step._request_json = request_json
         return step

@@ -324,7 +324,7 @@ def _check_names(agents: AgentCatalog, servers: set[str], hooks: set[str]) -> No
             f"agent {agent!r} enables hook(s) {missing} that are not registered "
             f"(known: {known(hooks)})"
         )
-    for problem in agents.team_problems():
+    for problem in [*agents.team_problems(), *agents.inline_problems()]:
         raise ValueError(problem)
 
 

@@ -220,17 +220,22 @@ async def call_model(
     messages: MessageJson,
     capacity: Capacity | None = None,
     show: Callable[[str], None] | None = None,
+    inline: str | None = None,
 ) -> Message:
     """One model call. The workflow must answer ``MODEL_INPUT_QUERY`` with ``request`` while
     this runs: the activity reads the request from there (see ``LlmStepRequest``).
     ``messages`` is the turn's, kept from call to call. A model with a limit (``plan.limits``)
-    waits for its capacity first (``capacity``; ``show`` tells the turn's details why)."""
+    waits for its capacity first (``capacity``; ``show`` tells the turn's details why).
+    ``inline``: the agent call whose inline loop (``inline_agent``) makes this call, under
+    which the workflow holds the request; its summary names the called agent."""
     info = workflow.info()
     step = LlmStepRequest.referencing(
-        request, workflow_id=info.workflow_id, run_id=info.run_id, messages=messages
+        request, workflow_id=info.workflow_id, run_id=info.run_id, messages=messages, inline=inline
     )
     try:
         summary = visibility.llm_summary(request.call_index, request.model)
+        if inline is not None:
+            summary = visibility.clip(f"{request.agent} · {summary}")
         return await _llm_step(step, request, summary, plan.llm, plan, messages, capacity, show)
     except ActivityError as err:
         return _failed_call(err)
@@ -427,12 +432,15 @@ async def run_tools(
     on_result: Callable[[], None] | None = None,
     answer_server: ServerAnswerer | None = None,
     client_result: ClientWaiter | None = None,
+    inline: bool = False,
 ) -> tuple[dict[str, CallToolResult], dict[str, float]]:
     """Run a batch; ``completed`` fills in as calls finish (``on_result`` is called after
     each), so a cancellation keeps them. Gated calls wait for ``approve`` alongside the
     others, then run (or are answered) on their own, whatever ``parallel_tool_calls`` says:
     one person's wait must not hold up the rest. Calls of agent tools go to ``call_agent``;
-    client-side calls wait for ``client_result`` alongside the others, and run nothing."""
+    client-side calls wait for ``client_result`` alongside the others, and run nothing.
+    ``inline``: the batch of an agent called inline (``inline_agent``), whose summaries name
+    it."""
     timing: dict[str, float] = {}
     completed.update(batch.answered)
     for call_id in batch.answered:
@@ -446,6 +454,8 @@ async def run_tools(
                 outcome = await call_agent(call, agent)
             else:
                 summary, queue = visibility.tool_summary(call), plan.tool_task_queue(call.name)
+                if inline:
+                    summary = visibility.clip(f"{call.agent} · {summary}")
                 t = plan.tools
                 outcome = await execute(CALL_TOOL, call, ToolCallOutcome, summary, t, queue)
                 # A call whose server asked something runs again once it is answered.

@@ -20,7 +20,7 @@ from temporalio.exceptions import (
     FailureError,
 )
 
-from turnkeep.contract.activity_io import AgentTool, ToolCallRequest, TurnPlan
+from turnkeep.contract.activity_io import AgentTool, TurnPlan
 from turnkeep.contract.messages import CallToolResult, Message, StopReason, TextContent
 from turnkeep.contract.turn_io import TurnInput, TurnResult, Usage
 from turnkeep.workflows.child_turn import start_turn_child
@@ -53,15 +53,6 @@ def child_id(parent_id: str, step: int, call_id: str) -> str:
     """The child turn's workflow id: the parent's, then the model call that asked and the call
     id, so an operator finds the child from the call and each call gets a turn of its own."""
     return f"{parent_id}/{step}/{call_id[:CALL_ID_CHARS]}"
-
-
-async def call_agent(
-    call: ToolCallRequest, tool: AgentTool, *, id: str, depth: int, parent: TurnPlan
-) -> AgentCall:
-    """Run ``tool``'s agent on the call's message as a child turn, ``depth`` and ``parent``
-    being the calling turn's (``run_agent``)."""
-    message = Message.user(agent_message(call.arguments))
-    return await run_agent(tool, [message], id=id, depth=depth, parent=parent)
 
 
 async def run_agent(

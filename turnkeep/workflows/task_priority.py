@@ -9,6 +9,10 @@ call site has to carry it."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+
 from temporalio import workflow
 from temporalio.common import Priority
 
@@ -27,10 +31,31 @@ def temporal_priority(priority: TaskPriority, fairness_key: str | None) -> Prior
     return Priority(priority_key=PRIORITY_KEYS[priority], fairness_key=fairness_key)
 
 
+# The priority of what an agent called inline (``inline_agent``) schedules, set around its
+# loop: its own plan's (which ``prepare_turn`` lowered by the agent's own), not its caller's.
+# A context variable, as the loop's parallel tool calls are asyncio tasks it starts, which
+# take the context of their start.
+_override: ContextVar[Priority | None] = ContextVar("turnkeep_task_priority", default=None)
+
+
+@contextlib.contextmanager
+def scheduling_at(priority: Priority) -> Iterator[None]:
+    """What the running code schedules within this carries ``priority``."""
+    token = _override.set(priority)
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
+
 def current() -> Priority:
-    """The task priority of what the running workflow schedules: its own (a ``task_priority``
-    property: a turn's, a session's, an evaluation's), else Temporal's default, which inherits
-    the workflow's (an application's workflow running a turn as a step)."""
+    """The task priority of what the running workflow schedules: within ``scheduling_at``,
+    its priority; else the workflow's own (a ``task_priority`` property: a turn's, a
+    session's, an evaluation's), else Temporal's default, which inherits the workflow's (an
+    application's workflow running a turn as a step)."""
+    override = _override.get()
+    if override is not None:
+        return override
     # Read as an attribute, not checked against a runtime-checkable Protocol: this runs for
     # every activity a turn schedules, and such an isinstance inspects the class every time.
     priority = getattr(workflow.instance(), "task_priority", None)

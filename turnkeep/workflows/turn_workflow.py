@@ -55,6 +55,7 @@ from turnkeep.workflows import (
     actions,
     agent_tools,
     child_approvals,
+    inline_agent,
     pending_calls,
     replays,
     teams,
@@ -126,6 +127,8 @@ class TurnWorkflow:
         self._outcome_timers: list[tuple[asyncio.Task[None], int]] = []
         # How many of the current batch's agent-tool calls may run at once (None: all).
         self._agent_slots: asyncio.Semaphore | None = None
+        # The agents called inline: their plans, the requests of their model calls in flight.
+        self._inline = inline_agent.InlineCalls()
         # The running child turns, by workflow id: the agent call id or team step of each.
         self._children: dict[str, str] = {}
         # What a workflow agent's turn shows while none of its steps waits for a person.
@@ -394,14 +397,7 @@ class TurnWorkflow:
         ) -> AgentCall:
             id = agent_tools.child_id(workflow.info().workflow_id, step, name)
             async with self._child_turn(id, name):
-                call = await agent_tools.run_agent(
-                    tool,
-                    messages,
-                    id=id,
-                    depth=state.depth,
-                    parent=state.plan,
-                    structured_output=structured_output,
-                )
+                call = await self._run_agent(tool, messages, id, structured_output)
             state.on_agent_usage(call.usage)
             return call
 
@@ -423,20 +419,53 @@ class TurnWorkflow:
         state.end_with(await teams.run_team(team, state.messages, run, ask))
 
     async def _call_agent(self, call: ToolCallRequest, tool: AgentTool) -> ToolCallOutcome:
-        """Run a call of one of the turn's agent tools as a child turn, and count its usage."""
+        """Run a call of one of the turn's agent tools as a child turn (or inline, for an agent
+        that asks for it and can: ``inline_agent``), and count its usage."""
         state = self.state
         started = workflow.time()
         id = agent_tools.child_id(workflow.info().workflow_id, state.model_calls, call.call_id)
+        message = Message.user(agent_tools.agent_message(call.arguments))
         async with (
             self._child_turn(id, call.call_id),
             self._agent_slots or contextlib.nullcontext(),
         ):
-            outcome = await agent_tools.call_agent(
-                call, tool, id=id, depth=state.depth, parent=state.plan
-            )
+            outcome = await self._run_agent(tool, [message], id)
         state.on_agent_usage(outcome.usage)
         duration_ms = (workflow.time() - started) * 1000
         return ToolCallOutcome(result=outcome.result, duration_ms=duration_ms)
+
+    async def _run_agent(
+        self,
+        tool: AgentTool,
+        messages: list[Message],
+        id: str,
+        structured_output: dict[str, Any] | None = None,
+    ) -> AgentCall:
+        """Run ``tool``'s agent on ``messages`` as child turn ``id`` (``agent_tools``), or
+        inline under that id when the agent asks for it and the inline loop can run it
+        (``inline_agent``)."""
+        state = self.state
+        if tool.inline and structured_output is None:
+            call = await inline_agent.run_agent(
+                tool,
+                messages,
+                key=id,
+                depth=state.depth,
+                parent=state.plan,
+                calls=self._inline,
+                capacity=self.capacity,
+                show=self.show,
+            )
+            if call is not None:
+                return call
+        return await agent_tools.run_agent(
+            tool,
+            messages,
+            id=id,
+            depth=state.depth,
+            parent=state.plan,
+            structured_output=structured_output,
+        )
 
     @contextlib.asynccontextmanager
     async def _child_turn(self, id: str, label: str) -> AsyncIterator[None]:
@@ -629,8 +658,16 @@ class TurnWorkflow:
         return pending_calls.waiting_calls(self._state) if self._state else []
 
     @workflow.query(name=MODEL_INPUT_QUERY)
-    def model_input(self, call_index: int, start: int = 0) -> ModelInputPage | None:
-        """A page of the request of model call ``call_index``, while it is in flight."""
+    def model_input(
+        self, call_index: int, start: int = 0, inline: str | None = None
+    ) -> ModelInputPage | None:
+        """A page of the request of model call ``call_index``, while it is in flight (of the
+        agent called inline under ``inline``, when given)."""
+        if inline is not None:
+            request = self._inline.inputs.get(inline)
+            if request is None or request.call_index != call_index:
+                return None
+            return model_input_page(request, start)
         request = self._model_input
         if request is None or request.call_index != call_index:
             request = self.requests_in_flight.sampling_inputs.get(call_index)
