@@ -1,4 +1,4 @@
-"""Agents called inline (an agent's ``call: inline``, experimental): a call of ``agent__<name>``
+"""Agents called inline (an agent's ``call: inline``, an opt-in): a call of ``agent__<name>``
 runs that agent's loop inside the calling turn's workflow, its model and tool calls activities
 of the caller's, and no child workflow; on the real dev server, the passthrough model scripting
 both sides as in ``test_agent_tools``."""
@@ -27,12 +27,13 @@ from turnkeep.client.turns import start_turn
 from turnkeep.config.catalog import INLINE_MAX_ITERATIONS
 from turnkeep.config.settings import AgentOptions
 from turnkeep.contract.messages import StopReason
-from turnkeep.contract.turn_io import TurnInput, Usage
+from turnkeep.contract.turn_io import TurnCancelledError, TurnInput, Usage
 from turnkeep.devserver.embedded import ServerInfo
 from turnkeep.testing import harness as worker_harness
 from turnkeep.testing.fake_api import Answer, FakeModelApi, Reply
 from turnkeep.worker.build import build_worker
 from turnkeep.workflows.agent_tools import child_id
+from turnkeep.workflows.repair import INTERRUPTED_TEXT
 
 pytestmark = pytest.mark.asyncio
 
@@ -341,3 +342,45 @@ async def test_an_inline_agents_model_calls_wait_for_their_limit(
         assert (await first.result()).final.text == "first"  # type: ignore[union-attr]
     assert result.final is not None and result.final.text == "second"
     assert len(fake.requests_for_model(model)) == 2
+
+
+# --- the caller cancelled mid-call ------------------------------------------------------------
+
+_blocked_started: list[str] = []
+
+
+async def blocked(name: str) -> str:
+    """Blocks until cancelled: the turn is cancelled while it runs."""
+    _blocked_started.append(name)
+    await asyncio.Event().wait()
+    return name
+
+
+async def test_cancelling_the_caller_cancels_its_inline_call_and_repairs_it(
+    client: Client, tmp_path: Path
+) -> None:
+    """The inline agent's running tool is an activity of the caller: cancelling the caller
+    cancels it, and the caller's repair answers the agent call as interrupted."""
+    agents = {
+        "boss": {"model": "passthrough", "agents": ["worker"]},
+        "worker": {"model": "passthrough", "servers": ["local"], "call": "inline"},
+    }
+    name = uuid.uuid4().hex[:8]
+    settings = make_settings(tmp_path, agents=agents)
+    async with worker_harness(
+        client, settings, function_tools={"local": [blocked]}, default_agent="boss"
+    ) as h:
+        call = "***CALL_TOOL local__blocked " + json.dumps({"name": name})
+        turn = await h.start(ask(("worker", call)))
+        await eventually(lambda: name in _blocked_started, "the inline agent's tool started")
+        await turn.cancel()
+        with pytest.raises(TurnCancelledError) as raised:
+            await turn.result()
+    caller = raised.value.result
+    assert caller is not None and caller.stop_reason == StopReason.CANCELLED
+    [(call_id, repaired)] = list((caller.messages[-1].tool_results or {}).items())
+    assert repaired.is_error and repaired.text == INTERRUPTED_TEXT
+    assert not await _exists(client, child_id(turn.workflow_id, 1, call_id))
+    # The tool's activity, the caller's own, was cancelled, not left running.
+    events = [e async for e in client.get_workflow_handle(turn.workflow_id).fetch_history_events()]
+    assert any(e.HasField("activity_task_cancel_requested_event_attributes") for e in events)
