@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from tests.conftest import Harness, HarnessFactory, eventually, make_settings
 from tests.test_agent_tools_durability import SLOW_SECONDS, TURN_WITHIN, scheduled, team_workers
 from tests.test_durability import TOOL, starts
 from tests.test_limits import waits_for_capacity
+from tests.test_live_stream import collect
 from tests.worker_process import WorkerProcesses
 from turnkeep.activities.tools import idempotency_key
 from turnkeep.client.live import TextDelta
@@ -286,8 +288,15 @@ async def test_an_inline_agents_model_calls_are_not_streamed_as_the_callers_text
     """Live text follows the turn's model calls: an inline agent's would read as the caller's
     own, so they are made whole, and its answer arrives as the tool result."""
     message = json.dumps({"message": "hello"})
+    # The caller's first answer holds its last chunk until the follower has seen a delta, so
+    # the follower is on the live stream while the helper's call is made.
+    held = threading.Event()
     fake.script(
-        Answer(text="Asking.", calls=(("call_1", "agent__helper", message),)),
+        Answer(
+            text="Asking the helper now.",
+            calls=(("call_1", "agent__helper", message),),
+            hold=held,
+        ),
         Reply.text("Thanks."),
         model="boss-model",
     )
@@ -300,15 +309,18 @@ async def test_an_inline_agents_model_calls_are_not_streamed_as_the_callers_text
             "helper": {"model": "openai.helper-model", "call": "inline"},
         },
     }
-    async with harness(**config) as h:
-        handle = await h.start("hi")
-        events = [e async for e in handle.stream(include_tool_results=True)]
-        result = await handle.result()
+    try:
+        async with harness(**config) as h:
+            handle = await h.start("hi")
+            events = await collect(handle, held)
+            result = await handle.result()
+    finally:
+        held.set()
 
     assert result.final is not None and result.final.text == "Thanks."
     assert (result.messages[2].tool_results or {})["call_1"].text == "The helper's words."
     live_text = "".join(e.text for e in events if isinstance(e, TextDelta))
-    assert "Asking." in live_text and "helper" not in live_text
+    assert live_text == "Asking the helper now."
     assert [r.body.get("stream") is True for r in fake.requests_for_model("boss-model")] == [
         True,
         True,

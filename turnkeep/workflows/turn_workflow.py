@@ -657,12 +657,15 @@ class TurnWorkflow:
         child turns (each saying which turn and agent it is of)."""
         return pending_calls.waiting_calls(self._state) if self._state else []
 
+    # Arguments taken as they come and checked (``_model_input_args``): with an optional
+    # parameter, the SDK decodes a call with fewer arguments than parameters without their
+    # types, so a bad ``start`` would pass unchecked.
     @workflow.query(name=MODEL_INPUT_QUERY)
-    def model_input(
-        self, call_index: int, start: int = 0, inline: str | None = None
-    ) -> ModelInputPage | None:
-        """A page of the request of model call ``call_index``, while it is in flight (of the
-        agent called inline under ``inline``, when given)."""
+    def model_input(self, *args: Any) -> ModelInputPage | None:
+        """A page of the request of model call ``call_index``, from ``start``, while it is in
+        flight (of the agent called inline under ``inline``, when given): arguments
+        ``call_index``, then optionally ``start`` and ``inline``."""
+        call_index, start, inline = _model_input_args(args)
         if inline is not None:
             request = self._inline.inputs.get(inline)
             if request is None or request.call_index != call_index:
@@ -820,6 +823,26 @@ def _check_owner(turn: TurnInput) -> None:
             type="InvalidTurnInput",
             non_retryable=True,
         )
+
+
+def _model_input_args(args: Sequence[Any]) -> tuple[int, int, str | None]:
+    """``MODEL_INPUT_QUERY``'s arguments, checked: ``call_index``, ``start`` (0 unless given)
+    and ``inline`` (None unless given)."""
+    usage = (
+        f"{MODEL_INPUT_QUERY} takes a model call's index and a start (integers, the start at "
+        "least 0), then optionally an inline agent call's key (a string)"
+    )
+    if not 1 <= len(args) <= 3:
+        raise ValueError(usage)
+    call_index = args[0]
+    start = args[1] if len(args) > 1 else 0
+    inline = args[2] if len(args) > 2 else None
+    # JSON's true is a bool, not an index.
+    if type(call_index) is not int or type(start) is not int or start < 0:
+        raise ValueError(usage)
+    if inline is not None and not isinstance(inline, str):
+        raise ValueError(usage)
+    return call_index, start, inline
 
 
 def _with_history(start: _Start) -> tuple[TurnInput, Conversation | None]:
