@@ -8,8 +8,10 @@ them (``build_workers``: one on the parent's queue, one per agent's).
   (the call, and the model call that reads its result); the target is the agent call's at most
   1.5 times the function tool's. In the same rounds, a chain of one step and one of
   ``CHAIN_STEPS`` steps, each step that same instant agent: a step costs the difference over
-  the steps added, against the same function-tool call. Rounds of turns of each kind, the order
-  reversed every other round; medians of the rounds.
+  the steps added, against the same function-tool call. Each agent call and chain is measured
+  twice in the same rounds: as a child turn (the default) and with the agent called inline
+  (``call: inline``). Rounds of turns of each kind, the order reversed every other round;
+  medians of the rounds.
 - **Phases.** Where the time of one function-tool call and of one agent call goes, read off
   the parent's and the child's histories (``bench.call_phases``), after the overhead rounds.
 - **Parallel.** One model answer calling ``PARALLEL_CALLS`` agents at once, each child's model
@@ -51,7 +53,7 @@ MODEL_SECONDS = 1.0
 PARALLEL_WITHIN = 1.15
 HISTORY_CALLS = 100
 HISTORY_MAX = 1.2
-# The experimental inline design (an agent's ``call: inline``: its loop in the caller's
+# The inline design (an agent's ``call: inline``: its loop in the caller's
 # workflow, ``turnkeep.workflows.inline_agent``), measured beside the child turn in the same
 # run, against the same function-tool call.
 INLINE = "inline"
