@@ -367,7 +367,7 @@ async def test_the_fork_command(temporal: ServerInfo, client: Client, tmp_path: 
         ([source, "--at", "9"], "--at must be from 1 to 4; got 9"),
         ([source, "--at", "1", "--agent", "ghost"], "no agent 'ghost'"),
         ([source, "--at", "1", "--model", "nonesuch.model"], "nothing was started"),
-        ([source, "--at", "1", "--priority", "urgent"], "'urgent'"),
+        ([source, "--at", "1", "--priority", "urgent"], "--priority': 'urgent' is not one of"),
         ([source, "--at", "1", "--tenant", "a b"], "invalid value for --tenant: String should"),
     ]:
         done = await asyncio.to_thread(turnkeep, "fork", *args, temporal=temporal, cwd=tmp_path)

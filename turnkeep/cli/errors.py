@@ -30,6 +30,7 @@ from turnkeep.client.sessions import SessionClosedError
 from turnkeep.client.status import describe_failure
 from turnkeep.client.turns import NoBudgetWait
 from turnkeep.config.files import ConfigError
+from turnkeep.config.problems import validator_message
 from turnkeep.devserver.embedded import EmbeddedServerError
 from turnkeep.observability.search_attributes import SetupError
 from turnkeep.payloads.codec import EncryptionError
@@ -152,7 +153,8 @@ def _usage_text(err: typer.TyperException) -> str:
     context = getattr(err, "ctx", None)  # a usage error's
     path = getattr(context, "command_path", None)
     where = f" (see `{path} --help`)" if path else ""
-    return " ".join(err.format_message().split()) + where
+    # An option's type checked by pydantic says so before the cause: only the cause is told.
+    return " ".join(validator_message(err.format_message()).split()) + where
 
 
 def exit_code(done: SystemExit) -> int:

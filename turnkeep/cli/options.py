@@ -9,6 +9,7 @@ from typing import Annotated, TypeVar
 import typer
 from pydantic import TypeAdapter, ValidationError
 
+from turnkeep.config.problems import validator_message
 from turnkeep.config.settings import AllowedHost, AllowedOrigin, GatewaySettings, ServeSettings
 from turnkeep.contract.turn_io import TaskPriority
 
@@ -59,7 +60,7 @@ def extended(block: Block, allowed_hosts: str | None, allowed_origins: str | Non
         try:
             values: list[str] = adapter.validate_python([v for v in given.split(",") if v.strip()])
         except ValidationError as err:
-            message = err.errors()[0]["msg"].removeprefix("Value error, ")
+            message = validator_message(err.errors()[0]["msg"])
             raise typer.BadParameter(message, param_hint="--" + name.replace("_", "-")) from None
         current: list[str] = getattr(block, name)
         added[name] = [*current, *values]

@@ -57,10 +57,15 @@ def key_path(loc: tuple[int | str, ...], data: Any, *, missing: bool = False) ->
     return path
 
 
-def _cause(message: str, kind: str) -> str:
+def validator_message(message: str) -> str:
+    """A pydantic error's message without what pydantic puts before a validator's own."""
     for prefix in _PREFIXES:
-        if message.startswith(prefix):
-            message = message.removeprefix(prefix)
+        message = message.replace(prefix, "")
+    return message
+
+
+def _cause(message: str, kind: str) -> str:
+    message = validator_message(message)
     if kind == "missing":
         return "required, and missing"
     if kind == "extra_forbidden":

@@ -46,6 +46,7 @@ from turnkeep.cli.wait_prompt import WaitPrompter
 from turnkeep.client.live import MessageEvent
 from turnkeep.client.sessions import SessionHandle, get_session, open_session, session_state
 from turnkeep.client.turns import get_turn
+from turnkeep.config.problems import validator_message
 from turnkeep.contract.rewind import Rewind
 from turnkeep.contract.session_io import SESSION_WORKFLOW_NAME, SessionInput, SessionResult
 from turnkeep.contract.turn_io import TaskPriority, TurnOverrides, agent_task_queue
@@ -108,7 +109,8 @@ def _scheduling(priority: TaskPriority | None, tenant: str | None) -> SessionInp
         return SessionInput.model_validate({"agent": "-", "priority": priority, "tenant": tenant})
     except ValidationError as err:
         first = err.errors()[0]
-        raise typer.BadParameter(first["msg"], param_hint=f"--{first['loc'][0]}") from None
+        message = validator_message(first["msg"])
+        raise typer.BadParameter(message, param_hint=f"--{first['loc'][0]}") from None
 
 
 def left_open(session_id: str, code: int) -> None:
